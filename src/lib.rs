@@ -1,0 +1,24 @@
+//! egressd: the one door out of an agent sandbox.
+//!
+//! ```text
+//!  client ──► front-ends ────────► policy ─────────► decision ─────────► upstream
+//!             proxy::forward       Policy::decide     Recorder::record    proxy::upstream
+//!             proxy::tunnel        (pure, on an       (one JSON line,     (resolve once,
+//!             dns::server           Arc snapshot)      metrics)            check, connect)
+//! ```
+//!
+//! Every front-end turns its input into one [`policy::Request`], asks
+//! [`policy::Policy::decide`] for one [`decision::Decision`], and records
+//! exactly one [`decision::Event`] through [`decision::Recorder::record`].
+//! Policies are compiled once per load and swapped atomically
+//! ([`policy::reload::PolicyHandle`]); readers never block.
+
+pub mod app;
+pub mod cli;
+pub mod decision;
+pub mod dns;
+pub mod explain;
+pub mod log;
+pub mod metrics;
+pub mod policy;
+pub mod proxy;

@@ -1,0 +1,280 @@
+//! Prometheus metrics (DESIGN.md's table) and the `/metrics`, `/healthz`,
+//! `/readyz` endpoint. One registry per process, owned by [`Metrics`]; no
+//! label ever carries a destination or a client address.
+
+use std::collections::HashSet;
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+use http::{Request, Response, StatusCode};
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper_util::rt::TokioIo;
+use prometheus::{
+    Encoder, Gauge, GaugeVec, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
+    Registry, TextEncoder,
+};
+use tokio::net::TcpListener;
+
+use crate::decision::{Event, Proto};
+use crate::policy::time::unix_now;
+use crate::policy::Policy;
+
+pub struct Metrics {
+    pub registry: Registry,
+    pub requests: IntCounterVec,
+    pub denied: IntCounterVec,
+    pub exception_hits: IntCounterVec,
+    pub exception_last_hit: GaugeVec,
+    pub exception_expiry: GaugeVec,
+    pub dns_tunnel: IntCounterVec,
+    pub reloads: IntCounterVec,
+    pub policy_exceptions: IntGauge,
+    pub log_write_errors: IntCounter,
+    pub duration: HistogramVec,
+    pub active: IntGaugeVec,
+    pub bytes: IntCounterVec,
+    pub upstream_errors: IntCounterVec,
+    pub dns_cache: IntCounterVec,
+    pub policy_loaded_at: Gauge,
+    /// (id, owner) pairs with live series, to drop them when an exception goes.
+    known: Mutex<HashSet<(String, String)>>,
+    ready: AtomicBool,
+}
+
+fn counter_vec(r: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
+    let c = IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric");
+    r.register(Box::new(c.clone())).expect("unique metric");
+    c
+}
+
+impl Metrics {
+    pub fn new() -> Arc<Metrics> {
+        let r = Registry::new();
+        let requests = counter_vec(&r, "egressd_requests_total", "Requests and queries decided.", &["proto", "decision"]);
+        let denied = counter_vec(&r, "egressd_denied_total", "Denials by reason.", &["proto", "reason"]);
+        let exception_hits = counter_vec(
+            &r,
+            "egressd_exception_hits_total",
+            "Requests each exception allowed.",
+            &["exception", "owner"],
+        );
+        let exception_last_hit = GaugeVec::new(
+            Opts::new("egressd_exception_last_hit_timestamp_seconds", "When each exception last allowed a request (0: not since start)."),
+            &["exception"],
+        )
+        .expect("valid");
+        r.register(Box::new(exception_last_hit.clone())).expect("unique");
+        let exception_expiry = GaugeVec::new(
+            Opts::new("egressd_exception_expiry_timestamp_seconds", "When each expiring exception stops matching."),
+            &["exception"],
+        )
+        .expect("valid");
+        r.register(Box::new(exception_expiry.clone())).expect("unique");
+        let dns_tunnel = counter_vec(
+            &r,
+            "egressd_dns_tunnel_suspected_total",
+            "DNS names judged to carry tunnelled data, by action taken.",
+            &["action"],
+        );
+        let reloads = counter_vec(&r, "egressd_policy_reloads_total", "Policy reloads by result.", &["result"]);
+        let policy_exceptions = IntGauge::new("egressd_policy_exceptions", "Exceptions in the serving policy.").expect("valid");
+        r.register(Box::new(policy_exceptions.clone())).expect("unique");
+        let log_write_errors = IntCounter::new("egressd_log_write_errors_total", "Failed decision-log writes.").expect("valid");
+        r.register(Box::new(log_write_errors.clone())).expect("unique");
+        let duration = HistogramVec::new(
+            HistogramOpts::new("egressd_request_duration_seconds", "Time from request to the end of its answer or tunnel.")
+                .buckets(vec![0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0, 60.0, 300.0]),
+            &["proto"],
+        )
+        .expect("valid");
+        r.register(Box::new(duration.clone())).expect("unique");
+        let active = IntGaugeVec::new(Opts::new("egressd_active_connections", "Open client connections."), &["proto"]).expect("valid");
+        r.register(Box::new(active.clone())).expect("unique");
+        let bytes = counter_vec(&r, "egressd_bytes_total", "Bytes relayed (up: to destinations).", &["direction"]);
+        let upstream_errors = counter_vec(
+            &r,
+            "egressd_upstream_errors_total",
+            "Failures reaching destinations or upstream DNS, by kind.",
+            &["proto", "kind"],
+        );
+        let dns_cache = counter_vec(&r, "egressd_dns_cache_total", "DNS cache lookups by result.", &["result"]);
+        let policy_loaded_at = Gauge::new("egressd_policy_loaded_timestamp_seconds", "When the serving policy was loaded.").expect("valid");
+        r.register(Box::new(policy_loaded_at.clone())).expect("unique");
+        for p in ["http", "connect", "tls", "dns"] {
+            for d in ["allow", "deny"] {
+                requests.with_label_values(&[p, d]);
+            }
+            active.with_label_values(&[p]);
+        }
+        for a in ["block", "log"] {
+            dns_tunnel.with_label_values(&[a]);
+        }
+        for res in ["ok", "error"] {
+            reloads.with_label_values(&[res]);
+        }
+        for d in ["up", "down"] {
+            bytes.with_label_values(&[d]);
+        }
+        Arc::new(Metrics {
+            registry: r,
+            requests,
+            denied,
+            exception_hits,
+            exception_last_hit,
+            exception_expiry,
+            dns_tunnel,
+            reloads,
+            policy_exceptions,
+            log_write_errors,
+            duration,
+            active,
+            bytes,
+            upstream_errors,
+            dns_cache,
+            policy_loaded_at,
+            known: Mutex::new(HashSet::new()),
+            ready: AtomicBool::new(false),
+        })
+    }
+
+    pub fn set_ready(&self) {
+        self.ready.store(true, Ordering::Relaxed);
+    }
+
+    /// Makes the per-exception series match the serving policy: every
+    /// exception present at 0, removed exceptions' series dropped.
+    pub fn sync_policy(&self, policy: &Policy) {
+        let mut known = self.known.lock().unwrap_or_else(|e| e.into_inner());
+        let now: HashSet<(String, String)> = policy
+            .exceptions
+            .iter()
+            .map(|e| (e.id.to_string(), e.owner.to_string()))
+            .collect();
+        for (id, owner) in known.difference(&now) {
+            let _ = self.exception_hits.remove_label_values(&[id, owner]);
+            if !policy.exceptions.iter().any(|e| &*e.id == id.as_str()) {
+                let _ = self.exception_last_hit.remove_label_values(&[id]);
+                let _ = self.exception_expiry.remove_label_values(&[id]);
+            }
+        }
+        for e in &policy.exceptions {
+            self.exception_hits.with_label_values(&[&*e.id, &*e.owner]);
+            self.exception_last_hit.with_label_values(&[&*e.id]);
+            match e.expires {
+                Some(t) => self.exception_expiry.with_label_values(&[&*e.id]).set(t as f64),
+                None => {
+                    let _ = self.exception_expiry.remove_label_values(&[&*e.id]);
+                }
+            }
+        }
+        *known = now;
+        self.policy_exceptions.set(policy.exceptions.len() as i64);
+        self.policy_loaded_at.set(unix_now() as f64);
+    }
+
+    pub fn observe_duration(&self, proto: Proto, secs: f64) {
+        self.duration.with_label_values(&[proto.as_str()]).observe(secs);
+    }
+
+    /// Counts one finished request (called by `Recorder::record` only).
+    pub fn count(&self, ev: &Event) {
+        let proto = ev.proto.as_str();
+        self.requests.with_label_values(&[proto, ev.decision]).inc();
+        if ev.decision == "deny" {
+            self.denied.with_label_values(&[proto, ev.reason]).inc();
+        }
+        if ev.allowed_by_exception() && ev.decision == "allow" {
+            if let (Some(id), Some(owner)) = (&ev.exception, &ev.owner) {
+                self.exception_hits.with_label_values(&[id, owner]).inc();
+                self.exception_last_hit
+                    .with_label_values(&[id])
+                    .set(crate::policy::time::unix_now_millis() as f64 / 1000.0);
+            }
+        }
+        if ev.bytes_up > 0 {
+            self.bytes.with_label_values(&["up"]).inc_by(ev.bytes_up);
+        }
+        if ev.bytes_down > 0 {
+            self.bytes.with_label_values(&["down"]).inc_by(ev.bytes_down);
+        }
+    }
+
+    pub fn render(&self) -> Vec<u8> {
+        let mut buf = Vec::with_capacity(16 << 10);
+        let _ = TextEncoder::new().encode(&self.registry.gather(), &mut buf);
+        buf
+    }
+}
+
+/// Tracks one open connection in `egressd_active_connections`.
+pub struct ActiveGuard(prometheus::IntGauge);
+impl ActiveGuard {
+    pub fn new(m: &Metrics, proto: Proto) -> ActiveGuard {
+        let g = m.active.with_label_values(&[proto.as_str()]);
+        g.inc();
+        ActiveGuard(g)
+    }
+}
+impl Drop for ActiveGuard {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
+/// Serves `/metrics`, `/healthz` (process up) and `/readyz` (policy loaded,
+/// decision log writable) until `shutdown` resolves.
+pub async fn serve(
+    listener: TcpListener,
+    metrics: Arc<Metrics>,
+    log_healthy: impl Fn() -> bool + Send + Sync + 'static,
+    mut shutdown: tokio::sync::watch::Receiver<bool>,
+) {
+    let log_healthy = Arc::new(log_healthy);
+    loop {
+        let (stream, _peer): (_, SocketAddr) = tokio::select! {
+            r = listener.accept() => match r {
+                Ok(x) => x,
+                Err(_) => { tokio::time::sleep(std::time::Duration::from_millis(50)).await; continue; }
+            },
+            _ = shutdown.changed() => return,
+        };
+        let m = metrics.clone();
+        let lh = log_healthy.clone();
+        tokio::spawn(async move {
+            let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
+                let m = m.clone();
+                let lh = lh.clone();
+                async move {
+                    let (status, ctype, body) = match req.uri().path() {
+                        "/metrics" => (StatusCode::OK, "text/plain; version=0.0.4", Bytes::from(m.render())),
+                        "/healthz" => (StatusCode::OK, "text/plain", Bytes::from_static(b"ok\n")),
+                        "/readyz" => {
+                            if m.ready.load(Ordering::Relaxed) && lh() {
+                                (StatusCode::OK, "text/plain", Bytes::from_static(b"ready\n"))
+                            } else {
+                                (StatusCode::SERVICE_UNAVAILABLE, "text/plain", Bytes::from_static(b"not ready\n"))
+                            }
+                        }
+                        _ => (StatusCode::NOT_FOUND, "text/plain", Bytes::from_static(b"not found\n")),
+                    };
+                    Ok::<_, Infallible>(
+                        Response::builder()
+                            .status(status)
+                            .header("content-type", ctype)
+                            .body(Full::new(body))
+                            .expect("static response"),
+                    )
+                }
+            });
+            let _ = hyper::server::conn::http1::Builder::new()
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(std::time::Duration::from_secs(10))
+                .serve_connection(TokioIo::new(stream), svc)
+                .await;
+        });
+    }
+}

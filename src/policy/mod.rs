@@ -1,0 +1,827 @@
+//! The policy: YAML files → validated [`Policy`] (one pure function,
+//! [`compile`]) → a compiled matcher and the one [`Policy::decide`] function
+//! every front-end asks. No I/O happens in `decide`; loading reads files and
+//! the `${env:…}`/`${file:…}` values of injected headers, nothing else.
+
+pub mod addr;
+pub mod host;
+pub mod lint;
+pub mod matcher;
+pub mod path;
+pub mod qtype;
+pub mod raw;
+pub mod reload;
+pub mod time;
+
+use std::collections::HashMap;
+use std::fmt;
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use globset::{Glob, GlobBuilder, GlobSet, GlobSetBuilder};
+use http::{HeaderName, HeaderValue};
+use ipnet::IpNet;
+
+use crate::decision::{Decision, Proto, Reason, Verdict};
+use host::{HostPattern, Target};
+use matcher::Matcher;
+pub use raw::{DenyRcode, MissingSni, Mode, PrivateDestinations, TunnelAction};
+
+/// Ports an exception reaches when it names none.
+pub const DEFAULT_PORTS: &[u16] = &[80, 443];
+/// Upper bound on one policy file, so a runaway generator cannot exhaust memory.
+pub const MAX_POLICY_FILE_BYTES: u64 = 64 << 20;
+
+/// One error in a policy, located in its file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Diagnostic {
+    pub file: PathBuf,
+    pub line: usize,
+    pub column: usize,
+    pub message: String,
+}
+
+impl fmt::Display for Diagnostic {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}:{}: {}", self.file.display(), self.line, self.column, self.message)
+    }
+}
+
+/// Everything wrong with a policy, each with file:line:column.
+#[derive(Debug, Clone)]
+pub struct LoadError(pub Vec<Diagnostic>);
+
+impl fmt::Display for LoadError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, d) in self.0.iter().enumerate() {
+            if i > 0 {
+                writeln!(f)?;
+            }
+            write!(f, "error: {d}")?;
+        }
+        Ok(())
+    }
+}
+impl std::error::Error for LoadError {}
+
+impl LoadError {
+    fn at(file: &Path, line: usize, column: usize, message: impl Into<String>) -> LoadError {
+        LoadError(vec![Diagnostic {
+            file: file.to_path_buf(),
+            line,
+            column,
+            message: message.into(),
+        }])
+    }
+}
+
+/// DNS tunnel-detection thresholds (`settings.dns.tunnel`).
+#[derive(Debug, Clone)]
+pub struct TunnelSettings {
+    pub action: TunnelAction,
+    pub max_name_len: usize,
+    pub max_label_len: usize,
+    pub alert_unique_names: u32,
+    pub alert_bytes: u64,
+    pub alert_window_secs: u64,
+    pub block_bytes: u64,
+    pub block_window_secs: u64,
+    pub cooldown_secs: u64,
+}
+
+impl Default for TunnelSettings {
+    fn default() -> Self {
+        TunnelSettings {
+            action: TunnelAction::Block,
+            max_name_len: 120,
+            max_label_len: 40,
+            alert_unique_names: 50,
+            alert_bytes: 1024,
+            alert_window_secs: 600,
+            block_bytes: 4096,
+            block_window_secs: 3600,
+            cooldown_secs: 3600,
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct DnsSettings {
+    pub deny_rcode: DenyRcode,
+    pub tunnel: TunnelSettings,
+    pub cache_min_ttl: u64,
+    pub cache_max_ttl: u64,
+}
+
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub mode: Mode,
+    pub private_destinations: PrivateDestinations,
+    pub stale_after_secs: u64,
+    pub contact: String,
+    pub dns: DnsSettings,
+    pub missing_sni: MissingSni,
+    /// Where the settings block was, if any (for lint messages).
+    pub location: Option<(PathBuf, usize)>,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            mode: Mode::Enforce,
+            private_destinations: PrivateDestinations::Deny,
+            stale_after_secs: 90 * 86400,
+            contact: "your security team".into(),
+            dns: DnsSettings {
+                deny_rcode: DenyRcode::Refused,
+                tunnel: TunnelSettings::default(),
+                cache_min_ttl: 5,
+                cache_max_ttl: 86400,
+            },
+            missing_sni: MissingSni::ExactOnly,
+            location: None,
+        }
+    }
+}
+
+/// A named identity (`settings.clients`).
+#[derive(Debug, Clone)]
+pub struct Client {
+    pub id: Arc<str>,
+    pub sources: Vec<IpNet>,
+    pub token_sha256: Option<[u8; 32]>,
+}
+
+/// An index into [`Policy::clients`], valid for the policy that produced it.
+pub type ClientIdx = u32;
+
+/// A header egressd adds on the way out; its value never leaves egressd's logs.
+#[derive(Clone)]
+pub struct InjectedHeader {
+    pub name: HeaderName,
+    pub value: HeaderValue,
+}
+impl fmt::Debug for InjectedHeader {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: <redacted>", self.name)
+    }
+}
+
+/// A validated exception.
+#[derive(Debug)]
+pub struct Exception {
+    pub id: Arc<str>,
+    pub owner: Arc<str>,
+    pub reason: String,
+    pub ticket: Option<String>,
+    /// Unix seconds at which it stops matching.
+    pub expires: Option<i64>,
+    /// `None`: every client. `Some`: the clients whose id matched a pattern.
+    pub clients: Option<Vec<ClientIdx>>,
+    pub client_patterns: Option<Vec<String>>,
+    pub hosts: Vec<HostPattern>,
+    pub cidrs: Vec<IpNet>,
+    pub ports: Vec<u16>,
+    pub methods: Option<Vec<String>>,
+    pub paths: Option<GlobSet>,
+    pub path_patterns: Vec<String>,
+    pub dns_types: Vec<u16>,
+    pub inject: Vec<InjectedHeader>,
+    pub file: PathBuf,
+    pub line: usize,
+}
+
+impl Exception {
+    /// Whether an opaque tunnel cannot enforce this exception (it restricts
+    /// what happens inside HTTP, or adds credentials to it).
+    pub fn needs_inspection(&self) -> bool {
+        self.methods.is_some() || self.paths.is_some() || !self.inject.is_empty()
+    }
+
+    pub fn is_expired(&self, now: i64) -> bool {
+        matches!(self.expires, Some(t) if now >= t)
+    }
+
+    /// Whether this exception lets a resolved or literal address be dialled.
+    pub fn reaches_addr(&self, ip: IpAddr) -> bool {
+        self.cidrs.iter().any(|n| n.contains(&ip))
+    }
+}
+
+/// What a front-end asks about: one value for every protocol.
+#[derive(Debug, Clone)]
+pub struct Request<'a> {
+    pub proto: Proto,
+    pub client: Option<ClientIdx>,
+    pub target: &'a Target,
+    /// Destination port; ignored for DNS.
+    pub port: u16,
+    /// HTTP method (plain HTTP and inside interception).
+    pub method: Option<&'a str>,
+    /// Normalised path (see [`path::normalize_path`]).
+    pub path: Option<&'a str>,
+    /// DNS query type.
+    pub qtype: Option<u16>,
+    /// CONNECT only: whether TLS interception is available.
+    pub can_intercept: bool,
+}
+
+/// How far a candidate exception got before it failed; the furthest one
+/// explains a denial best.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Stage {
+    Expired,
+    Client,
+    Port,
+    Qtype,
+    Method,
+    Path,
+    Inspection,
+}
+
+impl Stage {
+    fn reason(self) -> Reason {
+        match self {
+            Stage::Expired => Reason::Expired,
+            Stage::Client => Reason::ClientNotAllowed,
+            Stage::Port => Reason::PortNotAllowed,
+            Stage::Qtype => Reason::QtypeNotAllowed,
+            Stage::Method => Reason::MethodNotAllowed,
+            Stage::Path => Reason::PathNotAllowed,
+            Stage::Inspection => Reason::InspectionRequired,
+        }
+    }
+}
+
+/// A loaded, validated, compiled policy. Immutable; reload builds a new one.
+pub struct Policy {
+    pub settings: Settings,
+    pub clients: Vec<Client>,
+    pub exceptions: Vec<Exception>,
+    pub files: Vec<PathBuf>,
+    /// Hash of every file's path and bytes; reload skips identical content.
+    pub digest: [u8; 32],
+    matcher: Matcher,
+}
+
+impl fmt::Debug for Policy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Policy")
+            .field("exceptions", &self.exceptions.len())
+            .field("files", &self.files)
+            .finish()
+    }
+}
+
+impl Policy {
+    /// The one decision function. Pure: same policy, request and time give
+    /// the same decision. Among the exceptions that allow the request, the
+    /// first in load order (files sorted by name, then position) is named.
+    pub fn decide(&self, req: &Request<'_>, now: i64) -> Decision<'_> {
+        if req.proto == Proto::Dns {
+            if let Some(t) = req.qtype {
+                if qtype::NEVER_ALLOWED.contains(&t) {
+                    return self.finish(Decision::deny(Reason::QtypeNotAllowed, None));
+                }
+            }
+        }
+        let mut allow: Option<u32> = None;
+        let mut inspect: Option<u32> = None;
+        let mut closest: Option<(Stage, u32)> = None;
+        self.matcher.for_each_candidate(req.target, |i| {
+            if allow.is_some_and(|a| a <= i) {
+                return;
+            }
+            match self.evaluate(&self.exceptions[i as usize], req, now) {
+                Ok(false) => allow = Some(i),
+                Ok(true) => {
+                    if inspect.is_none_or(|x| i < x) {
+                        inspect = Some(i)
+                    }
+                }
+                Err(stage) => {
+                    if closest.is_none_or(|(s, x)| stage > s || (stage == s && i < x)) {
+                        closest = Some((stage, i))
+                    }
+                }
+            }
+        });
+        let decision = match (inspect, allow) {
+            (Some(i), _) if req.can_intercept => Decision {
+                verdict: Verdict::Intercept,
+                reason: Reason::Exception,
+                exception: Some(&self.exceptions[i as usize]),
+                report_only: false,
+            },
+            (_, Some(i)) => Decision::allow(&self.exceptions[i as usize]),
+            (Some(i), None) => Decision::deny(Reason::InspectionRequired, Some(&self.exceptions[i as usize])),
+            (None, None) => match closest {
+                Some((stage, i)) => Decision::deny(stage.reason(), Some(&self.exceptions[i as usize])),
+                None => Decision::deny(Reason::NoException, None),
+            },
+        };
+        self.finish(decision)
+    }
+
+    /// Applies `mode: report` to a denial made by the exceptions.
+    fn finish<'p>(&'p self, mut d: Decision<'p>) -> Decision<'p> {
+        if d.verdict == Verdict::Deny && self.settings.mode == Mode::Report {
+            d.verdict = Verdict::Allow;
+            d.report_only = true;
+        }
+        d
+    }
+
+    /// Ok(needs_inspection) when `e` allows `req`; else how far it got.
+    fn evaluate(&self, e: &Exception, req: &Request<'_>, now: i64) -> Result<bool, Stage> {
+        if e.is_expired(now) {
+            return Err(Stage::Expired);
+        }
+        if let Some(allowed) = &e.clients {
+            match req.client {
+                Some(c) if allowed.contains(&c) => {}
+                _ => return Err(Stage::Client),
+            }
+        }
+        match req.proto {
+            Proto::Dns => {
+                let t = req.qtype.unwrap_or(qtype::A);
+                if !qtype::DEFAULT_ALLOWED.contains(&t) && !e.dns_types.contains(&t) {
+                    return Err(Stage::Qtype);
+                }
+                Ok(false)
+            }
+            Proto::Connect => {
+                if !e.ports.contains(&req.port) {
+                    return Err(Stage::Port);
+                }
+                if e.needs_inspection() {
+                    return if req.can_intercept { Ok(true) } else { Err(Stage::Inspection) };
+                }
+                Ok(false)
+            }
+            Proto::Http | Proto::Tls => {
+                if !e.ports.contains(&req.port) {
+                    return Err(Stage::Port);
+                }
+                if let Some(methods) = &e.methods {
+                    match req.method {
+                        Some(m) if methods.iter().any(|x| x == m) => {}
+                        _ => return Err(Stage::Method),
+                    }
+                }
+                if let Some(paths) = &e.paths {
+                    match req.path {
+                        Some(p) if paths.is_match(p) => {}
+                        _ => return Err(Stage::Path),
+                    }
+                }
+                Ok(false)
+            }
+        }
+    }
+
+    /// Whether an address a name resolved to (or an IP literal) may be
+    /// dialled under the exception that allowed the request.
+    pub fn addr_allowed(&self, exception: Option<&Exception>, ip: IpAddr) -> bool {
+        if self.settings.private_destinations == PrivateDestinations::Allow || addr::is_public(ip) {
+            return true;
+        }
+        exception.is_some_and(|e| e.reaches_addr(ip))
+    }
+
+    /// Identifies a client by a Proxy-Authorization token (compared as
+    /// SHA-256 digests in constant time) or else by source address.
+    /// `Err(())` when a token was presented that matches no client: such a
+    /// request is refused rather than treated as anonymous.
+    pub fn identify(&self, src: IpAddr, token: Option<&[u8]>) -> Result<Option<ClientIdx>, ()> {
+        if let Some(tok) = token {
+            let digest = ring::digest::digest(&ring::digest::SHA256, tok);
+            let mut found = None;
+            for (i, c) in self.clients.iter().enumerate() {
+                if let Some(want) = &c.token_sha256 {
+                    if ct_eq(digest.as_ref(), want) && found.is_none() {
+                        found = Some(i as ClientIdx);
+                    }
+                }
+            }
+            return found.map(Some).ok_or(());
+        }
+        let src = canonical_ip(src);
+        Ok(self
+            .clients
+            .iter()
+            .position(|c| c.sources.iter().any(|n| n.contains(&src)))
+            .map(|i| i as ClientIdx))
+    }
+
+    pub fn client_id(&self, c: Option<ClientIdx>) -> Option<&Arc<str>> {
+        c.and_then(|c| self.clients.get(c as usize)).map(|c| &c.id)
+    }
+
+    pub fn exception(&self, id: &str) -> Option<&Exception> {
+        self.exceptions.iter().find(|e| &*e.id == id)
+    }
+}
+
+/// IPv4-mapped IPv6 sources (dual-stack sockets) as the IPv4 address.
+pub fn canonical_ip(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map(IpAddr::V4).unwrap_or(ip),
+        v4 => v4,
+    }
+}
+
+fn ct_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// One policy file's path and contents.
+#[derive(Debug, Clone)]
+pub struct Source {
+    pub path: PathBuf,
+    pub text: String,
+}
+
+/// Reads a policy file, or every `*.yaml`/`*.yml` in a directory (sorted by
+/// name, hidden files and Kubernetes' `..data` internals skipped).
+pub fn read_sources(path: &Path) -> Result<Vec<Source>, LoadError> {
+    let meta = std::fs::metadata(path)
+        .map_err(|e| LoadError::at(path, 0, 0, format!("cannot read policy: {e}")))?;
+    let mut files = Vec::new();
+    if meta.is_dir() {
+        let rd = std::fs::read_dir(path)
+            .map_err(|e| LoadError::at(path, 0, 0, format!("cannot read policy directory: {e}")))?;
+        for entry in rd {
+            let entry = entry.map_err(|e| LoadError::at(path, 0, 0, format!("cannot read policy directory: {e}")))?;
+            let name = entry.file_name();
+            let name = name.to_string_lossy();
+            if name.starts_with('.') || !(name.ends_with(".yaml") || name.ends_with(".yml")) {
+                continue;
+            }
+            if name == "tests.yaml" || name == "tests.yml" || name.ends_with(".tests.yaml") {
+                continue;
+            }
+            let p = entry.path();
+            if p.is_file() {
+                files.push(p);
+            }
+        }
+        files.sort();
+        if files.is_empty() {
+            return Err(LoadError::at(path, 0, 0, "policy directory holds no *.yaml or *.yml files"));
+        }
+    } else {
+        files.push(path.to_path_buf());
+    }
+    let mut out = Vec::with_capacity(files.len());
+    for f in files {
+        let size = std::fs::metadata(&f).map(|m| m.len()).unwrap_or(0);
+        if size > MAX_POLICY_FILE_BYTES {
+            return Err(LoadError::at(&f, 0, 0, format!("policy file is larger than {MAX_POLICY_FILE_BYTES} bytes")));
+        }
+        let text = std::fs::read_to_string(&f).map_err(|e| LoadError::at(&f, 0, 0, format!("cannot read: {e}")))?;
+        out.push(Source { path: f, text });
+    }
+    Ok(out)
+}
+
+/// Reads and compiles a policy file or directory.
+pub fn load(path: &Path) -> Result<Policy, LoadError> {
+    let sources = read_sources(path)?;
+    compile(&sources, &|name| std::env::var(name).ok())
+}
+
+/// Finds the line of `key: value` (as a YAML mapping entry, quoted or not)
+/// for errors that concern a whole entry, e.g. a duplicate id.
+fn locate(text: &str, key: &str, value: &str) -> (usize, usize) {
+    for (n, line) in text.lines().enumerate() {
+        let t = line.trim_start();
+        let t2 = t.strip_prefix("- ").map(str::trim_start).unwrap_or(t);
+        if let Some(rest) = t2.strip_prefix(key).and_then(|r| r.strip_prefix(':')) {
+            let v = rest.split(" #").next().unwrap_or("").trim().trim_matches(|c| c == '"' || c == '\'');
+            if v == value {
+                return (n + 1, line.len() - t2.len() + 1);
+            }
+        }
+    }
+    (1, 1)
+}
+
+/// Expands `${env:NAME}` and `${file:PATH}` in an injected header value.
+fn expand_secret(v: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<String, String> {
+    let mut out = String::new();
+    let mut rest = v;
+    while let Some(start) = rest.find("${") {
+        out.push_str(&rest[..start]);
+        let end = rest[start..].find('}').ok_or("unterminated ${...}")? + start;
+        let inner = &rest[start + 2..end];
+        let val = if let Some(name) = inner.strip_prefix("env:") {
+            env(name).ok_or_else(|| format!("environment variable {name} is not set"))?
+        } else if let Some(p) = inner.strip_prefix("file:") {
+            std::fs::read_to_string(p)
+                .map_err(|e| format!("cannot read secret file {p}: {e}"))?
+                .trim_end_matches(['\n', '\r'])
+                .to_string()
+        } else {
+            return Err(format!("unknown substitution ${{{inner}}}: use ${{env:NAME}} or ${{file:PATH}}"));
+        };
+        out.push_str(&val);
+        rest = &rest[end + 1..];
+    }
+    out.push_str(rest);
+    Ok(out)
+}
+
+fn yaml_error(path: &Path, e: &serde_yaml_ng::Error) -> Diagnostic {
+    let (line, column) = e.location().map(|l| (l.line(), l.column())).unwrap_or((1, 1));
+    let mut msg = e.to_string();
+    // serde_yaml appends " at line L column C"; we print it as file:line:column.
+    if let Some(i) = msg.find(" at line ") {
+        msg.truncate(i);
+    }
+    Diagnostic {
+        file: path.to_path_buf(),
+        line,
+        column,
+        message: msg,
+    }
+}
+
+/// Validates and compiles policy sources: the one function both the first
+/// load and every reload go through. `env` supplies `${env:…}` values.
+pub fn compile(sources: &[Source], env: &dyn Fn(&str) -> Option<String>) -> Result<Policy, LoadError> {
+    let mut errors: Vec<Diagnostic> = Vec::new();
+    let mut parsed = Vec::new();
+    let mut ctx = ring::digest::Context::new(&ring::digest::SHA256);
+    for src in sources {
+        ctx.update(src.path.to_string_lossy().as_bytes());
+        ctx.update(&[0]);
+        ctx.update(src.text.as_bytes());
+        ctx.update(&[0]);
+        if src.text.trim().is_empty() || src.text.lines().all(|l| l.trim().is_empty() || l.trim_start().starts_with('#')) {
+            errors.push(Diagnostic {
+                file: src.path.clone(),
+                line: 1,
+                column: 1,
+                message: "policy file is empty (a half-written file is refused; delete the file to remove it)".into(),
+            });
+            continue;
+        }
+        match serde_yaml_ng::from_str::<raw::RawFile>(&src.text) {
+            Ok(f) => parsed.push((src, f)),
+            Err(e) => errors.push(yaml_error(&src.path, &e)),
+        }
+    }
+    let digest: [u8; 32] = ctx.finish().as_ref().try_into().expect("sha256 is 32 bytes");
+    if !errors.is_empty() {
+        return Err(LoadError(errors));
+    }
+
+    let mut err = |src: &Source, key: &str, value: &str, msg: String| {
+        let (line, column) = locate(&src.text, key, value);
+        errors.push(Diagnostic {
+            file: src.path.clone(),
+            line,
+            column,
+            message: msg,
+        });
+    };
+
+    // Settings: in at most one file.
+    let mut settings = Settings::default();
+    let mut clients = Vec::new();
+    let mut settings_src: Option<&Source> = None;
+    for (src, f) in &parsed {
+        let Some(s) = &f.settings else { continue };
+        if let Some(first) = settings_src {
+            err(src, "settings", "", format!("settings: may appear in one file only (already in {})", first.path.display()));
+            continue;
+        }
+        settings_src = Some(src);
+        let (line, _) = locate(&src.text, "settings", "");
+        settings.location = Some((src.path.clone(), line));
+        if let Some(m) = s.mode {
+            settings.mode = m;
+        }
+        if let Some(p) = s.private_destinations {
+            settings.private_destinations = p;
+        }
+        if let Some(d) = &s.stale_after {
+            settings.stale_after_secs = d.0;
+        }
+        if let Some(c) = &s.contact {
+            settings.contact = c.trim().to_string();
+        }
+        if let Some(tls) = &s.tls {
+            if let Some(m) = tls.missing_sni {
+                settings.missing_sni = m;
+            }
+        }
+        if let Some(dns) = &s.dns {
+            if let Some(r) = dns.deny_rcode {
+                settings.dns.deny_rcode = r;
+            }
+            if let Some(d) = &dns.cache_min_ttl {
+                settings.dns.cache_min_ttl = d.0;
+            }
+            if let Some(d) = &dns.cache_max_ttl {
+                settings.dns.cache_max_ttl = d.0;
+            }
+            if settings.dns.cache_min_ttl > settings.dns.cache_max_ttl {
+                err(src, "cache_min_ttl", "", "dns.cache_min_ttl is larger than dns.cache_max_ttl".into());
+            }
+            if let Some(t) = &dns.tunnel {
+                let ts = &mut settings.dns.tunnel;
+                if let Some(a) = t.action {
+                    ts.action = a;
+                }
+                macro_rules! set {
+                    ($f:ident) => {
+                        if let Some(v) = t.$f {
+                            ts.$f = v;
+                        }
+                    };
+                    ($f:ident, $g:ident) => {
+                        if let Some(v) = &t.$f {
+                            ts.$g = v.0;
+                        }
+                    };
+                }
+                set!(max_name_len);
+                set!(max_label_len);
+                set!(alert_unique_names);
+                set!(alert_bytes);
+                set!(block_bytes);
+                set!(alert_window, alert_window_secs);
+                set!(block_window, block_window_secs);
+                set!(cooldown, cooldown_secs);
+            }
+        }
+        let mut seen = HashMap::new();
+        for c in &s.clients {
+            if seen.insert(c.id.0.clone(), ()).is_some() {
+                err(src, "id", &c.id.0, format!("duplicate client id {:?}", c.id.0));
+            }
+            if c.sources.is_empty() && c.token_sha256.is_none() {
+                err(src, "id", &c.id.0, format!("client {:?} needs sources: or token_sha256:", c.id.0));
+            }
+            clients.push(Client {
+                id: c.id.0.as_str().into(),
+                sources: c.sources.iter().map(|n| n.0).collect(),
+                token_sha256: c.token_sha256.as_ref().map(|t| t.0),
+            });
+        }
+    }
+
+    let mut exceptions = Vec::new();
+    let mut ids: HashMap<String, PathBuf> = HashMap::new();
+    let mut matcher = Matcher::default();
+    for (src, f) in &parsed {
+        for r in &f.exceptions {
+            let id = r.id.0.clone();
+            if let Some(prev) = ids.insert(id.clone(), src.path.clone()) {
+                err(src, "id", &id, format!("duplicate exception id {id:?} (also in {})", prev.display()));
+                continue;
+            }
+            let owner = r.owner.as_deref().map(str::trim).unwrap_or("");
+            if owner.is_empty() {
+                err(src, "id", &id, format!("exception {id:?} has no owner:"));
+            }
+            let reason = r.reason.as_deref().map(str::trim).unwrap_or("");
+            if reason.is_empty() {
+                err(src, "id", &id, format!("exception {id:?} has no reason:"));
+            }
+            if r.hosts.is_empty() && r.cidrs.is_empty() {
+                err(src, "id", &id, format!("exception {id:?} names no hosts: and no cidrs:"));
+            }
+            let client_idx = r.clients.as_ref().map(|pats| {
+                let mut b = GlobSetBuilder::new();
+                for p in pats {
+                    match Glob::new(p) {
+                        Ok(g) => {
+                            b.add(g);
+                        }
+                        Err(e) => err(src, "id", &id, format!("exception {id:?}: bad client pattern {p:?}: {e}")),
+                    }
+                }
+                let set = b.build().unwrap_or_else(|_| GlobSet::empty());
+                clients
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, c)| set.is_match(&*c.id))
+                    .map(|(i, _)| i as ClientIdx)
+                    .collect::<Vec<_>>()
+            });
+            let paths = match &r.paths {
+                None => None,
+                Some(ps) => {
+                    let mut b = GlobSetBuilder::new();
+                    for p in ps {
+                        if !p.starts_with('/') {
+                            err(src, "id", &id, format!("exception {id:?}: path pattern {p:?} must start with '/'"));
+                            continue;
+                        }
+                        match GlobBuilder::new(p).literal_separator(true).build() {
+                            Ok(g) => {
+                                b.add(g);
+                            }
+                            Err(e) => err(src, "id", &id, format!("exception {id:?}: bad path pattern {p:?}: {e}")),
+                        }
+                    }
+                    Some(b.build().unwrap_or_else(|_| GlobSet::empty()))
+                }
+            };
+            let dns_types: Vec<u16> = r.dns_types.iter().flatten().map(|q| q.0).collect();
+            for t in &dns_types {
+                if qtype::NEVER_ALLOWED.contains(t) {
+                    err(src, "id", &id, format!(
+                        "exception {id:?}: DNS type {} is never answered (zone transfers, ANY and NULL are tunnel carriers)",
+                        qtype::qtype_name(*t)
+                    ));
+                }
+            }
+            let mut inject = Vec::new();
+            if let Some(inj) = &r.inject {
+                for (name, value) in &inj.headers {
+                    let hn = match HeaderName::from_bytes(name.as_bytes()) {
+                        Ok(h) => h,
+                        Err(_) => {
+                            err(src, "id", &id, format!("exception {id:?}: invalid header name {name:?}"));
+                            continue;
+                        }
+                    };
+                    match expand_secret(value, env) {
+                        Ok(v) => match HeaderValue::from_str(&v) {
+                            Ok(mut hv) => {
+                                hv.set_sensitive(true);
+                                inject.push(InjectedHeader { name: hn, value: hv })
+                            }
+                            Err(_) => err(src, "id", &id, format!("exception {id:?}: value of header {name} is not a valid header value")),
+                        },
+                        Err(e) => err(src, "id", &id, format!("exception {id:?}: inject {name}: {e}")),
+                    }
+                }
+            }
+            let mut ports: Vec<u16> = match &r.ports {
+                Some(p) => p.iter().map(|p| p.0).collect(),
+                None => DEFAULT_PORTS.to_vec(),
+            };
+            ports.sort_unstable();
+            ports.dedup();
+            let idx = exceptions.len() as u32;
+            let mut hosts: Vec<HostPattern> = r.hosts.iter().map(|h| h.0.clone()).collect();
+            hosts.dedup();
+            for h in &hosts {
+                matcher.add_host(h, idx);
+            }
+            let cidrs: Vec<IpNet> = r.cidrs.iter().map(|c| c.0).collect();
+            for c in &cidrs {
+                matcher.add_cidr(c, idx);
+            }
+            let (line, _) = locate(&src.text, "id", &id);
+            exceptions.push(Exception {
+                id: id.as_str().into(),
+                owner: owner.into(),
+                reason: reason.to_string(),
+                ticket: r.ticket.clone(),
+                expires: r.expires.as_ref().map(|d| d.0),
+                clients: client_idx,
+                client_patterns: r.clients.clone(),
+                hosts,
+                cidrs,
+                ports,
+                methods: r.methods.as_ref().map(|m| m.iter().map(|m| m.0.clone()).collect()),
+                path_patterns: r.paths.clone().unwrap_or_default(),
+                paths,
+                dns_types,
+                inject,
+                file: src.path.clone(),
+                line,
+            });
+        }
+    }
+    if !errors.is_empty() {
+        return Err(LoadError(errors));
+    }
+    Ok(Policy {
+        settings,
+        clients,
+        exceptions,
+        files: sources.iter().map(|s| s.path.clone()).collect(),
+        digest,
+        matcher,
+    })
+}
+
+/// Compiles one in-memory YAML document (tests, benches, `explain`).
+pub fn from_yaml(text: &str) -> Result<Policy, LoadError> {
+    compile(
+        &[Source {
+            path: PathBuf::from("<inline>"),
+            text: text.to_string(),
+        }],
+        &|_| None,
+    )
+}
