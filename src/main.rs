@@ -1,1 +1,51 @@
-fn main() {}
+use std::process::ExitCode;
+
+use clap::Parser;
+use egressd::cli::{Cli, Command};
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Serve(args) => {
+            let rt = match tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(rt) => rt,
+                Err(e) => {
+                    eprintln!("egressd: cannot start runtime: {e}");
+                    return ExitCode::from(1);
+                }
+            };
+            match rt.block_on(egressd::app::serve(args)) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("egressd: {e:#}");
+                    ExitCode::from(1)
+                }
+            }
+        }
+        Command::Check { policy } => {
+            let code = egressd::policy::lint::run_check(
+                &policy,
+                &mut std::io::stdout(),
+                &mut std::io::stderr(),
+            );
+            ExitCode::from(code as u8)
+        }
+        Command::Explain {
+            policy,
+            client,
+            target,
+        } => {
+            let target = target.join(" ");
+            let code = egressd::explain::run_explain(
+                &policy,
+                client.as_deref(),
+                &target,
+                &mut std::io::stdout(),
+            );
+            ExitCode::from(code as u8)
+        }
+    }
+}

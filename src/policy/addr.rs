@@ -68,13 +68,19 @@ pub fn classify_v4(ip: Ipv4Addr) -> Option<NonPublic> {
         Unspecified
     } else if in4(a, [127, 0, 0, 0], 8) {
         Loopback
-    } else if in4(a, [10, 0, 0, 0], 8) || in4(a, [172, 16, 0, 0], 12) || in4(a, [192, 168, 0, 0], 16) {
+    } else if in4(a, [10, 0, 0, 0], 8)
+        || in4(a, [172, 16, 0, 0], 12)
+        || in4(a, [192, 168, 0, 0], 16)
+    {
         Private
     } else if in4(a, [169, 254, 0, 0], 16) {
         LinkLocal
     } else if in4(a, [100, 64, 0, 0], 10) {
         Cgnat
-    } else if in4(a, [192, 0, 2, 0], 24) || in4(a, [198, 51, 100, 0], 24) || in4(a, [203, 0, 113, 0], 24) {
+    } else if in4(a, [192, 0, 2, 0], 24)
+        || in4(a, [198, 51, 100, 0], 24)
+        || in4(a, [203, 0, 113, 0], 24)
+    {
         Documentation
     } else if in4(a, [198, 18, 0, 0], 15) {
         Benchmarking
@@ -143,9 +149,8 @@ pub fn classify_v6(ip: Ipv6Addr) -> Option<NonPublic> {
         LinkLocal
     } else if s[0] & 0xff00 == 0xff00 {
         Multicast
-    } else if s[0] == 0x2001 && s[1] == 0x0db8 {
-        Documentation
-    } else if s[0] == 0x3fff && s[1] & 0xf000 == 0 {
+    } else if (s[0] == 0x2001 && s[1] == 0x0db8) || (s[0] == 0x3fff && s[1] & 0xf000 == 0) {
+        // 2001:db8::/32 and 3fff::/20
         Documentation
     } else if s[0] == 0x0100 && s[1..4] == [0, 0, 0] {
         // discard-only 100::/64

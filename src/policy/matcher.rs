@@ -23,7 +23,11 @@ impl Hasher for Fnv {
         self.0
     }
     fn write(&mut self, bytes: &[u8]) {
-        let mut h = if self.0 == 0 { 0xcbf29ce484222325 } else { self.0 };
+        let mut h = if self.0 == 0 {
+            0xcbf29ce484222325
+        } else {
+            self.0
+        };
         for b in bytes {
             h ^= *b as u64;
             h = h.wrapping_mul(0x100000001b3);
@@ -33,12 +37,15 @@ impl Hasher for Fnv {
 }
 type FnvMap<K, V> = HashMap<K, V, BuildHasherDefault<Fnv>>;
 
+/// `prefix*suffix` for the first label, and the exception it belongs to.
+type LabelGlob = (Box<str>, Box<str>, u32);
+
 #[derive(Default)]
 pub struct Matcher {
     exact: FnvMap<Box<str>, Vec<u32>>,
     subdomains: FnvMap<Box<str>, Vec<u32>>,
     /// Keyed by the name without its first label.
-    label_globs: FnvMap<Box<str>, Vec<(Box<str>, Box<str>, u32)>>,
+    label_globs: FnvMap<Box<str>, Vec<LabelGlob>>,
     v4: Vec<(u8, FnvMap<u32, Vec<u32>>)>,
     v6: Vec<(u8, FnvMap<u128, Vec<u32>>)>,
 }
@@ -47,8 +54,16 @@ impl Matcher {
     pub fn add_host(&mut self, pattern: &HostPattern, idx: u32) {
         match pattern {
             HostPattern::Exact(h) => self.exact.entry(h.as_str().into()).or_default().push(idx),
-            HostPattern::Subdomains(h) => self.subdomains.entry(h.as_str().into()).or_default().push(idx),
-            HostPattern::LabelGlob { prefix, suffix, rest } => self
+            HostPattern::Subdomains(h) => self
+                .subdomains
+                .entry(h.as_str().into())
+                .or_default()
+                .push(idx),
+            HostPattern::LabelGlob {
+                prefix,
+                suffix,
+                rest,
+            } => self
                 .label_globs
                 .entry(rest.as_str().into())
                 .or_default()
@@ -119,7 +134,11 @@ impl Matcher {
             Target::Ip(IpAddr::V4(a)) => {
                 let a = u32::from(*a);
                 for (len, map) in &self.v4 {
-                    let mask = if *len == 0 { 0 } else { u32::MAX << (32 - *len as u32) };
+                    let mask = if *len == 0 {
+                        0
+                    } else {
+                        u32::MAX << (32 - *len as u32)
+                    };
                     if let Some(v) = map.get(&(a & mask)) {
                         v.iter().for_each(|i| f(*i));
                     }
@@ -128,7 +147,11 @@ impl Matcher {
             Target::Ip(IpAddr::V6(a)) => {
                 let a = u128::from(*a);
                 for (len, map) in &self.v6 {
-                    let mask = if *len == 0 { 0 } else { u128::MAX << (128 - *len as u32) };
+                    let mask = if *len == 0 {
+                        0
+                    } else {
+                        u128::MAX << (128 - *len as u32)
+                    };
                     if let Some(v) = map.get(&(a & mask)) {
                         v.iter().for_each(|i| f(*i));
                     }

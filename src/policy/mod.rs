@@ -44,7 +44,14 @@ pub struct Diagnostic {
 
 impl fmt::Display for Diagnostic {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}:{}:{}: {}", self.file.display(), self.line, self.column, self.message)
+        write!(
+            f,
+            "{}:{}:{}: {}",
+            self.file.display(),
+            self.line,
+            self.column,
+            self.message
+        )
     }
 }
 
@@ -315,9 +322,14 @@ impl Policy {
                 report_only: false,
             },
             (_, Some(i)) => Decision::allow(&self.exceptions[i as usize]),
-            (Some(i), None) => Decision::deny(Reason::InspectionRequired, Some(&self.exceptions[i as usize])),
+            (Some(i), None) => Decision::deny(
+                Reason::InspectionRequired,
+                Some(&self.exceptions[i as usize]),
+            ),
             (None, None) => match closest {
-                Some((stage, i)) => Decision::deny(stage.reason(), Some(&self.exceptions[i as usize])),
+                Some((stage, i)) => {
+                    Decision::deny(stage.reason(), Some(&self.exceptions[i as usize]))
+                }
                 None => Decision::deny(Reason::NoException, None),
             },
         };
@@ -357,7 +369,11 @@ impl Policy {
                     return Err(Stage::Port);
                 }
                 if e.needs_inspection() {
-                    return if req.can_intercept { Ok(true) } else { Err(Stage::Inspection) };
+                    return if req.can_intercept {
+                        Ok(true)
+                    } else {
+                        Err(Stage::Inspection)
+                    };
                 }
                 Ok(false)
             }
@@ -393,9 +409,13 @@ impl Policy {
 
     /// Identifies a client by a Proxy-Authorization token (compared as
     /// SHA-256 digests in constant time) or else by source address.
-    /// `Err(())` when a token was presented that matches no client: such a
-    /// request is refused rather than treated as anonymous.
-    pub fn identify(&self, src: IpAddr, token: Option<&[u8]>) -> Result<Option<ClientIdx>, ()> {
+    /// `Err(UnknownToken)` when a token was presented that matches no
+    /// client: such a request is refused rather than treated as anonymous.
+    pub fn identify(
+        &self,
+        src: IpAddr,
+        token: Option<&[u8]>,
+    ) -> Result<Option<ClientIdx>, UnknownToken> {
         if let Some(tok) = token {
             let digest = ring::digest::digest(&ring::digest::SHA256, tok);
             let mut found = None;
@@ -406,7 +426,7 @@ impl Policy {
                     }
                 }
             }
-            return found.map(Some).ok_or(());
+            return found.map(Some).ok_or(UnknownToken);
         }
         let src = canonical_ip(src);
         Ok(self
@@ -424,6 +444,11 @@ impl Policy {
         self.exceptions.iter().find(|e| &*e.id == id)
     }
 }
+
+/// A Proxy-Authorization token that matches no client.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("the Proxy-Authorization token matches no client")]
+pub struct UnknownToken;
 
 /// IPv4-mapped IPv6 sources (dual-stack sockets) as the IPv4 address.
 pub fn canonical_ip(ip: IpAddr) -> IpAddr {
@@ -454,7 +479,9 @@ pub fn read_sources(path: &Path) -> Result<Vec<Source>, LoadError> {
         let rd = std::fs::read_dir(path)
             .map_err(|e| LoadError::at(path, 0, 0, format!("cannot read policy directory: {e}")))?;
         for entry in rd {
-            let entry = entry.map_err(|e| LoadError::at(path, 0, 0, format!("cannot read policy directory: {e}")))?;
+            let entry = entry.map_err(|e| {
+                LoadError::at(path, 0, 0, format!("cannot read policy directory: {e}"))
+            })?;
             let name = entry.file_name();
             let name = name.to_string_lossy();
             if name.starts_with('.') || !(name.ends_with(".yaml") || name.ends_with(".yml")) {
@@ -470,7 +497,12 @@ pub fn read_sources(path: &Path) -> Result<Vec<Source>, LoadError> {
         }
         files.sort();
         if files.is_empty() {
-            return Err(LoadError::at(path, 0, 0, "policy directory holds no *.yaml or *.yml files"));
+            return Err(LoadError::at(
+                path,
+                0,
+                0,
+                "policy directory holds no *.yaml or *.yml files",
+            ));
         }
     } else {
         files.push(path.to_path_buf());
@@ -479,9 +511,15 @@ pub fn read_sources(path: &Path) -> Result<Vec<Source>, LoadError> {
     for f in files {
         let size = std::fs::metadata(&f).map(|m| m.len()).unwrap_or(0);
         if size > MAX_POLICY_FILE_BYTES {
-            return Err(LoadError::at(&f, 0, 0, format!("policy file is larger than {MAX_POLICY_FILE_BYTES} bytes")));
+            return Err(LoadError::at(
+                &f,
+                0,
+                0,
+                format!("policy file is larger than {MAX_POLICY_FILE_BYTES} bytes"),
+            ));
         }
-        let text = std::fs::read_to_string(&f).map_err(|e| LoadError::at(&f, 0, 0, format!("cannot read: {e}")))?;
+        let text = std::fs::read_to_string(&f)
+            .map_err(|e| LoadError::at(&f, 0, 0, format!("cannot read: {e}")))?;
         out.push(Source { path: f, text });
     }
     Ok(out)
@@ -500,7 +538,12 @@ fn locate(text: &str, key: &str, value: &str) -> (usize, usize) {
         let t = line.trim_start();
         let t2 = t.strip_prefix("- ").map(str::trim_start).unwrap_or(t);
         if let Some(rest) = t2.strip_prefix(key).and_then(|r| r.strip_prefix(':')) {
-            let v = rest.split(" #").next().unwrap_or("").trim().trim_matches(|c| c == '"' || c == '\'');
+            let v = rest
+                .split(" #")
+                .next()
+                .unwrap_or("")
+                .trim()
+                .trim_matches(|c| c == '"' || c == '\'');
             if v == value {
                 return (n + 1, line.len() - t2.len() + 1);
             }
@@ -525,7 +568,9 @@ fn expand_secret(v: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<String
                 .trim_end_matches(['\n', '\r'])
                 .to_string()
         } else {
-            return Err(format!("unknown substitution ${{{inner}}}: use ${{env:NAME}} or ${{file:PATH}}"));
+            return Err(format!(
+                "unknown substitution ${{{inner}}}: use ${{env:NAME}} or ${{file:PATH}}"
+            ));
         };
         out.push_str(&val);
         rest = &rest[end + 1..];
@@ -535,7 +580,10 @@ fn expand_secret(v: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<String
 }
 
 fn yaml_error(path: &Path, e: &serde_yaml_ng::Error) -> Diagnostic {
-    let (line, column) = e.location().map(|l| (l.line(), l.column())).unwrap_or((1, 1));
+    let (line, column) = e
+        .location()
+        .map(|l| (l.line(), l.column()))
+        .unwrap_or((1, 1));
     let mut msg = e.to_string();
     // serde_yaml appends " at line L column C"; we print it as file:line:column.
     if let Some(i) = msg.find(" at line ") {
@@ -549,18 +597,37 @@ fn yaml_error(path: &Path, e: &serde_yaml_ng::Error) -> Diagnostic {
     }
 }
 
-/// Validates and compiles policy sources: the one function both the first
-/// load and every reload go through. `env` supplies `${env:…}` values.
-pub fn compile(sources: &[Source], env: &dyn Fn(&str) -> Option<String>) -> Result<Policy, LoadError> {
-    let mut errors: Vec<Diagnostic> = Vec::new();
-    let mut parsed = Vec::new();
+/// SHA-256 over every file's path and contents: equal digests, equal policies.
+pub fn digest_sources(sources: &[Source]) -> [u8; 32] {
     let mut ctx = ring::digest::Context::new(&ring::digest::SHA256);
     for src in sources {
         ctx.update(src.path.to_string_lossy().as_bytes());
         ctx.update(&[0]);
         ctx.update(src.text.as_bytes());
         ctx.update(&[0]);
-        if src.text.trim().is_empty() || src.text.lines().all(|l| l.trim().is_empty() || l.trim_start().starts_with('#')) {
+    }
+    ctx.finish()
+        .as_ref()
+        .try_into()
+        .expect("sha256 is 32 bytes")
+}
+
+/// Validates and compiles policy sources: the one function both the first
+/// load and every reload go through. `env` supplies `${env:…}` values.
+pub fn compile(
+    sources: &[Source],
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<Policy, LoadError> {
+    let mut errors: Vec<Diagnostic> = Vec::new();
+    let mut parsed = Vec::new();
+    let digest = digest_sources(sources);
+    for src in sources {
+        if src.text.trim().is_empty()
+            || src
+                .text
+                .lines()
+                .all(|l| l.trim().is_empty() || l.trim_start().starts_with('#'))
+        {
             errors.push(Diagnostic {
                 file: src.path.clone(),
                 line: 1,
@@ -574,7 +641,6 @@ pub fn compile(sources: &[Source], env: &dyn Fn(&str) -> Option<String>) -> Resu
             Err(e) => errors.push(yaml_error(&src.path, &e)),
         }
     }
-    let digest: [u8; 32] = ctx.finish().as_ref().try_into().expect("sha256 is 32 bytes");
     if !errors.is_empty() {
         return Err(LoadError(errors));
     }
@@ -596,7 +662,15 @@ pub fn compile(sources: &[Source], env: &dyn Fn(&str) -> Option<String>) -> Resu
     for (src, f) in &parsed {
         let Some(s) = &f.settings else { continue };
         if let Some(first) = settings_src {
-            err(src, "settings", "", format!("settings: may appear in one file only (already in {})", first.path.display()));
+            err(
+                src,
+                "settings",
+                "",
+                format!(
+                    "settings: may appear in one file only (already in {})",
+                    first.path.display()
+                ),
+            );
             continue;
         }
         settings_src = Some(src);
@@ -630,7 +704,12 @@ pub fn compile(sources: &[Source], env: &dyn Fn(&str) -> Option<String>) -> Resu
                 settings.dns.cache_max_ttl = d.0;
             }
             if settings.dns.cache_min_ttl > settings.dns.cache_max_ttl {
-                err(src, "cache_min_ttl", "", "dns.cache_min_ttl is larger than dns.cache_max_ttl".into());
+                err(
+                    src,
+                    "cache_min_ttl",
+                    "",
+                    "dns.cache_min_ttl is larger than dns.cache_max_ttl".into(),
+                );
             }
             if let Some(t) = &dns.tunnel {
                 let ts = &mut settings.dns.tunnel;
@@ -662,10 +741,20 @@ pub fn compile(sources: &[Source], env: &dyn Fn(&str) -> Option<String>) -> Resu
         let mut seen = HashMap::new();
         for c in &s.clients {
             if seen.insert(c.id.0.clone(), ()).is_some() {
-                err(src, "id", &c.id.0, format!("duplicate client id {:?}", c.id.0));
+                err(
+                    src,
+                    "id",
+                    &c.id.0,
+                    format!("duplicate client id {:?}", c.id.0),
+                );
             }
             if c.sources.is_empty() && c.token_sha256.is_none() {
-                err(src, "id", &c.id.0, format!("client {:?} needs sources: or token_sha256:", c.id.0));
+                err(
+                    src,
+                    "id",
+                    &c.id.0,
+                    format!("client {:?} needs sources: or token_sha256:", c.id.0),
+                );
             }
             clients.push(Client {
                 id: c.id.0.as_str().into(),
@@ -682,7 +771,12 @@ pub fn compile(sources: &[Source], env: &dyn Fn(&str) -> Option<String>) -> Resu
         for r in &f.exceptions {
             let id = r.id.0.clone();
             if let Some(prev) = ids.insert(id.clone(), src.path.clone()) {
-                err(src, "id", &id, format!("duplicate exception id {id:?} (also in {})", prev.display()));
+                err(
+                    src,
+                    "id",
+                    &id,
+                    format!("duplicate exception id {id:?} (also in {})", prev.display()),
+                );
                 continue;
             }
             let owner = r.owner.as_deref().map(str::trim).unwrap_or("");
@@ -694,7 +788,12 @@ pub fn compile(sources: &[Source], env: &dyn Fn(&str) -> Option<String>) -> Resu
                 err(src, "id", &id, format!("exception {id:?} has no reason:"));
             }
             if r.hosts.is_empty() && r.cidrs.is_empty() {
-                err(src, "id", &id, format!("exception {id:?} names no hosts: and no cidrs:"));
+                err(
+                    src,
+                    "id",
+                    &id,
+                    format!("exception {id:?} names no hosts: and no cidrs:"),
+                );
             }
             let client_idx = r.clients.as_ref().map(|pats| {
                 let mut b = GlobSetBuilder::new();
@@ -703,7 +802,12 @@ pub fn compile(sources: &[Source], env: &dyn Fn(&str) -> Option<String>) -> Resu
                         Ok(g) => {
                             b.add(g);
                         }
-                        Err(e) => err(src, "id", &id, format!("exception {id:?}: bad client pattern {p:?}: {e}")),
+                        Err(e) => err(
+                            src,
+                            "id",
+                            &id,
+                            format!("exception {id:?}: bad client pattern {p:?}: {e}"),
+                        ),
                     }
                 }
                 let set = b.build().unwrap_or_else(|_| GlobSet::empty());
@@ -720,14 +824,24 @@ pub fn compile(sources: &[Source], env: &dyn Fn(&str) -> Option<String>) -> Resu
                     let mut b = GlobSetBuilder::new();
                     for p in ps {
                         if !p.starts_with('/') {
-                            err(src, "id", &id, format!("exception {id:?}: path pattern {p:?} must start with '/'"));
+                            err(
+                                src,
+                                "id",
+                                &id,
+                                format!("exception {id:?}: path pattern {p:?} must start with '/'"),
+                            );
                             continue;
                         }
                         match GlobBuilder::new(p).literal_separator(true).build() {
                             Ok(g) => {
                                 b.add(g);
                             }
-                            Err(e) => err(src, "id", &id, format!("exception {id:?}: bad path pattern {p:?}: {e}")),
+                            Err(e) => err(
+                                src,
+                                "id",
+                                &id,
+                                format!("exception {id:?}: bad path pattern {p:?}: {e}"),
+                            ),
                         }
                     }
                     Some(b.build().unwrap_or_else(|_| GlobSet::empty()))
@@ -748,7 +862,12 @@ pub fn compile(sources: &[Source], env: &dyn Fn(&str) -> Option<String>) -> Resu
                     let hn = match HeaderName::from_bytes(name.as_bytes()) {
                         Ok(h) => h,
                         Err(_) => {
-                            err(src, "id", &id, format!("exception {id:?}: invalid header name {name:?}"));
+                            err(
+                                src,
+                                "id",
+                                &id,
+                                format!("exception {id:?}: invalid header name {name:?}"),
+                            );
                             continue;
                         }
                     };
@@ -792,7 +911,10 @@ pub fn compile(sources: &[Source], env: &dyn Fn(&str) -> Option<String>) -> Resu
                 hosts,
                 cidrs,
                 ports,
-                methods: r.methods.as_ref().map(|m| m.iter().map(|m| m.0.clone()).collect()),
+                methods: r
+                    .methods
+                    .as_ref()
+                    .map(|m| m.iter().map(|m| m.0.clone()).collect()),
                 path_patterns: r.paths.clone().unwrap_or_default(),
                 paths,
                 dns_types,

@@ -1,1 +1,188 @@
-//! proxy
+//! The HTTP proxy front-end: accept loop, one hyper HTTP/1 connection per
+//! client, and the dispatch of each request to `forward` (absolute-form
+//! requests) or `tunnel` (CONNECT). Both build one `policy::Request` and ask
+//! `Policy::decide`; both record exactly one `Event` per request.
+
+pub mod forward;
+pub mod respond;
+pub mod sni;
+pub mod tunnel;
+pub mod upstream;
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::{Request, Response};
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::net::TcpListener;
+use tokio::sync::{watch, Semaphore};
+
+use crate::decision::{Event, Proto, Reason, Recorder};
+use crate::dns::Resolver;
+use crate::metrics::ActiveGuard;
+use crate::policy::reload::PolicyHandle;
+use crate::policy::{ClientIdx, Policy, UnknownToken};
+use respond::ProxyBody;
+
+/// Client connections served at once; further clients wait in the backlog.
+pub const MAX_CONNECTIONS: usize = 16_384;
+/// Longest wait for a complete request head.
+pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
+/// Largest request head accepted (hyper answers 431 beyond it).
+pub const MAX_HEADER_BYTES: usize = 64 << 10;
+
+/// What every proxy task shares.
+pub struct ProxyCtx {
+    pub policy: Arc<PolicyHandle>,
+    pub recorder: Recorder,
+    pub resolver: Arc<Resolver>,
+    /// egressd's own listening addresses: never a destination.
+    pub own_addrs: Vec<SocketAddr>,
+    pub http: upstream::HttpClient,
+}
+
+/// Serves the proxy port until `shutdown` flips; then stops accepting and
+/// lets open connections finish on their own.
+pub async fn serve(listener: TcpListener, ctx: Arc<ProxyCtx>, mut shutdown: watch::Receiver<bool>) {
+    let limit = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    loop {
+        let permit = tokio::select! {
+            p = limit.clone().acquire_owned() => p.expect("semaphore never closed"),
+            _ = shutdown.changed() => return,
+        };
+        let (stream, peer) = tokio::select! {
+            r = listener.accept() => match r {
+                Ok(x) => x,
+                Err(e) => {
+                    // EMFILE and friends: back off instead of spinning.
+                    eprintln!("egressd: accept failed: {e}");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+            _ = shutdown.changed() => return,
+        };
+        let _ = stream.set_nodelay(true);
+        let ctx = ctx.clone();
+        tokio::spawn(async move {
+            let _permit = permit;
+            serve_conn(stream, peer, ctx).await;
+        });
+    }
+}
+
+async fn serve_conn(stream: tokio::net::TcpStream, peer: SocketAddr, ctx: Arc<ProxyCtx>) {
+    let _active = ActiveGuard::new(&ctx.recorder.metrics, Proto::Http);
+    let c2 = ctx.clone();
+    let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
+        let ctx = c2.clone();
+        async move { Ok::<_, Infallible>(handle(req, peer, ctx).await) }
+    });
+    let res = hyper::server::conn::http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(HEADER_READ_TIMEOUT)
+        .max_buf_size(MAX_HEADER_BYTES)
+        .keep_alive(true)
+        .serve_connection(TokioIo::new(stream), svc)
+        .with_upgrades()
+        .await;
+    if let Err(e) = res {
+        // hyper has already answered 400/431 for a request it could not
+        // parse; the log line is ours to write.
+        if e.is_parse() || e.is_parse_too_large() || e.is_parse_status() {
+            let mut ev = Event::new(Proto::Http, peer);
+            ev.set_denied(Reason::Malformed);
+            ev.status = Some(if e.is_parse_too_large() { 431 } else { 400 });
+            ev.error = Some(e.to_string());
+            ctx.recorder.record(ev);
+        }
+    }
+}
+
+/// The client a request comes from, by Proxy-Authorization token or source.
+pub(crate) fn identify(
+    policy: &Policy,
+    req: &Request<Incoming>,
+    peer: SocketAddr,
+) -> Result<Option<ClientIdx>, UnknownToken> {
+    let token = req
+        .headers()
+        .get(http::header::PROXY_AUTHORIZATION)
+        .map(|v| proxy_token(v.as_bytes()).ok_or(UnknownToken))
+        .transpose()?;
+    policy.identify(peer.ip(), token.as_deref())
+}
+
+/// The token in `Basic base64(user:token)` (or `user:` with the token as
+/// user), or `Bearer token`.
+pub fn proxy_token(v: &[u8]) -> Option<Vec<u8>> {
+    let s = std::str::from_utf8(v).ok()?.trim();
+    let (scheme, rest) = s.split_once(' ')?;
+    let rest = rest.trim();
+    if scheme.eq_ignore_ascii_case("bearer") {
+        return (!rest.is_empty()).then(|| rest.as_bytes().to_vec());
+    }
+    if !scheme.eq_ignore_ascii_case("basic") {
+        return None;
+    }
+    let raw = base64_decode(rest)?;
+    let colon = raw.iter().position(|b| *b == b':')?;
+    let (user, pass) = (&raw[..colon], &raw[colon + 1..]);
+    let tok = if pass.is_empty() { user } else { pass };
+    (!tok.is_empty()).then(|| tok.to_vec())
+}
+
+fn base64_decode(s: &str) -> Option<Vec<u8>> {
+    let mut out = Vec::with_capacity(s.len() * 3 / 4);
+    let mut acc = 0u32;
+    let mut bits = 0;
+    for c in s.bytes() {
+        let v = match c {
+            b'A'..=b'Z' => c - b'A',
+            b'a'..=b'z' => c - b'a' + 26,
+            b'0'..=b'9' => c - b'0' + 52,
+            b'+' | b'-' => 62,
+            b'/' | b'_' => 63,
+            b'=' => break,
+            _ => return None,
+        } as u32;
+        acc = acc << 6 | v;
+        bits += 6;
+        if bits >= 8 {
+            bits -= 8;
+            out.push((acc >> bits) as u8);
+        }
+    }
+    Some(out)
+}
+
+async fn handle(
+    req: Request<Incoming>,
+    peer: SocketAddr,
+    ctx: Arc<ProxyCtx>,
+) -> Response<ProxyBody> {
+    if req.method() == http::Method::CONNECT {
+        tunnel::handle(req, peer, ctx).await
+    } else {
+        forward::handle(req, peer, ctx).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokens() {
+        // "agent:s3cret"
+        assert_eq!(proxy_token(b"Basic YWdlbnQ6czNjcmV0").unwrap(), b"s3cret");
+        // "s3cret:"
+        assert_eq!(proxy_token(b"Basic czNjcmV0Og==").unwrap(), b"s3cret");
+        assert_eq!(proxy_token(b"Bearer abc").unwrap(), b"abc");
+        assert!(proxy_token(b"Digest x").is_none());
+        assert!(proxy_token(b"Basic !!!").is_none());
+    }
+}

@@ -1,0 +1,434 @@
+//! CONNECT tunnels. The decision is made on the request-target authority
+//! alone, before any byte reaches the destination; a refused CONNECT gets
+//! its 403 and the connection is closed, so nothing the client pipelined
+//! behind it is ever read as a request. On port 443 the ClientHello is read
+//! first and a server name other than the CONNECT host closes the tunnel
+//! (`sni_mismatch`, no domain fronting). Then bytes are copied both ways with
+//! half-close and an idle timeout.
+
+use std::io;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use http::{header, Request, Response, StatusCode};
+use hyper::body::Incoming;
+use hyper_util::rt::TokioIo;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::net::TcpStream;
+
+use super::forward::parse_authority;
+use super::respond::{self, ProxyBody};
+use super::sni::{self, Hello};
+use super::upstream::{self, Refusal};
+use super::ProxyCtx;
+use crate::decision::{Event, Proto, Reason, Recorder};
+use crate::metrics::ActiveGuard;
+use crate::policy::host::{parse_host, HostPattern, Target};
+use crate::policy::time::unix_now;
+use crate::policy::{self, Exception, MissingSni};
+
+/// A tunnel with no byte in either direction for this long is closed.
+pub const IDLE_TIMEOUT: Duration = Duration::from_secs(600);
+/// Longest wait for the client's first bytes (the ClientHello) on port 443.
+pub const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+/// Copy buffer per direction.
+const BUF: usize = 64 << 10;
+
+pub async fn handle(
+    req: Request<Incoming>,
+    peer: SocketAddr,
+    ctx: Arc<ProxyCtx>,
+) -> Response<ProxyBody> {
+    let policy = ctx.policy.snapshot();
+    let mut ev = Event::new(Proto::Connect, peer);
+    ev.method = Some("CONNECT".into());
+    let auth = req
+        .uri()
+        .authority()
+        .map(|a| a.as_str().to_string())
+        .unwrap_or_default();
+    let what = format!("CONNECT {auth}");
+    let rec = &ctx.recorder;
+    let contact = policy.settings.contact.clone();
+
+    // Every refusal closes the connection: after a CONNECT, the client's next
+    // bytes were meant for the destination, never for us.
+    let deny = |mut ev: Event, reason: Reason, detail: Option<String>, policy_decided: bool| {
+        if !policy_decided {
+            ev.set_denied(reason);
+        }
+        let resp = respond::deny(reason, &what, &contact, detail.as_deref(), true);
+        ev.status = Some(resp.status().as_u16());
+        if let Some(d) = detail {
+            ev.note.get_or_insert(d);
+        }
+        rec.record(ev);
+        resp
+    };
+
+    if !rec.accepting() {
+        return deny(ev, Reason::LogUnavailable, None, false);
+    }
+    let client = match super::identify(&policy, &req, peer) {
+        Ok(c) => c,
+        Err(e) => return deny(ev, Reason::ClientNotAllowed, Some(e.to_string()), false),
+    };
+    if let Some(id) = policy.client_id(client) {
+        ev.client = id.clone();
+    }
+    if auth.is_empty()
+        || req.uri().scheme().is_some()
+        || req
+            .uri()
+            .path_and_query()
+            .is_some_and(|p| p.as_str() != "/")
+    {
+        return deny(
+            ev,
+            Reason::Malformed,
+            Some("CONNECT needs an authority-form target (host:port)".into()),
+            false,
+        );
+    }
+    let dest = match parse_authority(&auth, None) {
+        Ok(d) => d,
+        Err(e) => return deny(ev, Reason::Malformed, Some(e), false),
+    };
+    ev.host = Some(dest.target.to_string());
+    ev.port = Some(dest.port);
+    let hosts: Vec<_> = req.headers().get_all(header::HOST).iter().collect();
+    if hosts.len() > 1 {
+        return deny(
+            ev,
+            Reason::Malformed,
+            Some("more than one Host header".into()),
+            false,
+        );
+    }
+    if let Some(h) = hosts.first() {
+        let agrees = h
+            .to_str()
+            .ok()
+            .and_then(|h| parse_authority(h, Some(dest.port)).ok())
+            .is_some_and(|hd| hd == dest);
+        if !agrees {
+            return deny(ev, Reason::HostMismatch, None, false);
+        }
+    }
+
+    let now = unix_now();
+    let preq = policy::Request {
+        proto: Proto::Connect,
+        client,
+        target: &dest.target,
+        port: dest.port,
+        method: None,
+        path: None,
+        qtype: None,
+        can_intercept: false,
+    };
+    let d = policy.decide(&preq, now);
+    ev.set_decision(&d, policy.settings.mode);
+    if !d.is_allowed() {
+        return deny(ev, d.reason, None, true);
+    }
+
+    let checked = match upstream::resolve_checked(
+        &policy,
+        &ctx.resolver,
+        d.exception,
+        client,
+        &dest.target,
+        dest.port,
+        &ctx.own_addrs,
+        now,
+    )
+    .await
+    {
+        Ok(c) => c,
+        Err(Refusal::Policy(reason, note)) => {
+            ev.note = note;
+            return deny(ev, reason, None, false);
+        }
+        Err(Refusal::Resolve(e)) => {
+            rec.metrics
+                .upstream_errors
+                .with_label_values(&["connect", "resolve"])
+                .inc();
+            let resp =
+                respond::upstream_error(&dest.target.to_string(), &e.to_string(), false, true);
+            ev.status = Some(resp.status().as_u16());
+            ev.error = Some(format!("resolve: {e}"));
+            rec.record(ev);
+            return resp;
+        }
+    };
+    ev.note = checked.note.clone();
+    let (upstream_conn, addr) = match upstream::connect_first(&checked.addrs).await {
+        Ok(x) => x,
+        Err(e) => {
+            rec.metrics
+                .upstream_errors
+                .with_label_values(&["connect", "connect"])
+                .inc();
+            let timeout = e.kind() == io::ErrorKind::TimedOut;
+            let resp =
+                respond::upstream_error(&dest.target.to_string(), &e.to_string(), timeout, true);
+            ev.status = Some(resp.status().as_u16());
+            ev.error = Some(format!("connect: {e}"));
+            rec.record(ev);
+            return resp;
+        }
+    };
+    ev.addr = Some(addr.to_string());
+    ev.status = Some(200);
+
+    // What a ClientHello without a usable server name may do.
+    let exact_host = match (&dest.target, d.exception) {
+        (Target::Name(h), Some(e)) => e
+            .hosts
+            .iter()
+            .any(|p| matches!(p, HostPattern::Exact(x) if x == h)),
+        _ => false,
+    };
+    let sni_rule = SniRule {
+        check: dest.port == 443,
+        target: dest.target.clone(),
+        missing: policy.settings.missing_sni,
+        exact_host,
+    };
+    let recorder = ctx.recorder.clone();
+    let exception_injects = d.exception.is_some_and(Exception::needs_inspection);
+    debug_assert!(
+        !exception_injects,
+        "opaque tunnels are never allowed for exceptions needing inspection"
+    );
+    tokio::spawn(async move {
+        let _active = ActiveGuard::new(&recorder.metrics, Proto::Connect);
+        match hyper::upgrade::on(req).await {
+            Ok(up) => run_tunnel(TokioIo::new(up), upstream_conn, ev, sni_rule, recorder).await,
+            Err(e) => {
+                ev.error = Some(format!("upgrade: {e}"));
+                recorder.record(ev);
+            }
+        }
+    });
+    Response::builder()
+        .status(StatusCode::OK)
+        .body(respond::full(""))
+        .expect("static response")
+}
+
+struct SniRule {
+    check: bool,
+    target: Target,
+    missing: MissingSni,
+    exact_host: bool,
+}
+
+impl SniRule {
+    /// `None` when the hello may pass; else the reason and a note.
+    fn judge(&self, hello: &Hello) -> Option<(Reason, String)> {
+        match hello {
+            Hello::ClientHello { sni, ech } => {
+                let missing_ok = match self.missing {
+                    MissingSni::Allow => true,
+                    MissingSni::Deny => false,
+                    MissingSni::ExactOnly => {
+                        self.exact_host || matches!(self.target, Target::Ip(_))
+                    }
+                };
+                if *ech && !missing_ok {
+                    return Some((
+                        Reason::SniMismatch,
+                        "encrypted ClientHello hides the server name".into(),
+                    ));
+                }
+                match sni {
+                    None if missing_ok => None,
+                    None => Some((
+                        Reason::SniMismatch,
+                        "ClientHello without a server name".into(),
+                    )),
+                    Some(name) => {
+                        let ok = match (&self.target, parse_host(name)) {
+                            (Target::Name(h), Ok(s)) => *h == s,
+                            _ => false,
+                        };
+                        if ok || *ech && missing_ok {
+                            None
+                        } else {
+                            Some((
+                                Reason::SniMismatch,
+                                format!("ClientHello names {:?}", truncate(name, 255)),
+                            ))
+                        }
+                    }
+                }
+            }
+            Hello::NotTls => Some((
+                Reason::SniMismatch,
+                "the client sent non-TLS bytes to port 443".into(),
+            )),
+            Hello::Malformed | Hello::Incomplete => {
+                Some((Reason::SniMismatch, "malformed TLS ClientHello".into()))
+            }
+        }
+    }
+}
+
+fn truncate(s: &str, n: usize) -> &str {
+    let mut end = s.len().min(n);
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}
+
+async fn run_tunnel<C>(
+    mut client: C,
+    mut upstream_conn: TcpStream,
+    mut ev: Event,
+    rule: SniRule,
+    rec: Recorder,
+) where
+    C: AsyncRead + AsyncWrite + Unpin,
+{
+    let mut first = Vec::new();
+    if rule.check {
+        let mut buf = vec![0u8; 4096];
+        let deadline = tokio::time::Instant::now() + HELLO_TIMEOUT;
+        let verdict = loop {
+            match tokio::time::timeout_at(deadline, client.read(&mut buf)).await {
+                Ok(Ok(0)) => {
+                    break Some((
+                        Reason::SniMismatch,
+                        "client closed before its ClientHello".into(),
+                    ))
+                }
+                Ok(Ok(n)) => {
+                    first.extend_from_slice(&buf[..n]);
+                    match sni::parse(&first) {
+                        Hello::Incomplete if first.len() < sni::MAX_HELLO => continue,
+                        h => break rule.judge(&h),
+                    }
+                }
+                Ok(Err(e)) => {
+                    break Some((Reason::SniMismatch, format!("reading ClientHello: {e}")))
+                }
+                Err(_) => break Some((Reason::SniMismatch, "no ClientHello in time".into())),
+            }
+        };
+        if let Some((reason, note)) = verdict {
+            ev.set_denied(reason);
+            ev.exception = None;
+            ev.owner = None;
+            ev.note = Some(note);
+            ev.bytes_up = 0;
+            ev.bytes_down = 0;
+            rec.record(ev);
+            return;
+        }
+        if let Err(e) = upstream_conn.write_all(&first).await {
+            ev.error = Some(format!("upstream write: {e}"));
+            rec.record(ev);
+            return;
+        }
+    }
+    let started = Instant::now();
+    let activity = Arc::new(AtomicU64::new(0));
+    let up = Arc::new(AtomicU64::new(first.len() as u64));
+    let down = Arc::new(AtomicU64::new(0));
+    let mut c = Tracked {
+        inner: client,
+        read_bytes: up.clone(),
+        activity: activity.clone(),
+        started,
+    };
+    let mut u = Tracked {
+        inner: upstream_conn,
+        read_bytes: down.clone(),
+        activity: activity.clone(),
+        started,
+    };
+    let copy = tokio::io::copy_bidirectional_with_sizes(&mut c, &mut u, BUF, BUF);
+    tokio::pin!(copy);
+    let result = loop {
+        let idle_for = started
+            .elapsed()
+            .saturating_sub(Duration::from_millis(activity.load(Ordering::Relaxed)));
+        let remaining = IDLE_TIMEOUT.saturating_sub(idle_for);
+        if remaining.is_zero() {
+            break Err(io::Error::new(io::ErrorKind::TimedOut, "idle timeout"));
+        }
+        tokio::select! {
+            r = &mut copy => break r.map(|_| ()),
+            _ = tokio::time::sleep(remaining) => continue,
+        }
+    };
+    ev.bytes_up = up.load(Ordering::Relaxed);
+    ev.bytes_down = down.load(Ordering::Relaxed);
+    if let Err(e) = result {
+        if e.kind() != io::ErrorKind::ConnectionReset && e.kind() != io::ErrorKind::BrokenPipe {
+            ev.error = Some(format!("tunnel: {e}"));
+        }
+    }
+    rec.record(ev);
+}
+
+/// A stream that counts bytes read from it and notes the time of the last
+/// transfer either way (for the idle timeout).
+struct Tracked<S> {
+    inner: S,
+    read_bytes: Arc<AtomicU64>,
+    activity: Arc<AtomicU64>,
+    started: Instant,
+}
+
+impl<S> Tracked<S> {
+    fn touch(&self) {
+        self.activity
+            .store(self.started.elapsed().as_millis() as u64, Ordering::Relaxed);
+    }
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Tracked<S> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let before = buf.filled().len();
+        let r = Pin::new(&mut self.inner).poll_read(cx, buf);
+        let n = buf.filled().len() - before;
+        if n > 0 {
+            self.read_bytes.fetch_add(n as u64, Ordering::Relaxed);
+            self.touch();
+        }
+        r
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Tracked<S> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let r = Pin::new(&mut self.inner).poll_write(cx, buf);
+        if matches!(r, Poll::Ready(Ok(n)) if n > 0) {
+            self.touch();
+        }
+        r
+    }
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
