@@ -1,0 +1,304 @@
+//! Reload in each write pattern, invalid edits, the decision-log sink
+//! failing closed, and metrics after traffic.
+
+use std::os::unix::fs::symlink;
+
+use crate::support::*;
+
+fn exc(id: &str, host: &str, port: u16) -> String {
+    format!(
+        r#"
+  - id: {id}
+    owner: team-{id}
+    reason: test {id}
+    hosts: [{host}]
+    cidrs: [127.0.0.0/8]
+    ports: [{port}]
+"#
+    )
+}
+
+fn doc(excs: &[String]) -> String {
+    format!("exceptions:\n{}", excs.concat())
+}
+
+fn status(e: &Egressd, host: &str, port: u16) -> u16 {
+    e.get(&format!("http://{host}:{port}/")).status
+}
+
+fn until_status(e: &Egressd, host: &str, port: u16, want: u16) {
+    eventually(&format!("{host} → {want}"), || {
+        (status(e, host, port) == want).then_some(())
+    });
+}
+
+fn setup() -> (Origin, FakeDns) {
+    let o = origin();
+    let dns = fake_dns();
+    for n in ["a.test", "b.test", "c.test"] {
+        dns.set(n, &["127.0.0.1"]);
+    }
+    (o, dns)
+}
+
+#[test]
+fn reload_in_place_write_and_atomic_rename_and_file_removal() {
+    let (o, dns) = setup();
+    let p = o.addr.port();
+    let e = egressd()
+        .policy("a.yaml", &doc(&[exc("a", "a.test", p)]))
+        .policy("b.yaml", &doc(&[exc("b", "b.test", p)]))
+        .dns(dns.addr)
+        .start();
+    assert_eq!(status(&e, "a.test", p), 200);
+    assert_eq!(status(&e, "c.test", p), 403);
+    // In-place write.
+    std::fs::write(
+        e.policy_dir.join("a.yaml"),
+        doc(&[exc("a", "a.test", p), exc("c", "c.test", p)]),
+    )
+    .unwrap();
+    until_status(&e, "c.test", p, 200);
+    // Editor-style atomic rename.
+    atomic_write(&e.policy_dir.join("a.yaml"), &doc(&[exc("c", "c.test", p)]));
+    until_status(&e, "a.test", p, 403);
+    assert_eq!(status(&e, "c.test", p), 200);
+    // Removing a file from the directory is a valid change.
+    std::fs::remove_file(e.policy_dir.join("b.yaml")).unwrap();
+    until_status(&e, "b.test", p, 403);
+    let m = e.metrics_text();
+    assert!(
+        metric_value(
+            &m,
+            r#"egressd_exception_hits_total{exception="b",owner="team-b"}"#
+        )
+        .is_none(),
+        "removed exception's series kept"
+    );
+    assert_eq!(metric_value(&m, "egressd_policy_exceptions"), Some(1.0));
+}
+
+#[test]
+fn reload_follows_a_kubernetes_style_symlink_swap() {
+    let (o, dns) = setup();
+    let p = o.addr.port();
+    // ConfigMap layout: policy/a.yaml → ..data/a.yaml, ..data → ..v1
+    let e = egressd()
+        .policy("placeholder.yaml", &doc(&[exc("x", "x.test", p)]))
+        .dns(dns.addr)
+        .start();
+    let dir = &e.policy_dir;
+    std::fs::create_dir(dir.join("..v1")).unwrap();
+    std::fs::write(dir.join("..v1/a.yaml"), doc(&[exc("a", "a.test", p)])).unwrap();
+    symlink("..v1", dir.join("..data")).unwrap();
+    symlink("..data/a.yaml", dir.join("a.yaml")).unwrap();
+    std::fs::remove_file(dir.join("placeholder.yaml")).unwrap();
+    until_status(&e, "a.test", p, 200);
+    // The swap: new version dir, then ..data replaced atomically by rename.
+    std::fs::create_dir(dir.join("..v2")).unwrap();
+    std::fs::write(dir.join("..v2/a.yaml"), doc(&[exc("b", "b.test", p)])).unwrap();
+    symlink("..v2", dir.join("..data_tmp")).unwrap();
+    std::fs::rename(dir.join("..data_tmp"), dir.join("..data")).unwrap();
+    until_status(&e, "b.test", p, 200);
+    assert_eq!(status(&e, "a.test", p), 403);
+}
+
+#[test]
+fn invalid_edit_is_rejected_with_file_line_and_old_policy_serves() {
+    let (o, dns) = setup();
+    let p = o.addr.port();
+    let e = egressd()
+        .policy("a.yaml", &doc(&[exc("a", "a.test", p)]))
+        .dns(dns.addr)
+        .start();
+    let bad = format!(
+        "{}    hosts_typo: [c.test]\n",
+        doc(&[exc("a", "a.test", p)])
+    );
+    std::fs::write(e.policy_dir.join("a.yaml"), &bad).unwrap();
+    eventually("reload error counted", || {
+        (e.metric(r#"egressd_policy_reloads_total{result="error"}"#)? >= 1.0).then_some(())
+    });
+    let err = e.stderr_text();
+    assert!(
+        err.contains("a.yaml:9:") && err.contains("hosts_typo"),
+        "{err}"
+    );
+    assert_eq!(status(&e, "a.test", p), 200, "old policy keeps serving");
+    // An empty file (a half-written save) is refused too.
+    std::fs::write(e.policy_dir.join("a.yaml"), "").unwrap();
+    eventually("second error", || {
+        (e.metric(r#"egressd_policy_reloads_total{result="error"}"#)? >= 2.0).then_some(())
+    });
+    assert_eq!(status(&e, "a.test", p), 200);
+    // The policy path disappearing is an error, not an empty policy.
+    std::fs::remove_file(e.policy_dir.join("a.yaml")).unwrap();
+    eventually("third error", || {
+        (e.metric(r#"egressd_policy_reloads_total{result="error"}"#)? >= 3.0).then_some(())
+    });
+    assert_eq!(status(&e, "a.test", p), 200);
+    // And a good edit is picked up afterwards.
+    std::fs::write(e.policy_dir.join("a.yaml"), doc(&[exc("b", "b.test", p)])).unwrap();
+    until_status(&e, "b.test", p, 200);
+}
+
+#[test]
+fn sighup_forces_a_reload_and_a_single_file_policy_reloads() {
+    let (o, dns) = setup();
+    let p = o.addr.port();
+    let e = egressd()
+        .policy("only.yaml", &doc(&[exc("a", "a.test", p)]))
+        .policy_as_file()
+        .dns(dns.addr)
+        .start();
+    e.signal("HUP");
+    eventually("forced reload", || {
+        (e.metric(r#"egressd_policy_reloads_total{result="ok"}"#)? >= 1.0).then_some(())
+    });
+    atomic_write(
+        &e.policy_dir.join("only.yaml"),
+        &doc(&[exc("b", "b.test", p)]),
+    );
+    until_status(&e, "b.test", p, 200);
+}
+
+#[test]
+fn log_sink_failure_fails_closed_with_503_and_counts() {
+    let (o, dns) = setup();
+    let p = o.addr.port();
+    let e = egressd()
+        .policy("a.yaml", &doc(&[exc("a", "a.test", p)]))
+        .dns(dns.addr)
+        .log("/dev/full")
+        .start();
+    // The first request's line cannot be written; from then on egressd refuses.
+    let _ = status(&e, "a.test", p);
+    eventually("503 log_unavailable", || {
+        let r = e.get(&format!("http://a.test:{p}/"));
+        (r.status == 503 && r.reason() == Some("log_unavailable")).then_some(())
+    });
+    let errors = e.metric("egressd_log_write_errors_total").unwrap();
+    assert!(errors >= 1.0);
+    assert!(e.stderr_text().contains("cannot write decision log"));
+    let ready = http_request(
+        e.metrics,
+        b"GET /readyz HTTP/1.1\r\nHost: m\r\nConnection: close\r\n\r\n",
+    );
+    assert_eq!(ready.status, 503);
+    assert!(
+        o.count() <= 1,
+        "requests kept flowing while the log was down"
+    );
+}
+
+#[test]
+fn log_sink_recovers_when_writes_work_again() {
+    let (o, dns) = setup();
+    let p = o.addr.port();
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("log.fifo");
+    assert!(std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap()
+        .success());
+    // A reader must exist before egressd opens the FIFO for writing.
+    let reader = std::thread::spawn({
+        let f = fifo.clone();
+        move || std::fs::File::open(f).unwrap()
+    });
+    let e = egressd()
+        .policy("a.yaml", &doc(&[exc("a", "a.test", p)]))
+        .dns(dns.addr)
+        .log(fifo.to_str().unwrap())
+        .start();
+    let r1 = reader.join().unwrap();
+    drop(r1); // the pipe's reader goes away: writes now fail with EPIPE
+    eventually("503 after the reader left", || {
+        let r = e.get(&format!("http://a.test:{p}/"));
+        (r.status == 503).then_some(())
+    });
+    // A new reader appears: egressd reopens, writes what it held, serves again.
+    let f = fifo.clone();
+    let reader2 = std::thread::spawn(move || {
+        use std::io::Read;
+        let mut file = std::fs::File::open(f).unwrap();
+        let mut got = Vec::new();
+        let mut buf = [0u8; 4096];
+        while !String::from_utf8_lossy(&got).contains("\"status\":200") {
+            let n = file.read(&mut buf).unwrap();
+            if n == 0 {
+                break;
+            }
+            got.extend_from_slice(&buf[..n]);
+        }
+        String::from_utf8(got).unwrap()
+    });
+    eventually("200 again", || {
+        (status(&e, "a.test", p) == 200).then_some(())
+    });
+    let text = reader2.join().unwrap();
+    assert!(
+        text.contains("log_unavailable"),
+        "the held lines were written: {text}"
+    );
+}
+
+#[test]
+fn metrics_count_traffic_per_exception_with_bounded_labels() {
+    let (o, dns) = setup();
+    let p = o.addr.port();
+    let e = egressd()
+        .policy(
+            "a.yaml",
+            &doc(&[exc("a", "a.test", p), exc("unused", "never.test", p)]),
+        )
+        .dns(dns.addr)
+        .start();
+    for _ in 0..3 {
+        assert_eq!(status(&e, "a.test", p), 200);
+    }
+    assert_eq!(status(&e, "c.test", p), 403);
+    e.wait_line("4 lines", |_| e.log_lines().len() >= 4);
+    let m = e.metrics_text();
+    let v = |s: &str| metric_value(&m, s).unwrap_or_else(|| panic!("no {s} in\n{m}"));
+    assert_eq!(
+        v(r#"egressd_exception_hits_total{exception="a",owner="team-a"}"#),
+        3.0
+    );
+    assert_eq!(
+        v(r#"egressd_exception_hits_total{exception="unused",owner="team-unused"}"#),
+        0.0
+    );
+    assert_eq!(
+        v(r#"egressd_requests_total{decision="allow",proto="http"}"#),
+        3.0
+    );
+    assert_eq!(
+        v(r#"egressd_requests_total{decision="deny",proto="http"}"#),
+        1.0
+    );
+    assert_eq!(
+        v(r#"egressd_denied_total{proto="http",reason="no_exception"}"#),
+        1.0
+    );
+    assert!(v(r#"egressd_exception_last_hit_timestamp_seconds{exception="a"}"#) > 1.7e9);
+    assert_eq!(
+        v(r#"egressd_exception_last_hit_timestamp_seconds{exception="unused"}"#),
+        0.0
+    );
+    assert_eq!(v("egressd_policy_exceptions"), 2.0);
+    assert!(v(r#"egressd_request_duration_seconds_count{proto="http"}"#) >= 4.0);
+    assert!(v(r#"egressd_bytes_total{direction="down"}"#) > 0.0);
+    assert!(
+        !m.contains("a.test") && !m.contains("127.0.0.1"),
+        "a destination or address leaked into labels"
+    );
+    for path in ["/healthz", "/readyz"] {
+        let r = http_request(
+            e.metrics,
+            format!("GET {path} HTTP/1.1\r\nHost: m\r\nConnection: close\r\n\r\n").as_bytes(),
+        );
+        assert_eq!(r.status, 200, "{path}");
+    }
+}

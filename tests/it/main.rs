@@ -1,0 +1,8 @@
+//! One integration-test binary: egressd started as a real process on
+//! loopback, driven over real sockets.
+
+mod support;
+
+mod forward;
+mod lifecycle;
+mod tunnel;

@@ -1,0 +1,219 @@
+//! CONNECT tunnels: allowed, denied (and what was pipelined behind),
+//! inspection_required, SNI checks on port 443.
+
+use std::io::{BufReader, Read, Write};
+use std::net::{IpAddr, Shutdown};
+
+use egressd::proxy::sni::build_client_hello;
+
+use crate::support::*;
+
+fn policy(port: u16) -> String {
+    format!(
+        r#"
+exceptions:
+  - id: echo
+    owner: t
+    reason: the echo server
+    hosts: [echo.test]
+    cidrs: [127.0.0.0/8]
+    ports: [{port}]
+  - id: inspected
+    owner: t
+    reason: needs path rules
+    hosts: [api.test]
+    cidrs: [127.0.0.0/8]
+    ports: [{port}]
+    paths: ["/v1/**"]
+"#
+    )
+}
+
+#[test]
+fn allowed_connect_tunnels_bytes_both_ways_with_half_close() {
+    let echo = echo_on("127.0.0.1".parse().unwrap(), 0);
+    let dns = fake_dns();
+    dns.set("echo.test", &["127.0.0.1"]);
+    let e = egressd()
+        .policy("p.yaml", &policy(echo.port()))
+        .dns(dns.addr)
+        .start();
+    let mut s = connect(e.proxy);
+    write!(
+        s,
+        "CONNECT echo.test:{p} HTTP/1.1\r\nHost: echo.test:{p}\r\n\r\n",
+        p = echo.port()
+    )
+    .unwrap();
+    let mut r = BufReader::new(s.try_clone().unwrap());
+    let resp = read_response(&mut r).unwrap();
+    assert_eq!(resp.status, 200);
+    let payload = vec![7u8; 100_000];
+    s.write_all(&payload).unwrap();
+    s.shutdown(Shutdown::Write).unwrap();
+    let mut back = Vec::new();
+    r.read_to_end(&mut back).unwrap();
+    assert_eq!(
+        back.len(),
+        payload.len(),
+        "echoed everything, then EOF after half-close"
+    );
+    let line = e.wait_line("tunnel line", |l| l["proto"] == "connect");
+    assert_eq!(line["decision"], "allow");
+    assert_eq!(line["exception"], "echo");
+    assert_eq!(line["status"], 200);
+    assert_eq!(line["bytes_up"], 100_000);
+    assert_eq!(line["bytes_down"], 100_000);
+    assert_eq!(line["method"], "CONNECT");
+}
+
+#[test]
+fn denied_connect_closes_and_never_reads_pipelined_bytes() {
+    let o = origin();
+    let c = canary();
+    let dns = fake_dns();
+    dns.set("echo.test", &["127.0.0.1"]);
+    let e = egressd()
+        .policy("p.yaml", &policy(o.addr.port()))
+        .dns(dns.addr)
+        .start();
+    let mut s = connect(e.proxy);
+    // A refused CONNECT with an allowed plain request smuggled behind it.
+    write!(
+        s,
+        "CONNECT evil.test:{c} HTTP/1.1\r\nHost: evil.test:{c}\r\n\r\nGET http://echo.test:{o}/smuggled HTTP/1.1\r\nHost: echo.test:{o}\r\n\r\n",
+        c = c.addr.port(),
+        o = o.addr.port()
+    )
+    .unwrap();
+    let mut r = BufReader::new(s.try_clone().unwrap());
+    let resp = read_response(&mut r).unwrap();
+    assert_eq!(resp.status, 403);
+    assert_eq!(resp.reason(), Some("no_exception"));
+    assert_eq!(resp.header("connection"), Some("close"));
+    let mut rest = Vec::new();
+    let _ = r.read_to_end(&mut rest);
+    assert!(
+        rest.is_empty(),
+        "a second response came back: {:?}",
+        String::from_utf8_lossy(&rest)
+    );
+    assert_eq!(o.count(), 0, "the pipelined request was processed");
+    assert_eq!(c.hits(), 0);
+    let lines = eventually("one line", || {
+        let l = e.log_lines();
+        (!l.is_empty()).then_some(l)
+    });
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert_eq!(lines[0]["reason"], "no_exception");
+}
+
+#[test]
+fn connect_port_authority_and_inspection_rules() {
+    let echo = echo_on("127.0.0.1".parse().unwrap(), 0);
+    let dns = fake_dns();
+    dns.set("echo.test", &["127.0.0.1"]);
+    dns.set("api.test", &["127.0.0.1"]);
+    let e = egressd()
+        .policy("p.yaml", &policy(echo.port()))
+        .dns(dns.addr)
+        .start();
+    let p = echo.port();
+    let connect_status = |target: &str, host: Option<&str>| {
+        let host = host.map(|h| format!("Host: {h}\r\n")).unwrap_or_default();
+        let r = e.request(&format!("CONNECT {target} HTTP/1.1\r\n{host}\r\n"));
+        (r.status, r.reason().map(str::to_string))
+    };
+    assert_eq!(
+        connect_status(&format!("echo.test:{}", p + 1), None),
+        (403, Some("port_not_allowed".into()))
+    );
+    assert_eq!(
+        connect_status(&format!("api.test:{p}"), None),
+        (403, Some("inspection_required".into()))
+    );
+    assert_eq!(
+        connect_status(&format!("echo.test:{p}"), Some("evil.test")),
+        (403, Some("host_mismatch".into()))
+    );
+    assert_eq!(connect_status("echo.test", None).0, 400);
+    assert_eq!(connect_status(&format!("echo.test:0{p}"), None).0, 400);
+    assert_eq!(connect_status(&format!("user@echo.test:{p}"), None).0, 400);
+    assert_eq!(connect_status("[::1:443", None).0, 400);
+}
+
+/// Each SNI test uses its own loopback address, so tests can bind :443 in parallel.
+fn tls_echo(last_octet: u8) -> Option<IpAddr> {
+    let ip: IpAddr = format!("127.0.44.{last_octet}").parse().unwrap();
+    std::panic::catch_unwind(|| echo_on(ip, 443))
+        .ok()
+        .map(|_| ip)
+}
+
+#[test]
+fn sni_must_match_the_connect_host_on_443() {
+    let Some(ip) = tls_echo(1) else {
+        eprintln!("skipping: cannot bind port 443 (needs root or CAP_NET_BIND_SERVICE)");
+        return;
+    };
+    let dns = fake_dns();
+    dns.set("echo.test", &[&ip.to_string()]);
+    dns.set("wild.echo.test", &[&ip.to_string()]);
+    let yaml = r#"
+exceptions:
+  - id: echo443
+    owner: t
+    reason: tls echo
+    hosts: [echo.test, "*.echo.test"]
+    cidrs: [127.0.0.0/8]
+    ports: [443]
+"#;
+    let e = egressd().policy("p.yaml", yaml).dns(dns.addr).start();
+    let try_hello = |host: &str, hello: &[u8]| -> Vec<u8> {
+        let mut s = connect(e.proxy);
+        write!(s, "CONNECT {host}:443 HTTP/1.1\r\n\r\n").unwrap();
+        let mut r = BufReader::new(s.try_clone().unwrap());
+        assert_eq!(read_response(&mut r).unwrap().status, 200);
+        s.write_all(hello).unwrap();
+        let mut back = vec![0u8; hello.len()];
+        match r.read_exact(&mut back) {
+            Ok(()) => back,
+            Err(_) => Vec::new(),
+        }
+    };
+    let good = build_client_hello(Some("Echo.Test"), false);
+    assert_eq!(try_hello("echo.test", &good), good, "matching SNI passes");
+    let fronted = build_client_hello(Some("evil.test"), false);
+    assert!(
+        try_hello("echo.test", &fronted).is_empty(),
+        "fronted SNI was relayed"
+    );
+    let no_sni = build_client_hello(None, false);
+    assert_eq!(
+        try_hello("echo.test", &no_sni),
+        no_sni,
+        "no SNI to an exact host passes"
+    );
+    assert!(
+        try_hello("wild.echo.test", &no_sni).is_empty(),
+        "no SNI under a wildcard is refused"
+    );
+    let ech = build_client_hello(Some("echo.test"), true);
+    assert!(
+        try_hello("wild.echo.test", &ech).is_empty(),
+        "ECH under a wildcard is refused"
+    );
+    assert!(
+        try_hello("echo.test", b"GET / HTTP/1.1\r\n\r\n").is_empty(),
+        "plain text on 443 is refused"
+    );
+    let lines = eventually("six lines", || {
+        let l = e.log_lines();
+        (l.len() >= 6).then_some(l)
+    });
+    let mismatches = lines
+        .iter()
+        .filter(|l| l["reason"] == "sni_mismatch" && l["decision"] == "deny")
+        .count();
+    assert_eq!(mismatches, 4, "{lines:#?}");
+}
