@@ -157,22 +157,38 @@ macro_rules! validated {
         pub struct $name(pub $inner);
         impl<'de> Deserialize<'de> for $name {
             fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-                let s = String::deserialize(d)?;
-                let f: fn(&str) -> Result<$inner, String> = $parse;
-                f(&s).map($name).map_err(de::Error::custom)
+                // Validate inside the visitor: an error raised there is
+                // located at this scalar, one raised after `String::deserialize`
+                // returns only at the enclosing list or mapping.
+                struct V;
+                impl<'de> de::Visitor<'de> for V {
+                    type Value = $name;
+                    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                        f.write_str("a string")
+                    }
+                    fn visit_str<E: de::Error>(self, s: &str) -> Result<$name, E> {
+                        let f: fn(&str) -> Result<$inner, String> = $parse;
+                        f(s).map($name).map_err(E::custom)
+                    }
+                }
+                d.deserialize_str(V)
             }
         }
     };
 }
 
 validated!(IdField, String, |s| {
-    if !s.is_empty() && s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"._-".contains(&b)) {
+    if !s.is_empty()
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"._-".contains(&b))
+    {
         Ok(s.to_string())
     } else {
         Err(format!("invalid id {s:?}: use [a-z0-9._-]+"))
     }
 });
-validated!(PatternField, HostPattern, |s| HostPattern::parse(s).map_err(|e| e.to_string()));
+validated!(PatternField, HostPattern, |s| HostPattern::parse(s)
+    .map_err(|e| e.to_string()));
 validated!(CidrField, IpNet, |s| {
     let s = s.trim();
     match s.parse::<IpNet>() {
@@ -181,17 +197,17 @@ validated!(CidrField, IpNet, |s| {
             n.trunc()
         )),
         Ok(n) => Ok(n),
-        Err(_) => s
-            .parse::<std::net::IpAddr>()
-            .map(IpNet::from)
-            .map_err(|_| format!("invalid CIDR {s:?}: expected an address or address/prefix like 10.0.0.0/8")),
+        Err(_) => s.parse::<std::net::IpAddr>().map(IpNet::from).map_err(|_| {
+            format!("invalid CIDR {s:?}: expected an address or address/prefix like 10.0.0.0/8")
+        }),
     }
 });
 validated!(DateField, i64, |s| parse_date(s).ok_or_else(|| format!(
     "invalid date {s:?}: expected YYYY-MM-DD or RFC 3339 (2027-03-01T12:00:00Z)"
 )));
-validated!(DurationField, u64, |s| parse_duration(s)
-    .ok_or_else(|| format!("invalid duration {s:?}: expected a number with s, m, h or d (90d)")));
+validated!(DurationField, u64, |s| parse_duration(s).ok_or_else(
+    || format!("invalid duration {s:?}: expected a number with s, m, h or d (90d)")
+));
 validated!(MethodField, String, |s| {
     if !s.is_empty() && s.bytes().all(|b| b.is_ascii_alphabetic() || b == b'-') {
         Ok(s.to_ascii_uppercase())
@@ -207,36 +223,44 @@ validated!(Sha256Field, [u8; 32], |s| {
     }
     for (i, chunk) in s.as_bytes().chunks(2).enumerate() {
         let hex = std::str::from_utf8(chunk).map_err(|_| "token_sha256 must be hex".to_string())?;
-        out[i] = u8::from_str_radix(hex, 16).map_err(|_| "token_sha256 must be 64 hex digits".to_string())?;
+        out[i] = u8::from_str_radix(hex, 16)
+            .map_err(|_| "token_sha256 must be 64 hex digits".to_string())?;
     }
     Ok(out)
 });
-validated!(QTypeField, u16, |s| super::qtype::parse_qtype(s).ok_or_else(|| format!(
-    "unknown DNS record type {s:?}"
-)));
+validated!(QTypeField, u16, |s| super::qtype::parse_qtype(s)
+    .ok_or_else(|| format!("unknown DNS record type {s:?}")));
 
 /// Ports accept numbers or numeric strings; 1..=65535.
 #[derive(Debug, Clone, Copy)]
 pub struct PortField(pub u16);
 impl<'de> Deserialize<'de> for PortField {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        #[derive(Deserialize)]
-        #[serde(untagged)]
-        enum N {
-            I(i64),
-            S(String),
+        // A visitor (not an untagged enum, which buffers the value and loses
+        // its position) so that a bad port is reported at its own line:column.
+        struct V;
+        impl<'de> de::Visitor<'de> for V {
+            type Value = PortField;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a port number 1-65535")
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<PortField, E> {
+                if (1..=65535).contains(&v) {
+                    Ok(PortField(v as u16))
+                } else {
+                    Err(E::custom(format!("port {v} is out of range 1-65535")))
+                }
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<PortField, E> {
+                self.visit_i64(i64::try_from(v).unwrap_or(i64::MAX))
+            }
+            fn visit_str<E: de::Error>(self, s: &str) -> Result<PortField, E> {
+                match s.trim().parse::<i64>() {
+                    Ok(v) => self.visit_i64(v),
+                    Err(_) => Err(E::custom(format!("invalid port {s:?}"))),
+                }
+            }
         }
-        let v = match N::deserialize(d)? {
-            N::I(i) => i,
-            N::S(s) => s
-                .trim()
-                .parse::<i64>()
-                .map_err(|_| de::Error::custom(format!("invalid port {s:?}")))?,
-        };
-        if (1..=65535).contains(&v) {
-            Ok(PortField(v as u16))
-        } else {
-            Err(de::Error::custom(format!("port {v} is out of range 1-65535")))
-        }
+        d.deserialize_any(V)
     }
 }
