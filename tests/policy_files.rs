@@ -1,0 +1,618 @@
+//! The policy as files: every shipped policy loads and is lint-clean, every
+//! YAML file rejects unknown keys, load errors point at the right
+//! file:line:column, directories merge, and `check` / `explain` say what
+//! they should about small policies built here.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use egressd::decision::Proto;
+use egressd::explain::{explain, run_explain};
+use egressd::policy::host::parse_target;
+use egressd::policy::lint::{check_at, lint, Lint};
+use egressd::policy::{
+    compile, load, read_sources, Diagnostic, LoadError, Policy, Request, Source,
+};
+
+/// 2027-01-15T08:00:00Z: a fixed "now" so expiry tests do not age.
+const NOW: i64 = 1_800_000_000;
+
+fn shipped() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("policy")
+}
+
+/// A directory under the system temp dir, removed on drop.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new() -> TempDir {
+        static N: AtomicUsize = AtomicUsize::new(0);
+        let p = std::env::temp_dir().join(format!(
+            "egressd-policy-test-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ));
+        let _ = fs::remove_dir_all(&p);
+        fs::create_dir_all(&p).unwrap();
+        TempDir(p)
+    }
+    fn file(&self, name: &str, text: &str) -> PathBuf {
+        let p = self.0.join(name);
+        fs::write(&p, text).unwrap();
+        p
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Every YAML file shipped under policy/, including the examples that the
+/// directory load does not read.
+fn shipped_yaml_files() -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut dirs = vec![shipped()];
+    while let Some(d) = dirs.pop() {
+        for entry in fs::read_dir(&d).unwrap() {
+            let p = entry.unwrap().path();
+            if p.is_dir() {
+                dirs.push(p);
+            } else if matches!(p.extension().and_then(|e| e.to_str()), Some("yaml" | "yml")) {
+                out.push(p);
+            }
+        }
+    }
+    out.sort();
+    assert!(out.len() >= 5, "shipped policy files: {out:?}");
+    out
+}
+
+fn env(_: &str) -> Option<String> {
+    Some("test-secret".into())
+}
+
+fn compile_one(path: &Path, text: &str) -> Result<Policy, LoadError> {
+    compile(
+        &[Source {
+            path: path.to_path_buf(),
+            text: text.to_string(),
+        }],
+        &env,
+    )
+}
+
+fn load_err(path: &Path) -> Vec<Diagnostic> {
+    match load(path) {
+        Ok(_) => panic!("{} loaded, expected an error", path.display()),
+        Err(e) => e.0,
+    }
+}
+
+fn allowed(p: &Policy, proto: Proto, host: &str, port: u16) -> bool {
+    let target = parse_target(host).unwrap();
+    let req = Request {
+        proto,
+        client: None,
+        target: &target,
+        port,
+        method: matches!(proto, Proto::Http).then_some("GET"),
+        path: matches!(proto, Proto::Http).then_some("/"),
+        qtype: None,
+        can_intercept: false,
+    };
+    p.decide(&req, NOW).is_allowed()
+}
+
+#[test]
+fn shipped_policy_loads_and_is_lint_clean() {
+    let p = load(&shipped()).unwrap_or_else(|e| panic!("{e}"));
+    assert!(p.files.len() >= 4, "{:?}", p.files);
+    assert!(p.exceptions.len() >= 5);
+    assert!(
+        p.settings.location.is_some(),
+        "settings in 00-settings.yaml"
+    );
+    for e in &p.exceptions {
+        assert!(!e.owner.is_empty() && !e.reason.is_empty(), "{}", e.id);
+        assert!(e.ticket.is_some(), "{} has no ticket", e.id);
+    }
+    let warnings = lint(&p, NOW);
+    assert!(warnings.is_empty(), "{warnings:#?}");
+    let warnings = lint(&p, egressd::policy::time::unix_now());
+    assert!(warnings.is_empty(), "{warnings:#?}");
+}
+
+#[test]
+fn shipped_policy_allows_registries_without_interception() {
+    let p = load(&shipped()).unwrap();
+    for host in [
+        "pypi.org",
+        "files.pythonhosted.org",
+        "registry.npmjs.org",
+        "crates.io",
+        "index.crates.io",
+        "static.crates.io",
+        "github.com",
+        "codeload.github.com",
+        "objects.githubusercontent.com",
+    ] {
+        assert!(allowed(&p, Proto::Connect, host, 443), "CONNECT {host}:443");
+        assert!(allowed(&p, Proto::Dns, host, 53), "DNS {host}");
+        assert!(!allowed(&p, Proto::Http, host, 80), "plain HTTP to {host}");
+        assert!(!allowed(&p, Proto::Connect, host, 22), "CONNECT {host}:22");
+    }
+    for host in [
+        "example.com",
+        "evil-pypi.org",
+        "gist.github.com",
+        "169.254.169.254",
+    ] {
+        assert!(
+            !allowed(&p, Proto::Connect, host, 443),
+            "CONNECT {host}:443"
+        );
+    }
+}
+
+#[test]
+fn every_example_policy_loads() {
+    for f in shipped_yaml_files() {
+        if f.parent() == Some(shipped().as_path()) {
+            continue;
+        }
+        let sources = read_sources(&f).unwrap();
+        let p = compile(&sources, &env).unwrap_or_else(|e| panic!("{e}"));
+        assert!(!p.exceptions.is_empty(), "{}", f.display());
+        // Examples may carry deliberate warnings, explained in their comments;
+        // never these.
+        for w in lint(&p, NOW) {
+            assert!(
+                !matches!(
+                    w.kind,
+                    Lint::Expired | Lint::Expiring | Lint::Shadowed | Lint::UnknownClient
+                ),
+                "{w}"
+            );
+        }
+    }
+}
+
+/// Inserts `line` before line number `at` (1-based).
+fn insert_line(text: &str, at: usize, line: &str) -> String {
+    let mut lines: Vec<&str> = text.lines().collect();
+    lines.insert(at - 1, line);
+    lines.join("\n") + "\n"
+}
+
+fn indent_of(line: &str) -> usize {
+    line.len() - line.trim_start().len()
+}
+
+/// Every place an unknown key can go: the top level, each mapping under
+/// `settings:`, each exception. Returns (line to insert before, indent).
+fn insertion_points(text: &str) -> Vec<(usize, usize)> {
+    let lines: Vec<&str> = text.lines().collect();
+    let mut points = vec![(lines.len() + 1, 0)];
+    for (i, l) in lines.iter().enumerate() {
+        let t = l.trim_start();
+        if t.starts_with('#') || t.is_empty() {
+            continue;
+        }
+        if let Some(rest) = t.strip_prefix("- id:") {
+            let _ = rest;
+            // Before the exception's second key, at the indentation of `id`.
+            points.push((i + 2, indent_of(l) + 2));
+        } else if t.ends_with(':') && !t.starts_with('-') && t != "headers:" {
+            // (`headers:` maps header names to values: any key is valid there.)
+            // A mapping opens: insert as its first key.
+            if let Some(next) = lines[i + 1..]
+                .iter()
+                .find(|n| !n.trim().is_empty() && !n.trim_start().starts_with('#'))
+            {
+                let ind = indent_of(next);
+                if ind > indent_of(l) && !next.trim_start().starts_with('-') {
+                    points.push((i + 2, ind));
+                }
+            }
+        }
+    }
+    points
+}
+
+#[test]
+fn every_shipped_file_rejects_unknown_keys() {
+    let mut checked = 0;
+    for f in shipped_yaml_files() {
+        let text = fs::read_to_string(&f).unwrap();
+        compile_one(&f, &text).unwrap_or_else(|e| panic!("{e}"));
+        for (at, indent) in insertion_points(&text) {
+            let mutated = insert_line(&text, at, &format!("{}colour: blue", " ".repeat(indent)));
+            let err = match compile_one(&f, &mutated) {
+                Ok(_) => panic!(
+                    "{}: unknown key at line {at} accepted:\n{mutated}",
+                    f.display()
+                ),
+                Err(e) => e,
+            };
+            let d = &err.0[0];
+            assert_eq!(d.file, f);
+            assert_eq!(d.line, at, "{}: {err}\n{mutated}", f.display());
+            assert_eq!(d.column, indent + 1, "{err}");
+            assert!(d.message.contains("unknown field `colour`"), "{err}");
+            checked += 1;
+        }
+    }
+    assert!(checked >= 15, "only {checked} mutations");
+}
+
+const HEAD: &str = "exceptions:\n";
+
+fn one(id: &str, body: &str) -> String {
+    format!("  - id: {id}\n    owner: o\n    reason: r\n{body}")
+}
+
+/// (line, column) of each error for a one-file policy.
+fn errors_at(text: &str) -> Vec<(usize, usize, String)> {
+    let dir = TempDir::new();
+    let f = dir.file("p.yaml", text);
+    load_err(&f)
+        .into_iter()
+        .map(|d| {
+            assert_eq!(d.file, f);
+            (d.line, d.column, d.message)
+        })
+        .collect()
+}
+
+#[test]
+fn errors_carry_file_line_column() {
+    // Line 1 is `exceptions:`, each `one` is 3 lines, then its body.
+    let cases: &[(&str, &str, usize, usize, &str)] = &[
+        ("bare star", "    hosts: [\"*\"]\n", 5, 13, "fixed suffix"),
+        (
+            "star dot",
+            "    hosts: [\"*.\"]\n",
+            5,
+            13,
+            "invalid host pattern",
+        ),
+        (
+            "two stars",
+            "    hosts: [\"a*b*.example.com\"]\n",
+            5,
+            13,
+            "only one '*'",
+        ),
+        (
+            "star star",
+            "    hosts: [\"*.*.x\"]\n",
+            5,
+            13,
+            "only allowed in the first label",
+        ),
+        (
+            "second of list",
+            "    hosts:\n      - ok.example.com\n      - \"*.*.x\"\n",
+            7,
+            9,
+            "first label",
+        ),
+        (
+            "bad cidr",
+            "    cidrs: [10.0.0.0/33]\n",
+            5,
+            13,
+            "invalid CIDR",
+        ),
+        (
+            "host bits",
+            "    cidrs: [10.0.0.1/8]\n",
+            5,
+            13,
+            "did you mean 10.0.0.0/8",
+        ),
+        (
+            "port 0",
+            "    hosts: [a.example]\n    ports: [443, 0]\n",
+            6,
+            18,
+            "port 0 is out of range",
+        ),
+        (
+            "port 65536",
+            "    hosts: [a.example]\n    ports: [65536]\n",
+            6,
+            13,
+            "port 65536 is out of range",
+        ),
+        (
+            "bad date",
+            "    hosts: [a.example]\n    expires: 2027-02-30\n",
+            6,
+            14,
+            "invalid date",
+        ),
+        (
+            "unknown key",
+            "    hosts: [a.example]\n    host: [b.example]\n",
+            6,
+            5,
+            "unknown field `host`",
+        ),
+    ];
+    for (what, body, line, col, msg) in cases {
+        let text = format!("{HEAD}{}", one("x", body));
+        let errs = errors_at(&text);
+        assert_eq!(errs.len(), 1, "{what}: {errs:?}");
+        let (l, c, m) = &errs[0];
+        assert!(m.contains(msg), "{what}: {m}");
+        assert_eq!((*l, *c), (*line, *col), "{what}: {m}\n{text}");
+    }
+}
+
+#[test]
+fn entry_errors_point_at_the_exception() {
+    let text = format!(
+        "{HEAD}{}  - id: nobody\n    reason: r\n    hosts: [b.example]\n  - id: why\n    owner: o\n    hosts: [c.example]\n",
+        one("fine", "    hosts: [a.example]\n")
+    );
+    let errs = errors_at(&text);
+    assert_eq!(errs.len(), 2, "{errs:?}");
+    assert_eq!((errs[0].0, errs[0].1), (6, 5));
+    assert!(errs[0].2.contains("\"nobody\" has no owner"), "{errs:?}");
+    assert_eq!(errs[1].0, 9);
+    assert!(errs[1].2.contains("\"why\" has no reason"), "{errs:?}");
+}
+
+#[test]
+fn duplicate_ids_across_files() {
+    let dir = TempDir::new();
+    dir.file(
+        "a.yaml",
+        &format!("{HEAD}{}", one("pypi", "    hosts: [pypi.org]\n")),
+    );
+    let b = dir.file(
+        "b.yaml",
+        &format!(
+            "# second file\n{HEAD}{}{}",
+            one("npm", "    hosts: [registry.npmjs.org]\n"),
+            one("pypi", "    hosts: [files.pythonhosted.org]\n")
+        ),
+    );
+    let errs = load_err(&dir.0);
+    assert_eq!(errs.len(), 1, "{errs:?}");
+    assert_eq!(errs[0].file, b);
+    assert_eq!((errs[0].line, errs[0].column), (7, 5));
+    assert!(errs[0].message.contains("duplicate exception id \"pypi\""));
+    assert!(errs[0].message.contains("a.yaml"), "{}", errs[0].message);
+}
+
+#[test]
+fn a_directory_merges_in_name_order() {
+    let dir = TempDir::new();
+    dir.file(
+        "20-b.yaml",
+        &format!("{HEAD}{}", one("b", "    hosts: [b.example]\n")),
+    );
+    dir.file(
+        "10-a.yml",
+        &format!(
+            "settings:\n  mode: report\n{HEAD}{}",
+            one("a", "    hosts: [a.example]\n")
+        ),
+    );
+    dir.file("notes.txt", "not policy");
+    dir.file(".hidden.yaml", "garbage: [");
+    fs::create_dir(dir.0.join("sub")).unwrap();
+    dir.file("sub/c.yaml", "garbage: [");
+    let p = load(&dir.0).unwrap_or_else(|e| panic!("{e}"));
+    let ids: Vec<&str> = p.exceptions.iter().map(|e| &*e.id).collect();
+    assert_eq!(ids, ["a", "b"]);
+    assert_eq!(p.files.len(), 2);
+    assert_eq!(p.settings.mode, egressd::policy::Mode::Report);
+    assert!(p.exceptions[1].file.ends_with("20-b.yaml"));
+    assert_eq!(p.exceptions[1].line, 2);
+    assert_eq!(read_sources(&dir.0).unwrap().len(), 2);
+}
+
+#[test]
+fn settings_in_two_files_is_an_error() {
+    let dir = TempDir::new();
+    dir.file("a.yaml", "settings:\n  mode: enforce\n");
+    let b = dir.file("b.yaml", "# more\nsettings:\n  contact: x\n");
+    let errs = load_err(&dir.0);
+    assert_eq!(errs.len(), 1, "{errs:?}");
+    assert_eq!(errs[0].file, b);
+    assert_eq!(errs[0].line, 2);
+    assert!(
+        errs[0].message.contains("one file only"),
+        "{}",
+        errs[0].message
+    );
+}
+
+/// Runs `check` at NOW; (exit, stdout, stderr).
+fn check(path: &Path) -> (i32, String, String) {
+    let (mut out, mut err) = (Vec::new(), Vec::new());
+    let code = check_at(path, NOW, &mut out, &mut err);
+    (
+        code,
+        String::from_utf8(out).unwrap(),
+        String::from_utf8(err).unwrap(),
+    )
+}
+
+#[test]
+fn check_reports_errors_and_exits_1() {
+    let dir = TempDir::new();
+    let f = dir.file(
+        "p.yaml",
+        &format!("{HEAD}{}", one("x", "    hosts: [\"*.*.x\"]\n")),
+    );
+    let (code, out, err) = check(&dir.0);
+    assert_eq!(code, 1);
+    assert!(out.is_empty(), "{out}");
+    let want = format!("error: {}:5:13: ", f.display());
+    assert!(err.starts_with(&want), "{err}");
+    assert!(err.contains("1 error, policy not loaded"), "{err}");
+}
+
+#[test]
+fn check_on_shipped_policy() {
+    let (code, out, err) = check(&shipped());
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(err.is_empty(), "{err}");
+    let last = out.lines().last().unwrap();
+    assert!(
+        last.contains("exceptions in 5 files, 0 errors, 0 warnings"),
+        "{out}"
+    );
+}
+
+#[test]
+fn check_warns_for_each_class_with_file_and_line() {
+    let dir = TempDir::new();
+    let a = dir.file(
+        "a.yaml",
+        &format!(
+            "settings:\n  clients:\n    - id: ci-runner\n      sources: [10.8.0.0/16]\n{HEAD}{}{}{}{}",
+            one("gone", "    expires: 2027-01-01\n    hosts: [a.example.com]\n"),         // line 6
+            one("soon", "    expires: 2027-01-20\n    hosts: [b.example.com]\n"),         // line 11
+            one("wild", "    hosts: [\"*.example.net\"]\n"),                               // line 16
+            one("pages", "    expires: 2028-01-01\n    hosts: [\"*.s3.amazonaws.com\"]\n"), // line 20
+        ),
+    );
+    let b = dir.file(
+        "b.yaml",
+        &format!(
+            "{HEAD}{}{}{}{}",
+            one("lan", "    cidrs: [169.254.0.0/16]\n"),                             // line 2
+            one("who", "    clients: [agent-*]\n    hosts: [c.example.com]\n"),       // line 6
+            one("tok", "    ports: [80]\n    hosts: [d.example.com]\n    inject:\n      headers: { Authorization: \"Bearer ${env:TOKEN}\" }\n"), // line 11
+            one("again", "    hosts: [x.example.net]\n    ports: [443]\n"),           // line 18
+        ),
+    );
+    std::env::set_var("TOKEN", "t");
+    let (code, out, err) = check(&dir.0);
+    assert_eq!(code, 0, "{out}{err}");
+    let lines: Vec<&str> = out.lines().collect();
+    let expect = [
+        (&a, 6, "\"gone\" expired on 2027-01-01"),
+        (&a, 11, "\"soon\" expires in 5 days (2027-01-20)"),
+        (
+            &a,
+            16,
+            "\"wild\" is a never-expiring wildcard (*.example.net)",
+        ),
+        (&a, 20, "*.s3.amazonaws.com spans s3.amazonaws.com"),
+        (
+            &b,
+            2,
+            "cidr 169.254.0.0/16 is inside 169.254.0.0/16 (link-local",
+        ),
+        (&b, 6, "client pattern \"agent-*\" matches no client"),
+        (
+            &b,
+            11,
+            "injects credentials (authorization) and allows only port 80",
+        ),
+        (&b, 18, "\"again\" is shadowed by \"wild\""),
+    ];
+    assert_eq!(lines.len(), expect.len() + 1, "{out}");
+    for ((file, line, msg), got) in expect.iter().zip(&lines) {
+        let prefix = format!("{}:{line}: warning: ", file.display());
+        assert!(got.starts_with(&prefix), "want {prefix}…\n got {got}");
+        assert!(got.contains(msg), "want {msg:?}\n got {got}");
+    }
+    assert_eq!(
+        lines[expect.len()],
+        format!(
+            "{}: 8 exceptions in 2 files, 0 errors, 8 warnings",
+            dir.0.display()
+        )
+    );
+    let p = load(&dir.0).unwrap();
+    let kinds: Vec<Lint> = lint(&p, NOW).iter().map(|w| w.kind).collect();
+    assert_eq!(
+        kinds,
+        [
+            Lint::Expired,
+            Lint::Expiring,
+            Lint::WildcardNoExpiry,
+            Lint::PublicSuffixWildcard,
+            Lint::NonPublicCidr,
+            Lint::UnknownClient,
+            Lint::CleartextInject,
+            Lint::Shadowed
+        ]
+    );
+}
+
+fn explain_shipped(client: Option<&str>, target: &str) -> (i32, String) {
+    let p = load(&shipped()).unwrap();
+    let mut out = Vec::new();
+    let code = explain(&p, client, target, NOW, &mut out);
+    (code, String::from_utf8(out).unwrap())
+}
+
+#[test]
+fn explain_on_shipped_policy() {
+    let (code, out) = explain_shipped(None, "https://pypi.org/simple/requests/");
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("ALLOW  by exception pypi ("), "{out}");
+    assert!(out.contains("10-python.yaml:"), "{out}");
+    assert!(out.contains("owner    python-platform"), "{out}");
+    assert!(out.contains("SEC-1201"), "{out}");
+
+    let (code, out) = explain_shipped(None, "https://api.github.com/repos/o/r");
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        out.contains("no_exception: no exception allows this destination"),
+        "{out}"
+    );
+    assert!(out.contains("github-git"), "{out}");
+    assert!(out.contains("#security-exceptions"), "{out}");
+
+    let (code, out) = explain_shipped(None, "registry.npmjs.org:22");
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("it allows ports 443; not 22"), "{out}");
+
+    let (code, out) = explain_shipped(None, "dns:static.crates.io/AAAA");
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("crates-io"), "{out}");
+
+    let (code, out) = explain_shipped(None, "http://169.254.169.254/latest/meta-data/");
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("cidrs"), "{out}");
+}
+
+#[test]
+fn run_explain_loads_and_reports_errors() {
+    let mut out = Vec::new();
+    let code = run_explain(
+        &shipped(),
+        None,
+        "GET https://files.pythonhosted.org/packages/x.whl",
+        &mut out,
+    );
+    let out = String::from_utf8(out).unwrap();
+    assert_eq!(code, 0, "{out}");
+    assert!(out.starts_with("policy:  "), "{out}");
+
+    let dir = TempDir::new();
+    dir.file("p.yaml", "exceptions: [");
+    let mut out = Vec::new();
+    let code = run_explain(&dir.0, None, "https://pypi.org/", &mut out);
+    let out = String::from_utf8(out).unwrap();
+    assert_eq!(code, 2, "{out}");
+    assert!(out.contains("error: "), "{out}");
+
+    let mut out = Vec::new();
+    assert_eq!(
+        run_explain(&shipped(), Some("ci-runner"), "https://pypi.org/", &mut out),
+        2
+    );
+}
