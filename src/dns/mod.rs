@@ -1,6 +1,16 @@
-//! DNS: the resolver front-end (`server`), the upstream client and cache
-//! (`forward`) that the HTTP proxy also resolves through, and the tunnel
-//! detector (`tunnel`). hickory types never leave this module.
+//! DNS: the resolver front-end ([`serve`], in `server`), the upstream client
+//! and cache ([`Resolver`], in `forward`) that the HTTP proxy also resolves
+//! through, and the tunnel detector (`tunnel`) both share.
+//!
+//! hickory types never leave this module: the public API below speaks
+//! [`Host`], [`IpAddr`], [`Policy`] and [`Exception`].
+//!
+//! What it owns: turning a DNS packet into one policy [`Request`](crate::policy::Request),
+//! answering it (denied names never leave egressd, in any form), forwarding
+//! allowed names as fresh queries with our own timeouts, caching answers,
+//! filtering non-public addresses out of answers, and the per-client tunnel
+//! budget. What it does not own: the decision itself (`Policy::decide`), the
+//! log line and metrics (`Recorder::record`), or binding sockets (`app`).
 //!
 //! CONTRACT used by the proxy (src/proxy/upstream.rs) — keep these signatures:
 //!
@@ -17,3 +27,195 @@
 //!                         exception: &Exception, now: i64) -> TunnelOutcome;
 //! }
 //! ```
+
+mod forward;
+mod server;
+mod tunnel;
+
+use std::net::{IpAddr, SocketAddr};
+
+use anyhow::{bail, Context};
+
+pub use forward::{ResolveError, Resolver};
+pub use server::serve;
+pub use tunnel::{encoded_weight, TunnelOutcome};
+
+use crate::policy::host::Host;
+use crate::policy::{ClientIdx, Exception, Policy};
+
+/// The DNS port `--upstream-dns` entries get when they name none.
+pub const DEFAULT_DNS_PORT: u16 = 53;
+/// Where nameservers come from when `--upstream-dns` is not given.
+pub const RESOLV_CONF: &str = "/etc/resolv.conf";
+
+impl Resolver {
+    /// Tunnel detection for `host`, which `exception` allowed for `client`.
+    /// One budget per client is shared by everything egressd resolves for it:
+    /// the proxy's lookups for CONNECT and plain HTTP, and the client's own
+    /// DNS queries. Counts `egressd_dns_tunnel_suspected_total{action}` itself
+    /// (`block` for [`TunnelOutcome::Block`], `log` for [`TunnelOutcome::Alert`]);
+    /// the caller denies a `Block` with reason `dns_tunnel`.
+    ///
+    /// Only names allowed through a wildcard host pattern are budgeted: an
+    /// exact host has no room to carry data.
+    pub fn tunnel_check(
+        &self,
+        policy: &Policy,
+        client: Option<ClientIdx>,
+        host: &Host,
+        exception: &Exception,
+        now: i64,
+    ) -> TunnelOutcome {
+        self.tunnel_assess(policy, client, host, exception, now).0
+    }
+
+    /// [`Resolver::tunnel_check`] with a one-line explanation for the log's
+    /// `note` when the outcome is not `Ok`.
+    pub fn tunnel_assess(
+        &self,
+        policy: &Policy,
+        client: Option<ClientIdx>,
+        host: &Host,
+        exception: &Exception,
+        now: i64,
+    ) -> (TunnelOutcome, Option<String>) {
+        let id = policy.client_id(client).map(|c| &**c).unwrap_or("-");
+        let a = self
+            .tunnel_detector()
+            .check(&policy.settings.dns.tunnel, id, host, exception, now);
+        match a.outcome {
+            TunnelOutcome::Ok => {}
+            TunnelOutcome::Alert => self.metrics().dns_tunnel.with_label_values(&["log"]).inc(),
+            TunnelOutcome::Block => self
+                .metrics()
+                .dns_tunnel
+                .with_label_values(&["block"])
+                .inc(),
+        }
+        (a.outcome, a.note)
+    }
+}
+
+/// Parses `--upstream-dns`: `IP` or `IP:PORT` (IPv6 as `[IP]:PORT` or a bare
+/// `IP`), comma-separated, port 53 by default. `None` reads the `nameserver`
+/// lines of `/etc/resolv.conf` (its `search` and `options` are ignored:
+/// egressd never makes a name relative).
+pub fn parse_upstreams(spec: Option<&str>) -> anyhow::Result<Vec<SocketAddr>> {
+    match spec {
+        Some(s) => parse_upstream_list(s),
+        None => {
+            let text = std::fs::read_to_string(RESOLV_CONF).with_context(|| {
+                format!("cannot read {RESOLV_CONF} for upstream DNS servers; pass --upstream-dns")
+            })?;
+            let list = parse_resolv_conf(&text);
+            if list.is_empty() {
+                bail!("{RESOLV_CONF} names no usable nameserver; pass --upstream-dns IP[:PORT]");
+            }
+            Ok(list)
+        }
+    }
+}
+
+fn parse_upstream_list(spec: &str) -> anyhow::Result<Vec<SocketAddr>> {
+    let mut out = Vec::new();
+    for part in spec.split(',') {
+        let part = part.trim();
+        if part.is_empty() {
+            continue;
+        }
+        let addr = parse_one_upstream(part).with_context(|| {
+            format!(
+                "invalid --upstream-dns entry {part:?}: expected IP or IP:PORT (IPv6 as [IP]:PORT)"
+            )
+        })?;
+        if addr.ip().is_unspecified() || addr.port() == 0 {
+            bail!("invalid --upstream-dns entry {part:?}: an unspecified address or port 0 reaches no server");
+        }
+        if !out.contains(&addr) {
+            out.push(addr);
+        }
+    }
+    if out.is_empty() {
+        bail!("--upstream-dns names no server");
+    }
+    Ok(out)
+}
+
+fn parse_one_upstream(s: &str) -> anyhow::Result<SocketAddr> {
+    if let Ok(sa) = s.parse::<SocketAddr>() {
+        return Ok(sa);
+    }
+    let bare = s
+        .strip_prefix('[')
+        .and_then(|x| x.strip_suffix(']'))
+        .unwrap_or(s);
+    let ip: IpAddr = bare.parse()?;
+    Ok(SocketAddr::new(ip, DEFAULT_DNS_PORT))
+}
+
+/// `nameserver` lines of a resolv.conf. Entries with an IPv6 zone
+/// (`fe80::1%eth0`) are skipped: they cannot be dialled without one.
+fn parse_resolv_conf(text: &str) -> Vec<SocketAddr> {
+    let mut out = Vec::new();
+    for line in text.lines() {
+        let line = line.split(['#', ';']).next().unwrap_or("");
+        let mut words = line.split_whitespace();
+        if words.next() != Some("nameserver") {
+            continue;
+        }
+        let Some(ip) = words.next().and_then(|w| w.parse::<IpAddr>().ok()) else {
+            continue;
+        };
+        let sa = SocketAddr::new(ip, DEFAULT_DNS_PORT);
+        if !ip.is_unspecified() && !out.contains(&sa) {
+            out.push(sa);
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn upstream_lists() {
+        let got = parse_upstreams(Some("10.0.0.2, 10.0.0.3:5353,[::1]:54,2001:db8::1")).unwrap();
+        let want: Vec<SocketAddr> = [
+            "10.0.0.2:53",
+            "10.0.0.3:5353",
+            "[::1]:54",
+            "[2001:db8::1]:53",
+        ]
+        .iter()
+        .map(|s| s.parse().unwrap())
+        .collect();
+        assert_eq!(got, want);
+        assert_eq!(
+            parse_upstreams(Some("[::1]")).unwrap(),
+            vec!["[::1]:53".parse().unwrap()]
+        );
+        for bad in [
+            "",
+            ",",
+            "dns.google",
+            "1.2.3.4:99999",
+            "0.0.0.0",
+            "1.2.3.4:0",
+            "1.2.3",
+            "[::1",
+        ] {
+            assert!(parse_upstreams(Some(bad)).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn resolv_conf() {
+        let text = "# comment\nsearch corp.example\nnameserver 10.0.0.2\nnameserver  ::1 # local\n\
+                    nameserver fe80::1%eth0\nnameserver 10.0.0.2\noptions ndots:5\nnameserver 0.0.0.0\n";
+        let want: Vec<SocketAddr> =
+            vec!["10.0.0.2:53".parse().unwrap(), "[::1]:53".parse().unwrap()];
+        assert_eq!(parse_resolv_conf(text), want);
+        assert!(parse_resolv_conf("search x\n").is_empty());
+    }
+}

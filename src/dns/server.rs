@@ -1,0 +1,910 @@
+//! The DNS front-end: UDP and TCP listeners and the hickory-server
+//! [`RequestHandler`] that answers each query.
+//!
+//! Every packet that carries a DNS header becomes exactly one decision event:
+//! parsed with hickory-server's [`Request`], its one question turned into a
+//! policy [`Request`](PolicyRequest) and decided by `Policy::decide`, then
+//! answered:
+//!
+//! - denied (by the policy, the tunnel budget, or an answer made only of
+//!   non-public addresses): `REFUSED` (or `NXDOMAIN` by
+//!   `settings.dns.deny_rcode`) with an Extended DNS Error (RFC 8914) code 15
+//!   "Blocked" whose text is `egressd: <reason>`. A denied name is never sent
+//!   upstream.
+//! - allowed: a fresh query upstream (through the cache); A/AAAA records that
+//!   the exception may not reach are removed (rebinding protection), and
+//!   `SERVFAIL` when the upstreams fail (logged as an error, not a decision).
+//! - malformed (undecodable, several questions, a non-QUERY opcode, a class
+//!   other than IN, a name outside `[A-Za-z0-9_-]`): `FORMERR` or `REFUSED`.
+//!   A name that breaks hostname syntax or length below an allowed wildcard is
+//!   reason `dns_tunnel`, like any other name shaped to carry data.
+//!
+//! We run our own receive loops rather than hickory's `Server` so that the
+//! bounds come before the work: a query is only spawned once it holds a slot
+//! of [`MAX_INFLIGHT`] and of its client's [`MAX_INFLIGHT_PER_CLIENT`]
+//! (otherwise it is answered `REFUSED`, reason `overloaded`, inline), TCP
+//! connections are capped per client and in all, and packets hickory would
+//! reject before any handler runs are still logged as `malformed`.
+
+use std::collections::HashMap;
+use std::net::{IpAddr, Ipv6Addr, SocketAddr};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use hickory_proto::op::{
+    Edns, Header, HeaderCounts, Message, MessageType, Metadata, OpCode, ResponseCode,
+};
+use hickory_proto::rr::rdata::opt::EdnsOption;
+use hickory_proto::rr::rdata::svcb::{SvcParamValue, SVCB};
+use hickory_proto::rr::{DNSClass, Name, RData, Record};
+use hickory_proto::serialize::binary::{BinDecodable, BinDecoder, BinEncoder};
+use hickory_server::net::runtime::{Time, TokioTime};
+use hickory_server::net::xfer::Protocol;
+use hickory_server::net::NetError;
+use hickory_server::server::{Request, RequestHandler, ResponseHandler, ResponseInfo};
+use hickory_server::zone_handler::{MessageResponse, MessageResponseBuilder};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream, UdpSocket};
+use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
+use tokio::task::JoinSet;
+use tokio::time::timeout;
+
+use super::forward::{rcode_name, EDNS_PAYLOAD};
+use super::tunnel::{under_wildcard, TunnelOutcome};
+use super::Resolver;
+use crate::decision::{Event, Proto, Reason, Recorder};
+use crate::policy::host::{parse_host, Host, HostError, Target};
+use crate::policy::qtype::qtype_name;
+use crate::policy::reload::PolicyHandle;
+use crate::policy::time::unix_now;
+use crate::policy::{
+    ClientIdx, DenyRcode, Exception, Mode, Policy, Request as PolicyRequest, TunnelAction,
+};
+
+/// Queries being answered at once, from all clients together.
+pub const MAX_INFLIGHT: usize = 1024;
+/// Queries being answered at once for one client address (an IPv6 client is
+/// its /64): one client cannot starve the others.
+pub const MAX_INFLIGHT_PER_CLIENT: usize = 64;
+/// Open TCP connections, in all and per client address.
+pub const MAX_TCP_CONNECTIONS: usize = 256;
+pub const MAX_TCP_PER_CLIENT: usize = 16;
+/// A TCP connection with no new query for this long is closed.
+pub const TCP_IDLE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Reading the rest of a TCP query, or writing its answer.
+pub const TCP_IO_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long queries in flight may finish after shutdown.
+pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(2);
+/// Largest UDP query read; anything longer arrives cut and fails to parse.
+const MAX_UDP_QUERY: usize = 4096;
+/// RFC 8914 INFO-CODEs used here.
+const EDE_OTHER: u16 = 0;
+const EDE_NOT_READY: u16 = 14;
+const EDE_BLOCKED: u16 = 15;
+/// The EDNS option code of Extended DNS Errors.
+const EDNS_EDE: u16 = 15;
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Serves DNS on `udp` and `tcp` until `shutdown` turns true (or its sender
+/// is dropped), then lets queries in flight finish for up to [`DRAIN_TIMEOUT`].
+pub async fn serve(
+    udp: UdpSocket,
+    tcp: TcpListener,
+    policy: Arc<PolicyHandle>,
+    resolver: Arc<Resolver>,
+    recorder: Recorder,
+    mut shutdown: watch::Receiver<bool>,
+) -> anyhow::Result<()> {
+    let handler = Arc::new(Handler {
+        policy,
+        resolver,
+        recorder,
+    });
+    let queries = Limiter::new(MAX_INFLIGHT, MAX_INFLIGHT_PER_CLIENT);
+    let conns = Limiter::new(MAX_TCP_CONNECTIONS, MAX_TCP_PER_CLIENT);
+    let udp = Arc::new(udp);
+    let mut tasks: JoinSet<()> = JoinSet::new();
+    let mut buf = vec![0u8; MAX_UDP_QUERY];
+    loop {
+        tokio::select! {
+            _ = stopped(&mut shutdown) => break,
+            r = udp.recv_from(&mut buf) => match r {
+                Ok((n, src)) => {
+                    let raw = buf[..n].to_vec();
+                    match queries.try_acquire(src.ip()) {
+                        Some(permit) => {
+                            let (h, sock) = (handler.clone(), udp.clone());
+                            tasks.spawn(async move {
+                                let reply = h.process(raw, src, Protocol::Udp, false).await;
+                                drop(permit);
+                                if let Some(bytes) = reply {
+                                    let _ = sock.send_to(&bytes, src).await;
+                                }
+                            });
+                        }
+                        None => {
+                            // Answered inline: no task, no upstream, just the refusal.
+                            if let Some(bytes) = handler.process(raw, src, Protocol::Udp, true).await {
+                                let _ = udp.try_send_to(&bytes, src);
+                            }
+                        }
+                    }
+                }
+                // ICMP errors for earlier replies and the like: not fatal.
+                Err(_) => tokio::time::sleep(Duration::from_millis(5)).await,
+            },
+            r = tcp.accept() => match r {
+                Ok((stream, src)) => match conns.try_acquire(src.ip()) {
+                    Some(permit) => {
+                        let (h, q, sd) = (handler.clone(), queries.clone(), shutdown.clone());
+                        tasks.spawn(async move {
+                            tcp_connection(h, q, stream, src, sd).await;
+                            drop(permit);
+                        });
+                    }
+                    None => drop(stream),
+                },
+                // Out of descriptors and the like: back off instead of spinning.
+                Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+            },
+            Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
+        }
+    }
+    let _ = timeout(DRAIN_TIMEOUT, async {
+        while tasks.join_next().await.is_some() {}
+    })
+    .await;
+    tasks.shutdown().await;
+    Ok(())
+}
+
+/// Resolves once `shutdown` is true or its sender is gone.
+async fn stopped(shutdown: &mut watch::Receiver<bool>) {
+    loop {
+        if *shutdown.borrow_and_update() {
+            return;
+        }
+        if shutdown.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
+/// One TCP connection: length-prefixed queries answered in order.
+async fn tcp_connection(
+    handler: Arc<Handler>,
+    queries: Arc<Limiter>,
+    mut stream: TcpStream,
+    src: SocketAddr,
+    shutdown: watch::Receiver<bool>,
+) {
+    loop {
+        if *shutdown.borrow() {
+            return;
+        }
+        let mut len = [0u8; 2];
+        match timeout(TCP_IDLE_TIMEOUT, stream.read_exact(&mut len)).await {
+            Ok(Ok(_)) => {}
+            _ => return,
+        }
+        let mut raw = vec![0u8; u16::from_be_bytes(len) as usize];
+        match timeout(TCP_IO_TIMEOUT, stream.read_exact(&mut raw)).await {
+            Ok(Ok(_)) => {}
+            _ => return,
+        }
+        let reply = match queries.try_acquire(src.ip()) {
+            Some(_permit) => handler.process(raw, src, Protocol::Tcp, false).await,
+            None => handler.process(raw, src, Protocol::Tcp, true).await,
+        };
+        let Some(bytes) = reply else { continue };
+        let mut framed = Vec::with_capacity(bytes.len() + 2);
+        framed.extend_from_slice(&(bytes.len() as u16).to_be_bytes());
+        framed.extend_from_slice(&bytes);
+        match timeout(TCP_IO_TIMEOUT, stream.write_all(&framed)).await {
+            Ok(Ok(())) => {}
+            _ => return,
+        }
+    }
+}
+
+/// Counts work in flight, in all and per client address.
+struct Limiter {
+    global: Arc<Semaphore>,
+    per_client: Mutex<HashMap<IpAddr, usize>>,
+    per_client_max: usize,
+}
+
+/// A slot in a [`Limiter`], released on drop.
+struct Permit {
+    _global: OwnedSemaphorePermit,
+    limiter: Arc<Limiter>,
+    key: IpAddr,
+}
+
+impl Limiter {
+    fn new(global: usize, per_client: usize) -> Arc<Limiter> {
+        Arc::new(Limiter {
+            global: Arc::new(Semaphore::new(global)),
+            per_client: Mutex::new(HashMap::new()),
+            per_client_max: per_client,
+        })
+    }
+
+    fn try_acquire(self: &Arc<Self>, ip: IpAddr) -> Option<Permit> {
+        let key = client_key(ip);
+        let global = self.global.clone().try_acquire_owned().ok()?;
+        let mut map = lock(&self.per_client);
+        let n = map.entry(key).or_insert(0);
+        if *n >= self.per_client_max {
+            return None;
+        }
+        *n += 1;
+        Some(Permit {
+            _global: global,
+            limiter: self.clone(),
+            key,
+        })
+    }
+}
+
+impl Drop for Permit {
+    fn drop(&mut self) {
+        let mut map = lock(&self.limiter.per_client);
+        if let Some(n) = map.get_mut(&self.key) {
+            *n -= 1;
+            if *n == 0 {
+                map.remove(&self.key);
+            }
+        }
+    }
+}
+
+/// Clients are counted by address; an IPv6 client by its /64, which is what
+/// one host can usually pick addresses from.
+fn client_key(ip: IpAddr) -> IpAddr {
+    match crate::policy::canonical_ip(ip) {
+        IpAddr::V6(v6) => IpAddr::V6(Ipv6Addr::from(u128::from(v6) & !((1u128 << 64) - 1))),
+        v4 => v4,
+    }
+}
+
+/// Answers queries: the one place a DNS packet becomes a decision.
+pub(super) struct Handler {
+    policy: Arc<PolicyHandle>,
+    resolver: Arc<Resolver>,
+    recorder: Recorder,
+}
+
+/// What to answer, before it is encoded.
+struct Reply {
+    rcode: ResponseCode,
+    records: Vec<Record>,
+    authority: Vec<Record>,
+    /// Extended DNS Error: INFO-CODE and EXTRA-TEXT.
+    ede: Option<(u16, String)>,
+}
+
+impl Reply {
+    fn error(rcode: ResponseCode, ede: Option<(u16, String)>) -> Reply {
+        Reply {
+            rcode,
+            records: Vec::new(),
+            authority: Vec::new(),
+            ede,
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl RequestHandler for Handler {
+    async fn handle_request<R: ResponseHandler, T: Time>(
+        &self,
+        request: &Request,
+        response_handle: R,
+    ) -> ResponseInfo {
+        self.respond(request, response_handle, false).await
+    }
+}
+
+impl Handler {
+    /// One packet in, the bytes to send back (if any) out; one event recorded.
+    async fn process(
+        &self,
+        raw: Vec<u8>,
+        src: SocketAddr,
+        protocol: Protocol,
+        overloaded: bool,
+    ) -> Option<Vec<u8>> {
+        let header = match Header::read(&mut BinDecoder::new(&raw)) {
+            Ok(h) => h,
+            Err(_) => {
+                self.record_malformed(src, "shorter than a DNS header; not answered", None);
+                return None;
+            }
+        };
+        if header.metadata.message_type == MessageType::Response {
+            // Answering responses would make us a reflector.
+            self.record_malformed(src, "a DNS response, not a query; not answered", None);
+            return None;
+        }
+        let request = match Request::from_bytes(raw, src, protocol) {
+            Ok(r) => r,
+            Err(e) => {
+                let mut m = Message::error_msg(
+                    header.metadata.id,
+                    header.metadata.op_code,
+                    ResponseCode::FormErr,
+                );
+                m.metadata.recursion_desired = header.metadata.recursion_desired;
+                self.record_malformed(
+                    src,
+                    &format!("undecodable query: {e}"),
+                    Some(ResponseCode::FormErr),
+                );
+                return m.to_vec().ok();
+            }
+        };
+        let max_size = match protocol {
+            Protocol::Udp => request.max_payload().clamp(512, EDNS_PAYLOAD),
+            _ => u16::MAX,
+        };
+        let sink = Encoded {
+            max_size,
+            out: Arc::new(Mutex::new(None)),
+        };
+        if overloaded {
+            self.respond(&request, sink.clone(), true).await;
+        } else {
+            self.handle_request::<_, TokioTime>(&request, sink.clone())
+                .await;
+        }
+        let bytes = lock(&sink.out).take();
+        bytes
+    }
+
+    fn record_malformed(&self, src: SocketAddr, note: &str, rcode: Option<ResponseCode>) {
+        let policy = self.policy.snapshot();
+        let mut ev = Event::new(Proto::Dns, src);
+        let client = policy.identify(src.ip(), None).unwrap_or(None);
+        ev.client = policy
+            .client_id(client)
+            .cloned()
+            .unwrap_or_else(|| Arc::from("-"));
+        ev.mode = policy.settings.mode.as_str();
+        ev.set_denied(Reason::Malformed);
+        ev.note = Some(note.to_string());
+        ev.rcode = rcode.map(rcode_name);
+        self.recorder.record(ev);
+    }
+
+    async fn respond<R: ResponseHandler>(
+        &self,
+        request: &Request,
+        mut handle: R,
+        overloaded: bool,
+    ) -> ResponseInfo {
+        let mut ev = Event::new(Proto::Dns, request.src());
+        let reply = self.answer(request, &mut ev, overloaded).await;
+        let info = match &reply {
+            Some(r) => send(request, r, &mut handle).await,
+            None => ResponseInfo::from(Header {
+                metadata: Metadata::response_from_request(&request.metadata),
+                counts: HeaderCounts::default(),
+            }),
+        };
+        ev.rcode = reply.map(|r| rcode_name(r.rcode));
+        self.recorder.record(ev);
+        info
+    }
+
+    /// Decides and resolves one query, filling in the event as it goes.
+    async fn answer(&self, request: &Request, ev: &mut Event, overloaded: bool) -> Option<Reply> {
+        let meta = &request.metadata;
+        let policy = self.policy.snapshot();
+        ev.mode = policy.settings.mode.as_str();
+        let client = policy.identify(request.src().ip(), None).unwrap_or(None);
+        ev.client = policy
+            .client_id(client)
+            .cloned()
+            .unwrap_or_else(|| Arc::from("-"));
+        let questions = request.queries.queries();
+        if let Some(q) = questions.first() {
+            ev.qname = Some(display_name(q.original().name()));
+            ev.qtype = Some(qtype_name(u16::from(q.query_type())));
+        }
+        if meta.message_type == MessageType::Response {
+            ev.set_denied(Reason::Malformed);
+            ev.note = Some("a DNS response, not a query; not answered".into());
+            return None;
+        }
+        if overloaded {
+            ev.set_denied(Reason::Overloaded);
+            return Some(Reply::error(
+                ResponseCode::Refused,
+                Some((EDE_OTHER, "egressd: overloaded".into())),
+            ));
+        }
+        if !self.recorder.accepting() {
+            ev.set_denied(Reason::LogUnavailable);
+            return Some(Reply::error(
+                ResponseCode::ServFail,
+                Some((EDE_NOT_READY, "egressd: log_unavailable".into())),
+            ));
+        }
+        if meta.op_code != OpCode::Query {
+            ev.set_denied(Reason::Malformed);
+            ev.note = Some(format!("opcode {:?} is not answered", meta.op_code));
+            return Some(Reply::error(ResponseCode::Refused, None));
+        }
+        let [q] = questions else {
+            ev.set_denied(Reason::Malformed);
+            ev.note = Some(format!(
+                "{} questions in one query; exactly one is answered",
+                questions.len()
+            ));
+            return Some(Reply::error(ResponseCode::FormErr, None));
+        };
+        if q.query_class() != DNSClass::IN {
+            ev.set_denied(Reason::Malformed);
+            ev.note = Some(format!("class {} is not answered", q.query_class()));
+            return Some(Reply::error(ResponseCode::Refused, None));
+        }
+        let qtype = u16::from(q.query_type());
+        let now = unix_now();
+        let host = match host_of(q.original().name()) {
+            Ok(h) => h,
+            Err(e) => {
+                return Some(self.bad_name(&policy, client, q.original().name(), &e, ev, now))
+            }
+        };
+        ev.qname = Some(host.to_string());
+        ev.host = Some(host.to_string());
+
+        let target = Target::Name(host.clone());
+        let req = PolicyRequest {
+            proto: Proto::Dns,
+            client,
+            target: &target,
+            port: 53,
+            method: None,
+            path: None,
+            qtype: Some(qtype),
+            can_intercept: false,
+        };
+        let d = policy.decide(&req, now);
+        ev.set_decision(&d, policy.settings.mode);
+        if !d.is_allowed() {
+            return Some(deny(&policy, d.reason));
+        }
+        let report = policy.settings.mode == Mode::Report;
+
+        if let Some(e) = d.exception {
+            let (outcome, note) = self.resolver.tunnel_assess(&policy, client, &host, e, now);
+            match outcome {
+                TunnelOutcome::Ok => {}
+                TunnelOutcome::Alert => ev.note = note,
+                TunnelOutcome::Block => {
+                    ev.decision = "deny";
+                    ev.reason = Reason::DnsTunnel.as_str();
+                    ev.note = note;
+                    if !report {
+                        return Some(deny(&policy, Reason::DnsTunnel));
+                    }
+                }
+            }
+        }
+
+        let lookup = match self
+            .resolver
+            .resolve(&host, qtype, &policy.settings.dns)
+            .await
+        {
+            Ok(l) => l,
+            Err(e) => {
+                ev.error = Some(e.to_string());
+                return Some(Reply::error(ResponseCode::ServFail, None));
+            }
+        };
+        let answer = &lookup.answer;
+        let mut records = answer.records.clone();
+        let filtered = filter_addresses(&policy, d.exception, &answer.records);
+        if !filtered.refused.is_empty() {
+            let list = filtered
+                .refused
+                .iter()
+                .map(IpAddr::to_string)
+                .collect::<Vec<_>>()
+                .join(", ");
+            if filtered.addresses > 0 && filtered.kept_addresses == 0 {
+                ev.decision = "deny";
+                ev.reason = Reason::PrivateAddress.as_str();
+                add_note(
+                    ev,
+                    format!(
+                        "every address is non-public and outside the exception's cidrs: {list}"
+                    ),
+                );
+                if !report {
+                    return Some(deny(&policy, Reason::PrivateAddress));
+                }
+            } else if report {
+                add_note(
+                    ev,
+                    format!(
+                        "would remove non-public addresses outside the exception's cidrs: {list}"
+                    ),
+                );
+            } else {
+                add_note(
+                    ev,
+                    format!("removed non-public addresses outside the exception's cidrs: {list}"),
+                );
+                records = filtered.kept;
+            }
+        }
+        let mut authority = answer.authority.clone();
+        for r in records.iter_mut().chain(authority.iter_mut()) {
+            r.ttl = lookup.ttl;
+        }
+        Some(Reply {
+            rcode: answer.rcode,
+            records,
+            authority,
+            ede: None,
+        })
+    }
+
+    /// A name that is not a host name: `dns_tunnel` when it sits below a
+    /// wildcard this client may use (data shaped to fit), else `malformed`.
+    fn bad_name(
+        &self,
+        policy: &Policy,
+        client: Option<ClientIdx>,
+        name: &Name,
+        err: &HostError,
+        ev: &mut Event,
+        now: i64,
+    ) -> Reply {
+        let labels: Vec<&[u8]> = name.iter().collect();
+        if labels.is_empty() {
+            ev.set_denied(Reason::NoException);
+            return deny(policy, Reason::NoException);
+        }
+        let under = if policy.settings.dns.tunnel.action == TunnelAction::Off {
+            None
+        } else {
+            valid_tail(&labels).and_then(|(tail, above)| {
+                policy
+                    .exceptions
+                    .iter()
+                    .find(|e| applies(e, client, now) && under_wildcard(e, &tail, above))
+            })
+        };
+        match under {
+            Some(e) => {
+                ev.decision = "deny";
+                ev.reason = Reason::DnsTunnel.as_str();
+                ev.exception = Some(e.id.clone());
+                ev.owner = Some(e.owner.clone());
+                ev.note = Some(format!(
+                    "dns tunnel: name below an allowed wildcard is not a host name ({err})"
+                ));
+                self.resolver
+                    .metrics()
+                    .dns_tunnel
+                    .with_label_values(&["block"])
+                    .inc();
+                deny(policy, Reason::DnsTunnel)
+            }
+            None => {
+                ev.set_denied(Reason::Malformed);
+                ev.note = Some(format!("not a host name: {err}"));
+                deny(policy, Reason::Malformed)
+            }
+        }
+    }
+}
+
+fn applies(e: &Exception, client: Option<ClientIdx>, now: i64) -> bool {
+    !e.is_expired(now)
+        && match &e.clients {
+            None => true,
+            Some(list) => client.is_some_and(|c| list.contains(&c)),
+        }
+}
+
+fn add_note(ev: &mut Event, note: String) {
+    ev.note = Some(match ev.note.take() {
+        Some(prev) => format!("{prev}; {note}"),
+        None => note,
+    });
+}
+
+/// The answer to a denied query.
+fn deny(policy: &Policy, reason: Reason) -> Reply {
+    let rcode = match policy.settings.dns.deny_rcode {
+        DenyRcode::Refused => ResponseCode::Refused,
+        DenyRcode::Nxdomain => ResponseCode::NXDomain,
+    };
+    Reply::error(
+        rcode,
+        Some((EDE_BLOCKED, format!("egressd: {}", reason.as_str()))),
+    )
+}
+
+/// The answer records split by rebinding protection.
+struct Filtered {
+    kept: Vec<Record>,
+    refused: Vec<IpAddr>,
+    /// A/AAAA records in the answer, and how many of them were kept.
+    addresses: usize,
+    kept_addresses: usize,
+}
+
+/// Removes A/AAAA records the exception may not reach, and HTTPS/SVCB records
+/// whose address hints name such addresses (a client may connect to a hint).
+fn filter_addresses(
+    policy: &Policy,
+    exception: Option<&Exception>,
+    records: &[Record],
+) -> Filtered {
+    let mut f = Filtered {
+        kept: Vec::with_capacity(records.len()),
+        refused: Vec::new(),
+        addresses: 0,
+        kept_addresses: 0,
+    };
+    for r in records {
+        let bad: Vec<IpAddr> = match &r.data {
+            RData::A(_) | RData::AAAA(_) => {
+                f.addresses += 1;
+                let ip = r.data.ip_addr().expect("address record");
+                if policy.addr_allowed(exception, ip) {
+                    f.kept_addresses += 1;
+                    Vec::new()
+                } else {
+                    vec![ip]
+                }
+            }
+            RData::HTTPS(h) => svcb_hints(&h.0)
+                .filter(|ip| !policy.addr_allowed(exception, *ip))
+                .collect(),
+            RData::SVCB(s) => svcb_hints(s)
+                .filter(|ip| !policy.addr_allowed(exception, *ip))
+                .collect(),
+            _ => Vec::new(),
+        };
+        if bad.is_empty() {
+            f.kept.push(r.clone());
+        } else {
+            for ip in bad {
+                if !f.refused.contains(&ip) {
+                    f.refused.push(ip);
+                }
+            }
+        }
+    }
+    f
+}
+
+fn svcb_hints(s: &SVCB) -> impl Iterator<Item = IpAddr> + '_ {
+    s.svc_params.iter().flat_map(|(_, v)| {
+        let ips: Vec<IpAddr> = match v {
+            SvcParamValue::Ipv4Hint(h) => h.0.iter().map(|a| IpAddr::V4(a.0)).collect(),
+            SvcParamValue::Ipv6Hint(h) => h.0.iter().map(|a| IpAddr::V6(a.0)).collect(),
+            _ => Vec::new(),
+        };
+        ips
+    })
+}
+
+/// Encodes the reply with the request's question, as sent (0x20 case kept).
+async fn send<R: ResponseHandler>(
+    request: &Request,
+    reply: &Reply,
+    handle: &mut R,
+) -> ResponseInfo {
+    let mut meta = Metadata::response_from_request(&request.metadata);
+    meta.response_code = reply.rcode;
+    meta.recursion_available = true;
+    // EDNS only to a client that spoke it (RFC 6891 §7).
+    let edns = request.edns.as_ref().map(|_| {
+        let mut e = Edns::new();
+        e.set_max_payload(EDNS_PAYLOAD);
+        if let Some((code, text)) = &reply.ede {
+            let mut data = code.to_be_bytes().to_vec();
+            data.extend_from_slice(text.as_bytes());
+            e.options_mut().insert(EdnsOption::Unknown(EDNS_EDE, data));
+        }
+        e
+    });
+    let mut builder = MessageResponseBuilder::from_message_request(request);
+    if let Some(e) = &edns {
+        builder.edns(e);
+    }
+    let response = builder.build(meta, reply.records.iter(), reply.authority.iter(), [], []);
+    match handle.send_response(response).await {
+        Ok(info) => info,
+        Err(_) => ResponseInfo::from(Header {
+            metadata: meta,
+            counts: HeaderCounts::default(),
+        }),
+    }
+}
+
+/// A [`ResponseHandler`] that encodes the response (truncating to `max_size`
+/// as a UDP reply must) and keeps the bytes for the listener to send.
+#[derive(Clone)]
+struct Encoded {
+    max_size: u16,
+    out: Arc<Mutex<Option<Vec<u8>>>>,
+}
+
+#[async_trait::async_trait]
+impl ResponseHandler for Encoded {
+    async fn send_response<'a>(
+        &mut self,
+        response: MessageResponse<
+            '_,
+            'a,
+            impl Iterator<Item = &'a Record> + Send + 'a,
+            impl Iterator<Item = &'a Record> + Send + 'a,
+            impl Iterator<Item = &'a Record> + Send + 'a,
+            impl Iterator<Item = &'a Record> + Send + 'a,
+        >,
+    ) -> Result<ResponseInfo, NetError> {
+        let meta = *response.metadata();
+        let mut buf = Vec::with_capacity(512);
+        let emitted = {
+            let mut enc = BinEncoder::new(&mut buf);
+            enc.set_max_size(self.max_size);
+            response.destructive_emit(&mut enc)
+        };
+        let info = match emitted {
+            Ok(info) => info,
+            Err(_) => {
+                // Could not encode: a bare SERVFAIL rather than silence.
+                buf.clear();
+                let mut m = Message::error_msg(meta.id, meta.op_code, ResponseCode::ServFail);
+                m.metadata.recursion_desired = meta.recursion_desired;
+                buf = m.to_vec()?;
+                ResponseInfo::from(Header {
+                    metadata: m.metadata,
+                    counts: HeaderCounts::default(),
+                })
+            }
+        };
+        *lock(&self.out) = Some(buf);
+        Ok(info)
+    }
+}
+
+/// Whether a byte may appear in a host name label.
+fn host_byte(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b == b'-' || b == b'_'
+}
+
+/// The question name as a [`Host`]: labels of `[A-Za-z0-9_-]` only (a label
+/// holding a `.` or any other byte is refused, not reinterpreted).
+fn host_of(name: &Name) -> Result<Host, HostError> {
+    let mut s = String::with_capacity(name.len());
+    for (i, label) in name.iter().enumerate() {
+        if let Some(b) = label.iter().find(|b| !host_byte(**b)) {
+            return Err(HostError::BadChar(*b as char));
+        }
+        if i > 0 {
+            s.push('.');
+        }
+        s.push_str(std::str::from_utf8(label).expect("checked ASCII"));
+    }
+    parse_host(&s)
+}
+
+/// The longest run of rightmost labels that forms a valid host name, and how
+/// many labels stand left of it.
+fn valid_tail(labels: &[&[u8]]) -> Option<(String, usize)> {
+    (1..labels.len()).find_map(|i| {
+        if labels[i..].iter().any(|l| !l.iter().all(|b| host_byte(*b))) {
+            return None;
+        }
+        let joined: Vec<&str> = labels[i..]
+            .iter()
+            .map(|l| std::str::from_utf8(l).expect("ASCII"))
+            .collect();
+        parse_host(&joined.join("."))
+            .ok()
+            .map(|h| (h.to_string(), i))
+    })
+}
+
+/// A question name for the log: lower-case, no trailing dot, bytes that are
+/// not printable ASCII (and `.` or `\` inside a label) escaped as `\DDD`.
+fn display_name(name: &Name) -> String {
+    let mut s = String::new();
+    for (i, label) in name.iter().enumerate() {
+        if i > 0 {
+            s.push('.');
+        }
+        for &b in label {
+            if b.is_ascii_graphic() && b != b'.' && b != b'\\' {
+                s.push(b.to_ascii_lowercase() as char);
+            } else {
+                s.push_str(&format!("\\{b:03}"));
+            }
+        }
+    }
+    if s.is_empty() {
+        s.push('.');
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn name(labels: &[&[u8]]) -> Name {
+        Name::from_labels(labels.iter().copied()).unwrap()
+    }
+
+    #[test]
+    fn question_names() {
+        assert_eq!(
+            host_of(&name(&[b"WwW", b"Example", b"COM"]))
+                .unwrap()
+                .as_str(),
+            "www.example.com"
+        );
+        assert_eq!(
+            host_of(&name(&[b"_dmarc", b"example", b"com"]))
+                .unwrap()
+                .as_str(),
+            "_dmarc.example.com"
+        );
+        for bad in [
+            name(&[b"a.b", b"example", b"com"]),
+            name(&[b"a b", b"example", b"com"]),
+            name(&[b"a\0", b"com"]),
+            name(&[b"caf\xc3\xa9", b"com"]),
+            name(&[b"*", b"com"]),
+        ] {
+            assert!(host_of(&bad).is_err(), "{bad:?}");
+        }
+        assert_eq!(
+            display_name(&name(&[b"a.b", b"Ex\\", b"c\0m"])),
+            "a\\046b.ex\\092.c\\000m"
+        );
+        assert_eq!(display_name(&Name::root()), ".");
+    }
+
+    #[test]
+    fn tails() {
+        let labels: Vec<&[u8]> = vec![b"bad label", b"x", b"cdn", b"test"];
+        assert_eq!(valid_tail(&labels), Some(("x.cdn.test".to_string(), 1)));
+        let labels: Vec<&[u8]> = vec![b"ok", b"bad!", b"cdn", b"test"];
+        assert_eq!(valid_tail(&labels), Some(("cdn.test".to_string(), 2)));
+        let labels: Vec<&[u8]> = vec![b"only"];
+        assert_eq!(valid_tail(&labels), None);
+    }
+
+    #[test]
+    fn limiter_bounds_per_client_and_in_all() {
+        let l = Limiter::new(3, 2);
+        let a: IpAddr = "10.0.0.1".parse().unwrap();
+        let b: IpAddr = "10.0.0.2".parse().unwrap();
+        let p1 = l.try_acquire(a).unwrap();
+        let _p2 = l.try_acquire(a).unwrap();
+        assert!(l.try_acquire(a).is_none());
+        let _p3 = l.try_acquire(b).unwrap();
+        assert!(l.try_acquire(b).is_none(), "global limit");
+        drop(p1);
+        assert!(l.try_acquire(a).is_some());
+        // One IPv6 /64 is one client.
+        let v6a: IpAddr = "2001:db8::1".parse().unwrap();
+        let v6b: IpAddr = "2001:db8::2".parse().unwrap();
+        assert_eq!(client_key(v6a), client_key(v6b));
+    }
+}

@@ -1,0 +1,720 @@
+//! DNS tunnel detection: a per-client budget of new subdomain text.
+//!
+//! A name carries data to whoever runs its zone only through the labels the
+//! sender chose. An exact host leaves no choice; a wildcard (`*.example.com`,
+//! `api-*.example.com`) leaves the labels left of its fixed suffix. So only
+//! names an exception allowed through a wildcard are judged here, in two ways:
+//!
+//! 1. **Hard per-name limits**: a name longer than `max_name_len`, or a label
+//!    in the wildcard's part longer than `max_label_len`, is a tunnel on its
+//!    own (no ordinary service needs that room). Names that break hostname
+//!    syntax never get here: the server denies them before they are a [`Host`].
+//! 2. **Budget**: per client, every *new* name is charged to two domains —
+//!    the wildcard's fixed suffix and the name's registered domain (public
+//!    suffix list, private section included) — with the bytes of its labels
+//!    left of that domain. Repeats of a name already seen in the window cost
+//!    nothing, so ordinary re-resolution never adds up. Above `alert_bytes`
+//!    or `alert_unique_names` per `alert_window` the name is allowed and
+//!    reported; a name that would take a domain past `block_bytes` per
+//!    `block_window` is refused, and the domain stays refused for that client
+//!    for `cooldown` (so a tunnel cannot resume as the window slides).
+//!
+//! Charging both domains matters: data spread over many registrable names
+//! below one wildcard (`<data>.bucket-N.s3.amazonaws.com`) adds up at the
+//! wildcard, and data spread over two wildcards of one zone
+//! (`*.a.evil.test`, `*.b.evil.test`) adds up at the registered domain.
+//!
+//! Per-name character-class scores ([`encoded_weight`]) only *weigh* a
+//! name's bytes (at most [`MAX_WEIGHT`]): a random-looking label spends the budget faster but
+//! is never refused for its looks alone — hex-encoded data looks exactly like
+//! an ordinary cloud host name, and ordinary cloud host names look random.
+//!
+//! Memory is bounded: [`MAX_DOMAINS`] (client, domain) budgets, each holding
+//! at most [`MAX_NAMES_PER_DOMAIN`] names and all together [`MAX_TOTAL_NAMES`];
+//! the least recently used budgets go first. The detector takes `now` as a
+//! parameter and does no I/O, so it is tested with injected time.
+
+use std::collections::hash_map::RandomState;
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::hash::BuildHasher;
+use std::sync::Arc;
+
+use crate::policy::host::{is_strict_subdomain, Host, HostPattern};
+use crate::policy::{Exception, TunnelAction, TunnelSettings};
+
+/// (client, domain) budgets kept at once.
+pub const MAX_DOMAINS: usize = 16_384;
+/// Names remembered per budget (only reachable with `action: log` or a very
+/// large `block_bytes`; the oldest are forgotten first).
+pub const MAX_NAMES_PER_DOMAIN: usize = 8_192;
+/// Names remembered across all budgets (~40 MiB).
+pub const MAX_TOTAL_NAMES: usize = 1 << 20;
+/// The most a name's bytes are multiplied by for looking encoded.
+pub const MAX_WEIGHT: f64 = 1.5;
+/// Labels shorter than this in total are never weighted: there is no
+/// statistic worth the name in a dozen characters.
+const MIN_WEIGHTED_LEN: usize = 16;
+
+/// What the detector concluded about one name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TunnelOutcome {
+    /// Nothing unusual (or not a wildcard match, or detection is off).
+    Ok,
+    /// Suspicious: logged and counted (`action="log"`), but allowed.
+    Alert,
+    /// Refused with reason `dns_tunnel` (`action="block"`).
+    Block,
+}
+
+/// An outcome and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Assessment {
+    pub outcome: TunnelOutcome,
+    pub note: Option<String>,
+}
+
+impl Assessment {
+    fn ok() -> Assessment {
+        Assessment {
+            outcome: TunnelOutcome::Ok,
+            note: None,
+        }
+    }
+}
+
+/// One name charged to a budget.
+struct Charge {
+    at: i64,
+    hash: u64,
+    cost: u32,
+}
+
+/// One client's budget for one domain.
+#[derive(Default)]
+struct Budget {
+    /// Charges in time order, all within the block window.
+    charges: VecDeque<Charge>,
+    seen: HashSet<u64>,
+    bytes: u64,
+    blocked_until: i64,
+    last_used: i64,
+}
+
+impl Budget {
+    fn expire(&mut self, now: i64, window: i64, total: &mut usize) {
+        while let Some(c) = self.charges.front() {
+            if c.at > now - window {
+                break;
+            }
+            let c = self.charges.pop_front().expect("front exists");
+            self.seen.remove(&c.hash);
+            self.bytes -= c.cost as u64;
+            *total -= 1;
+        }
+    }
+
+    /// Bytes and names charged within the last `window` seconds.
+    fn recent(&self, now: i64, window: i64) -> (u64, u32) {
+        let mut bytes = 0u64;
+        let mut names = 0u32;
+        for c in self.charges.iter().rev() {
+            if c.at <= now - window {
+                break;
+            }
+            bytes += c.cost as u64;
+            names += 1;
+        }
+        (bytes, names)
+    }
+
+    fn clear(&mut self, total: &mut usize) {
+        *total -= self.charges.len();
+        self.charges.clear();
+        self.seen.clear();
+        self.bytes = 0;
+    }
+}
+
+/// The detector's state: budgets by client id, then by domain.
+pub struct TunnelDetector {
+    clients: HashMap<Arc<str>, HashMap<Box<str>, Budget>>,
+    domains: usize,
+    names: usize,
+    /// Keyed hashing: a sender who could choose colliding names could make
+    /// new names look like repeats and never pay for them.
+    hasher: RandomState,
+}
+
+impl Default for TunnelDetector {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl TunnelDetector {
+    pub fn new() -> TunnelDetector {
+        TunnelDetector {
+            clients: HashMap::new(),
+            domains: 0,
+            names: 0,
+            hasher: RandomState::new(),
+        }
+    }
+
+    /// Judges `host`, which `exception` allowed for the client `client`
+    /// (its id, or `-`), at unix time `now`; charges the budget if allowed.
+    pub fn check(
+        &mut self,
+        s: &TunnelSettings,
+        client: &str,
+        host: &Host,
+        exception: &Exception,
+        now: i64,
+    ) -> Assessment {
+        if s.action == TunnelAction::Off {
+            return Assessment::ok();
+        }
+        let Some(suffix) = wildcard_suffix(exception, host) else {
+            return Assessment::ok();
+        };
+        let name = host.as_str();
+        let variable = &name[..name.len() - suffix.len() - 1];
+        let enforce = s.action == TunnelAction::Block;
+        let verdict = |note: String| Assessment {
+            outcome: if enforce {
+                TunnelOutcome::Block
+            } else {
+                TunnelOutcome::Alert
+            },
+            note: Some(note),
+        };
+
+        if name.len() > s.max_name_len {
+            return verdict(format!(
+                "dns tunnel: name is {} bytes, over max_name_len {} under *.{suffix}",
+                name.len(),
+                s.max_name_len
+            ));
+        }
+        if let Some(l) = variable.split('.').find(|l| l.len() > s.max_label_len) {
+            return verdict(format!(
+                "dns tunnel: a {}-byte label is over max_label_len {} under *.{suffix}",
+                l.len(),
+                s.max_label_len
+            ));
+        }
+
+        // The domains this name is charged to, and the text it adds to each.
+        let mut domains: Vec<(&str, &str)> = vec![(suffix, variable)];
+        if let Some(rd) = psl::domain_str(name) {
+            if rd != suffix && rd.len() < name.len() {
+                domains.push((rd, &name[..name.len() - rd.len() - 1]));
+            }
+        }
+
+        let block_window = s.block_window_secs.max(1) as i64;
+        let alert_window = s.alert_window_secs.max(1) as i64;
+        let weight = encoded_weight(variable);
+        if !self.clients.contains_key(client) {
+            self.clients.insert(Arc::from(client), HashMap::new());
+        }
+        let budgets = self.clients.get_mut(client).expect("inserted above");
+
+        // Decide against every domain before charging any.
+        let mut fresh = Vec::with_capacity(domains.len());
+        for &(domain, text) in &domains {
+            let hash = self.hasher.hash_one(text);
+            let Some(b) = budgets.get_mut(domain) else {
+                fresh.push((domain, text, hash, true));
+                continue;
+            };
+            b.last_used = now;
+            if enforce && b.blocked_until > now {
+                return verdict(format!(
+                    "dns tunnel: {domain} is blocked for this client for {}s more (cool-down after the budget ran out)",
+                    b.blocked_until - now
+                ));
+            }
+            b.expire(now, block_window, &mut self.names);
+            let new = !b.seen.contains(&hash);
+            fresh.push((domain, text, hash, new));
+        }
+        if fresh.iter().all(|f| !f.3) {
+            return Assessment::ok();
+        }
+        let cost_of = |text: &str| ((text.len() as f64) * weight).ceil() as u64;
+
+        for &(domain, text, _, new) in &fresh {
+            if !new {
+                continue;
+            }
+            let spent = budgets.get(domain).map_or(0, |b| b.bytes);
+            if spent + cost_of(text) > s.block_bytes {
+                let note = format!(
+                    "dns tunnel: new names under {domain} would exceed block_bytes {} per {}s for this client ({} spent)",
+                    s.block_bytes, block_window, spent
+                );
+                if enforce {
+                    if !budgets.contains_key(domain) {
+                        self.domains += 1;
+                    }
+                    let b = budgets.entry(domain.into()).or_default();
+                    b.clear(&mut self.names);
+                    b.blocked_until = now + s.cooldown_secs as i64;
+                    b.last_used = now;
+                    self.bound();
+                    return verdict(note);
+                }
+                // action: log — let it through, charged, and say so.
+                self.charge(client, &fresh, cost_of, now);
+                return verdict(note);
+            }
+        }
+        self.charge(client, &fresh, cost_of, now);
+
+        let budgets = self.clients.get(client).expect("charged above");
+        for &(domain, _, _, _) in &fresh {
+            let Some(b) = budgets.get(domain) else {
+                continue;
+            };
+            let (bytes, names) = b.recent(now, alert_window);
+            if bytes > s.alert_bytes || names > s.alert_unique_names {
+                return Assessment {
+                    outcome: TunnelOutcome::Alert,
+                    note: Some(format!(
+                        "dns tunnel suspected: {names} new names, {bytes} bytes under {domain} in {alert_window}s for this client (alert at {} names or {} bytes)",
+                        s.alert_unique_names, s.alert_bytes
+                    )),
+                };
+            }
+        }
+        Assessment::ok()
+    }
+
+    fn charge(
+        &mut self,
+        client: &str,
+        fresh: &[(&str, &str, u64, bool)],
+        cost_of: impl Fn(&str) -> u64,
+        now: i64,
+    ) {
+        let budgets = self.clients.get_mut(client).expect("created by check");
+        for &(domain, text, hash, new) in fresh {
+            if !new {
+                continue;
+            }
+            let b = match budgets.get_mut(domain) {
+                Some(b) => b,
+                None => {
+                    self.domains += 1;
+                    budgets.entry(domain.into()).or_default()
+                }
+            };
+            let cost = cost_of(text).min(u32::MAX as u64) as u32;
+            b.charges.push_back(Charge {
+                at: now,
+                hash,
+                cost,
+            });
+            b.seen.insert(hash);
+            b.bytes += cost as u64;
+            b.last_used = now;
+            self.names += 1;
+            if b.charges.len() > MAX_NAMES_PER_DOMAIN {
+                let c = b.charges.pop_front().expect("non-empty");
+                b.seen.remove(&c.hash);
+                b.bytes -= c.cost as u64;
+                self.names -= 1;
+            }
+        }
+        self.bound();
+    }
+
+    /// Evicts the least recently used budgets (unblocked ones first) until
+    /// the table is within its bounds.
+    fn bound(&mut self) {
+        if self.domains <= MAX_DOMAINS && self.names <= MAX_TOTAL_NAMES {
+            return;
+        }
+        let mut all: Vec<(bool, i64, Arc<str>, Box<str>)> = Vec::with_capacity(self.domains);
+        for (c, m) in &self.clients {
+            for (d, b) in m {
+                all.push((
+                    b.blocked_until > b.last_used,
+                    b.last_used,
+                    c.clone(),
+                    d.clone(),
+                ));
+            }
+        }
+        all.sort_by_key(|k| (k.0, k.1));
+        // Evict an eighth at a time so the sort is paid for rarely.
+        let target_domains = MAX_DOMAINS - MAX_DOMAINS / 8;
+        let target_names = MAX_TOTAL_NAMES - MAX_TOTAL_NAMES / 8;
+        for (_, _, c, d) in all {
+            if self.domains <= target_domains && self.names <= target_names {
+                break;
+            }
+            if let Some(m) = self.clients.get_mut(&c) {
+                if let Some(b) = m.remove(&d) {
+                    self.domains -= 1;
+                    self.names -= b.charges.len();
+                }
+                if m.is_empty() {
+                    self.clients.remove(&c);
+                }
+            }
+        }
+    }
+
+    /// Budgets and names currently tracked.
+    #[cfg(test)]
+    fn tracked(&self) -> (usize, usize) {
+        (self.domains, self.names)
+    }
+}
+
+/// The fixed suffix of the most specific wildcard in `exception` that matches
+/// `host`; `None` when an exact host matches (or no pattern does).
+fn wildcard_suffix<'e>(exception: &'e Exception, host: &Host) -> Option<&'e str> {
+    let mut best: Option<&str> = None;
+    for p in &exception.hosts {
+        if !p.matches(host) {
+            continue;
+        }
+        match p {
+            HostPattern::Exact(_) => return None,
+            _ => {
+                let s = p.fixed_suffix().as_str();
+                if best.is_none_or(|b| s.len() > b.len()) {
+                    best = Some(s);
+                }
+            }
+        }
+    }
+    best
+}
+
+/// Whether `name` (made of labels that may break hostname syntax) sits under
+/// a wildcard of `exception`: the labels right of the offending ones form a
+/// valid name equal to or below a wildcard's fixed suffix.
+pub fn under_wildcard(exception: &Exception, valid_tail: &str, labels_above: usize) -> bool {
+    labels_above > 0
+        && exception.hosts.iter().any(|p| match p {
+            HostPattern::Exact(_) => false,
+            HostPattern::Subdomains(s) => {
+                valid_tail == s.as_str() || is_strict_subdomain(valid_tail, s.as_str())
+            }
+            HostPattern::LabelGlob { rest, .. } => labels_above == 1 && valid_tail == rest.as_str(),
+        })
+}
+
+/// How much a name's variable labels look like encoded data, as a factor in
+/// `1.0..=MAX_WEIGHT` on the bytes they cost. Character classes, not
+/// entropy: on a few dozen characters entropy barely separates hex from
+/// words, while encoded data alternates letters and digits constantly and
+/// lacks vowels (random base32 has ~16%, hex ~12%, names people pick ~35%).
+/// Short names and hyphenated words weigh nothing extra.
+pub fn encoded_weight(variable: &str) -> f64 {
+    let text: Vec<u8> = variable.bytes().filter(u8::is_ascii_alphanumeric).collect();
+    let n = text.len();
+    if n < MIN_WEIGHTED_LEN {
+        return 1.0;
+    }
+    let switches = text
+        .windows(2)
+        .filter(|w| w[0].is_ascii_digit() != w[1].is_ascii_digit())
+        .count();
+    let vowels = text.iter().filter(|b| b"aeiouAEIOU".contains(b)).count();
+    let mix = (switches as f64 / n as f64 / 0.25).min(1.0);
+    let unpronounceable = ((0.30 - vowels as f64 / n as f64) / 0.15).clamp(0.0, 1.0);
+    // Longer runs are more telling than short ones.
+    let length = ((n - MIN_WEIGHTED_LEN) as f64 / 32.0).min(1.0);
+    1.0 + (MAX_WEIGHT - 1.0) * (0.5 * mix + 0.5 * unpronounceable) * length
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::from_yaml;
+    use crate::policy::host::parse_host;
+
+    fn policy(extra_settings: &str) -> crate::policy::Policy {
+        from_yaml(&format!(
+            "settings:\n  dns:\n    tunnel: {{ {extra_settings} }}\nexceptions:\n\
+             - id: wild\n  owner: o\n  reason: r\n  hosts: [\"*.cdn.test\", exact.test, \"api-*.glob.test\", \"*.a.zone.test\", \"*.b.zone.test\"]\n"
+        ))
+        .unwrap()
+    }
+
+    fn check(
+        d: &mut TunnelDetector,
+        p: &crate::policy::Policy,
+        client: &str,
+        name: &str,
+        now: i64,
+    ) -> TunnelOutcome {
+        let e = &p.exceptions[0];
+        let h = parse_host(name).unwrap();
+        assert!(
+            e.hosts.iter().any(|x| x.matches(&h)),
+            "{name} not allowed by the test policy"
+        );
+        d.check(&p.settings.dns.tunnel, client, &h, e, now).outcome
+    }
+
+    /// Distinct 31-byte labels that weigh exactly 1.0 (they read like words).
+    fn label(i: usize) -> String {
+        let letters: String = format!("{i:06}")
+            .bytes()
+            .map(|d| (d - b'0' + b'a') as char)
+            .collect();
+        let l = format!("service-number-{letters}-prod-east");
+        assert_eq!((l.len(), encoded_weight(&l)), (31, 1.0), "{l}");
+        l
+    }
+
+    #[test]
+    fn exact_hosts_are_never_budgeted() {
+        let p = policy("block_bytes: 10");
+        let mut d = TunnelDetector::new();
+        for t in 0..100 {
+            assert_eq!(check(&mut d, &p, "-", "exact.test", t), TunnelOutcome::Ok);
+        }
+        assert_eq!(d.tracked(), (0, 0));
+    }
+
+    #[test]
+    fn hard_limits_under_wildcards() {
+        let p = policy("max_name_len: 40, max_label_len: 10");
+        let mut d = TunnelDetector::new();
+        assert_eq!(
+            check(&mut d, &p, "-", "abcdefghij.cdn.test", 0),
+            TunnelOutcome::Ok
+        );
+        assert_eq!(
+            check(&mut d, &p, "-", "abcdefghijk.cdn.test", 0),
+            TunnelOutcome::Block
+        );
+        assert_eq!(
+            check(&mut d, &p, "-", "a.b.c.d.e.f.g.h.i.j.k.l.m.n.o.cdn.test", 0),
+            TunnelOutcome::Ok
+        );
+        assert_eq!(
+            check(
+                &mut d,
+                &p,
+                "-",
+                "a.b.c.d.e.f.g.h.i.j.k.l.m.n.o.p.q.cdn.test",
+                0
+            ),
+            TunnelOutcome::Block
+        );
+        // The fixed suffix's own labels do not count against max_label_len.
+        let p2 = from_yaml(
+            "settings: { dns: { tunnel: { max_label_len: 5 } } }\nexceptions:\n\
+             - { id: x, owner: o, reason: r, hosts: [\"*.longlabelhere.test\"] }\n",
+        )
+        .unwrap();
+        assert_eq!(
+            check(&mut d, &p2, "-", "abc.longlabelhere.test", 0),
+            TunnelOutcome::Ok
+        );
+        // log: reported, not refused.
+        let p3 = policy("action: log, max_label_len: 10");
+        assert_eq!(
+            check(&mut d, &p3, "-", "abcdefghijk.cdn.test", 0),
+            TunnelOutcome::Alert
+        );
+        let p4 = policy("action: off, max_label_len: 10");
+        assert_eq!(
+            check(&mut d, &p4, "-", "abcdefghijk.cdn.test", 0),
+            TunnelOutcome::Ok
+        );
+    }
+
+    #[test]
+    fn budget_blocks_new_names_then_cools_down() {
+        let p = policy("block_bytes: 310, alert_bytes: 100000, alert_unique_names: 1000, cooldown: 1h, block_window: 1h");
+        let mut d = TunnelDetector::new();
+        // 10 names of 30 bytes fit (300 <= 310), the 11th does not.
+        for i in 0..10 {
+            assert_eq!(
+                check(
+                    &mut d,
+                    &p,
+                    "c1",
+                    &format!("{}.cdn.test", label(i)),
+                    i as i64
+                ),
+                TunnelOutcome::Ok,
+                "{i}"
+            );
+        }
+        // Repeats are free.
+        for i in 0..10 {
+            assert_eq!(
+                check(&mut d, &p, "c1", &format!("{}.cdn.test", label(i)), 20),
+                TunnelOutcome::Ok
+            );
+        }
+        assert_eq!(
+            check(&mut d, &p, "c1", &format!("{}.cdn.test", label(10)), 30),
+            TunnelOutcome::Block
+        );
+        // Cool-down: even a name seen before is refused now.
+        assert_eq!(
+            check(&mut d, &p, "c1", &format!("{}.cdn.test", label(0)), 40),
+            TunnelOutcome::Block
+        );
+        // Other clients have their own budget.
+        assert_eq!(
+            check(&mut d, &p, "c2", &format!("{}.cdn.test", label(10)), 40),
+            TunnelOutcome::Ok
+        );
+        // Still blocked just before the cool-down ends, open after.
+        assert_eq!(
+            check(
+                &mut d,
+                &p,
+                "c1",
+                &format!("{}.cdn.test", label(0)),
+                30 + 3599
+            ),
+            TunnelOutcome::Block
+        );
+        assert_eq!(
+            check(
+                &mut d,
+                &p,
+                "c1",
+                &format!("{}.cdn.test", label(0)),
+                30 + 3600
+            ),
+            TunnelOutcome::Ok
+        );
+    }
+
+    #[test]
+    fn window_slides() {
+        let p = policy(
+            "block_bytes: 100, block_window: 100s, alert_bytes: 100000, alert_unique_names: 1000",
+        );
+        let mut d = TunnelDetector::new();
+        // 3 × 31 bytes per 100 s: fine forever as the window slides.
+        for i in 0..60 {
+            let t = (i / 3) as i64 * 101;
+            assert_eq!(
+                check(&mut d, &p, "-", &format!("{}.cdn.test", label(i)), t),
+                TunnelOutcome::Ok,
+                "{i}"
+            );
+        }
+        assert!(d.tracked().1 <= 6);
+    }
+
+    #[test]
+    fn registered_domain_adds_up_across_wildcards() {
+        // *.a.zone.test and *.b.zone.test are separate wildcards of one zone.
+        let p = policy("block_bytes: 200, alert_bytes: 100000, alert_unique_names: 1000");
+        let mut d = TunnelDetector::new();
+        let mut blocked_at = None;
+        for i in 0..20 {
+            let zone = if i % 2 == 0 { "a" } else { "b" };
+            let name = format!("{}.{zone}.zone.test", label(i));
+            if check(&mut d, &p, "-", &name, i as i64) == TunnelOutcome::Block {
+                blocked_at = Some(i);
+                break;
+            }
+        }
+        // Each wildcard alone would take 6 names (6 × 31 = 186 bytes); the
+        // zone, charged 33 bytes a name (label + ".a"), refuses the 7th.
+        assert_eq!(blocked_at, Some(6));
+    }
+
+    #[test]
+    fn alerts_before_blocking() {
+        let p = policy("alert_unique_names: 5, alert_bytes: 100000, block_bytes: 100000");
+        let mut d = TunnelDetector::new();
+        let got: Vec<_> = (0..7)
+            .map(|i| check(&mut d, &p, "-", &format!("{}.cdn.test", label(i)), 0))
+            .collect();
+        assert_eq!(&got[..5], &[TunnelOutcome::Ok; 5]);
+        assert_eq!(&got[5..], &[TunnelOutcome::Alert; 2]);
+    }
+
+    #[test]
+    fn log_action_never_blocks() {
+        let p =
+            policy("action: log, block_bytes: 50, alert_bytes: 100000, alert_unique_names: 1000");
+        let mut d = TunnelDetector::new();
+        let got: Vec<_> = (0..5)
+            .map(|i| check(&mut d, &p, "-", &format!("{}.cdn.test", label(i)), 0))
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                TunnelOutcome::Ok,
+                TunnelOutcome::Alert,
+                TunnelOutcome::Alert,
+                TunnelOutcome::Alert,
+                TunnelOutcome::Alert
+            ]
+        );
+    }
+
+    #[test]
+    fn label_glob_is_budgeted_under_its_rest() {
+        let p = policy("block_bytes: 40, alert_bytes: 100000, alert_unique_names: 1000");
+        let mut d = TunnelDetector::new();
+        assert_eq!(
+            check(&mut d, &p, "-", "api-aaaaaaaaaaaaaaaa.glob.test", 0),
+            TunnelOutcome::Ok
+        );
+        assert_eq!(
+            check(&mut d, &p, "-", "api-eeeeeeeeeeeeeeee.glob.test", 0),
+            TunnelOutcome::Ok
+        );
+        assert_eq!(
+            check(&mut d, &p, "-", "api-oooooooooooooooo.glob.test", 0),
+            TunnelOutcome::Block
+        );
+    }
+
+    #[test]
+    fn memory_is_bounded() {
+        let p = policy(
+            "block_bytes: 1000000000, alert_bytes: 1000000000, alert_unique_names: 1000000000",
+        );
+        let mut d = TunnelDetector::new();
+        for c in 0..(MAX_DOMAINS + 100) {
+            check(&mut d, &p, &format!("client-{c}"), "x.cdn.test", c as i64);
+        }
+        assert!(d.tracked().0 <= MAX_DOMAINS);
+        for i in 0..(MAX_NAMES_PER_DOMAIN + 10) {
+            check(&mut d, &p, "one", &format!("n{i}.cdn.test"), 0);
+        }
+        let one = d.clients.get("one").unwrap().get("cdn.test").unwrap();
+        assert_eq!(one.charges.len(), MAX_NAMES_PER_DOMAIN);
+        assert_eq!(one.seen.len(), MAX_NAMES_PER_DOMAIN);
+    }
+
+    #[test]
+    fn weights() {
+        // Short or wordy names: no extra weight.
+        for s in [
+            "d111111abcdef8",
+            "payments-api.prod",
+            "internal-x-123456.us-east-1",
+            "my-company-terraform-state-prod",
+        ] {
+            assert!(encoded_weight(s) < 1.15, "{s}: {}", encoded_weight(s));
+        }
+        // Long base32 / hex runs: close to the maximum.
+        let b32 = "mfrggzdfmztwq2lknnwg23tpobyxe43uov3ho6dzpiytmnzq";
+        let hex = "3f9a0c77d2e41b5a8c0f6e2d9b71a4c3e5f60718293a4b5c";
+        assert!(encoded_weight(b32) > 1.3, "{}", encoded_weight(b32));
+        assert!(encoded_weight(hex) > 1.3, "{}", encoded_weight(hex));
+        assert!(encoded_weight(b32) <= MAX_WEIGHT);
+    }
+}
