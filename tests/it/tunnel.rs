@@ -78,14 +78,14 @@ fn denied_connect_closes_and_never_reads_pipelined_bytes() {
         .dns(dns.addr)
         .start();
     let mut s = connect(e.proxy);
-    // A refused CONNECT with an allowed plain request smuggled behind it.
-    write!(
-        s,
+    // A refused CONNECT with an allowed plain request smuggled behind it,
+    // sent in one write so both arrive together.
+    let raw = format!(
         "CONNECT evil.test:{c} HTTP/1.1\r\nHost: evil.test:{c}\r\n\r\nGET http://echo.test:{o}/smuggled HTTP/1.1\r\nHost: echo.test:{o}\r\n\r\n",
         c = c.addr.port(),
         o = o.addr.port()
-    )
-    .unwrap();
+    );
+    s.write_all(raw.as_bytes()).unwrap();
     let mut r = BufReader::new(s.try_clone().unwrap());
     let resp = read_response(&mut r).unwrap();
     assert_eq!(resp.status, 403);
