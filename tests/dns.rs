@@ -1,0 +1,1269 @@
+//! The DNS resolver over real sockets on 127.0.0.1: a fake upstream that
+//! counts every query it receives, egressd's `dns::serve` in-process, and
+//! the decision log read back as JSON.
+
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use hickory_proto::op::{Edns, Message, MessageType, OpCode, Query, ResponseCode};
+use hickory_proto::rr::rdata::opt::{EdnsCode, EdnsOption};
+use hickory_proto::rr::rdata::{A, AAAA, SOA, TXT};
+use hickory_proto::rr::{Name, RData, Record, RecordType};
+use serde_json::Value;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream, UdpSocket};
+use tokio::sync::watch;
+use tokio::time::{timeout, Instant};
+
+use egressd::decision::Recorder;
+use egressd::dns::{self, ResolveError, Resolver, TunnelOutcome};
+use egressd::log::{LogSink, LogTarget};
+use egressd::metrics::Metrics;
+use egressd::policy::host::parse_host;
+use egressd::policy::reload::PolicyHandle;
+use egressd::policy::time::unix_now;
+use egressd::policy::{from_yaml, Policy};
+
+const LOCAL: &str = "127.0.0.1:0";
+const WAIT: Duration = Duration::from_secs(5);
+
+/// A UDP socket and a TCP listener on one 127.0.0.1 port (the kernel's
+/// choice for UDP may be taken for TCP: try another).
+async fn bind_pair() -> (UdpSocket, TcpListener, SocketAddr) {
+    for _ in 0..50 {
+        let udp = UdpSocket::bind(LOCAL).await.unwrap();
+        let addr = udp.local_addr().unwrap();
+        if let Ok(tcp) = TcpListener::bind(addr).await {
+            return (udp, tcp, addr);
+        }
+    }
+    panic!("no port free for both UDP and TCP on 127.0.0.1");
+}
+
+// ---------------------------------------------------------------- upstream
+
+/// How the fake upstream answers a name.
+#[derive(Clone, Debug)]
+enum Behavior {
+    Addrs(Vec<IpAddr>),
+    Txt(&'static str),
+    /// UDP: an empty answer with TC set; TCP: the addresses.
+    Truncate(Vec<IpAddr>),
+    ServFail,
+    /// Never answers.
+    Drop,
+}
+
+#[derive(Clone, Debug)]
+struct Seen {
+    name: String,
+    qtype: u16,
+    tcp: bool,
+}
+
+#[derive(Clone, Default)]
+struct Upstream {
+    names: Arc<Mutex<HashMap<String, Behavior>>>,
+    /// Any name below one of these suffixes.
+    below: Arc<Mutex<Vec<(String, Behavior)>>>,
+    seen: Arc<Mutex<Vec<Seen>>>,
+}
+
+impl Upstream {
+    fn name(self, n: &str, b: Behavior) -> Self {
+        self.names.lock().unwrap().insert(n.to_string(), b);
+        self
+    }
+    fn below(self, suffix: &str, b: Behavior) -> Self {
+        self.below.lock().unwrap().push((suffix.to_string(), b));
+        self
+    }
+    fn seen(&self) -> Vec<Seen> {
+        self.seen.lock().unwrap().clone()
+    }
+    fn count(&self) -> usize {
+        self.seen.lock().unwrap().len()
+    }
+    fn count_name(&self, name: &str) -> usize {
+        self.seen()
+            .iter()
+            .filter(|s| s.name.eq_ignore_ascii_case(name))
+            .count()
+    }
+
+    fn behavior(&self, name: &str) -> Option<Behavior> {
+        if let Some(b) = self.names.lock().unwrap().get(name) {
+            return Some(b.clone());
+        }
+        let below = self.below.lock().unwrap();
+        below
+            .iter()
+            .find(|(s, _)| name.ends_with(&format!(".{s}")))
+            .map(|(_, b)| b.clone())
+    }
+
+    /// The reply to one query, or None to stay silent.
+    fn reply(&self, bytes: &[u8], tcp: bool) -> Option<Vec<u8>> {
+        let q = Message::from_vec(bytes).ok()?;
+        let question = q.queries.first()?.clone();
+        let raw_name = question.name().to_ascii();
+        let name = raw_name.trim_end_matches('.').to_string();
+        let qtype = u16::from(question.query_type());
+        self.seen.lock().unwrap().push(Seen {
+            name: name.clone(),
+            qtype,
+            tcp,
+        });
+        let mut r = Message::response(q.metadata.id, OpCode::Query);
+        r.metadata.recursion_desired = q.metadata.recursion_desired;
+        r.metadata.recursion_available = true;
+        r.add_query(question.clone());
+        let owner = question.name().clone();
+        let addrs = |r: &mut Message, ips: &[IpAddr]| {
+            for ip in ips {
+                match (ip, question.query_type()) {
+                    (IpAddr::V4(v4), RecordType::A) => {
+                        r.add_answer(Record::from_rdata(owner.clone(), 300, RData::A(A(*v4))))
+                    }
+                    (IpAddr::V6(v6), RecordType::AAAA) => r.add_answer(Record::from_rdata(
+                        owner.clone(),
+                        300,
+                        RData::AAAA(AAAA(*v6)),
+                    )),
+                    _ => r,
+                };
+            }
+        };
+        match self.behavior(&name) {
+            Some(Behavior::Drop) => return None,
+            Some(Behavior::ServFail) => r.metadata.response_code = ResponseCode::ServFail,
+            Some(Behavior::Addrs(ips)) => addrs(&mut r, &ips),
+            Some(Behavior::Truncate(ips)) => {
+                if tcp {
+                    addrs(&mut r, &ips)
+                } else {
+                    r.metadata.truncation = true
+                }
+            }
+            Some(Behavior::Txt(t)) => {
+                if question.query_type() == RecordType::TXT {
+                    r.add_answer(Record::from_rdata(
+                        owner.clone(),
+                        300,
+                        RData::TXT(TXT::new(vec![t.to_string()])),
+                    ));
+                }
+            }
+            None => {
+                r.metadata.response_code = ResponseCode::NXDomain;
+                let soa = SOA::new(
+                    Name::from_ascii("ns.test.").unwrap(),
+                    Name::from_ascii("hostmaster.test.").unwrap(),
+                    1,
+                    3600,
+                    600,
+                    86400,
+                    30,
+                );
+                r.add_authority(Record::from_rdata(
+                    Name::from_ascii("test.").unwrap(),
+                    30,
+                    RData::SOA(soa),
+                ));
+            }
+        }
+        r.to_vec().ok()
+    }
+
+    /// Serves on UDP and TCP at one 127.0.0.1 port.
+    async fn start(self) -> SocketAddr {
+        let (udp, tcp, addr) = bind_pair().await;
+        let me = self.clone();
+        tokio::spawn(async move {
+            let mut buf = vec![0u8; 4096];
+            loop {
+                let Ok((n, src)) = udp.recv_from(&mut buf).await else {
+                    continue;
+                };
+                if let Some(out) = me.reply(&buf[..n], false) {
+                    let _ = udp.send_to(&out, src).await;
+                }
+            }
+        });
+        let me = self;
+        tokio::spawn(async move {
+            loop {
+                let Ok((mut s, _)) = tcp.accept().await else {
+                    continue;
+                };
+                let me = me.clone();
+                tokio::spawn(async move {
+                    loop {
+                        let mut len = [0u8; 2];
+                        if s.read_exact(&mut len).await.is_err() {
+                            return;
+                        }
+                        let mut msg = vec![0u8; u16::from_be_bytes(len) as usize];
+                        if s.read_exact(&mut msg).await.is_err() {
+                            return;
+                        }
+                        if let Some(out) = me.reply(&msg, true) {
+                            let mut framed = (out.len() as u16).to_be_bytes().to_vec();
+                            framed.extend_from_slice(&out);
+                            if s.write_all(&framed).await.is_err() {
+                                return;
+                            }
+                        }
+                    }
+                });
+            }
+        });
+        addr
+    }
+}
+
+// ---------------------------------------------------------------- egressd
+
+struct Egressd {
+    addr: SocketAddr,
+    log: PathBuf,
+    _dir: tempfile::TempDir,
+    resolver: Arc<Resolver>,
+    policy: Arc<PolicyHandle>,
+    metrics: Arc<Metrics>,
+    shutdown: watch::Sender<bool>,
+    task: tokio::task::JoinHandle<anyhow::Result<()>>,
+}
+
+async fn start(yaml: &str, upstream: SocketAddr) -> Egressd {
+    start_with_log(yaml, upstream, None).await
+}
+
+async fn start_with_log(yaml: &str, upstream: SocketAddr, log: Option<PathBuf>) -> Egressd {
+    let dir = tempfile::tempdir().unwrap();
+    let log = log.unwrap_or_else(|| dir.path().join("decisions.log"));
+    let metrics = Metrics::new();
+    let sink = LogSink::start(LogTarget::File(log.clone()), metrics.clone()).unwrap();
+    let recorder = Recorder::new(sink, metrics.clone());
+    let policy = PolicyHandle::new(from_yaml(yaml).unwrap());
+    let resolver = Resolver::new(vec![upstream], metrics.clone());
+    let (udp, tcp, addr) = bind_pair().await;
+    let (tx, rx) = watch::channel(false);
+    let task = tokio::spawn(dns::serve(
+        udp,
+        tcp,
+        policy.clone(),
+        resolver.clone(),
+        recorder,
+        rx,
+    ));
+    Egressd {
+        addr,
+        log,
+        _dir: dir,
+        resolver,
+        policy,
+        metrics,
+        shutdown: tx,
+        task,
+    }
+}
+
+impl Egressd {
+    fn lines(&self) -> Vec<Value> {
+        std::fs::read_to_string(&self.log)
+            .unwrap_or_default()
+            .lines()
+            .map(|l| serde_json::from_str(l).expect("every log line is JSON"))
+            .collect()
+    }
+
+    /// Waits (with a deadline) until `n` lines are logged; returns them all.
+    async fn wait_lines(&self, n: usize) -> Vec<Value> {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let lines = self.lines();
+            if lines.len() >= n {
+                return lines;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "expected {n} log lines, have {}: {lines:#?}",
+                lines.len()
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// Sends a packet that must get no reply: waits for its log line (the
+    /// `n`th), then a moment for a reply that should not come.
+    async fn assert_unanswered(&self, bytes: &[u8], n: usize) {
+        let s = UdpSocket::bind(LOCAL).await.unwrap();
+        s.send_to(bytes, self.addr).await.unwrap();
+        let lines = self.wait_lines(n).await;
+        assert_eq!(lines[n - 1]["reason"], "malformed");
+        let mut buf = [0u8; 512];
+        let late = timeout(Duration::from_millis(200), s.recv_from(&mut buf)).await;
+        assert!(late.is_err(), "answered a packet that must not be answered");
+    }
+
+    /// A sample's value: `name` with every `label="value"` in `labels`.
+    fn metric(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
+        let text = String::from_utf8(self.metrics.render()).unwrap();
+        text.lines()
+            .filter(|l| l.starts_with(&format!("{name} ")) || l.starts_with(&format!("{name}{{")))
+            .find(|l| {
+                labels
+                    .iter()
+                    .all(|(k, v)| l.contains(&format!("{k}=\"{v}\"")))
+            })
+            .and_then(|l| l.rsplit(' ').next())
+            .map(|v| v.parse().unwrap())
+            .unwrap_or(0.0)
+    }
+}
+
+// ---------------------------------------------------------------- client
+
+fn query(name: &str, qtype: RecordType) -> Message {
+    let mut m = Message::query();
+    m.metadata.recursion_desired = true;
+    m.add_query(Query::query(Name::from_ascii(name).unwrap(), qtype));
+    let mut e = Edns::new();
+    e.set_max_payload(1232);
+    m.set_edns(e);
+    m
+}
+
+async fn udp_raw(server: SocketAddr, bytes: &[u8]) -> Option<Vec<u8>> {
+    let s = UdpSocket::bind(LOCAL).await.unwrap();
+    s.send_to(bytes, server).await.unwrap();
+    let mut buf = vec![0u8; 65535];
+    match timeout(Duration::from_secs(8), s.recv_from(&mut buf)).await {
+        Ok(Ok((n, _))) => Some(buf[..n].to_vec()),
+        _ => None,
+    }
+}
+
+async fn tcp_raw(server: SocketAddr, bytes: &[u8]) -> Option<Vec<u8>> {
+    let mut s = TcpStream::connect(server).await.unwrap();
+    let mut framed = (bytes.len() as u16).to_be_bytes().to_vec();
+    framed.extend_from_slice(bytes);
+    s.write_all(&framed).await.unwrap();
+    let mut len = [0u8; 2];
+    timeout(Duration::from_secs(8), s.read_exact(&mut len))
+        .await
+        .ok()?
+        .ok()?;
+    let mut buf = vec![0u8; u16::from_be_bytes(len) as usize];
+    s.read_exact(&mut buf).await.ok()?;
+    Some(buf)
+}
+
+async fn ask(server: SocketAddr, m: &Message) -> Message {
+    let bytes = udp_raw(server, &m.to_vec().unwrap())
+        .await
+        .expect("an answer over UDP");
+    let r = Message::from_vec(&bytes).unwrap();
+    assert_eq!(r.metadata.id, m.metadata.id);
+    assert_eq!(r.metadata.message_type, MessageType::Response);
+    r
+}
+
+async fn ask_tcp(server: SocketAddr, m: &Message) -> Message {
+    let bytes = tcp_raw(server, &m.to_vec().unwrap())
+        .await
+        .expect("an answer over TCP");
+    Message::from_vec(&bytes).unwrap()
+}
+
+async fn udp(server: SocketAddr, name: &str, qtype: RecordType) -> Message {
+    ask(server, &query(name, qtype)).await
+}
+
+/// The EDE (RFC 8914) of a response: INFO-CODE and EXTRA-TEXT.
+fn ede(r: &Message) -> Option<(u16, String)> {
+    match r.edns.as_ref()?.option(EdnsCode::Unknown(15))? {
+        EdnsOption::Unknown(15, data) if data.len() >= 2 => Some((
+            u16::from_be_bytes([data[0], data[1]]),
+            String::from_utf8(data[2..].to_vec()).unwrap(),
+        )),
+        _ => None,
+    }
+}
+
+fn addrs(r: &Message) -> Vec<IpAddr> {
+    r.answers.iter().filter_map(|a| a.data.ip_addr()).collect()
+}
+
+fn assert_blocked(r: &Message, rcode: ResponseCode, reason: &str) {
+    assert_eq!(r.metadata.response_code, rcode, "{r}");
+    assert!(r.answers.is_empty(), "{r}");
+    assert_eq!(ede(r), Some((15, format!("egressd: {reason}"))), "{r}");
+}
+
+fn ip(s: &str) -> IpAddr {
+    s.parse().unwrap()
+}
+
+const BASIC: &str = r#"
+exceptions:
+  - id: allowed
+    owner: team-a
+    reason: the one name tests may resolve
+    hosts: [allowed.test]
+    cidrs: [127.0.0.0/8]
+"#;
+
+// ---------------------------------------------------------------- tests
+
+#[tokio::test]
+async fn denied_names_never_reach_upstream() {
+    let up = Upstream::default().name("allowed.test", Behavior::Addrs(vec![ip("127.0.0.5")]));
+    let e = start(BASIC, up.clone().start().await).await;
+    let denied = [
+        "evil.test",
+        "EVIL.test",
+        "eViL.TeSt.",
+        "allowed.test.evil.test",
+        "allowed.test.evil.test.",
+        "xallowed.test",
+        "sub.allowed.test",
+        "ALLOWED.TEST.EVIL.TEST",
+    ];
+    for name in denied {
+        let r = udp(e.addr, name, RecordType::A).await;
+        assert_blocked(&r, ResponseCode::Refused, "no_exception");
+        // The question comes back exactly as asked (0x20 case included).
+        assert_eq!(
+            r.queries[0].name().to_ascii().trim_end_matches('.'),
+            name.trim_end_matches('.')
+        );
+    }
+    // TCP is held to the same answer.
+    let r = ask_tcp(e.addr, &query("Evil.Test", RecordType::AAAA)).await;
+    assert_blocked(&r, ResponseCode::Refused, "no_exception");
+    assert_eq!(
+        up.count(),
+        0,
+        "denied names reached upstream: {:?}",
+        up.seen()
+    );
+
+    // The upstream is live: the allowed name goes through.
+    let r = udp(e.addr, "allowed.test", RecordType::A).await;
+    assert_eq!(r.metadata.response_code, ResponseCode::NoError);
+    assert_eq!(addrs(&r), vec![ip("127.0.0.5")]);
+    assert_eq!(up.count(), 1);
+
+    let lines = e.wait_lines(denied.len() + 2).await;
+    let deny = &lines[2];
+    assert_eq!(deny["proto"], "dns");
+    assert_eq!(deny["qname"], "evil.test", "lower-case, no trailing dot");
+    assert_eq!(deny["qtype"], "A");
+    assert_eq!(deny["rcode"], "REFUSED");
+    assert_eq!(deny["decision"], "deny");
+    assert_eq!(deny["reason"], "no_exception");
+    assert_eq!(deny["client"], "-");
+    assert!(deny["src"].as_str().unwrap().starts_with("127.0.0.1:"));
+    assert_eq!(lines[4]["qname"], "allowed.test.evil.test");
+    let allow = lines.last().unwrap();
+    assert_eq!(
+        (
+            &allow["decision"],
+            &allow["reason"],
+            &allow["exception"],
+            &allow["owner"],
+            &allow["rcode"]
+        ),
+        (
+            &"allow".into(),
+            &"exception".into(),
+            &"allowed".into(),
+            &"team-a".into(),
+            &"NOERROR".into()
+        )
+    );
+    assert_eq!(
+        e.metric(
+            "egressd_denied_total",
+            &[("proto", "dns"), ("reason", "no_exception")]
+        ),
+        denied.len() as f64 + 1.0
+    );
+}
+
+#[tokio::test]
+async fn deny_rcode_nxdomain() {
+    let up = Upstream::default();
+    let yaml = format!("settings:\n  dns:\n    deny_rcode: nxdomain\n{BASIC}");
+    let e = start(&yaml, up.clone().start().await).await;
+    let r = udp(e.addr, "evil.test", RecordType::A).await;
+    assert_blocked(&r, ResponseCode::NXDomain, "no_exception");
+    let lines = e.wait_lines(1).await;
+    assert_eq!(lines[0]["rcode"], "NXDOMAIN");
+    assert_eq!(up.count(), 0);
+}
+
+#[tokio::test]
+async fn allowed_names_are_answered_and_cached() {
+    let up = Upstream::default().name(
+        "allowed.test",
+        Behavior::Addrs(vec![ip("127.0.0.5"), ip("127.0.0.6")]),
+    );
+    let e = start(BASIC, up.clone().start().await).await;
+    let first = udp(e.addr, "allowed.test", RecordType::A).await;
+    assert_eq!(addrs(&first), vec![ip("127.0.0.5"), ip("127.0.0.6")]);
+    assert!(first.metadata.recursion_available);
+    assert!(first.edns.is_some(), "EDNS answered with EDNS");
+    // Case variants, trailing dot and TCP all hit the one cache entry.
+    for (name, tcp) in [("ALLOWED.test.", false), ("aLLoWeD.TeSt", true)] {
+        let m = query(name, RecordType::A);
+        let r = if tcp {
+            ask_tcp(e.addr, &m).await
+        } else {
+            ask(e.addr, &m).await
+        };
+        assert_eq!(addrs(&r), vec![ip("127.0.0.5"), ip("127.0.0.6")]);
+        assert!(r.answers.iter().all(|a| a.ttl <= 300 && a.ttl > 0));
+    }
+    let seen = up.seen();
+    assert_eq!(seen.len(), 1, "{seen:?}");
+    assert_eq!(seen[0].name, "allowed.test", "sent lower-case");
+    // Another type is another cache entry; NODATA is cached too.
+    udp(e.addr, "allowed.test", RecordType::AAAA).await;
+    let r = udp(e.addr, "allowed.test", RecordType::AAAA).await;
+    assert_eq!(
+        (r.metadata.response_code, r.answers.len()),
+        (ResponseCode::NoError, 0)
+    );
+    assert_eq!(up.count(), 2);
+    assert_eq!(
+        e.metric("egressd_dns_cache_total", &[("result", "hit")]),
+        3.0
+    );
+
+    let lines = e.wait_lines(5).await;
+    for l in &lines {
+        assert_eq!(
+            (&l["decision"], &l["exception"], &l["qname"]),
+            (&"allow".into(), &"allowed".into(), &"allowed.test".into())
+        );
+    }
+    assert_eq!(
+        e.metric(
+            "egressd_exception_hits_total",
+            &[("exception", "allowed"), ("owner", "team-a")]
+        ),
+        5.0
+    );
+}
+
+#[tokio::test]
+async fn negative_answers_are_cached() {
+    let up = Upstream::default();
+    let yaml = r#"
+exceptions:
+  - { id: wild, owner: o, reason: r, hosts: ["*.zone.test"] }
+"#;
+    let e = start(yaml, up.clone().start().await).await;
+    for _ in 0..3 {
+        let r = udp(e.addr, "missing.zone.test", RecordType::A).await;
+        assert_eq!(r.metadata.response_code, ResponseCode::NXDomain);
+        assert_eq!(r.authorities.len(), 1, "the SOA comes along");
+        assert!(ede(&r).is_none(), "a real NXDOMAIN is not a block");
+    }
+    assert_eq!(up.count(), 1);
+    let lines = e.wait_lines(3).await;
+    assert_eq!(
+        (&lines[0]["decision"], &lines[0]["rcode"]),
+        (&"allow".into(), &"NXDOMAIN".into())
+    );
+}
+
+#[tokio::test]
+async fn txt_needs_dns_types() {
+    let up = Upstream::default()
+        .name("allowed.test", Behavior::Txt("v=spf1 -all"))
+        .name("txt.test", Behavior::Txt("hello"));
+    let yaml = format!(
+        "{BASIC}  - {{ id: txt, owner: o, reason: r, hosts: [txt.test], dns_types: [TXT] }}\n"
+    );
+    let e = start(&yaml, up.clone().start().await).await;
+    let r = udp(e.addr, "allowed.test", RecordType::TXT).await;
+    assert_blocked(&r, ResponseCode::Refused, "qtype_not_allowed");
+    for t in [
+        RecordType::MX,
+        RecordType::SRV,
+        RecordType::NS,
+        RecordType::SOA,
+    ] {
+        assert_blocked(
+            &udp(e.addr, "allowed.test", t).await,
+            ResponseCode::Refused,
+            "qtype_not_allowed",
+        );
+    }
+    assert_eq!(up.count(), 0);
+    let r = udp(e.addr, "txt.test", RecordType::TXT).await;
+    assert_eq!(r.metadata.response_code, ResponseCode::NoError);
+    assert!(matches!(&r.answers[0].data, RData::TXT(t) if &*t.txt_data[0] == b"hello"));
+    assert_eq!(up.count(), 1);
+    let lines = e.wait_lines(6).await;
+    assert_eq!(
+        (
+            &lines[0]["reason"],
+            &lines[0]["exception"],
+            &lines[0]["qtype"]
+        ),
+        (
+            &"qtype_not_allowed".into(),
+            &"allowed".into(),
+            &"TXT".into()
+        )
+    );
+}
+
+#[tokio::test]
+async fn never_allowed_types_and_reverse_zones() {
+    let up = Upstream::default();
+    let yaml = format!("{BASIC}  - {{ id: all, owner: o, reason: r, hosts: [\"*.allowed.test\"], dns_types: [TXT, PTR] }}\n");
+    let e = start(&yaml, up.clone().start().await).await;
+    for (name, t) in [
+        ("allowed.test", RecordType::ANY),
+        ("allowed.test", RecordType::AXFR),
+        ("allowed.test", RecordType::IXFR),
+        ("allowed.test", RecordType::NULL),
+        ("x.allowed.test", RecordType::NULL),
+        ("x.allowed.test", RecordType::ANY),
+    ] {
+        let r = udp(e.addr, name, t).await;
+        assert_blocked(&r, ResponseCode::Refused, "qtype_not_allowed");
+    }
+    let r = ask_tcp(e.addr, &query("allowed.test", RecordType::AXFR)).await;
+    assert_blocked(&r, ResponseCode::Refused, "qtype_not_allowed");
+    for (name, t) in [
+        ("1.0.0.127.in-addr.arpa", RecordType::PTR),
+        ("5.0.0.127.in-addr.arpa", RecordType::A),
+        (
+            "1.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.ip6.arpa",
+            RecordType::PTR,
+        ),
+    ] {
+        let r = udp(e.addr, name, t).await;
+        assert_blocked(&r, ResponseCode::Refused, "no_exception");
+    }
+    assert_eq!(up.count(), 0, "{:?}", up.seen());
+    let lines = e.wait_lines(10).await;
+    assert_eq!(lines[0]["qtype"], "ANY");
+    assert_eq!(lines[1]["qtype"], "AXFR");
+}
+
+#[tokio::test]
+async fn rebinding_answers_are_filtered() {
+    let up = Upstream::default()
+        .name("meta.test", Behavior::Addrs(vec![ip("169.254.169.254")]))
+        .name(
+            "mixed.test",
+            Behavior::Addrs(vec![ip("93.184.216.34"), ip("10.1.2.3"), ip("127.0.0.1")]),
+        )
+        .name("inside.test", Behavior::Addrs(vec![ip("10.1.2.3")]))
+        .name(
+            "v6.test",
+            Behavior::Addrs(vec![
+                ip("::ffff:169.254.169.254"),
+                ip("fd00::1"),
+                ip("2001:4860::1"),
+            ]),
+        );
+    let yaml = r#"
+exceptions:
+  - { id: web, owner: o, reason: r, hosts: [meta.test, mixed.test, v6.test] }
+  - { id: office, owner: o, reason: r, hosts: [inside.test], cidrs: [10.0.0.0/8] }
+"#;
+    let e = start(yaml, up.clone().start().await).await;
+
+    let r = udp(e.addr, "meta.test", RecordType::A).await;
+    assert_blocked(&r, ResponseCode::Refused, "private_address");
+
+    let r = udp(e.addr, "mixed.test", RecordType::A).await;
+    assert_eq!(r.metadata.response_code, ResponseCode::NoError);
+    assert_eq!(addrs(&r), vec![ip("93.184.216.34")]);
+
+    let r = udp(e.addr, "inside.test", RecordType::A).await;
+    assert_eq!(
+        addrs(&r),
+        vec![ip("10.1.2.3")],
+        "the exception's cidrs reach it"
+    );
+
+    let r = udp(e.addr, "v6.test", RecordType::AAAA).await;
+    assert_eq!(
+        addrs(&r),
+        vec![ip("2001:4860::1")],
+        "mapped and ULA addresses removed"
+    );
+
+    let lines = e.wait_lines(4).await;
+    assert_eq!(
+        (
+            &lines[0]["decision"],
+            &lines[0]["reason"],
+            &lines[0]["exception"],
+            &lines[0]["rcode"]
+        ),
+        (
+            &"deny".into(),
+            &"private_address".into(),
+            &"web".into(),
+            &"REFUSED".into()
+        )
+    );
+    assert!(lines[0]["note"]
+        .as_str()
+        .unwrap()
+        .contains("169.254.169.254"));
+    assert_eq!(
+        (&lines[1]["decision"], &lines[1]["reason"]),
+        (&"allow".into(), &"exception".into())
+    );
+    let note = lines[1]["note"].as_str().expect("a partial answer says so");
+    assert!(
+        note.contains("10.1.2.3") && note.contains("127.0.0.1") && !note.contains("93.184"),
+        "{note}"
+    );
+    assert!(lines[2].get("note").is_none());
+    assert_eq!(
+        e.metric(
+            "egressd_denied_total",
+            &[("proto", "dns"), ("reason", "private_address")]
+        ),
+        1.0
+    );
+}
+
+#[tokio::test]
+async fn tcp_fallback_on_truncation() {
+    let up = Upstream::default().name("big.test", Behavior::Truncate(vec![ip("127.0.0.7")]));
+    let yaml = "exceptions:\n  - { id: big, owner: o, reason: r, hosts: [big.test], cidrs: [127.0.0.0/8] }\n";
+    let e = start(yaml, up.clone().start().await).await;
+    let r = udp(e.addr, "big.test", RecordType::A).await;
+    assert_eq!(addrs(&r), vec![ip("127.0.0.7")]);
+    let seen = up.seen();
+    assert_eq!(
+        seen.iter().map(|s| s.tcp).collect::<Vec<_>>(),
+        vec![false, true],
+        "{seen:?}"
+    );
+    assert!(seen.iter().all(|s| s.name == "big.test" && s.qtype == 1));
+}
+
+#[tokio::test]
+async fn large_answers_are_truncated_for_udp_clients() {
+    let many: Vec<IpAddr> = (1..=120).map(|i| ip(&format!("127.0.1.{i}"))).collect();
+    let up = Upstream::default().name("many.test", Behavior::Addrs(many.clone()));
+    let yaml = "exceptions:\n  - { id: many, owner: o, reason: r, hosts: [many.test], cidrs: [127.0.0.0/8] }\n";
+    let e = start(yaml, up.clone().start().await).await;
+    // A client without EDNS gets at most 512 bytes, flagged truncated.
+    let mut m = query("many.test", RecordType::A);
+    m.edns = None;
+    let bytes = udp_raw(e.addr, &m.to_vec().unwrap()).await.unwrap();
+    assert!(bytes.len() <= 512, "{}", bytes.len());
+    let r = Message::from_vec(&bytes).unwrap();
+    assert!(r.metadata.truncation);
+    // So it retries over TCP and gets everything (from the cache).
+    let r = ask_tcp(e.addr, &m).await;
+    assert_eq!(addrs(&r).len(), 120);
+    assert!(!r.metadata.truncation);
+    assert_eq!(up.count_name("many.test"), 1);
+}
+
+#[tokio::test]
+async fn upstream_failures_are_servfail_and_logged_as_errors() {
+    let up = Upstream::default().name("fail.test", Behavior::ServFail);
+    let yaml = "exceptions:\n  - { id: f, owner: o, reason: r, hosts: [fail.test] }\n";
+    let e = start(yaml, up.clone().start().await).await;
+    let r = udp(e.addr, "fail.test", RecordType::A).await;
+    assert_eq!(r.metadata.response_code, ResponseCode::ServFail);
+    assert!(ede(&r).is_none());
+    // Both rounds asked the (only) upstream.
+    assert_eq!(up.count_name("fail.test"), 2);
+    let lines = e.wait_lines(1).await;
+    assert_eq!(
+        (
+            &lines[0]["decision"],
+            &lines[0]["reason"],
+            &lines[0]["rcode"]
+        ),
+        (&"allow".into(), &"exception".into(), &"SERVFAIL".into())
+    );
+    assert!(lines[0]["error"].as_str().unwrap().contains("SERVFAIL"));
+    assert_eq!(
+        e.metric(
+            "egressd_upstream_errors_total",
+            &[("kind", "servfail"), ("proto", "dns")]
+        ),
+        2.0
+    );
+}
+
+#[tokio::test]
+async fn malformed_packets_get_an_error_and_no_crash() {
+    let up = Upstream::default().name("allowed.test", Behavior::Addrs(vec![ip("127.0.0.5")]));
+    let e = start(BASIC, up.clone().start().await).await;
+
+    // Too short for a header: logged, not answered.
+    e.assert_unanswered(&[0x12, 0x34, 0x01], 1).await;
+
+    // A header promising a question that is not there.
+    let bytes = udp_raw(e.addr, &[0xab, 0xcd, 0x01, 0, 0, 1, 0, 0, 0, 0, 0, 0])
+        .await
+        .unwrap();
+    let r = Message::from_vec(&bytes).unwrap();
+    assert_eq!(
+        (r.metadata.id, r.metadata.response_code),
+        (0xabcd, ResponseCode::FormErr)
+    );
+
+    // A compression pointer to itself (a loop).
+    let mut looped = vec![0xbe, 0xef, 0x01, 0, 0, 1, 0, 0, 0, 0, 0, 0];
+    looped.extend_from_slice(&[0xc0, 12, 0, 1, 0, 1]);
+    let r = Message::from_vec(&udp_raw(e.addr, &looped).await.unwrap()).unwrap();
+    assert_eq!(
+        (r.metadata.id, r.metadata.response_code),
+        (0xbeef, ResponseCode::FormErr)
+    );
+    // Over TCP too.
+    let r = Message::from_vec(&tcp_raw(e.addr, &looped).await.unwrap()).unwrap();
+    assert_eq!(r.metadata.response_code, ResponseCode::FormErr);
+
+    // Two questions.
+    let mut two = query("allowed.test", RecordType::A);
+    two.add_query(Query::query(
+        Name::from_ascii("evil.test.").unwrap(),
+        RecordType::A,
+    ));
+    assert_eq!(
+        ask(e.addr, &two).await.metadata.response_code,
+        ResponseCode::FormErr
+    );
+
+    // Not a QUERY.
+    let mut notify = query("allowed.test", RecordType::SOA);
+    notify.metadata.op_code = OpCode::Notify;
+    assert_eq!(
+        ask(e.addr, &notify).await.metadata.response_code,
+        ResponseCode::Refused
+    );
+
+    // A response sent to us is not answered (no reflection).
+    let mut resp = query("allowed.test", RecordType::A);
+    resp.metadata.message_type = MessageType::Response;
+    e.assert_unanswered(&resp.to_vec().unwrap(), 7).await;
+
+    // Labels with bytes outside [A-Za-z0-9_-] are not host names.
+    let mut odd = Message::query();
+    odd.add_query(Query::query(
+        Name::from_labels(vec![&b"a.b"[..], &b"test"[..]]).unwrap(),
+        RecordType::A,
+    ));
+    odd.set_edns(Edns::new());
+    assert_blocked(&ask(e.addr, &odd).await, ResponseCode::Refused, "malformed");
+
+    // A classless CHAOS query.
+    let mut ch = query("version.bind", RecordType::TXT);
+    ch.queries[0].set_query_class(hickory_proto::rr::DNSClass::CH);
+    assert_eq!(
+        ask(e.addr, &ch).await.metadata.response_code,
+        ResponseCode::Refused
+    );
+
+    // Still serving.
+    assert_eq!(
+        addrs(&udp(e.addr, "allowed.test", RecordType::A).await),
+        vec![ip("127.0.0.5")]
+    );
+    assert_eq!(up.count(), 1, "{:?}", up.seen());
+    let lines = e.wait_lines(10).await;
+    let malformed = lines.iter().filter(|l| l["reason"] == "malformed").count();
+    assert_eq!((lines.len(), malformed), (10, 9), "{lines:#?}");
+    assert!(lines
+        .iter()
+        .all(|l| l["src"].as_str().unwrap().starts_with("127.0.0.1:")));
+}
+
+/// Base32 (RFC 4648, lower case, no padding) of `data`.
+fn base32(data: &[u8]) -> String {
+    const ALPHA: &[u8] = b"abcdefghijklmnopqrstuvwxyz234567";
+    let mut out = String::new();
+    let (mut acc, mut bits) = (0u32, 0u32);
+    for &b in data {
+        acc = (acc << 8) | b as u32;
+        bits += 8;
+        while bits >= 5 {
+            out.push(ALPHA[((acc >> (bits - 5)) & 31) as usize] as char);
+            bits -= 5;
+        }
+    }
+    if bits > 0 {
+        out.push(ALPHA[((acc << (5 - bits)) & 31) as usize] as char);
+    }
+    out
+}
+
+/// A tunnel name carrying chunk `i` of a pseudo-random payload: two labels of
+/// base32 within the default caps (labels <= 40, name <= 120).
+fn tunnel_name(i: u32, suffix: &str) -> (String, usize) {
+    let mut x = 0x9e37_79b9u32.wrapping_mul(i + 1);
+    let chunk: Vec<u8> = (0..45)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            x as u8
+        })
+        .collect();
+    let enc = base32(&chunk);
+    (
+        format!("{}.{}.{suffix}", &enc[..36], &enc[36..]),
+        chunk.len(),
+    )
+}
+
+const TUNNEL: &str = r#"
+settings:
+  clients:
+    - { id: agent, sources: [127.0.0.1/32] }
+exceptions:
+  - id: cdn
+    owner: platform
+    reason: a CDN wildcard
+    hosts: ["*.cdn.test"]
+    cidrs: [127.0.0.0/8]
+  - { id: other, owner: o, reason: r, hosts: [exact.test], cidrs: [127.0.0.0/8] }
+"#;
+
+#[tokio::test]
+async fn a_tunnel_under_an_allowed_wildcard_is_blocked_within_the_budget() {
+    let up = Upstream::default()
+        .below("cdn.test", Behavior::Addrs(vec![ip("127.0.0.9")]))
+        .name("exact.test", Behavior::Addrs(vec![ip("127.0.0.10")]));
+    let e = start(TUNNEL, up.clone().start().await).await;
+    let block_bytes = e.policy.snapshot().settings.dns.tunnel.block_bytes;
+
+    // An ordinary name first: cached, and later refused in the cool-down.
+    assert_eq!(
+        addrs(&udp(e.addr, "www.cdn.test", RecordType::A).await),
+        vec![ip("127.0.0.9")]
+    );
+
+    let mut leaked_payload = 0usize;
+    let mut leaked_text = 0usize;
+    let mut blocked_at = None;
+    for i in 0..200u32 {
+        let (name, payload) = tunnel_name(i, "cdn.test");
+        let r = udp(e.addr, &name, RecordType::A).await;
+        if r.metadata.response_code == ResponseCode::Refused {
+            assert_blocked(&r, ResponseCode::Refused, "dns_tunnel");
+            blocked_at = Some(i);
+            break;
+        }
+        assert_eq!(addrs(&r), vec![ip("127.0.0.9")]);
+        leaked_payload += payload;
+        leaked_text += name.len() - ".cdn.test".len();
+    }
+    let blocked_at = blocked_at.expect("the tunnel was never blocked");
+    assert!(blocked_at > 0);
+    assert!(
+        leaked_text as u64 <= block_bytes,
+        "{leaked_text} bytes of names left before the block"
+    );
+    assert!(leaked_payload <= 4096);
+    // Exactly the allowed tunnel names reached upstream; the blocked one did not.
+    let below = up
+        .seen()
+        .iter()
+        .filter(|s| s.name.ends_with(".cdn.test"))
+        .count();
+    assert_eq!(below, 1 + blocked_at as usize);
+    assert_eq!(up.count_name(&tunnel_name(blocked_at, "cdn.test").0), 0);
+
+    // Cool-down: the whole wildcard is refused for this client now, cached
+    // names included; exact hosts are not affected.
+    assert_blocked(
+        &udp(e.addr, "www.cdn.test", RecordType::A).await,
+        ResponseCode::Refused,
+        "dns_tunnel",
+    );
+    assert_blocked(
+        &udp(e.addr, &tunnel_name(1000, "cdn.test").0, RecordType::A).await,
+        ResponseCode::Refused,
+        "dns_tunnel",
+    );
+    assert_eq!(
+        addrs(&udp(e.addr, "exact.test", RecordType::A).await),
+        vec![ip("127.0.0.10")]
+    );
+
+    let lines = e.wait_lines(blocked_at as usize + 5).await;
+    let block = lines.iter().find(|l| l["reason"] == "dns_tunnel").unwrap();
+    assert_eq!(
+        (
+            &block["decision"],
+            &block["exception"],
+            &block["client"],
+            &block["rcode"]
+        ),
+        (
+            &"deny".into(),
+            &"cdn".into(),
+            &"agent".into(),
+            &"REFUSED".into()
+        )
+    );
+    assert!(block["note"].as_str().unwrap().contains("block_bytes"));
+    assert!(e.metric("egressd_dns_tunnel_suspected_total", &[("action", "block")]) >= 3.0);
+    assert!(
+        e.metric("egressd_dns_tunnel_suspected_total", &[("action", "log")]) >= 1.0,
+        "alerted before blocking"
+    );
+}
+
+#[tokio::test]
+async fn names_that_break_the_caps_or_syntax_under_a_wildcard_are_tunnels() {
+    let up = Upstream::default().below("cdn.test", Behavior::Addrs(vec![ip("127.0.0.9")]));
+    let e = start(TUNNEL, up.clone().start().await).await;
+    let long_label = format!("{}.cdn.test", "a".repeat(50));
+    assert_blocked(
+        &udp(e.addr, &long_label, RecordType::A).await,
+        ResponseCode::Refused,
+        "dns_tunnel",
+    );
+    let long_name = format!("{}.cdn.test", ["abcdefghij"; 12].join("."));
+    assert_blocked(
+        &udp(e.addr, &long_name, RecordType::A).await,
+        ResponseCode::Refused,
+        "dns_tunnel",
+    );
+
+    let raw = |labels: Vec<&[u8]>| {
+        let mut m = Message::query();
+        m.add_query(Query::query(
+            Name::from_labels(labels).unwrap(),
+            RecordType::A,
+        ));
+        m.set_edns(Edns::new());
+        m
+    };
+    let r = ask(
+        e.addr,
+        &raw(vec![&b"data+with/base64="[..], &b"cdn"[..], &b"test"[..]]),
+    )
+    .await;
+    assert_blocked(&r, ResponseCode::Refused, "dns_tunnel");
+    let r = ask(
+        e.addr,
+        &raw(vec![
+            &b"data+with/base64="[..],
+            &b"elsewhere"[..],
+            &b"test"[..],
+        ]),
+    )
+    .await;
+    assert_blocked(&r, ResponseCode::Refused, "malformed");
+    assert_eq!(up.count(), 0);
+    let lines = e.wait_lines(4).await;
+    assert_eq!(
+        (&lines[2]["reason"], &lines[2]["exception"]),
+        (&"dns_tunnel".into(), &"cdn".into())
+    );
+    assert!(lines[2]["qname"]
+        .as_str()
+        .unwrap()
+        .starts_with("data+with/base64="));
+}
+
+#[tokio::test]
+async fn proxy_lookups_share_the_clients_budget() {
+    let up = Upstream::default()
+        .below("cdn.test", Behavior::Addrs(vec![ip("127.0.0.9")]))
+        .name(
+            "www.cdn.test",
+            Behavior::Addrs(vec![ip("127.0.0.9"), ip("::1")]),
+        )
+        .name("gone.cdn.test", Behavior::ServFail);
+    let e = start(TUNNEL, up.clone().start().await).await;
+    let policy: Arc<Policy> = e.policy.snapshot();
+    let client = policy.identify(ip("127.0.0.1"), None).unwrap();
+    assert!(client.is_some(), "127.0.0.1 is the named client");
+    let exception = policy.exception("cdn").unwrap();
+
+    // lookup_ip: A + AAAA through the cache, fresh lower-case queries.
+    let www = parse_host("WWW.cdn.test").unwrap();
+    assert_eq!(
+        e.resolver.lookup_ip(&www, &policy).await.unwrap(),
+        vec![ip("127.0.0.9"), ip("::1")]
+    );
+    assert_eq!(e.resolver.lookup_ip(&www, &policy).await.unwrap().len(), 2);
+    assert_eq!(
+        up.count_name("www.cdn.test"),
+        2,
+        "one A and one AAAA, then cached"
+    );
+    let missing = parse_host("missing.elsewhere.test").unwrap();
+    assert_eq!(
+        e.resolver.lookup_ip(&missing, &policy).await,
+        Err(ResolveError::NoAddresses)
+    );
+    let gone = parse_host("gone.cdn.test").unwrap();
+    assert!(matches!(
+        e.resolver.lookup_ip(&gone, &policy).await,
+        Err(ResolveError::Upstream(_))
+    ));
+
+    // The proxy spends the budget for this client, name by name...
+    let now = unix_now();
+    let mut proxy_blocked = None;
+    for i in 0..200u32 {
+        let host = parse_host(&tunnel_name(i, "cdn.test").0).unwrap();
+        match e
+            .resolver
+            .tunnel_check(&policy, client, &host, exception, now)
+        {
+            TunnelOutcome::Block => {
+                proxy_blocked = Some(i);
+                break;
+            }
+            _ => {
+                e.resolver.lookup_ip(&host, &policy).await.unwrap();
+            }
+        }
+    }
+    assert!(proxy_blocked.is_some(), "the proxy side is budgeted too");
+    // ...and the same client's own DNS queries are refused now.
+    let r = udp(e.addr, &tunnel_name(500, "cdn.test").0, RecordType::A).await;
+    assert_blocked(&r, ResponseCode::Refused, "dns_tunnel");
+    // An anonymous client (another budget) is not.
+    let fresh = parse_host(&tunnel_name(501, "cdn.test").0).unwrap();
+    assert_eq!(
+        e.resolver
+            .tunnel_check(&policy, None, &fresh, exception, now),
+        TunnelOutcome::Ok
+    );
+}
+
+#[tokio::test]
+async fn lookup_ip_times_out_on_a_silent_upstream() {
+    let up = Upstream::default().name("slow.test", Behavior::Drop);
+    let addr = up.clone().start().await;
+    let resolver = Resolver::new(vec![addr], Metrics::new());
+    let policy = from_yaml(BASIC).unwrap();
+    let started = Instant::now();
+    let r = resolver
+        .lookup_ip(&parse_host("slow.test").unwrap(), &policy)
+        .await;
+    assert_eq!(r, Err(ResolveError::Timeout));
+    assert!(
+        started.elapsed() < Duration::from_secs(6),
+        "bounded by our own deadline"
+    );
+    // A and AAAA, each tried once per round.
+    assert_eq!(up.count_name("slow.test"), 4);
+}
+
+#[tokio::test]
+async fn one_client_cannot_hold_every_slot() {
+    let up = Upstream::default()
+        .name("slow.test", Behavior::Drop)
+        .name("allowed.test", Behavior::Addrs(vec![ip("127.0.0.5")]));
+    let yaml = format!("{BASIC}  - {{ id: slow, owner: o, reason: r, hosts: [slow.test] }}\n");
+    let e = start(&yaml, up.clone().start().await).await;
+    let sock = UdpSocket::bind(LOCAL).await.unwrap();
+    let n = 100;
+    for _ in 0..n {
+        sock.send_to(&query("slow.test", RecordType::A).to_vec().unwrap(), e.addr)
+            .await
+            .unwrap();
+    }
+    // The queries over the per-client cap are refused at once, not queued.
+    let mut refused = 0;
+    let mut buf = vec![0u8; 4096];
+    while let Ok(Ok((len, _))) =
+        timeout(Duration::from_millis(1000), sock.recv_from(&mut buf)).await
+    {
+        let r = Message::from_vec(&buf[..len]).unwrap();
+        if r.metadata.response_code == ResponseCode::Refused {
+            assert_eq!(ede(&r), Some((0, "egressd: overloaded".into())));
+            refused += 1;
+        }
+        if refused == n - 64 {
+            break;
+        }
+    }
+    assert_eq!(refused, n - 64);
+    // The slots come back once the slow queries give up.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let r = udp(e.addr, "allowed.test", RecordType::A).await;
+        if r.metadata.response_code == ResponseCode::NoError {
+            break;
+        }
+        assert!(Instant::now() < deadline, "never recovered: {r}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let lines = e.wait_lines(n).await;
+    let overloaded = lines
+        .iter()
+        .filter(|l| l["reason"] == "overloaded" && l["qname"] == "slow.test");
+    assert_eq!(overloaded.count(), n - 64);
+}
+
+#[tokio::test]
+async fn log_failure_fails_closed() {
+    if !std::path::Path::new("/dev/full").exists() {
+        eprintln!("skipped: no /dev/full");
+        return;
+    }
+    let up = Upstream::default().name("allowed.test", Behavior::Addrs(vec![ip("127.0.0.5")]));
+    let e = start_with_log(
+        BASIC,
+        up.clone().start().await,
+        Some(PathBuf::from("/dev/full")),
+    )
+    .await;
+    // The first line cannot be written; from then on queries are refused
+    // without going upstream.
+    let deadline = Instant::now() + WAIT;
+    let r = loop {
+        let r = udp(e.addr, "allowed.test", RecordType::A).await;
+        if r.metadata.response_code == ResponseCode::ServFail {
+            break r;
+        }
+        assert!(Instant::now() < deadline, "never failed closed");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(ede(&r), Some((14, "egressd: log_unavailable".into())));
+    let before = up.count();
+    udp(e.addr, "allowed.test", RecordType::AAAA).await;
+    assert_eq!(up.count(), before);
+    assert!(e.metric("egressd_log_write_errors_total", &[]) >= 1.0);
+}
+
+#[tokio::test]
+async fn shutdown_stops_serving() {
+    let up = Upstream::default().name("allowed.test", Behavior::Addrs(vec![ip("127.0.0.5")]));
+    let e = start(BASIC, up.clone().start().await).await;
+    assert_eq!(
+        addrs(&udp(e.addr, "allowed.test", RecordType::A).await),
+        vec![ip("127.0.0.5")]
+    );
+    e.shutdown.send(true).unwrap();
+    let done = timeout(Duration::from_secs(5), e.task)
+        .await
+        .expect("serve returned")
+        .unwrap();
+    assert!(done.is_ok());
+}
