@@ -20,6 +20,25 @@ use crate::{dns, policy};
 /// How long open connections get to finish after SIGTERM/SIGINT.
 const DRAIN: Duration = Duration::from_secs(5);
 
+/// Binds the resolver's UDP socket and a TCP listener on the same port.
+/// With port 0 the kernel picks the UDP port, which may be taken for TCP:
+/// then try another.
+async fn bind_dns(addr: std::net::SocketAddr) -> Result<(UdpSocket, TcpListener)> {
+    let mut last = None;
+    for _ in 0..if addr.port() == 0 { 16 } else { 1 } {
+        let udp = UdpSocket::bind(addr)
+            .await
+            .with_context(|| format!("cannot listen on udp {addr}"))?;
+        let bound = udp.local_addr()?;
+        match TcpListener::bind(bound).await {
+            Ok(tcp) => return Ok((udp, tcp)),
+            Err(e) => last = Some((bound, e)),
+        }
+    }
+    let (bound, e) = last.expect("at least one attempt");
+    Err(anyhow::anyhow!("cannot listen on tcp {bound}: {e}"))
+}
+
 pub async fn serve(args: ServeArgs) -> Result<()> {
     let metrics = Metrics::new();
     let pol = policy::load(&args.policy).map_err(|e| {
@@ -38,19 +57,20 @@ pub async fn serve(args: ServeArgs) -> Result<()> {
     let proxy_l = TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("cannot listen on {}", args.listen))?;
-    let dns_udp = UdpSocket::bind(args.dns_listen)
-        .await
-        .with_context(|| format!("cannot listen on udp {}", args.dns_listen))?;
+    let (dns_udp, dns_tcp) = bind_dns(args.dns_listen).await?;
     let dns_addr = dns_udp.local_addr()?;
-    let dns_tcp = TcpListener::bind(dns_addr)
-        .await
-        .with_context(|| format!("cannot listen on tcp {dns_addr}"))?;
     let metrics_l = TcpListener::bind(args.metrics_listen)
         .await
         .with_context(|| format!("cannot listen on {}", args.metrics_listen))?;
     let proxy_addr = proxy_l.local_addr()?;
     let metrics_addr = metrics_l.local_addr()?;
 
+    // Handlers before anything is announced: a SIGHUP that arrives early
+    // must reload, not kill (its default action).
+    let mut hup = signal(SignalKind::hangup())?;
+    let mut usr1 = signal(SignalKind::user_defined1())?;
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
     let ctx = Arc::new(ProxyCtx {
         policy: handle.clone(),
@@ -91,10 +111,6 @@ pub async fn serve(args: ServeArgs) -> Result<()> {
         upstreams.iter().map(|a| a.to_string()).collect::<Vec<_>>().join(",")
     );
 
-    let mut hup = signal(SignalKind::hangup())?;
-    let mut usr1 = signal(SignalKind::user_defined1())?;
-    let mut term = signal(SignalKind::terminate())?;
-    let mut int = signal(SignalKind::interrupt())?;
     loop {
         tokio::select! {
             _ = hup.recv() => { let _ = hup_tx.send(()); }

@@ -193,12 +193,15 @@ fn flush_pending(out: &mut Out, pending: &mut VecDeque<u8>, shared: &Shared, met
 }
 
 fn fail(shared: &Shared, metrics: &Metrics, failing: &mut bool, e: &io::Error) {
+    // Refuse new requests first; count and report after.
+    shared.healthy.store(false, Ordering::Relaxed);
     metrics.log_write_errors.inc();
     if !*failing {
-        eprintln!("egressd: cannot write decision log: {e}; refusing new requests (503 log_unavailable) until it works");
+        eprintln!(
+            "egressd: cannot write decision log: {e}; refusing new requests (503 log_unavailable) until it works"
+        );
     }
     *failing = true;
-    shared.healthy.store(false, Ordering::Relaxed);
 }
 
 fn bytecount_lines(b: &[u8]) -> u64 {

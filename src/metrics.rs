@@ -2,7 +2,9 @@
 //! `/readyz` endpoint. One registry per process, owned by [`Metrics`]; no
 //! label ever carries a destination or a client address.
 
-use std::collections::HashSet;
+use std::collections::HashMap;
+
+use arc_swap::ArcSwap;
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -23,6 +25,13 @@ use crate::decision::{Event, Proto};
 use crate::policy::time::unix_now;
 use crate::policy::Policy;
 
+/// The series of one exception: its owner label, hits and last hit.
+struct ExceptionSeries {
+    owner: Arc<str>,
+    hits: IntCounter,
+    last_hit: Gauge,
+}
+
 pub struct Metrics {
     pub registry: Registry,
     pub requests: IntCounterVec,
@@ -40,8 +49,12 @@ pub struct Metrics {
     pub upstream_errors: IntCounterVec,
     pub dns_cache: IntCounterVec,
     pub policy_loaded_at: Gauge,
-    /// (id, owner) pairs with live series, to drop them when an exception goes.
-    known: Mutex<HashSet<(String, String)>>,
+    /// Per-exception series of the serving policy, by id. Requests count
+    /// through these handles: a request decided under an exception that a
+    /// reload has since removed cannot bring its series back.
+    live: ArcSwap<HashMap<Arc<str>, ExceptionSeries>>,
+    /// Serialises `sync_policy` (one reloader, but be explicit).
+    sync: Mutex<()>,
     ready: AtomicBool,
 }
 
@@ -136,7 +149,8 @@ impl Metrics {
             upstream_errors,
             dns_cache,
             policy_loaded_at,
-            known: Mutex::new(HashSet::new()),
+            live: ArcSwap::from_pointee(HashMap::new()),
+            sync: Mutex::new(()),
             ready: AtomicBool::new(false),
         })
     }
@@ -148,30 +162,41 @@ impl Metrics {
     /// Makes the per-exception series match the serving policy: every
     /// exception present at 0, removed exceptions' series dropped.
     pub fn sync_policy(&self, policy: &Policy) {
-        let mut known = self.known.lock().unwrap_or_else(|e| e.into_inner());
-        let now: HashSet<(String, String)> = policy
-            .exceptions
-            .iter()
-            .map(|e| (e.id.to_string(), e.owner.to_string()))
-            .collect();
-        for (id, owner) in known.difference(&now) {
-            let _ = self.exception_hits.remove_label_values(&[id, owner]);
-            if !policy.exceptions.iter().any(|e| &*e.id == id.as_str()) {
-                let _ = self.exception_last_hit.remove_label_values(&[id]);
-                let _ = self.exception_expiry.remove_label_values(&[id]);
-            }
-        }
+        let _guard = self.sync.lock().unwrap_or_else(|e| e.into_inner());
+        let old = self.live.load_full();
+        let mut next = HashMap::with_capacity(policy.exceptions.len());
         for e in &policy.exceptions {
-            self.exception_hits.with_label_values(&[&*e.id, &*e.owner]);
-            self.exception_last_hit.with_label_values(&[&*e.id]);
+            let hits = self.exception_hits.with_label_values(&[&*e.id, &*e.owner]);
+            let last_hit = self.exception_last_hit.with_label_values(&[&*e.id]);
             match e.expires {
                 Some(t) => self.exception_expiry.with_label_values(&[&*e.id]).set(t as f64),
                 None => {
                     let _ = self.exception_expiry.remove_label_values(&[&*e.id]);
                 }
             }
+            next.insert(
+                e.id.clone(),
+                ExceptionSeries {
+                    owner: e.owner.clone(),
+                    hits,
+                    last_hit,
+                },
+            );
         }
-        *known = now;
+        for (id, s) in old.iter() {
+            match next.get(id) {
+                Some(n) if n.owner == s.owner => {}
+                Some(_) => {
+                    let _ = self.exception_hits.remove_label_values(&[id, &s.owner]);
+                }
+                None => {
+                    let _ = self.exception_hits.remove_label_values(&[id, &s.owner]);
+                    let _ = self.exception_last_hit.remove_label_values(&[id]);
+                    let _ = self.exception_expiry.remove_label_values(&[id]);
+                }
+            }
+        }
+        self.live.store(Arc::new(next));
         self.policy_exceptions.set(policy.exceptions.len() as i64);
         self.policy_loaded_at.set(unix_now() as f64);
     }
@@ -188,11 +213,12 @@ impl Metrics {
             self.denied.with_label_values(&[proto, ev.reason]).inc();
         }
         if ev.allowed_by_exception() && ev.decision == "allow" {
-            if let (Some(id), Some(owner)) = (&ev.exception, &ev.owner) {
-                self.exception_hits.with_label_values(&[id, owner]).inc();
-                self.exception_last_hit
-                    .with_label_values(&[id])
-                    .set(crate::policy::time::unix_now_millis() as f64 / 1000.0);
+            if let Some(id) = &ev.exception {
+                if let Some(s) = self.live.load().get(id) {
+                    s.hits.inc();
+                    s.last_hit
+                        .set(crate::policy::time::unix_now_millis() as f64 / 1000.0);
+                }
             }
         }
         if ev.bytes_up > 0 {
