@@ -1,6 +1,7 @@
 //! Wiring only: load the policy → start the log → bind → spawn the
 //! front-ends and the reloader → wait for a signal → stop accepting.
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -23,7 +24,7 @@ const DRAIN: Duration = Duration::from_secs(5);
 /// Binds the resolver's UDP socket and a TCP listener on the same port.
 /// With port 0 the kernel picks the UDP port, which may be taken for TCP:
 /// then try another.
-async fn bind_dns(addr: std::net::SocketAddr) -> Result<(UdpSocket, TcpListener)> {
+async fn bind_dns(addr: SocketAddr) -> Result<(UdpSocket, TcpListener)> {
     let mut last = None;
     for _ in 0..if addr.port() == 0 { 16 } else { 1 } {
         let udp = UdpSocket::bind(addr)
@@ -39,12 +40,77 @@ async fn bind_dns(addr: std::net::SocketAddr) -> Result<(UdpSocket, TcpListener)
     Err(anyhow::anyhow!("cannot listen on tcp {bound}: {e}"))
 }
 
-pub async fn serve(args: ServeArgs) -> Result<()> {
+/// The sockets an egressd serves on. `serve` binds them from its flags; the
+/// launcher may bind them elsewhere (inside a sandbox's namespace) first.
+pub struct Listeners {
+    pub proxy: TcpListener,
+    pub dns_udp: UdpSocket,
+    pub dns_tcp: TcpListener,
+    pub metrics: Option<TcpListener>,
+}
+
+impl Listeners {
+    pub async fn bind(args: &ServeArgs) -> Result<Listeners> {
+        let proxy = TcpListener::bind(args.listen)
+            .await
+            .with_context(|| format!("cannot listen on {}", args.listen))?;
+        let (dns_udp, dns_tcp) = bind_dns(args.dns_listen).await?;
+        let metrics = TcpListener::bind(args.metrics_listen)
+            .await
+            .with_context(|| format!("cannot listen on {}", args.metrics_listen))?;
+        Ok(Listeners {
+            proxy,
+            dns_udp,
+            dns_tcp,
+            metrics: Some(metrics),
+        })
+    }
+}
+
+/// A started egressd: its addresses and the handles to steer it.
+pub struct Running {
+    pub proxy: SocketAddr,
+    pub dns: SocketAddr,
+    pub metrics_addr: Option<SocketAddr>,
+    pub exceptions: usize,
+    pub upstreams: Vec<SocketAddr>,
+    pub log: LogSink,
+    pub metrics: Arc<Metrics>,
+    hup: mpsc::UnboundedSender<()>,
+    shutdown: watch::Sender<bool>,
+}
+
+impl Running {
+    /// Re-reads the policy now (what SIGHUP does).
+    pub fn reload(&self) {
+        let _ = self.hup.send(());
+    }
+
+    /// Stops accepting, then gives open connections up to `DRAIN` to finish.
+    pub async fn shutdown(self) {
+        let _ = self.shutdown.send(true);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let m = self.metrics.clone();
+        let _ = tokio::time::timeout(DRAIN, async move {
+            while m.active.with_label_values(&["connect"]).get()
+                + m.active.with_label_values(&["http"]).get()
+                > 0
+            {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        })
+        .await;
+    }
+}
+
+/// Loads the policy, starts the log, and serves on `listeners`: the proxy,
+/// the resolver, metrics (if given) and the reloader, as tasks.
+pub async fn start(args: &ServeArgs, listeners: Listeners) -> Result<Running> {
     let metrics = Metrics::new();
     let pol = policy::load(&args.policy).map_err(|e| {
         anyhow::anyhow!("{e}\negressd: policy {} is invalid", args.policy.display())
     })?;
-    let n_exceptions = pol.exceptions.len();
+    let exceptions = pol.exceptions.len();
     metrics.sync_policy(&pol);
     let handle = PolicyHandle::new(pol);
 
@@ -54,29 +120,24 @@ pub async fn serve(args: ServeArgs) -> Result<()> {
     let upstreams = dns::parse_upstreams(args.upstream_dns.as_deref()).context("--upstream-dns")?;
     let resolver = dns::Resolver::new(upstreams.clone(), metrics.clone());
 
-    let proxy_l = TcpListener::bind(args.listen)
-        .await
-        .with_context(|| format!("cannot listen on {}", args.listen))?;
-    let (dns_udp, dns_tcp) = bind_dns(args.dns_listen).await?;
-    let dns_addr = dns_udp.local_addr()?;
-    let metrics_l = TcpListener::bind(args.metrics_listen)
-        .await
-        .with_context(|| format!("cannot listen on {}", args.metrics_listen))?;
+    let Listeners {
+        proxy: proxy_l,
+        dns_udp,
+        dns_tcp,
+        metrics: metrics_l,
+    } = listeners;
     let proxy_addr = proxy_l.local_addr()?;
-    let metrics_addr = metrics_l.local_addr()?;
+    let dns_addr = dns_udp.local_addr()?;
+    let metrics_addr = metrics_l.as_ref().map(|l| l.local_addr()).transpose()?;
+    let mut own_addrs = vec![proxy_addr, dns_addr];
+    own_addrs.extend(metrics_addr);
 
-    // Handlers before anything is announced: a SIGHUP that arrives early
-    // must reload, not kill (its default action).
-    let mut hup = signal(SignalKind::hangup())?;
-    let mut usr1 = signal(SignalKind::user_defined1())?;
-    let mut term = signal(SignalKind::terminate())?;
-    let mut int = signal(SignalKind::interrupt())?;
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
     let ctx = Arc::new(ProxyCtx {
         policy: handle.clone(),
         recorder: recorder.clone(),
         resolver: resolver.clone(),
-        own_addrs: vec![proxy_addr, dns_addr, metrics_addr],
+        own_addrs,
         http: proxy::upstream::http_client(),
     });
     tokio::spawn(proxy::serve(proxy_l, ctx, shutdown_rx.clone()));
@@ -93,43 +154,68 @@ pub async fn serve(args: ServeArgs) -> Result<()> {
             }
         });
     }
-    let lh = log.clone();
-    tokio::spawn(crate::metrics::serve(
-        metrics_l,
-        metrics.clone(),
-        move || lh.healthy(),
-        shutdown_rx.clone(),
-    ));
+    if let Some(ml) = metrics_l {
+        let lh = log.clone();
+        tokio::spawn(crate::metrics::serve(
+            ml,
+            metrics.clone(),
+            move || lh.healthy(),
+            shutdown_rx.clone(),
+        ));
+    }
     let (hup_tx, hup_rx) = mpsc::unbounded_channel();
     let reloader = Reloader::new(args.policy.clone(), handle.clone(), metrics.clone());
     tokio::spawn(reloader.run(hup_rx, shutdown_rx.clone()));
     metrics.set_ready();
+    Ok(Running {
+        proxy: proxy_addr,
+        dns: dns_addr,
+        metrics_addr,
+        exceptions,
+        upstreams,
+        log,
+        metrics,
+        hup: hup_tx,
+        shutdown: shutdown_tx,
+    })
+}
 
+/// `egressd serve`: bind from the flags, start, and steer by signals.
+pub async fn serve(args: ServeArgs) -> Result<()> {
+    // Handlers before anything is announced: a SIGHUP that arrives early
+    // must reload, not kill (its default action).
+    let mut hup = signal(SignalKind::hangup())?;
+    let mut usr1 = signal(SignalKind::user_defined1())?;
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    let listeners = Listeners::bind(&args).await?;
+    let running = start(&args, listeners).await?;
     eprintln!(
-        "egressd: listening proxy={proxy_addr} dns={dns_addr} metrics={metrics_addr} policy={} exceptions={n_exceptions} upstream_dns={}",
+        "egressd: listening proxy={} dns={} metrics={} policy={} exceptions={} upstream_dns={}",
+        running.proxy,
+        running.dns,
+        running
+            .metrics_addr
+            .map(|a| a.to_string())
+            .unwrap_or_else(|| "-".into()),
         args.policy.display(),
-        upstreams.iter().map(|a| a.to_string()).collect::<Vec<_>>().join(",")
+        running.exceptions,
+        running
+            .upstreams
+            .iter()
+            .map(|a| a.to_string())
+            .collect::<Vec<_>>()
+            .join(",")
     );
-
     loop {
         tokio::select! {
-            _ = hup.recv() => { let _ = hup_tx.send(()); }
-            _ = usr1.recv() => { eprintln!("egressd: reopening decision log"); log.reopen(); }
+            _ = hup.recv() => running.reload(),
+            _ = usr1.recv() => { eprintln!("egressd: reopening decision log"); running.log.reopen(); }
             _ = term.recv() => break,
             _ = int.recv() => break,
         }
     }
     eprintln!("egressd: shutting down");
-    let _ = shutdown_tx.send(true);
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    let _ = tokio::time::timeout(DRAIN, async {
-        while metrics.active.with_label_values(&["connect"]).get()
-            + metrics.active.with_label_values(&["http"]).get()
-            > 0
-        {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    })
-    .await;
+    running.shutdown().await;
     Ok(())
 }
