@@ -248,7 +248,9 @@ async fn start_with_log(yaml: &str, upstream: SocketAddr, log: Option<PathBuf>) 
     let metrics = Metrics::new();
     let sink = LogSink::start(LogTarget::File(log.clone()), metrics.clone()).unwrap();
     let recorder = Recorder::new(sink, metrics.clone());
-    let policy = PolicyHandle::new(from_yaml(yaml).unwrap());
+    let compiled = from_yaml(yaml).unwrap();
+    metrics.sync_policy(&compiled);
+    let policy = PolicyHandle::new(compiled);
     let resolver = Resolver::new(vec![upstream], metrics.clone());
     let (udp, tcp, addr) = bind_pair().await;
     let (tx, rx) = watch::channel(false);
@@ -1250,6 +1252,24 @@ async fn log_failure_fails_closed() {
     udp(e.addr, "allowed.test", RecordType::AAAA).await;
     assert_eq!(up.count(), before);
     assert!(e.metric("egressd_log_write_errors_total", &[]) >= 1.0);
+}
+
+#[tokio::test]
+async fn refuses_itself_as_upstream() {
+    let (udp, tcp, addr) = bind_pair().await;
+    let metrics = Metrics::new();
+    let dir = tempfile::tempdir().unwrap();
+    let sink = LogSink::start(LogTarget::File(dir.path().join("log")), metrics.clone()).unwrap();
+    let resolver = Resolver::new(vec![addr], metrics.clone());
+    let policy = PolicyHandle::new(from_yaml(BASIC).unwrap());
+    let (_tx, rx) = watch::channel(false);
+    let r = timeout(
+        WAIT,
+        dns::serve(udp, tcp, policy, resolver, Recorder::new(sink, metrics), rx),
+    )
+    .await;
+    let err = r.expect("returns at once").expect_err("a loop is refused");
+    assert!(err.to_string().contains("own DNS listener"), "{err}");
 }
 
 #[tokio::test]

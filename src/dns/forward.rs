@@ -122,6 +122,10 @@ impl Resolver {
         })
     }
 
+    pub(super) fn upstreams(&self) -> &[SocketAddr] {
+        &self.upstreams
+    }
+
     pub(super) fn metrics(&self) -> &Metrics {
         &self.metrics
     }

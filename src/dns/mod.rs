@@ -41,7 +41,7 @@ pub use server::serve;
 pub use tunnel::{encoded_weight, TunnelOutcome};
 
 use crate::policy::host::Host;
-use crate::policy::{ClientIdx, Exception, Policy};
+use crate::policy::{ClientIdx, Exception, Policy, TunnelAction};
 
 /// The DNS port `--upstream-dns` entries get when they name none.
 pub const DEFAULT_DNS_PORT: u16 = 53;
@@ -79,10 +79,17 @@ impl Resolver {
         exception: &Exception,
         now: i64,
     ) -> (TunnelOutcome, Option<String>) {
+        let settings = &policy.settings.dns.tunnel;
+        // Most allowed names match an exact host: decide that without the lock.
+        if settings.action == TunnelAction::Off
+            || tunnel::wildcard_suffix(exception, host).is_none()
+        {
+            return (TunnelOutcome::Ok, None);
+        }
         let id = policy.client_id(client).map(|c| &**c).unwrap_or("-");
         let a = self
             .tunnel_detector()
-            .check(&policy.settings.dns.tunnel, id, host, exception, now);
+            .check(settings, id, host, exception, now);
         match a.outcome {
             TunnelOutcome::Ok => {}
             TunnelOutcome::Alert => self.metrics().dns_tunnel.with_label_values(&["log"]).inc(),

@@ -98,6 +98,13 @@ pub async fn serve(
     recorder: Recorder,
     mut shutdown: watch::Receiver<bool>,
 ) -> anyhow::Result<()> {
+    let listen = udp.local_addr()?;
+    if let Some(up) = resolver.upstreams().iter().find(|up| is_self(listen, **up)) {
+        anyhow::bail!(
+            "upstream DNS {up} is egressd's own DNS listener ({listen}): every query would loop; \
+             pass --upstream-dns with the real resolver"
+        );
+    }
     let handler = Arc::new(Handler {
         policy,
         resolver,
@@ -159,6 +166,16 @@ pub async fn serve(
     .await;
     tasks.shutdown().await;
     Ok(())
+}
+
+/// Whether sending to `up` reaches our own listener at `listen`.
+fn is_self(listen: SocketAddr, up: SocketAddr) -> bool {
+    let (l, u) = (
+        crate::policy::canonical_ip(listen.ip()),
+        crate::policy::canonical_ip(up.ip()),
+    );
+    listen.port() == up.port()
+        && (l == u || (l.is_unspecified() && (u.is_loopback() || u.is_unspecified())))
 }
 
 /// Resolves once `shutdown` is true or its sender is gone.
@@ -888,6 +905,16 @@ mod tests {
         assert_eq!(valid_tail(&labels), Some(("cdn.test".to_string(), 2)));
         let labels: Vec<&[u8]> = vec![b"only"];
         assert_eq!(valid_tail(&labels), None);
+    }
+
+    #[test]
+    fn own_listener_is_not_an_upstream() {
+        let sa = |s: &str| s.parse::<SocketAddr>().unwrap();
+        assert!(is_self(sa("127.0.0.1:53"), sa("127.0.0.1:53")));
+        assert!(is_self(sa("0.0.0.0:53"), sa("127.0.0.1:53")));
+        assert!(is_self(sa("[::]:8053"), sa("[::1]:8053")));
+        assert!(!is_self(sa("127.0.0.1:8053"), sa("127.0.0.1:53")));
+        assert!(!is_self(sa("127.0.0.1:53"), sa("127.0.0.53:53")));
     }
 
     #[test]

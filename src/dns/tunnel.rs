@@ -375,8 +375,9 @@ impl TunnelDetector {
 }
 
 /// The fixed suffix of the most specific wildcard in `exception` that matches
-/// `host`; `None` when an exact host matches (or no pattern does).
-fn wildcard_suffix<'e>(exception: &'e Exception, host: &Host) -> Option<&'e str> {
+/// `host`; `None` when an exact host matches (or no pattern does), in which
+/// case the name is not budgeted at all.
+pub(super) fn wildcard_suffix<'e>(exception: &'e Exception, host: &Host) -> Option<&'e str> {
     let mut best: Option<&str> = None;
     for p in &exception.hosts {
         if !p.matches(host) {
