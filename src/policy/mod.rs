@@ -102,7 +102,7 @@ impl Default for TunnelSettings {
         TunnelSettings {
             action: TunnelAction::Block,
             max_name_len: 120,
-            max_label_len: 40,
+            max_label_len: 63,
             alert_unique_names: 50,
             alert_bytes: 1024,
             alert_window_secs: 600,

@@ -101,8 +101,9 @@ pub async fn resolve_checked(
         Target::Ip(ip) => vec![*ip],
         Target::Name(host) => {
             if let Some(exc) = exception {
-                if resolver.tunnel_check(policy, client, host, exc, now) == TunnelOutcome::Block {
-                    return Err(Refusal::Policy(Reason::DnsTunnel, None));
+                let (outcome, why) = resolver.tunnel_assess(policy, client, host, exc, now);
+                if outcome == TunnelOutcome::Block {
+                    return Err(Refusal::Policy(Reason::DnsTunnel, why));
                 }
             }
             resolver
