@@ -38,6 +38,27 @@ pub enum Command {
         #[arg(required = true, num_args = 1..=2)]
         target: Vec<String>,
     },
+    /// Manage the TLS-interception CA.
+    Ca {
+        #[command(subcommand)]
+        command: CaCommand,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum CaCommand {
+    /// Create the interception CA: `ca.pem` (give it to sandboxes) and `ca.key` (mode 0600).
+    Init {
+        /// Directory to write the CA into.
+        #[arg(long, default_value = "certs/")]
+        dir: PathBuf,
+        /// Days the CA is valid.
+        #[arg(long, default_value_t = crate::tls::ca::DEFAULT_CA_DAYS)]
+        days: u32,
+        /// Replace an existing CA (clients trusting the old one stop trusting egressd).
+        #[arg(long)]
+        force: bool,
+    },
 }
 
 #[derive(Debug, Clone, Args)]
@@ -60,4 +81,10 @@ pub struct ServeArgs {
     /// Decision log path; `-` is stdout.
     #[arg(long, env = "EGRESSD_LOG", default_value = "-")]
     pub log: String,
+    /// Directory holding the interception CA (`ca.pem`, `ca.key`); enables TLS interception.
+    #[arg(long, env = "EGRESSD_CA_DIR")]
+    pub ca_dir: Option<PathBuf>,
+    /// Extra CA certificates (PEM) to trust for origins, beside the system roots.
+    #[arg(long, env = "EGRESSD_UPSTREAM_CA")]
+    pub upstream_ca: Option<PathBuf>,
 }

@@ -22,3 +22,4 @@ pub mod log;
 pub mod metrics;
 pub mod policy;
 pub mod proxy;
+pub mod tls;

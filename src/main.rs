@@ -1,7 +1,7 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use egressd::cli::{Cli, Command};
+use egressd::cli::{CaCommand, Cli, Command};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -46,6 +46,28 @@ fn main() -> ExitCode {
                 &mut std::io::stdout(),
             );
             ExitCode::from(code as u8)
+        }
+        Command::Ca {
+            command: CaCommand::Init { dir, days, force },
+        } => {
+            let opts = egressd::tls::InitOptions { dir, days, force };
+            match egressd::tls::init_ca(&opts) {
+                Ok(done) => {
+                    println!(
+                        "created {} ({})\n  certificate: {} (give this to sandboxes and clients)\n  key:         {} (mode 0600; keep it to the egressd user)\nserve with: egressd serve --ca-dir {}",
+                        done.subject,
+                        format_args!("valid {days} days"),
+                        done.cert.display(),
+                        done.key.display(),
+                        opts.dir.display()
+                    );
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("egressd: ca init: {e}");
+                    ExitCode::from(1)
+                }
+            }
         }
     }
 }
