@@ -223,7 +223,9 @@ fn parse_ipv6_literal(s: &str) -> Result<IpAddr, HostError> {
         Some(i) => &s[..i],
         None => s,
     };
-    let v6 = addr_part.parse::<Ipv6Addr>().map_err(|_| HostError::BadIp)?;
+    let v6 = addr_part
+        .parse::<Ipv6Addr>()
+        .map_err(|_| HostError::BadIp)?;
     // An IPv4-mapped address is dialled as the IPv4 address it maps.
     Ok(match v6.to_ipv4_mapped() {
         Some(v4) => IpAddr::V4(v4),
@@ -250,7 +252,9 @@ impl HostPattern {
     pub fn parse(input: &str) -> Result<HostPattern, HostError> {
         const ACCEPTED: &str =
             "accepted forms: example.com, *.example.com (any subdomain), api-*.example.com (one * in the first label)";
-        let bad = |why: &str| HostError::BadPattern(format!("invalid host pattern {input:?}: {why}; {ACCEPTED}"));
+        let bad = |why: &str| {
+            HostError::BadPattern(format!("invalid host pattern {input:?}: {why}; {ACCEPTED}"))
+        };
         let s = input.trim();
         let s = s.strip_suffix('.').unwrap_or(s);
         if s.is_empty() {
@@ -265,14 +269,20 @@ impl HostPattern {
         }
         let (first, rest) = match s.split_once('.') {
             Some(x) => x,
-            None => return Err(bad("a wildcard needs a fixed suffix of at least two labels")),
+            None => {
+                return Err(bad(
+                    "a wildcard needs a fixed suffix of at least two labels",
+                ))
+            }
         };
         if rest.contains('*') {
             return Err(bad("'*' is only allowed in the first label"));
         }
         let rest_host = parse_host(rest).map_err(|e| bad(&e.to_string()))?;
         if !rest_host.as_str().contains('.') {
-            return Err(bad("a wildcard needs a fixed suffix of at least two labels"));
+            return Err(bad(
+                "a wildcard needs a fixed suffix of at least two labels",
+            ));
         }
         if first == "*" {
             return Ok(HostPattern::Subdomains(rest_host));
@@ -285,7 +295,9 @@ impl HostPattern {
         let sfx = sfx.to_ascii_lowercase();
         for c in p.chars().chain(sfx.chars()) {
             if !(c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '_') {
-                return Err(bad(&format!("character {c:?} is not allowed in a host name")));
+                return Err(bad(&format!(
+                    "character {c:?} is not allowed in a host name"
+                )));
             }
         }
         Ok(HostPattern::LabelGlob {
@@ -299,7 +311,11 @@ impl HostPattern {
         match self {
             HostPattern::Exact(h) => h == host,
             HostPattern::Subdomains(sfx) => is_strict_subdomain(host.as_str(), sfx.as_str()),
-            HostPattern::LabelGlob { prefix, suffix, rest } => match host.as_str().split_once('.') {
+            HostPattern::LabelGlob {
+                prefix,
+                suffix,
+                rest,
+            } => match host.as_str().split_once('.') {
                 Some((first, r)) => r == rest.as_str() && label_glob_matches(prefix, suffix, first),
                 None => false,
             },
@@ -324,13 +340,19 @@ impl fmt::Display for HostPattern {
         match self {
             HostPattern::Exact(h) => write!(f, "{h}"),
             HostPattern::Subdomains(h) => write!(f, "*.{h}"),
-            HostPattern::LabelGlob { prefix, suffix, rest } => write!(f, "{prefix}*{suffix}.{rest}"),
+            HostPattern::LabelGlob {
+                prefix,
+                suffix,
+                rest,
+            } => write!(f, "{prefix}*{suffix}.{rest}"),
         }
     }
 }
 
 pub(crate) fn label_glob_matches(prefix: &str, suffix: &str, label: &str) -> bool {
-    label.len() >= prefix.len() + suffix.len() && label.starts_with(prefix) && label.ends_with(suffix)
+    label.len() >= prefix.len() + suffix.len()
+        && label.starts_with(prefix)
+        && label.ends_with(suffix)
 }
 
 /// `name` is below `suffix` on a label boundary, and not equal to it.
@@ -372,7 +394,14 @@ mod tests {
 
     #[test]
     fn numeric_non_addresses_are_refused() {
-        for input in ["1.2.3.256", "4294967296", "1.2.3.4.5", "08.0.0.1", "[::1", "[zz]"] {
+        for input in [
+            "1.2.3.256",
+            "4294967296",
+            "1.2.3.4.5",
+            "08.0.0.1",
+            "[::1",
+            "[zz]",
+        ] {
             assert!(parse_target(input).is_err(), "{input}");
         }
     }
@@ -380,9 +409,24 @@ mod tests {
     #[test]
     fn names_are_normalised() {
         assert_eq!(parse_host("PyPI.Org.").unwrap().as_str(), "pypi.org");
-        assert_eq!(parse_host("bücher.example").unwrap().as_str(), "xn--bcher-kva.example");
-        assert_eq!(parse_host("example\u{3002}com").unwrap().as_str(), "example.com");
-        for bad in ["", ".", "a..b", "a b", "a\0b", "a%2eb", "x.", &"a".repeat(64)] {
+        assert_eq!(
+            parse_host("bücher.example").unwrap().as_str(),
+            "xn--bcher-kva.example"
+        );
+        assert_eq!(
+            parse_host("example\u{3002}com").unwrap().as_str(),
+            "example.com"
+        );
+        for bad in [
+            "",
+            ".",
+            "a..b",
+            "a b",
+            "a\0b",
+            "a%2eb",
+            "x.",
+            &"a".repeat(64),
+        ] {
             if bad == "x." {
                 continue;
             }
@@ -404,7 +448,18 @@ mod tests {
         assert!(g.matches(&h("api-.example.com")));
         assert!(!g.matches(&h("api-eu.x.example.com")));
         assert!(!g.matches(&h("web.example.com")));
-        for bad in ["*", "*.", "*.com", "a*b*.x.com", "*.*.x", "a.*.x", "a..b", "1.2.3.4", "*x*.a.b", ""] {
+        for bad in [
+            "*",
+            "*.",
+            "*.com",
+            "a*b*.x.com",
+            "*.*.x",
+            "a.*.x",
+            "a..b",
+            "1.2.3.4",
+            "*x*.a.b",
+            "",
+        ] {
             assert!(HostPattern::parse(bad).is_err(), "{bad:?}");
         }
     }

@@ -38,7 +38,10 @@ pub fn normalize_path(raw: &str) -> Result<String, PathError> {
     while i < bytes.len() {
         let b = bytes[i];
         if b == b'%' {
-            let (h, l) = match (bytes.get(i + 1).and_then(|b| hex(*b)), bytes.get(i + 2).and_then(|b| hex(*b))) {
+            let (h, l) = match (
+                bytes.get(i + 1).and_then(|b| hex(*b)),
+                bytes.get(i + 2).and_then(|b| hex(*b)),
+            ) {
                 (Some(h), Some(l)) => (h, l),
                 _ => return Err(PathError::BadEscape),
             };
@@ -84,7 +87,10 @@ mod tests {
         assert_eq!(normalize_path("/simple/pip/").unwrap(), "/simple/pip/");
         assert_eq!(normalize_path("/simple//pip?x=1").unwrap(), "/simple/pip");
         assert_eq!(normalize_path("/%73imple/%7e").unwrap(), "/simple/~");
-        assert_eq!(normalize_path("/a%2fb").unwrap_err(), PathError::EncodedSeparator);
+        assert_eq!(
+            normalize_path("/a%2fb").unwrap_err(),
+            PathError::EncodedSeparator
+        );
         assert_eq!(normalize_path("/a/%c3%a9").unwrap(), "/a/%C3%A9");
     }
 

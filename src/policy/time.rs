@@ -131,8 +131,14 @@ mod tests {
         assert_eq!(parse_date("2024-02-29"), Some(1_709_164_800));
         assert_eq!(parse_date("2023-02-29"), None);
         assert_eq!(parse_date("2027-13-01"), None);
-        assert_eq!(parse_date("2027-03-01T12:00:00Z"), Some(1_803_859_200 + 43200));
-        assert_eq!(format_rfc3339_millis(1_803_859_200_123), "2027-03-01T00:00:00.123Z");
+        assert_eq!(
+            parse_date("2027-03-01T12:00:00Z"),
+            Some(1_803_859_200 + 43200)
+        );
+        assert_eq!(
+            format_rfc3339_millis(1_803_859_200_123),
+            "2027-03-01T00:00:00.123Z"
+        );
         assert_eq!(format_date(1_709_164_800), "2024-02-29");
     }
 
