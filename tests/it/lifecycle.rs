@@ -181,7 +181,11 @@ fn log_sink_failure_fails_closed_with_503_and_counts() {
         let r = e.get(&format!("http://a.test:{p}/"));
         assert_eq!((r.status, r.reason()), (503, Some("log_unavailable")));
     }
-    assert_eq!(o.count(), reached, "requests kept flowing while the log was down");
+    assert_eq!(
+        o.count(),
+        reached,
+        "requests kept flowing while the log was down"
+    );
     let errors = e.metric("egressd_log_write_errors_total").unwrap();
     assert!(errors >= 1.0);
     eventually("stderr report", || {
@@ -243,7 +247,9 @@ fn log_sink_recovers_when_writes_work_again() {
             g2.lock().unwrap().extend_from_slice(&buf[..n]);
         }
     });
-    eventually("200 again", || (status(&e, "a.test", p) == 200).then_some(()));
+    eventually("200 again", || {
+        (status(&e, "a.test", p) == 200).then_some(())
+    });
     eventually("the held lines written", || {
         String::from_utf8_lossy(&got.lock().unwrap())
             .contains("log_unavailable")
@@ -308,4 +314,28 @@ fn metrics_count_traffic_per_exception_with_bounded_labels() {
         );
         assert_eq!(r.status, 200, "{path}");
     }
+}
+
+#[test]
+fn sigusr1_reopens_the_log_after_rotation() {
+    let (o, dns) = setup();
+    let p = o.addr.port();
+    let e = egressd()
+        .policy("a.yaml", &doc(&[exc("a", "a.test", p)]))
+        .dns(dns.addr)
+        .start();
+    assert_eq!(status(&e, "a.test", p), 200);
+    e.wait_line("first line", |l| l["host"] == "a.test");
+    let rotated = e.log_path.with_extension("log.1");
+    std::fs::rename(&e.log_path, &rotated).unwrap();
+    e.signal("USR1");
+    // Lines go to a fresh file at the old path once the reopen is done.
+    eventually("a line in the new file", || {
+        let _ = status(&e, "c.test", p);
+        std::fs::read_to_string(&e.log_path)
+            .ok()
+            .filter(|t| t.contains("c.test"))
+    });
+    let old = std::fs::read_to_string(&rotated).unwrap();
+    assert!(old.contains("a.test"), "the rotated file kept its lines");
 }

@@ -217,3 +217,35 @@ exceptions:
         .count();
     assert_eq!(mismatches, 4, "{lines:#?}");
 }
+
+#[test]
+fn open_tunnels_keep_their_decision_across_a_reload() {
+    let echo = echo_on("127.0.0.1".parse().unwrap(), 0);
+    let dns = fake_dns();
+    dns.set("echo.test", &["127.0.0.1"]);
+    let e = egressd()
+        .policy("p.yaml", &policy(echo.port()))
+        .dns(dns.addr)
+        .start();
+    let mut s = connect(e.proxy);
+    write!(s, "CONNECT echo.test:{} HTTP/1.1\r\n\r\n", echo.port()).unwrap();
+    let mut r = BufReader::new(s.try_clone().unwrap());
+    assert_eq!(read_response(&mut r).unwrap().status, 200);
+    // Remove the exception.
+    atomic_write(
+        &e.policy_dir.join("p.yaml"),
+        "exceptions:\n  - id: other\n    owner: t\n    reason: r\n    hosts: [other.test]\n",
+    );
+    eventually("the new policy denies new tunnels", || {
+        let r = e.request(&format!(
+            "CONNECT echo.test:{} HTTP/1.1\r\n\r\n",
+            echo.port()
+        ));
+        (r.status == 403).then_some(())
+    });
+    // The tunnel opened before the reload still works.
+    s.write_all(b"still here").unwrap();
+    let mut back = [0u8; 10];
+    r.read_exact(&mut back).unwrap();
+    assert_eq!(&back, b"still here");
+}
