@@ -15,6 +15,7 @@ use crate::decision::Recorder;
 use crate::log::{LogSink, LogTarget};
 use crate::metrics::Metrics;
 use crate::policy::reload::{PolicyHandle, Reloader};
+use crate::proxy::mitm::Interceptor;
 use crate::proxy::{self, ProxyCtx};
 use crate::{dns, policy};
 
@@ -132,6 +133,21 @@ pub async fn start(args: &ServeArgs, listeners: Listeners) -> Result<Running> {
     let mut own_addrs = vec![proxy_addr, dns_addr];
     own_addrs.extend(metrics_addr);
 
+    let mitm = match &args.ca_dir {
+        None => None,
+        Some(dir) => {
+            let (m, warnings) = Interceptor::new(dir, args.upstream_ca.as_deref())
+                .with_context(|| format!("TLS interception (--ca-dir {})", dir.display()))?;
+            for w in warnings {
+                eprintln!("egressd: warning: {w}");
+            }
+            Some(Arc::new(m))
+        }
+    };
+    if mitm.is_none() && args.upstream_ca.is_some() {
+        eprintln!("egressd: warning: --upstream-ca has no effect without --ca-dir");
+    }
+
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
     let ctx = Arc::new(ProxyCtx {
         policy: handle.clone(),
@@ -139,6 +155,7 @@ pub async fn start(args: &ServeArgs, listeners: Listeners) -> Result<Running> {
         resolver: resolver.clone(),
         own_addrs,
         http: proxy::upstream::http_client(),
+        mitm,
     });
     tokio::spawn(proxy::serve(proxy_l, ctx, shutdown_rx.clone()));
     {

@@ -3,6 +3,11 @@
 //! header must agree with it, the path is normalised for `paths:` rules, one
 //! decision is made, and the request goes to a checked address over a pooled
 //! connection with hop-by-hop headers removed and `Host` rewritten.
+//!
+//! [`decide_and_forward`] is that second half — decision, checked address,
+//! upstream client, the body that writes the line — and is shared with
+//! requests inside intercepted TLS tunnels (`mitm`), which differ only in
+//! their edge checks and in reaching the origin over verified TLS.
 
 use std::net::SocketAddr;
 use std::pin::Pin;
@@ -17,6 +22,8 @@ use http::{Request, Response, Uri};
 use http_body_util::BodyExt;
 use hyper::body::{Body, Frame, Incoming, SizeHint};
 
+use hyper_util::rt::TokioIo;
+
 use super::respond::{self, ProxyBody};
 use super::upstream::{self, Refusal};
 use super::ProxyCtx;
@@ -24,7 +31,7 @@ use crate::decision::{Event, Proto, Reason, Recorder};
 use crate::policy::host::{parse_target, Target};
 use crate::policy::path::normalize_path;
 use crate::policy::time::unix_now;
-use crate::policy::{self, Exception};
+use crate::policy::{self, ClientIdx, Exception, Policy};
 
 /// Longest wait for an origin's response head after the request is sent.
 pub const RESPONSE_TIMEOUT: Duration = Duration::from_secs(60);
@@ -112,7 +119,7 @@ pub fn parse_authority(auth: &str, default_port: Option<u16>) -> Result<Dest, St
     Ok(Dest { target, port })
 }
 
-fn truncate_path(p: &str) -> String {
+pub(crate) fn truncate_path(p: &str) -> String {
     let p = p.split(['?', '#']).next().unwrap_or("");
     if p.len() <= MAX_LOGGED_PATH {
         return p.to_string();
@@ -124,33 +131,92 @@ fn truncate_path(p: &str) -> String {
     format!("{}…", &p[..end])
 }
 
-pub async fn handle(
-    mut req: Request<Incoming>,
-    peer: SocketAddr,
-    ctx: Arc<ProxyCtx>,
-) -> Response<ProxyBody> {
-    let policy = ctx.policy.snapshot();
-    let contact = policy.settings.contact.clone();
-    let mut ev = Event::new(Proto::Http, peer);
-    ev.method = Some(req.method().as_str().to_string());
-    ev.path = Some(truncate_path(req.uri().path()));
-    let what = format!("{} {}", req.method(), truncate_path(&req.uri().to_string()));
-    let rec = &ctx.recorder;
+/// A refusal's answer and its log line: what was asked, whom to contact,
+/// and whether the connection closes after it. Every front-end that
+/// forwards HTTP builds one.
+pub(crate) struct Denier<'a> {
+    pub what: String,
+    pub contact: &'a str,
+    pub close: bool,
+    pub rec: &'a Recorder,
+}
 
-    let deny = |mut ev: Event, reason: Reason, detail: Option<String>, policy_decided: bool| {
+impl Denier<'_> {
+    /// Answers `reason` and records the line. `policy_decided`: the event
+    /// already carries the policy's decision (and its exception).
+    pub fn deny(
+        &self,
+        mut ev: Event,
+        reason: Reason,
+        detail: Option<String>,
+        policy_decided: bool,
+    ) -> Response<ProxyBody> {
         if !policy_decided {
             ev.set_denied(reason);
         }
-        let resp = respond::deny(reason, &what, &contact, detail.as_deref(), false);
+        let resp = respond::deny(
+            reason,
+            &self.what,
+            self.contact,
+            detail.as_deref(),
+            self.close,
+        );
         ev.status = Some(resp.status().as_u16());
         if let Some(d) = detail {
             ev.note.get_or_insert(d);
         }
-        rec.record(ev);
+        self.rec.record(ev);
         resp
-    };
+    }
+}
 
-    if !rec.accepting() {
+/// How an allowed request reaches its origin.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Scheme {
+    /// Plain HTTP to a checked address, pooled per address.
+    Http,
+    /// HTTPS from inside an intercepted tunnel, verified against the trust
+    /// store and pooled per (name, checked addresses).
+    Https,
+}
+
+impl Scheme {
+    fn default_port(self) -> u16 {
+        match self {
+            Scheme::Http => 80,
+            Scheme::Https => 443,
+        }
+    }
+}
+
+/// A request that passed its front-end's edge checks: the destination is
+/// parsed, `Host` agrees with it, the path is normalised.
+pub(crate) struct Inbound<'a> {
+    pub client: Option<ClientIdx>,
+    pub dest: &'a Dest,
+    /// Normalised path, for `paths:` rules.
+    pub path: &'a str,
+    pub scheme: Scheme,
+}
+
+pub async fn handle(
+    req: Request<Incoming>,
+    peer: SocketAddr,
+    ctx: Arc<ProxyCtx>,
+) -> Response<ProxyBody> {
+    let policy = ctx.policy.snapshot();
+    let mut ev = Event::new(Proto::Http, peer);
+    ev.method = Some(req.method().as_str().to_string());
+    ev.path = Some(truncate_path(req.uri().path()));
+    let denier = Denier {
+        what: format!("{} {}", req.method(), truncate_path(&req.uri().to_string())),
+        contact: &policy.settings.contact,
+        close: false,
+        rec: &ctx.recorder,
+    };
+    let deny = |ev, reason, detail, decided| denier.deny(ev, reason, detail, decided);
+
+    if !ctx.recorder.accepting() {
         return deny(ev, Reason::LogUnavailable, None, false);
     }
     let client = match super::identify(&policy, &req, peer) {
@@ -208,24 +274,8 @@ pub async fn handle(
 
     // A Host header that names another destination is a request for a
     // different origin riding on an allowed one: refuse, don't pick.
-    let hosts: Vec<&HeaderValue> = req.headers().get_all(header::HOST).iter().collect();
-    if hosts.len() > 1 {
-        return deny(
-            ev,
-            Reason::Malformed,
-            Some("more than one Host header".into()),
-            false,
-        );
-    }
-    if let Some(h) = hosts.first() {
-        let agrees = h
-            .to_str()
-            .ok()
-            .and_then(|h| parse_authority(h, Some(dest.port)).ok())
-            .is_some_and(|hd| hd == dest);
-        if !agrees {
-            return deny(ev, Reason::HostMismatch, None, false);
-        }
+    if let Err((reason, detail)) = check_host_headers(req.headers(), &dest) {
+        return deny(ev, reason, detail, false);
     }
 
     let path = match normalize_path(uri.path()) {
@@ -233,26 +283,90 @@ pub async fn handle(
         Err(e) => return deny(ev, Reason::Malformed, Some(e.to_string()), false),
     };
     ev.path = Some(truncate_path(&path));
+    let inbound = Inbound {
+        client,
+        dest: &dest,
+        path: &path,
+        scheme: Scheme::Http,
+    };
+    decide_and_forward(&ctx, &policy, req, ev, inbound, &denier).await
+}
 
+/// At most one `Host` header, and it names `dest` (a missing port means
+/// `dest`'s). Err: the reason and detail to deny with.
+pub(crate) fn check_host_headers(
+    headers: &HeaderMap,
+    dest: &Dest,
+) -> Result<(), (Reason, Option<String>)> {
+    let hosts: Vec<&HeaderValue> = headers.get_all(header::HOST).iter().collect();
+    if hosts.len() > 1 {
+        return Err((Reason::Malformed, Some("more than one Host header".into())));
+    }
+    if let Some(h) = hosts.first() {
+        let agrees = h
+            .to_str()
+            .ok()
+            .and_then(|h| parse_authority(h, Some(dest.port)).ok())
+            .is_some_and(|hd| hd == *dest);
+        if !agrees {
+            return Err((Reason::HostMismatch, None));
+        }
+    }
+    Ok(())
+}
+
+/// The one way out for HTTP requests, plain or intercepted: decision →
+/// checked address → pooled upstream client → a body that writes the line
+/// when the response ends. WebSocket (HTTP/1.1 `Upgrade`) requests pass
+/// only after the decision, and their line is written when the upgraded
+/// connection closes.
+pub(crate) async fn decide_and_forward(
+    ctx: &ProxyCtx,
+    policy: &Policy,
+    mut req: Request<Incoming>,
+    mut ev: Event,
+    inbound: Inbound<'_>,
+    denier: &Denier<'_>,
+) -> Response<ProxyBody> {
+    let Inbound {
+        client,
+        dest,
+        path,
+        scheme,
+    } = inbound;
+    let rec = &ctx.recorder;
+    let proto = ev.proto;
     let now = unix_now();
     let preq = policy::Request {
-        proto: Proto::Http,
+        proto,
         client,
         target: &dest.target,
         port: dest.port,
         method: Some(req.method().as_str()),
-        path: Some(&path),
+        path: Some(path),
         qtype: None,
         can_intercept: false,
     };
     let d = policy.decide(&preq, now);
     ev.set_decision(&d, policy.settings.mode);
     if !d.is_allowed() {
-        return deny(ev, d.reason, None, true);
+        return denier.deny(ev, d.reason, None, true);
     }
 
+    let upstream_error = |mut ev: Event, kind: &str, msg: String, timeout: bool| {
+        rec.metrics
+            .upstream_errors
+            .with_label_values(&[proto.as_str(), kind])
+            .inc();
+        let resp = respond::upstream_error(&dest.target.to_string(), &msg, timeout, denier.close);
+        ev.status = Some(resp.status().as_u16());
+        ev.error = Some(format!("{kind}: {msg}"));
+        rec.record(ev);
+        resp
+    };
+
     let checked = match upstream::resolve_checked(
-        &policy,
+        policy,
         &ctx.resolver,
         d.exception,
         client,
@@ -265,33 +379,49 @@ pub async fn handle(
     {
         Ok(c) => c,
         Err(Refusal::Policy(reason, note)) => {
-            ev.note = note.clone();
-            return deny(ev, reason, None, false);
+            ev.note = note;
+            return denier.deny(ev, reason, None, false);
         }
-        Err(Refusal::Resolve(e)) => {
-            rec.metrics
-                .upstream_errors
-                .with_label_values(&["http", "resolve"])
-                .inc();
-            let resp =
-                respond::upstream_error(&dest.target.to_string(), &e.to_string(), false, false);
-            ev.status = Some(resp.status().as_u16());
-            ev.error = Some(format!("resolve: {e}"));
-            rec.record(ev);
-            return resp;
+        Err(Refusal::Resolve(e)) => return upstream_error(ev, "resolve", e.to_string(), false),
+    };
+    ev.note = checked.note.clone();
+
+    let upgrade = upgrade_protocol(&req);
+    let host_value = if dest.port == scheme.default_port() {
+        dest.target.to_string()
+    } else {
+        format!("{}:{}", dest.target, dest.port)
+    };
+    let pq = req
+        .uri()
+        .path_and_query()
+        .map(|p| p.as_str())
+        .unwrap_or("/")
+        .to_string();
+    // Plain HTTP: the checked address in the URI is the pool key. HTTPS: a
+    // client bound to this name and these checked addresses, so the URI
+    // carries the name (it becomes h2's :authority) and no pooled
+    // connection is ever shared between names.
+    let (up_uri, tls_client) = match scheme {
+        Scheme::Http => {
+            let addr = checked.addrs[0];
+            ev.addr = Some(addr.to_string());
+            (format!("http://{addr}{pq}"), None)
+        }
+        Scheme::Https => {
+            let Some(mitm) = ctx.mitm.as_ref() else {
+                return upstream_error(ev, "tls", "interception is not enabled".into(), false);
+            };
+            match mitm.client(dest, &checked.addrs, upgrade.is_some()) {
+                Ok(c) => (format!("https://{host_value}{pq}"), Some(c)),
+                Err(e) => return upstream_error(ev, "tls", e, false),
+            }
         }
     };
-    ev.note = checked.note;
-    let addr = checked.addrs[0];
-    ev.addr = Some(addr.to_string());
-
-    // Rewrite for the origin: origin address in the URI (the pool key),
-    // the target's authority in Host.
-    let pq = uri.path_and_query().map(|p| p.as_str()).unwrap_or("/");
-    let up_uri: Uri = match format!("http://{addr}{pq}").parse() {
+    let up_uri: Uri = match up_uri.parse() {
         Ok(u) => u,
         Err(_) => {
-            return deny(
+            return denier.deny(
                 ev,
                 Reason::Malformed,
                 Some("unparsable request target".into()),
@@ -299,14 +429,13 @@ pub async fn handle(
             )
         }
     };
-    let host_value = if dest.port == 80 {
-        dest.target.to_string()
-    } else {
-        format!("{}:{}", dest.target, dest.port)
-    };
     {
         let h = req.headers_mut();
         strip_hop_by_hop(h);
+        if let Some(p) = &upgrade {
+            h.insert(header::UPGRADE, p.clone());
+            h.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+        }
         h.insert(
             header::HOST,
             HeaderValue::from_str(&host_value).expect("normalised host is a valid header"),
@@ -318,6 +447,7 @@ pub async fn handle(
     }
     *req.uri_mut() = up_uri;
     *req.version_mut() = http::Version::HTTP_11;
+    let client_upgrade = upgrade.is_some().then(|| hyper::upgrade::on(&mut req));
 
     let up_bytes = Arc::new(AtomicU64::new(0));
     let (parts, body) = req.into_parts();
@@ -328,53 +458,79 @@ pub async fn handle(
             counter: up_bytes.clone(),
         },
     );
-    let result = tokio::time::timeout(RESPONSE_TIMEOUT, ctx.http.request(req)).await;
-    match result {
-        Ok(Ok(mut resp)) => {
-            ev.status = Some(resp.status().as_u16());
-            strip_hop_by_hop(resp.headers_mut());
-            resp.headers_mut().append(header::VIA, VIA.clone());
-            let (parts, body) = resp.into_parts();
-            let body = Recorded {
-                inner: body,
-                up: up_bytes,
-                down: 0,
-                event: Some(ev),
-                recorder: ctx.recorder.clone(),
-            };
-            Response::from_parts(parts, body.boxed())
-        }
+    let sent = match &tls_client {
+        None => ctx.http.request(req),
+        Some(c) => c.request(req),
+    };
+    let mut resp = match tokio::time::timeout(RESPONSE_TIMEOUT, sent).await {
+        Ok(Ok(resp)) => resp,
         Ok(Err(e)) => {
-            rec.metrics
-                .upstream_errors
-                .with_label_values(&["http", "connect"])
-                .inc();
-            let msg = error_chain(&e);
-            let resp = respond::upstream_error(&dest.target.to_string(), &msg, false, false);
-            ev.status = Some(resp.status().as_u16());
-            ev.error = Some(msg);
             ev.bytes_up = up_bytes.load(Ordering::Relaxed);
-            rec.record(ev);
-            resp
+            return upstream_error(ev, "connect", error_chain(&e), false);
         }
         Err(_) => {
-            rec.metrics
-                .upstream_errors
-                .with_label_values(&["http", "timeout"])
-                .inc();
-            let resp = respond::upstream_error(
-                &dest.target.to_string(),
-                "no response in time",
-                true,
-                false,
-            );
-            ev.status = Some(resp.status().as_u16());
-            ev.error = Some("response timeout".into());
             ev.bytes_up = up_bytes.load(Ordering::Relaxed);
-            rec.record(ev);
-            resp
+            return upstream_error(ev, "timeout", "no response in time".into(), true);
         }
+    };
+    if let Some(a) = resp.extensions().get::<super::mitm::UpstreamAddr>() {
+        ev.addr = Some(a.0.to_string());
     }
+    ev.status = Some(resp.status().as_u16());
+    let switching = resp.status() == http::StatusCode::SWITCHING_PROTOCOLS;
+    let resp_upgrade = resp.headers().get(header::UPGRADE).cloned();
+    strip_hop_by_hop(resp.headers_mut());
+    resp.headers_mut().append(header::VIA, VIA.clone());
+    if let (true, Some(client_up), Some(p)) = (switching, client_upgrade, resp_upgrade) {
+        let origin_up = hyper::upgrade::on(&mut resp);
+        let h = resp.headers_mut();
+        h.insert(header::UPGRADE, p);
+        h.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+        let recorder = rec.clone();
+        tokio::spawn(async move {
+            match tokio::try_join!(client_up, origin_up) {
+                Ok((c, o)) => {
+                    let (up, down, result) =
+                        super::tunnel::splice(TokioIo::new(c), TokioIo::new(o), 0).await;
+                    ev.bytes_up = up;
+                    ev.bytes_down = down;
+                    if let Err(e) = result {
+                        ev.error = Some(format!("upgraded connection: {e}"));
+                    }
+                }
+                Err(e) => ev.error = Some(format!("upgrade: {e}")),
+            }
+            recorder.record(ev);
+        });
+        let (parts, _) = resp.into_parts();
+        return Response::from_parts(parts, respond::full(""));
+    }
+    let (parts, body) = resp.into_parts();
+    let body = Recorded {
+        inner: body,
+        up: up_bytes,
+        down: 0,
+        event: Some(ev),
+        recorder: rec.clone(),
+    };
+    Response::from_parts(parts, body.boxed())
+}
+
+/// The protocol an HTTP/1.1 request asks to switch to (`Connection:
+/// upgrade` plus `Upgrade: P`); `None` for every other request.
+fn upgrade_protocol<B>(req: &Request<B>) -> Option<HeaderValue> {
+    if req.version() != http::Version::HTTP_11 {
+        return None;
+    }
+    let asks = req
+        .headers()
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|t| t.trim().eq_ignore_ascii_case("upgrade"));
+    asks.then(|| req.headers().get(header::UPGRADE).cloned())
+        .flatten()
 }
 
 /// Adds an exception's credentials, replacing whatever the client sent

@@ -1,9 +1,11 @@
 //! The HTTP proxy front-end: accept loop, one hyper HTTP/1 connection per
 //! client, and the dispatch of each request to `forward` (absolute-form
-//! requests) or `tunnel` (CONNECT). Both build one `policy::Request` and ask
-//! `Policy::decide`; both record exactly one `Event` per request.
+//! requests) or `tunnel` (CONNECT), which hands tunnels that need inspection
+//! to `mitm`. Each builds one `policy::Request` and asks `Policy::decide`;
+//! each records exactly one `Event` per request.
 
 pub mod forward;
+pub mod mitm;
 pub mod respond;
 pub mod sni;
 pub mod tunnel;
@@ -42,6 +44,8 @@ pub struct ProxyCtx {
     /// egressd's own listening addresses: never a destination.
     pub own_addrs: Vec<SocketAddr>,
     pub http: upstream::HttpClient,
+    /// TLS interception (`--ca-dir`); `None`: CONNECTs are only tunnelled.
+    pub mitm: Option<Arc<mitm::Interceptor>>,
 }
 
 /// Serves the proxy port until `shutdown` flips; then stops accepting and
@@ -108,12 +112,17 @@ pub(crate) fn identify(
     req: &Request<Incoming>,
     peer: SocketAddr,
 ) -> Result<Option<ClientIdx>, UnknownToken> {
-    let token = req
-        .headers()
+    let token = request_token(req)?;
+    policy.identify(peer.ip(), token.as_deref())
+}
+
+/// The Proxy-Authorization token a request presents, if any (an
+/// unparsable header counts as an unknown token).
+pub(crate) fn request_token<B>(req: &Request<B>) -> Result<Option<Vec<u8>>, UnknownToken> {
+    req.headers()
         .get(http::header::PROXY_AUTHORIZATION)
         .map(|v| proxy_token(v.as_bytes()).ok_or(UnknownToken))
-        .transpose()?;
-    policy.identify(peer.ip(), token.as_deref())
+        .transpose()
 }
 
 /// The token in `Basic base64(user:token)` (or `user:` with the token as

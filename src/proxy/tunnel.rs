@@ -5,6 +5,10 @@
 //! first and a server name other than the CONNECT host closes the tunnel
 //! (`sni_mismatch`, no domain fronting). Then bytes are copied both ways with
 //! half-close and an idle timeout.
+//!
+//! With interception enabled (`--ca-dir`), a CONNECT whose exception needs
+//! method/path rules or injected credentials is handed to `mitm` instead:
+//! egressd terminates TLS and decides each request inside.
 
 use std::io;
 use std::net::SocketAddr;
@@ -20,12 +24,13 @@ use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
 
-use super::forward::parse_authority;
+use super::forward::{parse_authority, Dest};
+use super::mitm;
 use super::respond::{self, ProxyBody};
 use super::sni::{self, Hello};
 use super::upstream::{self, Refusal};
 use super::ProxyCtx;
-use crate::decision::{Event, Proto, Reason, Recorder};
+use crate::decision::{Event, Proto, Reason, Recorder, Verdict};
 use crate::metrics::ActiveGuard;
 use crate::policy::host::{parse_host, HostPattern, Target};
 use crate::policy::time::unix_now;
@@ -129,12 +134,49 @@ pub async fn handle(
         method: None,
         path: None,
         qtype: None,
-        can_intercept: false,
+        can_intercept: ctx.mitm.is_some(),
     };
     let d = policy.decide(&preq, now);
     ev.set_decision(&d, policy.settings.mode);
     if !d.is_allowed() {
         return deny(ev, d.reason, None, true);
+    }
+    let sni_rule = SniRule::new(&dest, d.exception, policy.settings.missing_sni);
+
+    if d.verdict == Verdict::Intercept {
+        // Nothing is resolved or dialled yet: each request inside is decided
+        // on its own and reaches the origin through the shared forwarding
+        // path. This line records the tunnel; each request gets its own.
+        let Some(mitm) = ctx.mitm.clone() else {
+            return deny(ev, Reason::InspectionRequired, None, false);
+        };
+        let token = match super::request_token(&req) {
+            Ok(t) => t,
+            Err(e) => return deny(ev, Reason::ClientNotAllowed, Some(e.to_string()), false),
+        };
+        ev.status = Some(200);
+        ev.note = Some("intercepted".into());
+        let tunnel = Arc::new(mitm::Tunnel {
+            peer,
+            token,
+            dest,
+            sni: sni_rule,
+        });
+        let ctx = ctx.clone();
+        tokio::spawn(async move {
+            let _active = ActiveGuard::new(&ctx.recorder.metrics, Proto::Connect);
+            match hyper::upgrade::on(req).await {
+                Ok(up) => mitm::run(TokioIo::new(up), tunnel, ev, ctx, mitm).await,
+                Err(e) => {
+                    ev.error = Some(format!("upgrade: {e}"));
+                    ctx.recorder.record(ev);
+                }
+            }
+        });
+        return Response::builder()
+            .status(StatusCode::OK)
+            .body(respond::full(""))
+            .expect("static response");
     }
 
     let checked = match upstream::resolve_checked(
@@ -187,20 +229,6 @@ pub async fn handle(
     ev.addr = Some(addr.to_string());
     ev.status = Some(200);
 
-    // What a ClientHello without a usable server name may do.
-    let exact_host = match (&dest.target, d.exception) {
-        (Target::Name(h), Some(e)) => e
-            .hosts
-            .iter()
-            .any(|p| matches!(p, HostPattern::Exact(x) if x == h)),
-        _ => false,
-    };
-    let sni_rule = SniRule {
-        check: dest.port == 443,
-        target: dest.target.clone(),
-        missing: policy.settings.missing_sni,
-        exact_host,
-    };
     let recorder = ctx.recorder.clone();
     let exception_injects = d.exception.is_some_and(Exception::needs_inspection);
     debug_assert!(
@@ -223,7 +251,11 @@ pub async fn handle(
         .expect("static response")
 }
 
-struct SniRule {
+/// What a tunnel's ClientHello must name: the CONNECT host, or nothing at
+/// all when `settings.tls.missing_sni` allows it for this destination.
+pub(crate) struct SniRule {
+    /// Opaque tunnels: only port 443 is checked. Intercepted tunnels always
+    /// are (egressd reads their ClientHello itself).
     check: bool,
     target: Target,
     missing: MissingSni,
@@ -231,8 +263,25 @@ struct SniRule {
 }
 
 impl SniRule {
+    pub(crate) fn new(dest: &Dest, exception: Option<&Exception>, missing: MissingSni) -> SniRule {
+        // What a ClientHello without a usable server name may do.
+        let exact_host = match (&dest.target, exception) {
+            (Target::Name(h), Some(e)) => e
+                .hosts
+                .iter()
+                .any(|p| matches!(p, HostPattern::Exact(x) if x == h)),
+            _ => false,
+        };
+        SniRule {
+            check: dest.port == 443,
+            target: dest.target.clone(),
+            missing,
+            exact_host,
+        }
+    }
+
     /// `None` when the hello may pass; else the reason and a note.
-    fn judge(&self, hello: &Hello) -> Option<(Reason, String)> {
+    pub(crate) fn judge(&self, hello: &Hello) -> Option<(Reason, String)> {
         match hello {
             Hello::ClientHello { sni, ech } => {
                 let missing_ok = match self.missing {
@@ -339,18 +388,37 @@ async fn run_tunnel<C>(
             return;
         }
     }
+    let (up, down, result) = splice(client, upstream_conn, first.len() as u64).await;
+    ev.bytes_up = up;
+    ev.bytes_down = down;
+    if let Err(e) = result {
+        ev.error = Some(format!("tunnel: {e}"));
+    }
+    rec.record(ev);
+}
+
+/// Copies bytes both ways between `a` (the client side) and `b` until
+/// both directions end (half-close passes through) or nothing moves for
+/// [`IDLE_TIMEOUT`]. Returns bytes read from `a` (plus `already_up`), bytes
+/// read from `b`, and the error that ended it; a reset or broken pipe is a
+/// normal end, not an error.
+pub(crate) async fn splice<A, B>(a: A, b: B, already_up: u64) -> (u64, u64, io::Result<()>)
+where
+    A: AsyncRead + AsyncWrite + Unpin,
+    B: AsyncRead + AsyncWrite + Unpin,
+{
     let started = Instant::now();
     let activity = Arc::new(AtomicU64::new(0));
-    let up = Arc::new(AtomicU64::new(first.len() as u64));
+    let up = Arc::new(AtomicU64::new(already_up));
     let down = Arc::new(AtomicU64::new(0));
     let mut c = Tracked {
-        inner: client,
+        inner: a,
         read_bytes: up.clone(),
         activity: activity.clone(),
         started,
     };
     let mut u = Tracked {
-        inner: upstream_conn,
+        inner: b,
         read_bytes: down.clone(),
         activity: activity.clone(),
         started,
@@ -370,14 +438,20 @@ async fn run_tunnel<C>(
             _ = tokio::time::sleep(remaining) => continue,
         }
     };
-    ev.bytes_up = up.load(Ordering::Relaxed);
-    ev.bytes_down = down.load(Ordering::Relaxed);
-    if let Err(e) = result {
-        if e.kind() != io::ErrorKind::ConnectionReset && e.kind() != io::ErrorKind::BrokenPipe {
-            ev.error = Some(format!("tunnel: {e}"));
+    let result = match result {
+        Err(e)
+            if e.kind() == io::ErrorKind::ConnectionReset
+                || e.kind() == io::ErrorKind::BrokenPipe =>
+        {
+            Ok(())
         }
-    }
-    rec.record(ev);
+        r => r,
+    };
+    (
+        up.load(Ordering::Relaxed),
+        down.load(Ordering::Relaxed),
+        result,
+    )
 }
 
 /// A stream that counts bytes read from it and notes the time of the last

@@ -5,4 +5,5 @@ mod support;
 
 mod forward;
 mod lifecycle;
+mod tls;
 mod tunnel;

@@ -1,0 +1,769 @@
+//! TLS interception end to end: `egressd ca init`, then curl, Python and a
+//! rustls client through an intercepting egressd to a local TLS origin
+//! whose certificate comes from a test CA made here (given to egressd with
+//! `--upstream-ca`). Names resolve through the fake DNS to 127.0.0.1;
+//! exceptions list the origins' real ports.
+
+use std::convert::Infallible;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::{Arc, Mutex};
+use std::thread;
+
+use bytes::Bytes;
+use http::{Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair, KeyUsagePurpose};
+use rustls_pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer, ServerName};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::support::*;
+
+const TOKEN: &str = "s3cret-gh-token-4242";
+
+// ---------------------------------------------------------------- test PKI
+
+/// The origins' own CA (not egressd's), and certificates it signs.
+struct TestPki {
+    issuer: Issuer<'static, KeyPair>,
+    ca_pem: String,
+}
+
+fn test_pki() -> TestPki {
+    let key = KeyPair::generate().unwrap();
+    let mut p = CertificateParams::new(Vec::<String>::new()).unwrap();
+    p.distinguished_name
+        .push(DnType::CommonName, "egressd test origin CA");
+    p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    p.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+    let cert = p.self_signed(&key).unwrap();
+    TestPki {
+        ca_pem: cert.pem(),
+        issuer: Issuer::new(p, key),
+    }
+}
+
+type CertKey = (CertificateDer<'static>, PrivateKeyDer<'static>);
+
+impl TestPki {
+    fn leaf(&self, names: &[&str]) -> CertKey {
+        let key = KeyPair::generate().unwrap();
+        let p = CertificateParams::new(names.iter().map(|s| s.to_string()).collect::<Vec<_>>())
+            .unwrap();
+        let cert = p.signed_by(&key, &self.issuer).unwrap();
+        (cert.der().clone(), pkcs8(&key))
+    }
+}
+
+fn pkcs8(key: &KeyPair) -> PrivateKeyDer<'static> {
+    PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der()))
+}
+
+/// A certificate for `name` that no CA vouches for.
+fn self_signed(name: &str) -> CertKey {
+    let key = KeyPair::generate().unwrap();
+    let cert = CertificateParams::new(vec![name.to_string()])
+        .unwrap()
+        .self_signed(&key)
+        .unwrap();
+    (cert.der().clone(), pkcs8(&key))
+}
+
+fn provider() -> Arc<rustls::crypto::CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+// ---------------------------------------------------------------- TLS origin
+
+/// A request as the TLS origin received it.
+#[derive(Debug, Clone)]
+struct SeenTls {
+    method: String,
+    target: String,
+    version: String,
+    headers: Vec<(String, String)>,
+}
+
+impl SeenTls {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+/// A local HTTPS origin (h2 and/or http/1.1 by ALPN) that records every
+/// request, answers `hello from tls origin <target>`, and echoes bytes
+/// after an `Upgrade`.
+struct TlsOrigin {
+    addr: SocketAddr,
+    seen: Arc<Mutex<Vec<SeenTls>>>,
+}
+
+impl TlsOrigin {
+    fn port(&self) -> u16 {
+        self.addr.port()
+    }
+    fn last(&self) -> Option<SeenTls> {
+        self.seen.lock().unwrap().last().cloned()
+    }
+    fn count(&self) -> usize {
+        self.seen.lock().unwrap().len()
+    }
+}
+
+fn tls_origin((cert, key): CertKey, alpn: &[&[u8]]) -> TlsOrigin {
+    let mut config = rustls::ServerConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(vec![cert], key)
+        .unwrap();
+    config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.set_nonblocking(true).unwrap();
+    let addr = l.local_addr().unwrap();
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let s2 = seen.clone();
+    thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async move {
+            let l = tokio::net::TcpListener::from_std(l).unwrap();
+            loop {
+                let Ok((tcp, _)) = l.accept().await else {
+                    continue;
+                };
+                let (acceptor, seen) = (acceptor.clone(), s2.clone());
+                tokio::spawn(async move {
+                    let Ok(tls) = acceptor.accept(tcp).await else {
+                        return;
+                    };
+                    let svc =
+                        hyper::service::service_fn(move |req| origin_handle(req, seen.clone()));
+                    let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                        .serve_connection_with_upgrades(TokioIo::new(tls), svc)
+                        .await;
+                });
+            }
+        });
+    });
+    TlsOrigin { addr, seen }
+}
+
+async fn origin_handle(
+    mut req: Request<Incoming>,
+    seen: Arc<Mutex<Vec<SeenTls>>>,
+) -> Result<Response<Full<Bytes>>, Infallible> {
+    let target = req
+        .uri()
+        .path_and_query()
+        .map(|p| p.as_str().to_string())
+        .unwrap_or_default();
+    seen.lock().unwrap().push(SeenTls {
+        method: req.method().to_string(),
+        target: target.clone(),
+        version: format!("{:?}", req.version()),
+        headers: req
+            .headers()
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_str().unwrap_or("?").to_string()))
+            .collect(),
+    });
+    if let Some(proto) = req.headers().get(http::header::UPGRADE).cloned() {
+        let on = hyper::upgrade::on(&mut req);
+        tokio::spawn(async move {
+            let Ok(up) = on.await else { return };
+            let mut io = TokioIo::new(up);
+            let mut buf = [0u8; 4096];
+            while let Ok(n) = io.read(&mut buf).await {
+                if n == 0 || io.write_all(&buf[..n]).await.is_err() {
+                    break;
+                }
+            }
+        });
+        return Ok(Response::builder()
+            .status(StatusCode::SWITCHING_PROTOCOLS)
+            .header(http::header::UPGRADE, proto)
+            .header(http::header::CONNECTION, "upgrade")
+            .body(Full::new(Bytes::new()))
+            .unwrap());
+    }
+    let _ = req.into_body().collect().await;
+    Ok(Response::builder()
+        .header("x-origin", "tls")
+        .body(Full::new(Bytes::from(format!(
+            "hello from tls origin {target}"
+        ))))
+        .unwrap())
+}
+
+// ---------------------------------------------------------------- setup
+
+struct Setup {
+    e: Egressd,
+    /// egressd's CA certificate (what a sandbox trusts).
+    ca: PathBuf,
+    /// h2 + http/1.1 origin for api.test and other.test.
+    api: TlsOrigin,
+    /// http/1.1-only origin for h1.test.
+    h1: TlsOrigin,
+    /// An origin whose certificate no trusted CA signed.
+    bad: TlsOrigin,
+    _dns: FakeDns,
+    _dir: tempfile::TempDir,
+}
+
+fn ca_init(dir: &Path) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_egressd"))
+        .args(["ca", "init", "--dir"])
+        .arg(dir)
+        .output()
+        .expect("run egressd ca init")
+}
+
+fn setup() -> Setup {
+    let dir = tempfile::tempdir().unwrap();
+    let certs = dir.path().join("certs");
+    let out = ca_init(&certs);
+    assert!(out.status.success(), "ca init: {out:?}");
+    let pki = test_pki();
+    let upstream_ca = dir.path().join("origin-ca.pem");
+    std::fs::write(&upstream_ca, &pki.ca_pem).unwrap();
+    let names = ["api.test", "other.test", "h1.test", "plain.test"];
+    let api = tls_origin(pki.leaf(&names), &[b"h2", b"http/1.1"]);
+    let h1 = tls_origin(pki.leaf(&names), &[b"http/1.1"]);
+    let bad = tls_origin(self_signed("bad.test"), &[b"http/1.1"]);
+    let dns = fake_dns();
+    for n in [
+        "api.test",
+        "other.test",
+        "h1.test",
+        "plain.test",
+        "bad.test",
+    ] {
+        dns.set(n, &["127.0.0.1"]);
+    }
+    let ports = format!("[{}, {}, {}]", api.port(), h1.port(), bad.port());
+    let yaml = format!(
+        r#"
+exceptions:
+  - id: gh
+    owner: platform
+    reason: stand-in for api.github.com, token injected outside the sandbox
+    hosts: [api.test, h1.test]
+    cidrs: [127.0.0.0/8]
+    ports: {ports}
+    methods: [GET, HEAD]
+    paths: ["/repos/**", "/ws"]
+    inject:
+      headers: {{ Authorization: "Bearer ${{env:GH_TOKEN}}" }}
+  - id: other
+    owner: platform
+    reason: a second intercepted host (for fronting attempts)
+    hosts: [other.test]
+    cidrs: [127.0.0.0/8]
+    ports: {ports}
+    paths: ["/**"]
+  - id: plain
+    owner: platform
+    reason: host-only rule, tunnelled untouched
+    hosts: [plain.test]
+    cidrs: [127.0.0.0/8]
+    ports: {ports}
+  - id: badcert
+    owner: platform
+    reason: an origin with a certificate nobody signed
+    hosts: [bad.test]
+    cidrs: [127.0.0.0/8]
+    ports: {ports}
+    paths: ["/**"]
+"#
+    );
+    let e = egressd()
+        .policy("p.yaml", &yaml)
+        .dns(dns.addr)
+        .env("EGRESSD_CA_DIR", certs.to_str().unwrap())
+        .env("EGRESSD_UPSTREAM_CA", upstream_ca.to_str().unwrap())
+        .env("GH_TOKEN", TOKEN)
+        .start();
+    Setup {
+        e,
+        ca: certs.join("ca.pem"),
+        api,
+        h1,
+        bad,
+        _dns: dns,
+        _dir: dir,
+    }
+}
+
+fn have(tool: &str) -> bool {
+    let ok = Command::new("sh")
+        .arg("-c")
+        .arg(format!("command -v {tool}"))
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !ok {
+        eprintln!("skipping: {tool} is not installed (apt-get install {tool})");
+    }
+    ok
+}
+
+// ---------------------------------------------------------------- curl
+
+#[derive(Debug)]
+struct CurlOut {
+    status: u16,
+    version: String,
+    headers: String,
+    body: String,
+    stderr: String,
+}
+
+impl CurlOut {
+    fn reason(&self) -> Option<String> {
+        self.headers.lines().find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            k.trim()
+                .eq_ignore_ascii_case("x-egressd-reason")
+                .then(|| v.trim().to_string())
+        })
+    }
+}
+
+fn curl(s: &Setup, args: &[&str], url: &str) -> CurlOut {
+    let tmp = tempfile::tempdir().unwrap();
+    let (h, b) = (tmp.path().join("h"), tmp.path().join("b"));
+    let out = Command::new("curl")
+        .args(["-sS", "--max-time", "20", "--noproxy", ""])
+        .arg("--proxy")
+        .arg(format!("http://{}", s.e.proxy))
+        .arg("--cacert")
+        .arg(&s.ca)
+        .arg("-D")
+        .arg(&h)
+        .arg("-o")
+        .arg(&b)
+        .args(["-w", "%{http_code} %{http_version}"])
+        .args(args)
+        .arg(url)
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .output()
+        .expect("run curl");
+    let w = String::from_utf8_lossy(&out.stdout).to_string();
+    let (code, version) = w.split_once(' ').unwrap_or(("0", ""));
+    CurlOut {
+        status: code.parse().unwrap_or(0),
+        version: version.to_string(),
+        headers: std::fs::read_to_string(&h).unwrap_or_default(),
+        body: std::fs::read_to_string(&b).unwrap_or_default(),
+        stderr: String::from_utf8_lossy(&out.stderr).to_string(),
+    }
+}
+
+fn url(host: &str, o: &TlsOrigin, path: &str) -> String {
+    format!("https://{host}:{}{path}", o.port())
+}
+
+fn tls_lines(e: &Egressd) -> Vec<serde_json::Value> {
+    e.log_lines()
+        .into_iter()
+        .filter(|l| l["proto"] == "tls")
+        .collect()
+}
+
+fn raw_log(e: &Egressd) -> String {
+    std::fs::read_to_string(&e.log_path).unwrap_or_default()
+}
+
+// ---------------------------------------------------------------- tests
+
+#[test]
+fn ca_init_writes_a_private_key_and_refuses_to_overwrite() {
+    let dir = tempfile::tempdir().unwrap();
+    let certs = dir.path().join("certs");
+    let out = ca_init(&certs);
+    assert!(out.status.success(), "{out:?}");
+    let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(&certs.join("ca.key")), 0o600);
+    assert_eq!(mode(&certs), 0o700);
+    assert_eq!(mode(&certs.join("ca.pem")), 0o644);
+    let key = std::fs::read_to_string(certs.join("ca.key")).unwrap();
+    assert!(key.contains("PRIVATE KEY"));
+    let again = ca_init(&certs);
+    assert_eq!(again.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&again.stderr).contains("already exists"));
+    assert_eq!(
+        std::fs::read_to_string(certs.join("ca.key")).unwrap(),
+        key,
+        "the key was not replaced"
+    );
+}
+
+#[test]
+fn curl_method_and_path_rules_with_injected_token() {
+    if !have("curl") {
+        return;
+    }
+    let s = setup();
+    // Allowed: the origin sees the injected token, replacing the client's.
+    let r = curl(
+        &s,
+        &["--http1.1", "-H", "Authorization: Bearer from-the-sandbox"],
+        &url("api.test", &s.api, "/repos/x/y?page=2"),
+    );
+    assert_eq!(r.status, 200, "{r:?}");
+    assert_eq!(r.body, "hello from tls origin /repos/x/y?page=2");
+    let seen = s.api.last().expect("origin reached");
+    assert_eq!(seen.method, "GET");
+    assert_eq!(
+        seen.header("authorization"),
+        Some(format!("Bearer {TOKEN}").as_str())
+    );
+    assert_eq!(
+        seen.headers
+            .iter()
+            .filter(|(k, _)| k.eq_ignore_ascii_case("authorization"))
+            .count(),
+        1
+    );
+    assert_eq!(
+        seen.header("host"),
+        Some(format!("api.test:{}", s.api.port()).as_str())
+    );
+    assert!(!r.headers.contains(TOKEN) && !r.body.contains(TOKEN));
+
+    // Denied inside the tunnel, with a reason; the origin never hears of it.
+    let before = s.api.count();
+    let r = curl(
+        &s,
+        &["--http1.1", "-X", "DELETE"],
+        &url("api.test", &s.api, "/repos/x/y"),
+    );
+    assert_eq!(r.status, 403, "{r:?}");
+    assert_eq!(r.reason().as_deref(), Some("method_not_allowed"));
+    assert!(
+        r.body.contains("contact") || r.body.contains("ask"),
+        "{r:?}"
+    );
+    let r = curl(&s, &["--http1.1"], &url("api.test", &s.api, "/admin"));
+    assert_eq!(r.status, 403);
+    assert_eq!(r.reason().as_deref(), Some("path_not_allowed"));
+    assert_eq!(s.api.count(), before);
+
+    let lines = eventually("three tls lines and their connect lines", || {
+        let l = s.e.log_lines();
+        (l.iter().filter(|l| l["proto"] == "tls").count() >= 3
+            && l.iter().filter(|l| l["proto"] == "connect").count() >= 3)
+            .then_some(l)
+    });
+    let tls: Vec<_> = lines.iter().filter(|l| l["proto"] == "tls").collect();
+    assert_eq!(tls[0]["decision"], "allow");
+    assert_eq!(tls[0]["exception"], "gh");
+    assert_eq!(tls[0]["method"], "GET");
+    assert_eq!(tls[0]["path"], "/repos/x/y");
+    assert_eq!(tls[0]["host"], "api.test");
+    assert_eq!(tls[0]["status"], 200);
+    assert_eq!(tls[0]["addr"], s.api.addr.to_string());
+    assert!(tls[0]["bytes_down"].as_u64().unwrap() > 0);
+    assert_eq!(tls[1]["reason"], "method_not_allowed");
+    assert_eq!(tls[2]["reason"], "path_not_allowed");
+    let connect = lines.iter().find(|l| l["proto"] == "connect").unwrap();
+    assert_eq!(connect["decision"], "allow");
+    assert_eq!(connect["exception"], "gh");
+    assert_eq!(connect["note"], "intercepted");
+    assert!(connect["bytes_up"].as_u64().unwrap() > 0);
+    assert!(!raw_log(&s.e).contains(TOKEN), "the token reached the log");
+    assert!(!s.e.stderr_text().contains(TOKEN));
+}
+
+#[test]
+fn http2_both_sides_and_h2_to_an_http1_origin() {
+    if !have("curl") {
+        return;
+    }
+    let s = setup();
+    let r = curl(&s, &["--http2"], &url("api.test", &s.api, "/repos/h2"));
+    assert_eq!(r.status, 200, "{r:?}");
+    assert_eq!(r.version, "2", "client side speaks h2");
+    let seen = s.api.last().unwrap();
+    assert_eq!(seen.version, "HTTP/2.0", "origin side speaks h2");
+    assert_eq!(
+        seen.header("authorization"),
+        Some(format!("Bearer {TOKEN}").as_str())
+    );
+    let r = curl(&s, &["--http2"], &url("h1.test", &s.h1, "/repos/h1"));
+    assert_eq!(r.status, 200, "{r:?}");
+    assert_eq!(r.version, "2");
+    assert_eq!(s.h1.last().unwrap().version, "HTTP/1.1");
+    let r = curl(
+        &s,
+        &["--http2", "-X", "POST"],
+        &url("api.test", &s.api, "/repos/h2"),
+    );
+    assert_eq!(r.status, 403);
+    assert_eq!(r.reason().as_deref(), Some("method_not_allowed"));
+}
+
+#[test]
+fn host_or_authority_other_than_the_connect_host_is_refused() {
+    if !have("curl") {
+        return;
+    }
+    let s = setup();
+    let before = s.api.count();
+    for v in ["--http1.1", "--http2"] {
+        let r = curl(
+            &s,
+            &[v, "-H", &format!("Host: other.test:{}", s.api.port())],
+            &url("api.test", &s.api, "/repos/x"),
+        );
+        assert_eq!(r.status, 403, "{v}: {r:?}");
+        assert_eq!(r.reason().as_deref(), Some("host_mismatch"), "{v}");
+    }
+    assert_eq!(
+        s.api.count(),
+        before,
+        "a fronted request reached the origin"
+    );
+    let line =
+        s.e.wait_line("host_mismatch line", |l| l["reason"] == "host_mismatch");
+    assert_eq!(line["proto"], "tls");
+    assert_eq!(line["host"], "api.test");
+}
+
+#[test]
+fn origin_with_an_untrusted_certificate_gets_502() {
+    if !have("curl") {
+        return;
+    }
+    let s = setup();
+    let r = curl(&s, &["--http1.1"], &url("bad.test", &s.bad, "/x"));
+    assert_eq!(r.status, 502, "{r:?}");
+    assert_eq!(s.bad.count(), 0, "a request reached an unverified origin");
+    let line = s.e.wait_line("502 line", |l| l["status"] == 502);
+    assert_eq!(line["proto"], "tls");
+    let err = line["error"].as_str().unwrap();
+    assert!(err.contains("certificate"), "{err}");
+}
+
+#[test]
+fn path_normalisation_attacks_get_400() {
+    if !have("curl") {
+        return;
+    }
+    let s = setup();
+    for p in [
+        "/repos/../admin",
+        "/repos/%2e%2e/admin",
+        "/repos/%2E%2e/admin",
+        "/repos/..;/admin",
+        "/repos%2f..%2fadmin",
+        "/repos/x%5c..%5c..%5cadmin",
+        "/repos/./x",
+    ] {
+        let r = curl(
+            &s,
+            &["--http1.1", "--path-as-is"],
+            &url("api.test", &s.api, p),
+        );
+        assert_eq!(r.status, 400, "{p}: {r:?}");
+        assert_eq!(r.reason().as_deref(), Some("malformed"), "{p}");
+    }
+    assert_eq!(s.api.count(), 0);
+    // Harmless spellings are normalised, then matched.
+    let r = curl(
+        &s,
+        &["--http1.1", "--path-as-is"],
+        &url("api.test", &s.api, "/%72epos//x"),
+    );
+    assert_eq!(r.status, 200, "{r:?}");
+    assert_eq!(s.api.last().unwrap().target, "/%72epos//x", "sent as asked");
+    let lines = tls_lines(&s.e);
+    assert_eq!(lines.last().unwrap()["path"], "/repos/x");
+}
+
+#[test]
+fn hosts_without_inspection_rules_are_tunnelled_untouched() {
+    if !have("curl") {
+        return;
+    }
+    let s = setup();
+    // plain.test's exception has no methods/paths/inject: the client talks
+    // TLS with the origin itself, so it must trust the origin's CA.
+    let r = curl(&s, &["--http1.1"], &url("plain.test", &s.api, "/any"));
+    assert_ne!(r.status, 200, "egressd's CA must not be presented here");
+    assert!(r.stderr.to_lowercase().contains("certificate"), "{r:?}");
+    assert!(tls_lines(&s.e).is_empty());
+    let line = s.e.wait_line("connect line", |l| l["proto"] == "connect");
+    assert_eq!(line["exception"], "plain");
+    assert!(line["note"].is_null(), "{line}");
+}
+
+#[test]
+fn python_urllib_through_interception() {
+    if !have("python3") {
+        return;
+    }
+    let s = setup();
+    let script = r#"
+import ssl, sys, urllib.request, urllib.error
+proxy, cafile, url, method = sys.argv[1:5]
+ctx = ssl.create_default_context(cafile=cafile)
+opener = urllib.request.build_opener(
+    urllib.request.ProxyHandler({"https": proxy}),
+    urllib.request.HTTPSHandler(context=ctx))
+try:
+    with opener.open(urllib.request.Request(url, method=method), timeout=20) as r:
+        print(r.status, "-", r.read().decode())
+except urllib.error.HTTPError as e:
+    print(e.code, e.headers.get("X-Egressd-Reason"), e.read().decode().strip())
+"#;
+    let run = |method: &str, path: &str| -> String {
+        let out = Command::new("python3")
+            .arg("-c")
+            .arg(script)
+            .arg(format!("http://{}", s.e.proxy))
+            .arg(&s.ca)
+            .arg(url("api.test", &s.api, path))
+            .arg(method)
+            .env_remove("https_proxy")
+            .env_remove("HTTPS_PROXY")
+            .env_remove("SSL_CERT_FILE")
+            .output()
+            .expect("run python3");
+        assert!(out.status.success(), "{out:?}");
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    };
+    assert_eq!(
+        run("GET", "/repos/py"),
+        "200 - hello from tls origin /repos/py"
+    );
+    let denied = run("DELETE", "/repos/py");
+    assert!(
+        denied.starts_with("403 method_not_allowed egressd denied DELETE https://api.test"),
+        "{denied}"
+    );
+    assert_eq!(
+        s.api.last().unwrap().header("authorization"),
+        Some(format!("Bearer {TOKEN}").as_str())
+    );
+}
+
+// ---------------------------------------------------------------- raw TLS client
+
+/// CONNECTs to `connect` through egressd, then starts TLS naming `sni`,
+/// trusting egressd's CA. Returns the TLS stream (the handshake completes
+/// on first use).
+fn tls_through(
+    s: &Setup,
+    connect: &str,
+    sni: &str,
+) -> rustls::StreamOwned<rustls::ClientConnection, TcpStream> {
+    let mut tcp = connect_to(s.e.proxy);
+    write!(tcp, "CONNECT {connect} HTTP/1.1\r\nHost: {connect}\r\n\r\n").unwrap();
+    let mut r = BufReader::new(tcp.try_clone().unwrap());
+    let mut status = String::new();
+    r.read_line(&mut status).unwrap();
+    assert!(status.contains(" 200 "), "{status}");
+    loop {
+        let mut l = String::new();
+        r.read_line(&mut l).unwrap();
+        if l.trim().is_empty() {
+            break;
+        }
+    }
+    let mut roots = rustls::RootCertStore::empty();
+    let ca = CertificateDer::from_pem_file(&s.ca).unwrap();
+    roots.add(ca).unwrap();
+    let mut config = rustls::ClientConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    let conn = rustls::ClientConnection::new(
+        Arc::new(config),
+        ServerName::try_from(sni.to_string()).unwrap(),
+    )
+    .unwrap();
+    rustls::StreamOwned::new(conn, tcp)
+}
+
+use rustls_pki_types::pem::PemObject;
+
+fn connect_to(a: SocketAddr) -> TcpStream {
+    let s = TcpStream::connect(a).unwrap();
+    s.set_read_timeout(Some(DEADLINE)).unwrap();
+    s
+}
+
+#[test]
+fn sni_other_than_the_connect_host_closes_an_intercepted_tunnel() {
+    let s = setup();
+    let mut t = tls_through(&s, &format!("api.test:{}", s.api.port()), "other.test");
+    let res = t.write_all(b"GET /repos/x HTTP/1.1\r\nHost: other.test\r\n\r\n");
+    let mut buf = Vec::new();
+    let read = res.and_then(|_| t.read_to_end(&mut buf));
+    assert!(read.is_err() || buf.is_empty(), "got {buf:?}");
+    let line = s.e.wait_line("sni line", |l| l["reason"] == "sni_mismatch");
+    assert_eq!(line["proto"], "connect");
+    assert_eq!(line["decision"], "deny");
+    assert_eq!(s.api.count(), 0);
+}
+
+#[test]
+fn websocket_upgrade_passes_after_the_decision() {
+    let s = setup();
+    let host = format!("api.test:{}", s.api.port());
+    let mut t = tls_through(&s, &host, "api.test");
+    write!(
+        t,
+        "GET /ws HTTP/1.1\r\nHost: {host}\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\
+         Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n"
+    )
+    .unwrap();
+    let mut r = BufReader::new(t);
+    let resp = read_response(&mut r).expect("a response");
+    assert_eq!(resp.status, 101, "{resp:?}");
+    assert_eq!(resp.header("upgrade"), Some("websocket"));
+    let seen = s.api.last().unwrap();
+    assert_eq!(
+        seen.header("authorization"),
+        Some(format!("Bearer {TOKEN}").as_str())
+    );
+    assert_eq!(seen.header("upgrade"), Some("websocket"));
+    r.get_mut().write_all(b"ping over the upgrade").unwrap();
+    let mut back = [0u8; 21];
+    r.read_exact(&mut back).unwrap();
+    assert_eq!(&back, b"ping over the upgrade");
+    drop(r);
+    let line = s.e.wait_line("ws line", |l| l["status"] == 101);
+    assert_eq!(line["proto"], "tls");
+    assert_eq!(line["exception"], "gh");
+    assert_eq!(line["bytes_up"], 21);
+    assert_eq!(line["bytes_down"], 21);
+
+    // A denied upgrade never reaches the origin.
+    let before = s.api.count();
+    let mut t = tls_through(&s, &host, "api.test");
+    write!(
+        t,
+        "GET /chat HTTP/1.1\r\nHost: {host}\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n"
+    )
+    .unwrap();
+    let resp = read_response(&mut BufReader::new(t)).unwrap();
+    assert_eq!(resp.status, 403);
+    assert_eq!(s.api.count(), before);
+}
