@@ -18,6 +18,7 @@ pub mod cli;
 pub mod decision;
 pub mod dns;
 pub mod explain;
+pub mod launcher;
 pub mod log;
 pub mod metrics;
 pub mod policy;
