@@ -1,4 +1,4 @@
-//! Command line: `serve`, `check`, `explain`. Every `serve` flag can also
+//! Command line: `serve`, `check`, `explain`, `run`, `ca`. Every `serve` flag can also
 //! come from an `EGRESSD_*` environment variable.
 
 use std::net::SocketAddr;
@@ -38,6 +38,8 @@ pub enum Command {
         #[arg(required = true, num_args = 1..=2)]
         target: Vec<String>,
     },
+    /// Run CMD in a sandbox whose only way out is egressd (embedded by default).
+    Run(RunArgs),
     /// Manage the TLS-interception CA.
     Ca {
         #[command(subcommand)]
@@ -87,4 +89,87 @@ pub struct ServeArgs {
     /// Extra CA certificates (PEM) to trust for origins, beside the system roots.
     #[arg(long, env = "EGRESSD_UPSTREAM_CA")]
     pub upstream_ca: Option<PathBuf>,
+}
+
+/// `egressd run [OPTIONS] -- CMD [ARGS…]`: the sandbox's own options, plus
+/// the flags of the egressd it embeds (unless `--connect` names one).
+#[derive(Debug, Clone, Args)]
+pub struct RunArgs {
+    /// Policy for the embedded egressd.
+    #[arg(long, env = "EGRESSD_POLICY", default_value = "policy/")]
+    pub policy: PathBuf,
+    /// Upstream DNS servers of the embedded egressd (default: /etc/resolv.conf's nameservers).
+    #[arg(long, env = "EGRESSD_UPSTREAM_DNS")]
+    pub upstream_dns: Option<String>,
+    /// Decision log of the embedded egressd; `-` is stdout (default: stderr, so CMD's stdout stays CMD's).
+    #[arg(long, default_value = "/dev/stderr")]
+    pub log: String,
+    /// Interception CA directory for the embedded egressd (enables TLS interception).
+    #[arg(long, env = "EGRESSD_CA_DIR")]
+    pub ca_dir: Option<PathBuf>,
+    /// Extra CA certificates (PEM) the embedded egressd trusts for origins.
+    #[arg(long, env = "EGRESSD_UPSTREAM_CA")]
+    pub upstream_ca: Option<PathBuf>,
+    /// Use the egressd serving its proxy at ADDR instead of embedding one.
+    #[arg(long, value_name = "ADDR")]
+    pub connect: Option<SocketAddr>,
+    /// With --connect: that egressd's DNS address (default: ADDR's IP, port 8053).
+    #[arg(long, value_name = "ADDR")]
+    pub connect_dns: Option<SocketAddr>,
+    /// With --connect: identify the sandbox as this client (token from EGRESSD_TOKEN or --token-file).
+    #[arg(long, value_name = "ID")]
+    pub client: Option<String>,
+    /// File holding the --client token.
+    #[arg(long, value_name = "PATH")]
+    pub token_file: Option<PathBuf>,
+    /// Pass NAME from this environment, or set NAME=VALUE, inside (repeatable).
+    #[arg(long = "env", value_name = "NAME[=VALUE]", value_parser = crate::launcher::env::parse_env_spec)]
+    pub env: Vec<crate::launcher::env::EnvSpec>,
+    /// Kill the whole sandbox after DUR (`90`, `30s`, `5m`, `1500ms`); exit 124.
+    #[arg(long, value_name = "DUR", value_parser = crate::launcher::limits::parse_duration)]
+    pub timeout: Option<std::time::Duration>,
+    /// Address-space limit per process (RLIMIT_AS), e.g. 512M, 2G.
+    #[arg(long, value_name = "BYTES", value_parser = crate::launcher::limits::parse_bytes)]
+    pub memory: Option<u64>,
+    /// CPU-time limit per process in seconds (RLIMIT_CPU).
+    #[arg(long, value_name = "SECS", value_parser = crate::launcher::limits::parse_count)]
+    pub cpu: Option<u64>,
+    /// Process limit (RLIMIT_NPROC; not enforceable when run as host root).
+    #[arg(long, alias = "nproc", value_name = "N", value_parser = crate::launcher::limits::parse_count)]
+    pub pids: Option<u64>,
+    /// Largest file CMD may write (RLIMIT_FSIZE), e.g. 100M.
+    #[arg(long, value_name = "BYTES", value_parser = crate::launcher::limits::parse_bytes)]
+    pub file_size: Option<u64>,
+    /// Bind a host path read-only at the same place inside (repeatable).
+    #[arg(long, value_name = "PATH")]
+    pub ro: Vec<PathBuf>,
+    /// Bind a host path writable at the same place inside (repeatable).
+    #[arg(long, value_name = "PATH")]
+    pub rw: Vec<PathBuf>,
+    /// The command and its arguments.
+    #[arg(
+        required = true,
+        trailing_var_arg = true,
+        allow_hyphen_values = true,
+        value_name = "CMD"
+    )]
+    pub command: Vec<std::ffi::OsString>,
+}
+
+impl RunArgs {
+    /// The embedded egressd's settings. Its listeners are created inside the
+    /// sandbox, so the listen addresses here are never bound; keep this in
+    /// step with [`ServeArgs`] (DESIGN: `run` takes serve's flags).
+    pub fn embedded_serve_args(&self) -> ServeArgs {
+        ServeArgs {
+            policy: self.policy.clone(),
+            listen: SocketAddr::from(([127, 0, 0, 1], 3128)),
+            dns_listen: SocketAddr::from(([127, 0, 0, 1], 53)),
+            metrics_listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            upstream_dns: self.upstream_dns.clone(),
+            log: self.log.clone(),
+            ca_dir: self.ca_dir.clone(),
+            upstream_ca: self.upstream_ca.clone(),
+        }
+    }
 }

@@ -47,6 +47,8 @@ fn main() -> ExitCode {
             );
             ExitCode::from(code as u8)
         }
+        // Before any runtime exists: the launcher forks while single-threaded.
+        Command::Run(args) => ExitCode::from(egressd::launcher::main(args)),
         Command::Ca {
             command: CaCommand::Init { dir, days, force },
         } => {

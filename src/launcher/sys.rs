@@ -1,0 +1,586 @@
+//! Thin, safe wrappers over the Linux calls the launcher makes: process
+//! creation and namespaces, signals, descriptor passing, the mount API,
+//! loopback configuration and capability dropping. Every `unsafe` block of
+//! the launcher lives here, each with the reason it is sound; callers see
+//! `io::Result`s. Linux only (this is where the launcher's kernel
+//! requirements show: mount_setattr 5.12, pidfd_open 5.3, close_range 5.9).
+
+use std::ffi::{CStr, CString};
+use std::io;
+use std::mem::{size_of, zeroed, MaybeUninit};
+use std::net::Ipv4Addr;
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::time::Duration;
+
+use libc::{c_int, c_long, c_uint, c_ulong, pid_t};
+
+fn check(ret: c_int) -> io::Result<c_int> {
+    if ret < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(ret)
+    }
+}
+
+fn check_long(ret: c_long) -> io::Result<c_long> {
+    if ret < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(ret)
+    }
+}
+
+// ---------------------------------------------------------------- processes
+
+/// `fork()`. Returns 0 in the child.
+///
+/// Only sound to use from a single-threaded process (the launcher forks
+/// before it starts any thread): the child then owns every lock it sees.
+pub fn fork() -> io::Result<pid_t> {
+    // SAFETY: see above; the launcher calls this before spawning threads.
+    check(unsafe { libc::fork() })
+}
+
+pub fn unshare(flags: c_int) -> io::Result<()> {
+    // SAFETY: no pointers; the kernel checks the caller is single-threaded.
+    check(unsafe { libc::unshare(flags) }).map(drop)
+}
+
+/// Asks the kernel to send `sig` to this process when its parent thread dies.
+pub fn set_parent_death_signal(sig: c_int) -> io::Result<()> {
+    // SAFETY: prctl with integer arguments only.
+    check(unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, sig as c_ulong, 0, 0, 0) }).map(drop)
+}
+
+pub fn getpid() -> pid_t {
+    // SAFETY: always succeeds.
+    unsafe { libc::getpid() }
+}
+
+pub fn getppid() -> pid_t {
+    // SAFETY: always succeeds.
+    unsafe { libc::getppid() }
+}
+
+pub fn getuid() -> u32 {
+    // SAFETY: always succeeds.
+    unsafe { libc::getuid() }
+}
+
+pub fn getgid() -> u32 {
+    // SAFETY: always succeeds.
+    unsafe { libc::getgid() }
+}
+
+/// Ends the process at once: no destructors, no atexit handlers, no stdio
+/// flush of buffers that a forked child shares with its parent.
+pub fn exit_now(code: u8) -> ! {
+    // SAFETY: _exit never returns and touches no Rust state.
+    unsafe { libc::_exit(code as c_int) }
+}
+
+/// Waits for `pid` (or any child, with -1) and returns (pid, raw status).
+pub fn wait(pid: pid_t, nohang: bool) -> io::Result<(pid_t, c_int)> {
+    let mut status = 0;
+    loop {
+        // SAFETY: `status` is a valid out-pointer.
+        let r = unsafe { libc::waitpid(pid, &mut status, if nohang { libc::WNOHANG } else { 0 }) };
+        if r >= 0 {
+            return Ok((r, status));
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}
+
+/// The shell's convention: the exit code, or 128 + the signal that killed it.
+pub fn exit_code(status: c_int) -> u8 {
+    if libc::WIFEXITED(status) {
+        libc::WEXITSTATUS(status) as u8
+    } else if libc::WIFSIGNALED(status) {
+        128u8.wrapping_add(libc::WTERMSIG(status) as u8)
+    } else {
+        255
+    }
+}
+
+/// A descriptor for `pid` that cannot come to name another process later.
+pub fn pidfd_open(pid: pid_t) -> io::Result<OwnedFd> {
+    // SAFETY: integer arguments; the result is a new descriptor we own.
+    let fd = check_long(unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) })?;
+    // SAFETY: the kernel just returned this descriptor to us.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+}
+
+pub fn pidfd_send_signal(pidfd: BorrowedFd<'_>, sig: c_int) -> io::Result<()> {
+    // SAFETY: a null siginfo is allowed (the kernel fills in SI_USER).
+    check_long(unsafe {
+        libc::syscall(
+            libc::SYS_pidfd_send_signal,
+            pidfd.as_raw_fd(),
+            sig,
+            std::ptr::null::<libc::siginfo_t>(),
+            0,
+        )
+    })
+    .map(drop)
+}
+
+pub fn kill(pid: pid_t, sig: c_int) -> io::Result<()> {
+    // SAFETY: integer arguments.
+    check(unsafe { libc::kill(pid, sig) }).map(drop)
+}
+
+/// Marks every descriptor from `first` up close-on-exec.
+pub fn cloexec_from(first: c_uint) -> io::Result<()> {
+    // SAFETY: integer arguments.
+    check(unsafe { libc::close_range(first, c_uint::MAX, libc::CLOSE_RANGE_CLOEXEC as c_int) })
+        .map(drop)
+}
+
+pub fn chdir(path: &CStr) -> io::Result<()> {
+    // SAFETY: a valid C string.
+    check(unsafe { libc::chdir(path.as_ptr()) }).map(drop)
+}
+
+/// `execve`; returns only on failure.
+pub fn execve(path: &CStr, argv: &[CString], envp: &[CString]) -> io::Error {
+    let mut a: Vec<*const libc::c_char> = argv.iter().map(|s| s.as_ptr()).collect();
+    a.push(std::ptr::null());
+    let mut e: Vec<*const libc::c_char> = envp.iter().map(|s| s.as_ptr()).collect();
+    e.push(std::ptr::null());
+    // SAFETY: null-terminated arrays of valid C strings that outlive the call.
+    unsafe { libc::execve(path.as_ptr(), a.as_ptr(), e.as_ptr()) };
+    io::Error::last_os_error()
+}
+
+// ---------------------------------------------------------------- signals
+
+/// A set of signals, to block or to wait for.
+pub struct SigSet(libc::sigset_t);
+
+impl SigSet {
+    pub fn of(sigs: &[c_int]) -> SigSet {
+        // SAFETY: sigemptyset initialises the set; sigaddset only fails for
+        // invalid numbers, which the constants we pass are not.
+        unsafe {
+            let mut s = MaybeUninit::<libc::sigset_t>::uninit();
+            libc::sigemptyset(s.as_mut_ptr());
+            let mut s = s.assume_init();
+            for &sig in sigs {
+                libc::sigaddset(&mut s, sig);
+            }
+            SigSet(s)
+        }
+    }
+
+    /// Blocks the set in the calling thread (threads started later inherit it).
+    pub fn block(&self) -> io::Result<()> {
+        // SAFETY: valid set pointer; a null old-set pointer is allowed.
+        let r = unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &self.0, std::ptr::null_mut()) };
+        if r != 0 {
+            return Err(io::Error::from_raw_os_error(r));
+        }
+        Ok(())
+    }
+
+    /// Waits for one signal of the set (which must be blocked); returns the
+    /// signal and its `si_code` (SI_USER for kill(), SI_KERNEL for a
+    /// terminal's ^C, …).
+    pub fn wait(&self) -> io::Result<(c_int, c_int)> {
+        loop {
+            // SAFETY: valid set and out-pointer.
+            let mut info: libc::siginfo_t = unsafe { zeroed() };
+            let r = unsafe { libc::sigwaitinfo(&self.0, &mut info) };
+            if r >= 0 {
+                return Ok((r, info.si_code));
+            }
+            let e = io::Error::last_os_error();
+            if e.kind() != io::ErrorKind::Interrupted {
+                return Err(e);
+            }
+        }
+    }
+}
+
+/// Unblocks every signal and restores SIGPIPE's default action (Rust
+/// programs ignore it, and an ignored disposition survives exec).
+pub fn reset_signals_for_exec() -> io::Result<()> {
+    let empty = SigSet::of(&[]);
+    // SAFETY: valid set; null old-set pointer allowed. SIG_DFL is a valid
+    // disposition for SIGPIPE.
+    unsafe {
+        let r = libc::pthread_sigmask(libc::SIG_SETMASK, &empty.0, std::ptr::null_mut());
+        if r != 0 {
+            return Err(io::Error::from_raw_os_error(r));
+        }
+        if libc::signal(libc::SIGPIPE, libc::SIG_DFL) == libc::SIG_ERR {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------- descriptor passing
+
+/// A connected pair of SOCK_SEQPACKET sockets (message boundaries kept),
+/// both close-on-exec.
+pub fn seqpacket_pair() -> io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0 as c_int; 2];
+    // SAFETY: `fds` has room for the two descriptors returned.
+    check(unsafe {
+        libc::socketpair(
+            libc::AF_UNIX,
+            libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC,
+            0,
+            fds.as_mut_ptr(),
+        )
+    })?;
+    // SAFETY: fresh descriptors owned by nobody else.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+/// Most descriptors one message carries.
+const MAX_FDS: usize = 4;
+
+/// Sends one message with `fds` attached (SCM_RIGHTS).
+pub fn send(sock: BorrowedFd<'_>, data: &[u8], fds: &[BorrowedFd<'_>]) -> io::Result<()> {
+    assert!(fds.len() <= MAX_FDS);
+    let mut iov = libc::iovec {
+        iov_base: data.as_ptr() as *mut libc::c_void,
+        iov_len: data.len(),
+    };
+    // u64 keeps the control buffer aligned for cmsghdr.
+    let mut control = [0u64; 8];
+    // SAFETY: msghdr is plain data; we point it at `iov` and `control`,
+    // which outlive the sendmsg call, and write the control message within
+    // the CMSG_SPACE we computed (checked against the buffer's size).
+    unsafe {
+        let mut msg: libc::msghdr = zeroed();
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        if !fds.is_empty() {
+            let payload = (fds.len() * size_of::<c_int>()) as c_uint;
+            let space = libc::CMSG_SPACE(payload) as usize;
+            assert!(space <= size_of::<[u64; 8]>());
+            msg.msg_control = control.as_mut_ptr() as *mut libc::c_void;
+            msg.msg_controllen = space;
+            let cmsg = libc::CMSG_FIRSTHDR(&msg);
+            (*cmsg).cmsg_level = libc::SOL_SOCKET;
+            (*cmsg).cmsg_type = libc::SCM_RIGHTS;
+            (*cmsg).cmsg_len = libc::CMSG_LEN(payload) as usize;
+            let data = libc::CMSG_DATA(cmsg) as *mut c_int;
+            for (i, fd) in fds.iter().enumerate() {
+                data.add(i).write_unaligned(fd.as_raw_fd());
+            }
+        }
+        loop {
+            let r = libc::sendmsg(sock.as_raw_fd(), &msg, libc::MSG_NOSIGNAL);
+            if r >= 0 {
+                return Ok(());
+            }
+            let e = io::Error::last_os_error();
+            if e.kind() != io::ErrorKind::Interrupted {
+                return Err(e);
+            }
+        }
+    }
+}
+
+/// Receives one message and the descriptors attached to it (close-on-exec).
+/// `Ok((0, []))` is end of stream.
+pub fn recv(sock: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<(usize, Vec<OwnedFd>)> {
+    let mut iov = libc::iovec {
+        iov_base: buf.as_mut_ptr() as *mut libc::c_void,
+        iov_len: buf.len(),
+    };
+    let mut control = [0u64; 8];
+    // SAFETY: as in `send`; the kernel writes at most msg_controllen bytes
+    // of control data, and we read only the SCM_RIGHTS payload it reports.
+    unsafe {
+        let mut msg: libc::msghdr = zeroed();
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = control.as_mut_ptr() as *mut libc::c_void;
+        msg.msg_controllen = size_of::<[u64; 8]>();
+        let n = loop {
+            let r = libc::recvmsg(sock.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC);
+            if r >= 0 {
+                break r as usize;
+            }
+            let e = io::Error::last_os_error();
+            if e.kind() != io::ErrorKind::Interrupted {
+                return Err(e);
+            }
+        };
+        let mut fds = Vec::new();
+        let mut cmsg = libc::CMSG_FIRSTHDR(&msg);
+        while !cmsg.is_null() {
+            if (*cmsg).cmsg_level == libc::SOL_SOCKET && (*cmsg).cmsg_type == libc::SCM_RIGHTS {
+                let header = libc::CMSG_LEN(0) as usize;
+                let count = ((*cmsg).cmsg_len as usize - header) / size_of::<c_int>();
+                let data = libc::CMSG_DATA(cmsg) as *const c_int;
+                for i in 0..count {
+                    fds.push(OwnedFd::from_raw_fd(data.add(i).read_unaligned()));
+                }
+            }
+            cmsg = libc::CMSG_NXTHDR(&msg, cmsg);
+        }
+        if msg.msg_flags & libc::MSG_CTRUNC != 0 {
+            return Err(io::Error::other("descriptors were truncated in transit"));
+        }
+        Ok((n, fds))
+    }
+}
+
+pub fn set_recv_timeout(sock: BorrowedFd<'_>, d: Duration) -> io::Result<()> {
+    let tv = libc::timeval {
+        tv_sec: d.as_secs() as libc::time_t,
+        tv_usec: d.subsec_micros() as libc::suseconds_t,
+    };
+    // SAFETY: a valid timeval of the size we pass.
+    check(unsafe {
+        libc::setsockopt(
+            sock.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_RCVTIMEO,
+            &tv as *const _ as *const libc::c_void,
+            size_of::<libc::timeval>() as libc::socklen_t,
+        )
+    })
+    .map(drop)
+}
+
+// ---------------------------------------------------------------- mounts
+
+// The new mount API's constants (linux/mount.h); not all are in `libc`.
+const OPEN_TREE_CLONE: c_uint = 1;
+const AT_RECURSIVE: c_uint = 0x8000;
+const AT_EMPTY_PATH: c_uint = 0x1000;
+const MOVE_MOUNT_F_EMPTY_PATH: c_uint = 0x4;
+pub const MOUNT_ATTR_RDONLY: u64 = 0x1;
+pub const MOUNT_ATTR_NOSUID: u64 = 0x2;
+
+#[repr(C)]
+struct MountAttr {
+    attr_set: u64,
+    attr_clr: u64,
+    propagation: u64,
+    userns_fd: u64,
+}
+
+pub fn mount(
+    source: &CStr,
+    target: &CStr,
+    fstype: Option<&CStr>,
+    flags: c_ulong,
+    data: Option<&CStr>,
+) -> io::Result<()> {
+    // SAFETY: valid C strings or nulls, as mount(2) accepts.
+    check(unsafe {
+        libc::mount(
+            source.as_ptr(),
+            target.as_ptr(),
+            fstype.map_or(std::ptr::null(), |s| s.as_ptr()),
+            flags,
+            data.map_or(std::ptr::null(), |s| s.as_ptr() as *const libc::c_void),
+        )
+    })
+    .map(drop)
+}
+
+/// A detached copy of the mount tree at `path` (with everything mounted
+/// below it), to be attached elsewhere later with [`move_mount`].
+pub fn open_tree_clone(path: &CStr) -> io::Result<OwnedFd> {
+    // SAFETY: a valid C string; the result is a new descriptor we own.
+    let fd = check_long(unsafe {
+        libc::syscall(
+            libc::SYS_open_tree,
+            libc::AT_FDCWD,
+            path.as_ptr(),
+            OPEN_TREE_CLONE | AT_RECURSIVE | libc::O_CLOEXEC as c_uint,
+        )
+    })?;
+    // SAFETY: the kernel just returned this descriptor to us.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+}
+
+/// Sets and clears `MOUNT_ATTR_*` on the mount at `path` (or on the tree
+/// behind `fd`) and every mount below it.
+pub fn mount_setattr(
+    at: Option<BorrowedFd<'_>>,
+    path: &CStr,
+    set: u64,
+    clear: u64,
+) -> io::Result<()> {
+    let attr = MountAttr {
+        attr_set: set,
+        attr_clr: clear,
+        propagation: 0,
+        userns_fd: 0,
+    };
+    let (dirfd, flags) = match at {
+        Some(fd) => (fd.as_raw_fd(), AT_RECURSIVE | AT_EMPTY_PATH),
+        None => (libc::AT_FDCWD, AT_RECURSIVE),
+    };
+    // SAFETY: valid C string and a struct of the size we pass.
+    check_long(unsafe {
+        libc::syscall(
+            libc::SYS_mount_setattr,
+            dirfd,
+            path.as_ptr(),
+            flags,
+            &attr as *const MountAttr,
+            size_of::<MountAttr>(),
+        )
+    })
+    .map(drop)
+}
+
+/// Attaches the detached tree `tree` at `target`.
+pub fn move_mount(tree: BorrowedFd<'_>, target: &CStr) -> io::Result<()> {
+    // SAFETY: valid C strings; integer descriptors.
+    check_long(unsafe {
+        libc::syscall(
+            libc::SYS_move_mount,
+            tree.as_raw_fd(),
+            c"".as_ptr(),
+            libc::AT_FDCWD,
+            target.as_ptr(),
+            MOVE_MOUNT_F_EMPTY_PATH,
+        )
+    })
+    .map(drop)
+}
+
+// ---------------------------------------------------------------- network
+
+fn ifreq_named(name: &str) -> libc::ifreq {
+    // SAFETY: ifreq is plain data; all-zero is a valid value.
+    let mut ifr: libc::ifreq = unsafe { zeroed() };
+    for (d, s) in ifr.ifr_name.iter_mut().zip(name.bytes()) {
+        *d = s as libc::c_char;
+    }
+    ifr
+}
+
+fn sockaddr_v4(ip: Ipv4Addr) -> libc::sockaddr {
+    let sin = libc::sockaddr_in {
+        sin_family: libc::AF_INET as libc::sa_family_t,
+        sin_port: 0,
+        sin_addr: libc::in_addr {
+            s_addr: u32::from(ip).to_be(),
+        },
+        sin_zero: [0; 8],
+    };
+    // SAFETY: sockaddr_in and sockaddr have the same size on Linux; the
+    // kernel reads it as sockaddr_in because sin_family says AF_INET.
+    unsafe { std::mem::transmute::<libc::sockaddr_in, libc::sockaddr>(sin) }
+}
+
+/// Brings `lo` up and gives it `second` as an extra address (/8), in the
+/// calling process's network namespace.
+pub fn loopback_up(second: Ipv4Addr) -> io::Result<()> {
+    // SAFETY: a fresh socket descriptor we own.
+    let sock = unsafe {
+        OwnedFd::from_raw_fd(check(libc::socket(
+            libc::AF_INET,
+            libc::SOCK_DGRAM | libc::SOCK_CLOEXEC,
+            0,
+        ))?)
+    };
+    let fd = sock.as_raw_fd();
+    let mut ifr = ifreq_named("lo");
+    // SAFETY: ioctls on a socket with a valid ifreq; we read the union's
+    // flags member only after SIOCGIFFLAGS filled it in.
+    unsafe {
+        check(libc::ioctl(fd, libc::SIOCGIFFLAGS as _, &mut ifr))?;
+        ifr.ifr_ifru.ifru_flags |= (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short;
+        check(libc::ioctl(fd, libc::SIOCSIFFLAGS as _, &ifr))?;
+    }
+    // An alias label ("lo:1") adds a secondary address without netlink.
+    let mut alias = ifreq_named("lo:1");
+    alias.ifr_ifru.ifru_addr = sockaddr_v4(second);
+    // SAFETY: as above.
+    unsafe { check(libc::ioctl(fd, libc::SIOCSIFADDR as _, &alias))? };
+    alias.ifr_ifru.ifru_netmask = sockaddr_v4(Ipv4Addr::new(255, 0, 0, 0));
+    // SAFETY: as above.
+    unsafe { check(libc::ioctl(fd, libc::SIOCSIFNETMASK as _, &alias))? };
+    Ok(())
+}
+
+// ---------------------------------------------------------------- privileges
+
+const CAP_VERSION_3: u32 = 0x2008_0522;
+
+#[repr(C)]
+struct CapHeader {
+    version: u32,
+    pid: c_int,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct CapData {
+    effective: u32,
+    permitted: u32,
+    inheritable: u32,
+}
+
+/// Leaves the calling process with no capabilities, now or after any exec:
+/// locks the "root is not special" securebits, empties the bounding and
+/// ambient sets, clears effective/permitted/inheritable, and sets
+/// no_new_privs (setuid binaries and file capabilities grant nothing).
+pub fn drop_all_capabilities() -> io::Result<()> {
+    let bits = libc::SECBIT_NOROOT
+        | libc::SECBIT_NOROOT_LOCKED
+        | libc::SECBIT_NO_SETUID_FIXUP
+        | libc::SECBIT_NO_SETUID_FIXUP_LOCKED
+        | libc::SECBIT_KEEP_CAPS_LOCKED
+        | libc::SECBIT_NO_CAP_AMBIENT_RAISE
+        | libc::SECBIT_NO_CAP_AMBIENT_RAISE_LOCKED;
+    // SAFETY: prctl/capset with integer arguments or structs we own.
+    unsafe {
+        check(libc::prctl(
+            libc::PR_SET_SECUREBITS,
+            bits as c_ulong,
+            0,
+            0,
+            0,
+        ))
+        .map_err(|e| io::Error::new(e.kind(), format!("securebits: {e}")))?;
+        for cap in 0..64 {
+            if libc::prctl(libc::PR_CAPBSET_DROP, cap as c_ulong, 0, 0, 0) != 0 {
+                let e = io::Error::last_os_error();
+                if e.raw_os_error() == Some(libc::EINVAL) {
+                    break; // past the kernel's last capability
+                }
+                return Err(io::Error::new(e.kind(), format!("bounding set: {e}")));
+            }
+        }
+        check(libc::prctl(
+            libc::PR_CAP_AMBIENT,
+            libc::PR_CAP_AMBIENT_CLEAR_ALL as c_ulong,
+            0,
+            0,
+            0,
+        ))
+        .map_err(|e| io::Error::new(e.kind(), format!("ambient set: {e}")))?;
+        let header = CapHeader {
+            version: CAP_VERSION_3,
+            pid: 0,
+        };
+        let data = [CapData {
+            effective: 0,
+            permitted: 0,
+            inheritable: 0,
+        }; 2];
+        check_long(libc::syscall(libc::SYS_capset, &header, data.as_ptr()))
+            .map_err(|e| io::Error::new(e.kind(), format!("capset: {e}")))?;
+        check(libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0))
+            .map_err(|e| io::Error::new(e.kind(), format!("no_new_privs: {e}")))?;
+    }
+    Ok(())
+}
