@@ -4,6 +4,7 @@
 mod support;
 
 mod forward;
+mod launcher;
 mod lifecycle;
 mod tls;
 mod tunnel;

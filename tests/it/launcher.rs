@@ -1,0 +1,890 @@
+//! `egressd run`: real sandboxes (user, mount, network, PID namespaces)
+//! running curl and python3, with egressd embedded or `--connect`ed. Every
+//! fixture listens on the host's loopback or on the host's own addresses;
+//! inside the sandbox there is only `lo`, so nothing here can send a packet
+//! off the machine (the one attempt at an outside address, 1.1.1.1, is made
+//! only after the script inside has checked it sees no interface but `lo`).
+
+use std::ffi::OsString;
+use std::io::Read;
+use std::net::{IpAddr, SocketAddr, UdpSocket};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use crate::support::*;
+
+/// How long one `egressd run` may take before the test kills it.
+const RUN_DEADLINE: Duration = Duration::from_secs(60);
+
+fn policy(port: u16) -> String {
+    format!(
+        r##"
+settings:
+  contact: "#sec-test"
+exceptions:
+  - id: origin
+    owner: test-team
+    reason: the local origin, reached by name
+    hosts: [allowed.test]
+    cidrs: [127.0.0.0/8]
+    ports: [{port}]
+"##
+    )
+}
+
+struct Outcome {
+    code: i32,
+    stdout: String,
+    stderr: String,
+    elapsed: Duration,
+    log_path: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Outcome {
+    fn log_lines(&self) -> Vec<serde_json::Value> {
+        std::fs::read_to_string(&self.log_path)
+            .unwrap_or_default()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("bad log line {l:?}: {e}")))
+            .collect()
+    }
+    fn line(&self, pred: impl Fn(&serde_json::Value) -> bool) -> serde_json::Value {
+        self.log_lines()
+            .into_iter()
+            .find(|l| pred(l))
+            .unwrap_or_else(|| panic!("no such log line in {:?}", self.log_lines()))
+    }
+    fn context(&self) -> String {
+        format!(
+            "exit {}\n--- stdout\n{}\n--- stderr\n{}",
+            self.code, self.stdout, self.stderr
+        )
+    }
+}
+
+/// An `egressd run` invocation.
+struct Run {
+    args: Vec<OsString>,
+    env: Vec<(String, String)>,
+    policy: Option<String>,
+    dns: Option<SocketAddr>,
+    as_nobody: bool,
+}
+
+fn run() -> Run {
+    Run {
+        args: Vec::new(),
+        env: Vec::new(),
+        policy: None,
+        dns: None,
+        as_nobody: false,
+    }
+}
+
+impl Run {
+    fn policy(mut self, yaml: &str) -> Self {
+        self.policy = Some(yaml.to_string());
+        self
+    }
+    fn dns(mut self, addr: SocketAddr) -> Self {
+        self.dns = Some(addr);
+        self
+    }
+    fn arg(mut self, a: impl Into<OsString>) -> Self {
+        self.args.push(a.into());
+        self
+    }
+    fn env(mut self, k: &str, v: &str) -> Self {
+        self.env.push((k.into(), v.into()));
+        self
+    }
+    /// Runs the launcher as uid/gid 65534 with no supplementary groups.
+    fn unprivileged(mut self) -> Self {
+        self.as_nobody = true;
+        self
+    }
+
+    /// Runs `egressd run … -- cmd…` and waits for it.
+    fn cmd(self, cmd: &[&str]) -> Outcome {
+        let dir = tempfile::tempdir().unwrap();
+        let log_path = dir.path().join("decisions.log");
+        let policy_dir = dir.path().join("policy");
+        std::fs::create_dir(&policy_dir).unwrap();
+        std::fs::write(
+            policy_dir.join("p.yaml"),
+            self.policy.as_deref().unwrap_or("exceptions: []\n"),
+        )
+        .unwrap();
+        if self.as_nobody {
+            use std::os::unix::fs::PermissionsExt;
+            for (p, mode) in [
+                (dir.path(), 0o777),
+                (policy_dir.as_path(), 0o755),
+                (policy_dir.join("p.yaml").as_path(), 0o644),
+            ] {
+                std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).unwrap();
+            }
+        }
+        let bin = env!("CARGO_BIN_EXE_egressd");
+        let mut c = if self.as_nobody {
+            let mut c = Command::new("setpriv");
+            c.args(["--reuid=65534", "--regid=65534", "--clear-groups", bin]);
+            c.env("HOME", "/nonexistent");
+            c
+        } else {
+            Command::new(bin)
+        };
+        c.arg("run")
+            .arg("--policy")
+            .arg(&policy_dir)
+            .arg("--log")
+            .arg(&log_path)
+            .arg("--upstream-dns")
+            .arg(
+                self.dns
+                    .map(|a| a.to_string())
+                    .unwrap_or_else(|| "127.0.0.1:9".into()),
+            )
+            .args(&self.args)
+            .arg("--")
+            .args(cmd)
+            // The fresh /tmp inside would hide a working directory under /tmp.
+            .current_dir("/")
+            .env_remove("EGRESSD_POLICY")
+            .env_remove("EGRESSD_CA_DIR")
+            .env_remove("EGRESSD_TOKEN")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        for (k, v) in &self.env {
+            c.env(k, v);
+        }
+        let start = Instant::now();
+        let mut child = c.spawn().expect("spawn egressd run");
+        let mut out = child.stdout.take().unwrap();
+        let mut err = child.stderr.take().unwrap();
+        let t_out = thread::spawn(move || {
+            let mut s = String::new();
+            let _ = out.read_to_string(&mut s);
+            s
+        });
+        let t_err = thread::spawn(move || {
+            let mut s = String::new();
+            let _ = err.read_to_string(&mut s);
+            s
+        });
+        let status = loop {
+            if let Some(s) = child.try_wait().unwrap() {
+                break s;
+            }
+            if start.elapsed() > RUN_DEADLINE {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!(
+                    "egressd run did not finish within {RUN_DEADLINE:?}; stderr: {}",
+                    t_err.join().unwrap()
+                );
+            }
+            thread::sleep(Duration::from_millis(20));
+        };
+        let elapsed = start.elapsed();
+        use std::os::unix::process::ExitStatusExt;
+        let code = status
+            .code()
+            .unwrap_or_else(|| 128 + status.signal().unwrap_or(0));
+        Outcome {
+            code,
+            stdout: t_out.join().unwrap(),
+            stderr: t_err.join().unwrap(),
+            elapsed,
+            log_path,
+            _dir: dir,
+        }
+    }
+}
+
+/// The first global-scope address of this host of the given family, if any.
+fn host_address(v6: bool) -> Option<IpAddr> {
+    let out = Command::new("ip")
+        .args([
+            if v6 { "-6" } else { "-4" },
+            "-o",
+            "addr",
+            "show",
+            "scope",
+            "global",
+        ])
+        .output()
+        .ok()?;
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| {
+            let mut w = l.split_whitespace();
+            w.position(|x| x == "inet" || x == "inet6")?;
+            w.next()?.split('/').next()?.parse().ok()
+        })
+        .next()
+}
+
+/// A UDP socket that counts the datagrams it receives.
+fn udp_canary(ip: IpAddr) -> (SocketAddr, Arc<AtomicUsize>) {
+    let s = UdpSocket::bind((ip, 0)).unwrap();
+    s.set_read_timeout(Some(Duration::from_millis(200)))
+        .unwrap();
+    let addr = s.local_addr().unwrap();
+    let hits = Arc::new(AtomicUsize::new(0));
+    let h = hits.clone();
+    thread::spawn(move || {
+        let mut buf = [0u8; 2048];
+        let end = Instant::now() + Duration::from_secs(120);
+        while Instant::now() < end {
+            if s.recv_from(&mut buf).is_ok() {
+                h.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+    });
+    (addr, hits)
+}
+
+fn is_root() -> bool {
+    Command::new("id")
+        .arg("-u")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
+        .unwrap_or(false)
+}
+
+// ---------------------------------------------------------------- egress through egressd
+
+#[test]
+fn curl_and_python_reach_an_allowed_origin_through_egressd_and_are_logged() {
+    let o = origin();
+    let dns = fake_dns();
+    dns.set("allowed.test", &["127.0.0.1"]);
+    let port = o.addr.port();
+    let script = format!(
+        "curl -sS http://allowed.test:{port}/curl && echo && \
+         curl -sS --proxytunnel http://allowed.test:{port}/tunnel && echo && \
+         python3 -c 'import urllib.request; print(urllib.request.urlopen(\"http://allowed.test:{port}/py\", timeout=10).read().decode())'"
+    );
+    let r = run()
+        .policy(&policy(port))
+        .dns(dns.addr)
+        .cmd(&["sh", "-c", &script]);
+    assert_eq!(r.code, 0, "{}", r.context());
+    for path in ["/curl", "/tunnel", "/py"] {
+        assert!(
+            r.stdout.contains(&format!("hello from origin {path}")),
+            "{path}: {}",
+            r.context()
+        );
+    }
+    let targets: Vec<String> = o
+        .seen
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|s| s.target.clone())
+        .collect();
+    assert_eq!(targets, ["/curl", "/tunnel", "/py"]);
+    for proto in ["http", "connect"] {
+        let l = r.line(|l| l["proto"] == proto && l["decision"] == "allow");
+        assert_eq!(l["exception"], "origin");
+        assert_eq!(l["host"], "allowed.test");
+        assert_eq!(l["addr"], format!("127.0.0.1:{port}"));
+        assert!(
+            l["src"].as_str().unwrap().starts_with("127.0.0.1:"),
+            "src is the sandbox's loopback: {l}"
+        );
+    }
+    let http_lines = r
+        .log_lines()
+        .into_iter()
+        .filter(|l| l["proto"] == "http")
+        .count();
+    assert_eq!(http_lines, 2, "curl and python each logged once");
+}
+
+#[test]
+fn denied_targets_get_403_and_are_logged() {
+    let o = origin();
+    let dns = fake_dns();
+    dns.set("allowed.test", &["127.0.0.1"]);
+    dns.set("denied.test", &["127.0.0.1"]);
+    let port = o.addr.port();
+    let curl =
+        format!("curl -s -o /dev/null -w 'curl=%{{http_code}}\\n' http://denied.test:{port}/x");
+    let python = format!(
+        r#"
+import urllib.request, urllib.error
+try:
+    urllib.request.urlopen('http://denied.test:{port}/y', timeout=10)
+    print('python=allowed')
+except urllib.error.HTTPError as e:
+    print('python=%d %s' % (e.code, e.headers.get('X-Egressd-Reason')))
+"#
+    );
+    let script = format!("{curl}; python3 -c \"$1\"");
+    let r = run()
+        .policy(&policy(port))
+        .dns(dns.addr)
+        .cmd(&["sh", "-c", &script, "sh", &python]);
+    assert_eq!(r.code, 0, "{}", r.context());
+    assert!(r.stdout.contains("curl=403"), "{}", r.context());
+    assert!(
+        r.stdout.contains("python=403 no_exception"),
+        "{}",
+        r.context()
+    );
+    assert_eq!(o.count(), 0, "nothing reached the origin");
+    let l = r.line(|l| l["host"] == "denied.test");
+    assert_eq!(l["decision"], "deny");
+    assert_eq!(l["reason"], "no_exception");
+    assert_eq!(
+        dns.count("denied.test"),
+        0,
+        "a denied name is never resolved"
+    );
+}
+
+// ---------------------------------------------------------------- no other way out
+
+#[test]
+fn no_direct_route_to_the_host_or_anywhere_else() {
+    let tcp_lo = canary();
+    let (udp_lo, udp_lo_hits) = udp_canary("127.0.0.1".parse().unwrap());
+    let mut tcp_targets = vec![("127.0.0.1".to_string(), tcp_lo.addr.port())];
+    let mut canaries = vec![tcp_lo];
+    let mut udp_targets = vec![("127.0.0.1".to_string(), udp_lo.port())];
+    let mut udp_hits = vec![udp_lo_hits];
+    let mut notes = Vec::new();
+    for v6 in [false, true] {
+        match host_address(v6) {
+            Some(ip) => {
+                let c = canary_on(ip, 0);
+                tcp_targets.push((ip.to_string(), c.addr.port()));
+                canaries.push(c);
+                let (u, h) = udp_canary(ip);
+                udp_targets.push((ip.to_string(), u.port()));
+                udp_hits.push(h);
+            }
+            None => notes.push(format!(
+                "no global IPv{} address on this host: that case is not exercised",
+                if v6 { 6 } else { 4 }
+            )),
+        }
+    }
+    if std::net::TcpListener::bind("[::1]:0").is_ok() {
+        let c = canary_on("::1".parse().unwrap(), 0);
+        tcp_targets.push(("::1".to_string(), c.addr.port()));
+        canaries.push(c);
+    }
+    for n in &notes {
+        eprintln!("note: {n}");
+    }
+    let fmt = |v: &[(String, u16)]| {
+        v.iter()
+            .map(|(h, p)| format!("({h:?}, {p})"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    // The address outside the machine is tried only once the script has
+    // seen that `lo` is the sandbox's only interface.
+    let script = format!(
+        r#"
+import errno, json, socket
+devs = [l.split(':')[0].strip() for l in open('/proc/self/net/dev').read().splitlines()[2:]]
+assert devs == ['lo'], devs
+out = {{}}
+for host, port in [{tcp}, ("1.1.1.1", 53)]:
+    fam = socket.AF_INET6 if ':' in host else socket.AF_INET
+    s = socket.socket(fam, socket.SOCK_STREAM)
+    s.settimeout(3)
+    try:
+        s.connect((host, port)); out['tcp ' + host] = 'connected'
+    except OSError as e:
+        out['tcp ' + host] = errno.errorcode.get(e.errno, str(e))
+for host, port in [{udp}]:
+    fam = socket.AF_INET6 if ':' in host else socket.AF_INET
+    s = socket.socket(fam, socket.SOCK_DGRAM)
+    try:
+        s.sendto(b'leak', (host, port)); out['udp ' + host] = 'sent'
+    except OSError as e:
+        out['udp ' + host] = errno.errorcode.get(e.errno, str(e))
+print(json.dumps(out))
+"#,
+        tcp = fmt(&tcp_targets),
+        udp = fmt(&udp_targets),
+    );
+    let r = run().cmd(&["python3", "-c", &script]);
+    assert_eq!(r.code, 0, "{}", r.context());
+    let out: serde_json::Value =
+        serde_json::from_str(r.stdout.trim()).unwrap_or_else(|_| panic!("{}", r.context()));
+    for (host, _) in &tcp_targets {
+        let got = out[format!("tcp {host}")].as_str().unwrap();
+        let want = if host == "127.0.0.1" || host == "::1" {
+            "ECONNREFUSED" // the sandbox's own loopback, where nothing listens
+        } else {
+            "ENETUNREACH"
+        };
+        assert_eq!(got, want, "tcp {host}: {out}");
+    }
+    assert_eq!(out["tcp 1.1.1.1"], "ENETUNREACH", "{out}");
+    for (host, _) in &udp_targets {
+        let got = out[format!("udp {host}")].as_str().unwrap();
+        if host != "127.0.0.1" {
+            assert_eq!(got, "ENETUNREACH", "udp {host}: {out}");
+        }
+    }
+    thread::sleep(Duration::from_millis(300));
+    for c in &canaries {
+        assert_eq!(c.hits(), 0, "a TCP connection reached {}", c.addr);
+    }
+    for (h, (host, _)) in udp_hits.iter().zip(&udp_targets) {
+        assert_eq!(h.load(Ordering::SeqCst), 0, "a datagram reached {host}");
+    }
+}
+
+#[test]
+fn dns_inside_answers_only_allowed_names() {
+    let dns = fake_dns();
+    dns.set("allowed.test", &["127.0.0.1"]);
+    dns.set("denied.test", &["127.0.0.1"]);
+    let script = r#"
+import socket
+def addrs(name, **kw):
+    try:
+        return sorted({a[4][0] for a in socket.getaddrinfo(name, 80, type=socket.SOCK_STREAM, **kw)})
+    except socket.gaierror as e:
+        return 'gaierror %d' % e.errno
+print('any', addrs('allowed.test'))
+print('v4', addrs('allowed.test', family=socket.AF_INET))
+print('addrconfig', addrs('allowed.test', family=socket.AF_INET, flags=socket.AI_ADDRCONFIG))
+print('denied', addrs('denied.test'))
+"#;
+    let r = run()
+        .policy(&policy(80))
+        .dns(dns.addr)
+        .cmd(&["python3", "-c", script]);
+    assert_eq!(r.code, 0, "{}", r.context());
+    assert!(r.stdout.contains("any ['127.0.0.1']"), "{}", r.context());
+    assert!(r.stdout.contains("v4 ['127.0.0.1']"), "{}", r.context());
+    // glibc skips the query under AI_ADDRCONFIG unless an IPv4 address
+    // other than 127.0.0.1 exists: the sandbox's lo has 127.0.0.2 too.
+    assert!(
+        r.stdout.contains("addrconfig ['127.0.0.1']"),
+        "{}",
+        r.context()
+    );
+    assert!(r.stdout.contains("denied gaierror"), "{}", r.context());
+    assert_eq!(
+        dns.count("denied.test"),
+        0,
+        "a denied name is never sent upstream"
+    );
+    let l = r.line(|l| l["proto"] == "dns" && l["qname"] == "denied.test");
+    assert_eq!(l["decision"], "deny");
+    assert_eq!(l["rcode"], "REFUSED");
+    let l = r.line(|l| l["proto"] == "dns" && l["qname"] == "allowed.test" && l["qtype"] == "A");
+    assert_eq!(l["decision"], "allow");
+}
+
+// ---------------------------------------------------------------- nothing worth stealing
+
+#[test]
+fn credentials_set_outside_are_absent_inside() {
+    let r = run()
+        .env("AWS_SECRET_ACCESS_KEY", "aws-secret-value")
+        .env("GH_TOKEN", "ghp_secretvalue")
+        .env("PASSED_TOKEN", "explicitly-passed")
+        .env("SOME_SETTING", "not-on-the-allowlist")
+        .env("LC_TIME", "C")
+        .arg("--env")
+        .arg("PASSED_TOKEN")
+        .arg("--env")
+        .arg("GREETING=hi")
+        .cmd(&["env"]);
+    assert_eq!(r.code, 0, "{}", r.context());
+    for absent in [
+        "AWS_SECRET_ACCESS_KEY",
+        "GH_TOKEN",
+        "SOME_SETTING",
+        "aws-secret-value",
+        "ghp_",
+    ] {
+        assert!(
+            !r.stdout.contains(absent),
+            "{absent} inside: {}",
+            r.context()
+        );
+    }
+    for present in [
+        "PASSED_TOKEN=explicitly-passed",
+        "GREETING=hi",
+        "LC_TIME=C",
+        "http_proxy=http://127.0.0.1:3128",
+        "HTTPS_PROXY=http://127.0.0.1:3128",
+        "ALL_PROXY=http://127.0.0.1:3128",
+        "NO_PROXY=localhost,127.0.0.1,::1",
+        "no_proxy=localhost,127.0.0.1,::1",
+    ] {
+        assert!(
+            r.stdout.lines().any(|l| l == present),
+            "{present} missing: {}",
+            r.context()
+        );
+    }
+    let note = r
+        .stderr
+        .lines()
+        .find(|l| l.contains("look like credentials"))
+        .unwrap_or_else(|| panic!("no note: {}", r.context()));
+    assert!(
+        note.contains("AWS_SECRET_ACCESS_KEY") && note.contains("GH_TOKEN"),
+        "{note}"
+    );
+    assert!(!note.contains("PASSED_TOKEN"), "{note}");
+    assert!(
+        !r.stderr.contains("aws-secret-value") && !r.stderr.contains("ghp_"),
+        "values leaked"
+    );
+}
+
+#[test]
+fn cmd_has_no_capabilities_a_read_only_host_and_fresh_scratch() {
+    let script = r#"
+grep -E '^Cap(Inh|Prm|Eff|Bnd|Amb)' /proc/self/status
+ip addr add 10.9.9.9/8 dev lo 2>/dev/null && echo addr=changed || echo addr=refused
+ip link set lo down 2>/dev/null && echo link=changed || echo link=refused
+ip route add default dev lo 2>/dev/null && echo route=changed || echo route=refused
+touch /usr/egressd-test 2>/dev/null && echo usr=written || echo usr=read-only
+echo "home=$HOME files=$(ls -A "$HOME" | wc -l)"
+echo "run=$(ls -A /run | wc -l)"
+touch /tmp/x "$HOME/x" && echo scratch=writable
+echo "pid=$$"
+cat /etc/resolv.conf
+"#;
+    let r = run().cmd(&["sh", "-c", script]);
+    assert_eq!(r.code, 0, "{}", r.context());
+    for cap in ["CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"] {
+        assert!(
+            r.stdout.contains(&format!("{cap}:\t0000000000000000")),
+            "{cap}: {}",
+            r.context()
+        );
+    }
+    for want in [
+        "addr=refused",
+        "link=refused",
+        "route=refused",
+        "usr=read-only",
+        "files=0",
+        "run=0",
+        "scratch=writable",
+        "pid=2",
+        "nameserver 127.0.0.1",
+    ] {
+        assert!(r.stdout.contains(want), "{want}: {}", r.context());
+    }
+    assert!(!Path::new("/usr/egressd-test").exists());
+}
+
+#[test]
+fn ro_and_rw_binds() {
+    let host = tempfile::tempdir().unwrap();
+    let ro = host.path().join("ro");
+    let rw = host.path().join("rw");
+    std::fs::create_dir(&ro).unwrap();
+    std::fs::create_dir(&rw).unwrap();
+    std::fs::write(ro.join("in.txt"), "from the host").unwrap();
+    let script = format!(
+        "cat {ro}/in.txt; echo; \
+         touch {ro}/new 2>/dev/null && echo ro=written || echo ro=refused; \
+         echo out > {rw}/out.txt && echo rw=written",
+        ro = ro.display(),
+        rw = rw.display()
+    );
+    let r = run()
+        .arg("--ro")
+        .arg(&ro)
+        .arg("--rw")
+        .arg(&rw)
+        .cmd(&["sh", "-c", &script]);
+    assert_eq!(r.code, 0, "{}", r.context());
+    assert!(r.stdout.contains("from the host"), "{}", r.context());
+    assert!(r.stdout.contains("ro=refused"), "{}", r.context());
+    assert!(r.stdout.contains("rw=written"), "{}", r.context());
+    assert_eq!(
+        std::fs::read_to_string(rw.join("out.txt")).unwrap(),
+        "out\n"
+    );
+    assert!(!ro.join("new").exists());
+}
+
+// ---------------------------------------------------------------- bounds and exit status
+
+#[test]
+fn timeout_kills_a_setsid_grandchild_and_returns_124() {
+    let marker = format!("egressd-timeout-marker-{}", std::process::id());
+    let script = format!("setsid python3 -c 'import time; time.sleep(300)' {marker} & sleep 300");
+    let r = run().arg("--timeout").arg("2s").cmd(&["sh", "-c", &script]);
+    assert_eq!(r.code, 124, "{}", r.context());
+    assert!(r.stderr.contains("timed out after 2s"), "{}", r.context());
+    assert!(r.elapsed < Duration::from_secs(20), "took {:?}", r.elapsed);
+    let survivors: Vec<String> = std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| std::fs::read(e.ok()?.path().join("cmdline")).ok())
+        .map(|c| String::from_utf8_lossy(&c).replace('\0', " "))
+        .filter(|c| c.contains(&marker) && !c.contains("setsid python3"))
+        .collect();
+    assert!(survivors.is_empty(), "still running: {survivors:?}");
+}
+
+#[test]
+fn memory_limit_bites() {
+    let r = run().arg("--memory").arg("256M").cmd(&[
+        "python3",
+        "-c",
+        "b = bytearray(64 << 20); print('64M ok'); b2 = bytearray(1 << 30); print('1G ok')",
+    ]);
+    assert_eq!(r.code, 1, "{}", r.context());
+    assert!(r.stdout.contains("64M ok"), "{}", r.context());
+    assert!(!r.stdout.contains("1G ok"), "{}", r.context());
+    assert!(r.stderr.contains("MemoryError"), "{}", r.context());
+}
+
+#[test]
+fn file_size_and_cpu_limits_bite() {
+    let r = run().arg("--file-size").arg("1M").cmd(&[
+        "python3",
+        "-c",
+        "open('/tmp/f', 'wb').write(b'x' * (2 << 20))",
+    ]);
+    assert_ne!(r.code, 0, "{}", r.context());
+    assert!(r.stderr.contains("File too large"), "{}", r.context());
+
+    let r = run()
+        .arg("--cpu")
+        .arg("1")
+        .cmd(&["sh", "-c", "while :; do :; done"]);
+    assert_eq!(r.code, 128 + 24, "SIGXCPU: {}", r.context());
+}
+
+#[test]
+fn exit_status_is_propagated() {
+    assert_eq!(run().cmd(&["sh", "-c", "exit 7"]).code, 7);
+    assert_eq!(run().cmd(&["true"]).code, 0);
+    assert_eq!(run().cmd(&["sh", "-c", "kill -TERM $$"]).code, 128 + 15);
+    let r = run().cmd(&["no-such-command-egressd"]);
+    assert_eq!(r.code, 127, "{}", r.context());
+    assert!(
+        r.stderr.contains("cannot run no-such-command-egressd"),
+        "{}",
+        r.context()
+    );
+}
+
+#[test]
+fn setup_failures_exit_125_with_a_reason() {
+    let r = run()
+        .arg("--ro")
+        .arg("/nonexistent/egressd-path")
+        .cmd(&["true"]);
+    assert_eq!(r.code, 125, "{}", r.context());
+    assert!(
+        r.stderr.contains("--ro /nonexistent/egressd-path"),
+        "{}",
+        r.context()
+    );
+
+    let r = run().policy("exceptions: [oops\n").cmd(&["true"]);
+    assert_eq!(r.code, 125, "{}", r.context());
+    assert!(r.stderr.contains("invalid"), "{}", r.context());
+
+    let r = run().arg("--rw").arg("/run").cmd(&["true"]);
+    assert_eq!(r.code, 125, "{}", r.context());
+    assert!(r.stderr.contains("cover"), "{}", r.context());
+
+    if is_root() {
+        let r = run().arg("--pids").arg("10").cmd(&["true"]);
+        assert_eq!(r.code, 125, "{}", r.context());
+        assert!(r.stderr.contains("RLIMIT_NPROC"), "{}", r.context());
+    }
+}
+
+// ---------------------------------------------------------------- --connect
+
+#[test]
+fn connect_mode_relays_to_a_serving_egressd_as_a_named_client() {
+    let o = origin();
+    let dns = fake_dns();
+    dns.set("allowed.test", &["127.0.0.1"]);
+    dns.set("other.test", &["127.0.0.1"]);
+    dns.set("shared.test", &["127.0.0.1"]);
+    let port = o.addr.port();
+    let yaml = format!(
+        r##"
+settings:
+  clients:
+    - id: agent-a
+      token_sha256: "{}"
+exceptions:
+  - id: for-agent-a
+    owner: t
+    reason: only agent-a
+    clients: [agent-a]
+    hosts: [allowed.test]
+    cidrs: [127.0.0.0/8]
+    ports: [{port}]
+  - id: shared
+    owner: t
+    reason: every client
+    hosts: [shared.test]
+    cidrs: [127.0.0.0/8]
+  - id: for-others
+    owner: t
+    reason: everyone but agent-a
+    clients: [ci-*]
+    hosts: [other.test]
+    cidrs: [127.0.0.0/8]
+    ports: [{port}]
+"##,
+        crate::forward::sha256_hex(b"agent-a-token")
+    );
+    let e = egressd().policy("p.yaml", &yaml).dns(dns.addr).start();
+    let script = format!(
+        "curl -sS http://allowed.test:{port}/a; echo; \
+         curl -s -o /dev/null -w 'other=%{{http_code}}\\n' http://other.test:{port}/b; \
+         python3 -c \"import socket; print('dns', socket.getaddrinfo('shared.test', 80, socket.AF_INET)[0][4][0])\""
+    );
+    let r = run()
+        .env("EGRESSD_TOKEN", "agent-a-token")
+        .arg("--connect")
+        .arg(e.proxy.to_string())
+        .arg("--connect-dns")
+        .arg(e.dns.to_string())
+        .arg("--client")
+        .arg("agent-a")
+        .cmd(&["sh", "-c", &script]);
+    assert_eq!(r.code, 0, "{}", r.context());
+    assert!(r.stdout.contains("hello from origin /a"), "{}", r.context());
+    assert!(r.stdout.contains("other=403"), "{}", r.context());
+    assert!(r.stdout.contains("dns 127.0.0.1"), "{}", r.context());
+    // DNS carries no token: the serving egressd decides lookups by the
+    // launcher's source address (here: no named client).
+    let l = e.wait_line("the lookup", |l| {
+        l["proto"] == "dns" && l["qname"] == "shared.test"
+    });
+    assert_eq!(l["client"], "-");
+    let l = e.wait_line("agent-a's request", |l| {
+        l["proto"] == "http" && l["host"] == "allowed.test"
+    });
+    assert_eq!(l["client"], "agent-a");
+    assert_eq!(l["exception"], "for-agent-a");
+    let l = e.wait_line("the denied one", |l| l["host"] == "other.test");
+    assert_eq!(l["reason"], "client_not_allowed");
+    assert!(
+        !std::fs::read_to_string(&e.log_path)
+            .unwrap()
+            .contains("agent-a-token"),
+        "the token is never logged"
+    );
+
+    let r = run()
+        .arg("--connect")
+        .arg(e.proxy.to_string())
+        .arg("--client")
+        .arg("agent-a")
+        .cmd(&["true"]);
+    assert_eq!(r.code, 125, "no token: {}", r.context());
+    assert!(r.stderr.contains("EGRESSD_TOKEN"), "{}", r.context());
+}
+
+// ---------------------------------------------------------------- rootless
+
+/// Whether uid 65534 may create a user namespace here; the reason if not.
+fn unprivileged_userns() -> Result<(), String> {
+    if !is_root() {
+        return Err("the test is not running as root, so it cannot switch to uid 65534 (the other launcher tests already ran unprivileged)".into());
+    }
+    let out = Command::new("setpriv")
+        .args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "unshare",
+            "--user",
+            "--map-root-user",
+            "true",
+        ])
+        .output()
+        .map_err(|e| format!("cannot run setpriv/unshare: {e}"))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "this kernel does not let an unprivileged user create a user namespace: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+    }
+}
+
+#[test]
+fn rootless_as_an_unprivileged_user() {
+    if let Err(why) = unprivileged_userns() {
+        eprintln!("SKIPPED rootless_as_an_unprivileged_user: {why}");
+        return;
+    }
+    let o = origin();
+    let dns = fake_dns();
+    dns.set("allowed.test", &["127.0.0.1"]);
+    let port = o.addr.port();
+    let script = format!(
+        "id -u; curl -sS http://allowed.test:{port}/nobody; echo; \
+         curl -s -o /dev/null -w 'denied=%{{http_code}}\\n' http://denied.test:{port}/; \
+         grep CapEff /proc/self/status; \
+         python3 -c 'import socket; socket.create_connection((\"1.1.1.1\", 53), 2)' 2>&1 | tail -1"
+    );
+    let r = run()
+        .unprivileged()
+        .policy(&policy(port))
+        .dns(dns.addr)
+        .cmd(&["sh", "-c", &script]);
+    assert_eq!(r.code, 0, "{}", r.context());
+    assert!(r.stdout.starts_with("0\n"), "uid 0 inside: {}", r.context());
+    assert!(
+        r.stdout.contains("hello from origin /nobody"),
+        "{}",
+        r.context()
+    );
+    assert!(r.stdout.contains("denied=403"), "{}", r.context());
+    assert!(
+        r.stdout.contains("CapEff:\t0000000000000000"),
+        "{}",
+        r.context()
+    );
+    assert!(
+        r.stdout.contains("Network is unreachable"),
+        "{}",
+        r.context()
+    );
+    let l = r.line(|l| l["proto"] == "http" && l["decision"] == "allow");
+    assert_eq!(l["exception"], "origin");
+
+    // RLIMIT_NPROC binds an unprivileged user (never host root).
+    let r = run().unprivileged().arg("--pids").arg("4").cmd(&[
+        "sh",
+        "-c",
+        "for i in 1 2 3 4 5 6 7 8; do sleep 2 & done; wait; echo done",
+    ]);
+    assert!(
+        r.stderr.contains("fork") || r.stderr.contains("Resource temporarily unavailable"),
+        "{}",
+        r.context()
+    );
+}
