@@ -139,6 +139,23 @@ fn gather(args: &RunArgs) -> Result<HostFacts, String> {
     } else {
         std::env::var("EGRESSD_TOKEN").ok()
     };
+    let ca = match &args.ca_dir {
+        None => None,
+        Some(d) => {
+            let at = |e: &dyn std::fmt::Display| format!("--ca-dir {}: {e}", d.display());
+            let dir = cwd.join(d).canonicalize().map_err(|e| at(&e))?;
+            // The system roots plus egressd's CA, rewritten for each run so a
+            // renewed CA or updated roots are picked up.
+            let bundle = crate::tls::sandbox_ca_bundle(&dir).map_err(|e| at(&e))?;
+            Some(plan::CaTrust {
+                cert: crate::tls::ca_cert_path(&dir),
+                bundle,
+                system_bundle: crate::tls::roots::system_bundle()
+                    .and_then(|p| p.canonicalize().ok()),
+                dir,
+            })
+        }
+    };
     Ok(HostFacts {
         uid: sys::getuid(),
         gid: sys::getgid(),
@@ -149,6 +166,7 @@ fn gather(args: &RunArgs) -> Result<HostFacts, String> {
         env: std::env::vars_os().collect(),
         binds,
         token,
+        ca,
     })
 }
 

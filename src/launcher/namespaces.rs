@@ -401,6 +401,22 @@ fn setup_filesystem(plan: &Plan) -> Result<(), String> {
         trees.push((path, tree, is_dir));
     }
 
+    // The CA's public files, taken now for the same reason (the CA
+    // directory itself is masked below).
+    let mut file_trees = Vec::new();
+    for f in &plan.file_binds {
+        let tree = sys::open_tree_clone(&cstr(&f.source)?)
+            .map_err(|e| format!("cannot bind {}: {e}", f.source.display()))?;
+        sys::mount_setattr(
+            Some(tree.as_fd()),
+            c"",
+            sys::MOUNT_ATTR_RDONLY | sys::MOUNT_ATTR_NOSUID,
+            0,
+        )
+        .map_err(|e| format!("cannot make {} read-only: {e}", f.source.display()))?;
+        file_trees.push((cstr(&f.target)?, tree));
+    }
+
     // The host's tree, read-only (mount_setattr: Linux 5.12 or later).
     sys::mount_setattr(
         None,
@@ -433,6 +449,27 @@ fn setup_filesystem(plan: &Plan) -> Result<(), String> {
         ensure_mountpoint(&b.path, !is_dir)?;
         sys::move_mount(tree.as_fd(), path)
             .map_err(|e| format!("cannot bind {}: {e}", b.path.display()))?;
+    }
+
+    for m in &plan.masks {
+        // Only where it is still visible (not already under a fresh tmpfs).
+        if !fs::metadata(m).is_ok_and(|md| md.is_dir()) {
+            continue;
+        }
+        sys::mount(
+            c"tmpfs",
+            &cstr(m)?,
+            Some(c"tmpfs"),
+            libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+            Some(c"mode=0,size=4k"),
+        )
+        .map_err(|e| format!("cannot hide {}: {e}", m.display()))?;
+    }
+
+    for ((target, tree), f) in file_trees.iter().zip(&plan.file_binds) {
+        ensure_mountpoint(&f.target, true)?;
+        sys::move_mount(tree.as_fd(), target)
+            .map_err(|e| format!("cannot bind {}: {e}", f.target.display()))?;
     }
 
     sys::mount(

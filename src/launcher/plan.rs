@@ -32,6 +32,11 @@ pub const DNS_PORT: u16 = 53;
 /// `--connect` without `--connect-dns`: the serving egressd's default DNS port.
 pub const SERVE_DNS_PORT: u16 = 8053;
 pub const NO_PROXY: &str = "localhost,127.0.0.1,::1";
+/// Where the CA files appear inside (on the fresh /run, or /tmp without one).
+pub const CA_DIR_INSIDE: &str = "/run/egressd";
+pub const CA_DIR_INSIDE_NO_RUN: &str = "/tmp/.egressd";
+pub const CA_BUNDLE_NAME: &str = "ca-bundle.pem";
+pub const CA_CERT_NAME: &str = "ca.pem";
 /// HOME when the launcher's own HOME cannot be hidden by a tmpfs.
 pub const FALLBACK_HOME: &str = "/tmp/home";
 
@@ -69,6 +74,21 @@ pub struct HostFacts {
     pub binds: Vec<(PathBuf, bool)>,
     /// The `--client` token (from `EGRESSD_TOKEN` or `--token-file`).
     pub token: Option<String>,
+    /// With `--ca-dir`: the interception CA the sandbox must trust.
+    pub ca: Option<CaTrust>,
+}
+
+/// Host paths of the interception CA's public files (all canonical).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CaTrust {
+    /// The CA directory: hidden inside, since it holds `ca.key`.
+    pub dir: PathBuf,
+    /// egressd's CA certificate alone.
+    pub cert: PathBuf,
+    /// The system roots followed by egressd's CA.
+    pub bundle: PathBuf,
+    /// The distribution's CA bundle, which the sandbox's copy replaces.
+    pub system_bundle: Option<PathBuf>,
 }
 
 /// The options of `egressd run` that shape the sandbox (the CLI's view of
@@ -106,6 +126,13 @@ pub struct Bind {
     pub writable: bool,
 }
 
+/// A host file shown read-only at another path inside.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FileBind {
+    pub source: PathBuf,
+    pub target: PathBuf,
+}
+
 /// Everything the sandbox will be; built once, then carried out.
 #[derive(Debug, Clone)]
 pub struct Plan {
@@ -125,6 +152,11 @@ pub struct Plan {
     pub tmpfs_size: Option<u64>,
     /// Parents before children.
     pub binds: Vec<Bind>,
+    /// Directories covered by an empty read-only tmpfs after the binds
+    /// (the CA directory: its key must not be readable inside).
+    pub masks: Vec<PathBuf>,
+    /// Mounted after the masks.
+    pub file_binds: Vec<FileBind>,
     /// Where to mount the generated resolv.conf (None: the host has none,
     /// and glibc's default, 127.0.0.1, is the resolver inside anyway).
     pub resolv_conf: Option<PathBuf>,
@@ -259,6 +291,41 @@ pub fn build(opts: &Options, host: &HostFacts) -> Result<Plan, PlanError> {
     }
     binds.sort_by_key(|b| depth(&b.path));
 
+    // The interception CA: its bundle over the distribution's, both files
+    // at a fixed place for the variables below, its directory masked.
+    let mut masks = Vec::new();
+    let mut file_binds = Vec::new();
+    let mut ca_env: Vec<(&str, PathBuf)> = Vec::new();
+    if let Some(ca) = &host.ca {
+        let inside = if tmpfs.iter().any(|t| t.path == Path::new("/run")) {
+            PathBuf::from(CA_DIR_INSIDE)
+        } else {
+            PathBuf::from(CA_DIR_INSIDE_NO_RUN)
+        };
+        let (bundle, cert) = (inside.join(CA_BUNDLE_NAME), inside.join(CA_CERT_NAME));
+        masks.push(ca.dir.clone());
+        if let Some(sys) = &ca.system_bundle {
+            file_binds.push(FileBind {
+                source: ca.bundle.clone(),
+                target: sys.clone(),
+            });
+        }
+        file_binds.push(FileBind {
+            source: ca.bundle.clone(),
+            target: bundle.clone(),
+        });
+        file_binds.push(FileBind {
+            source: ca.cert.clone(),
+            target: cert.clone(),
+        });
+        for n in crate::tls::roots::BUNDLE_ENV {
+            ca_env.push((n, bundle.clone()));
+        }
+        for n in crate::tls::roots::CA_ONLY_ENV {
+            ca_env.push((n, cert.clone()));
+        }
+    }
+
     // The working directory must still exist inside: a fresh tmpfs over it
     // (HOME, /tmp) hides it unless a bind brings it back.
     let cwd = host.cwd.clone();
@@ -300,6 +367,9 @@ pub fn build(opts: &Options, host: &HostFacts) -> Result<Plan, PlanError> {
     }
     fixed.push(("NO_PROXY", NO_PROXY.into()));
     fixed.push(("no_proxy", NO_PROXY.into()));
+    for (n, p) in ca_env {
+        fixed.push((n, p.into_os_string()));
+    }
     for (n, v) in fixed {
         if !named(n) {
             env::set(&mut vars, n, v);
@@ -333,6 +403,8 @@ pub fn build(opts: &Options, host: &HostFacts) -> Result<Plan, PlanError> {
         tmpfs,
         tmpfs_size: opts.limits.memory,
         binds,
+        masks,
+        file_binds,
         resolv_conf: host.resolv_conf.clone(),
         resolv_conf_text: resolv_conf_text(),
         limits: opts.limits.clone(),
@@ -408,6 +480,7 @@ mod tests {
             ],
             binds: vec![],
             token: None,
+            ca: None,
         }
     }
 
@@ -583,6 +656,51 @@ mod tests {
         assert!(build(&o, &hf).is_ok());
         hf.uid = 0;
         assert_eq!(build(&o, &hf).unwrap_err(), PlanError::PidsAsRoot);
+    }
+
+    #[test]
+    fn interception_ca_is_trusted_and_its_key_hidden() {
+        let mut hf = host();
+        hf.ca = Some(CaTrust {
+            dir: "/home/me/certs".into(),
+            cert: "/home/me/certs/ca.pem".into(),
+            bundle: "/home/me/certs/sandbox-bundle.pem".into(),
+            system_bundle: Some("/etc/ssl/certs/ca-certificates.crt".into()),
+        });
+        let p = build(&opts(), &hf).unwrap();
+        assert_eq!(p.masks, [PathBuf::from("/home/me/certs")]);
+        let targets: Vec<_> = p
+            .file_binds
+            .iter()
+            .map(|b| b.target.to_str().unwrap())
+            .collect();
+        assert_eq!(
+            targets,
+            [
+                "/etc/ssl/certs/ca-certificates.crt",
+                "/run/egressd/ca-bundle.pem",
+                "/run/egressd/ca.pem"
+            ]
+        );
+        assert_eq!(
+            env_of(&p, "SSL_CERT_FILE"),
+            Some("/run/egressd/ca-bundle.pem")
+        );
+        assert_eq!(
+            env_of(&p, "REQUESTS_CA_BUNDLE"),
+            Some("/run/egressd/ca-bundle.pem")
+        );
+        assert_eq!(
+            env_of(&p, "NODE_EXTRA_CA_CERTS"),
+            Some("/run/egressd/ca.pem")
+        );
+
+        hf.scratch.retain(|s| s != Path::new("/run"));
+        let p = build(&opts(), &hf).unwrap();
+        assert_eq!(
+            env_of(&p, "SSL_CERT_FILE"),
+            Some("/tmp/.egressd/ca-bundle.pem")
+        );
     }
 
     #[test]

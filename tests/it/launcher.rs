@@ -888,3 +888,64 @@ fn rootless_as_an_unprivileged_user() {
         r.context()
     );
 }
+
+// ---------------------------------------------------------------- --ca-dir
+
+#[test]
+fn interception_ca_is_trusted_inside_and_its_key_is_hidden() {
+    // Outside /tmp, so that the CA directory is visible inside unless masked.
+    let base = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let certs = base.path().join("certs");
+    let init = Command::new(env!("CARGO_BIN_EXE_egressd"))
+        .args(["ca", "init", "--dir"])
+        .arg(&certs)
+        .output()
+        .unwrap();
+    assert!(init.status.success(), "{init:?}");
+    let dns = fake_dns();
+    dns.set("allowed.test", &["127.0.0.1"]);
+    // A plain-HTTP origin: egressd's TLS to it fails (502), which proves
+    // the client's handshake with egressd succeeded first.
+    let o = origin();
+    let port = o.addr.port();
+    let yaml = format!(
+        r#"
+exceptions:
+  - id: inspected
+    owner: t
+    reason: path rules need interception
+    hosts: [allowed.test]
+    cidrs: [127.0.0.0/8]
+    ports: [{port}]
+    paths: ["/**"]
+"#
+    );
+    let script = format!(
+        "cat {key} 2>/dev/null && echo key=readable || echo key=hidden; \
+         echo \"SSL_CERT_FILE=$SSL_CERT_FILE\"; \
+         curl -sS -o /dev/null -w 'curl=%{{http_code}} verify=%{{ssl_verify_result}}\\n' https://allowed.test:{port}/x; \
+         python3 -c 'import urllib.request as u, urllib.error as e
+try: u.urlopen(\"https://allowed.test:{port}/y\", timeout=10)
+except e.HTTPError as x: print(\"python=%d\" % x.code)'",
+        key = certs.join("ca.key").display()
+    );
+    let r = run()
+        .policy(&yaml)
+        .dns(dns.addr)
+        .arg("--ca-dir")
+        .arg(&certs)
+        .cmd(&["sh", "-c", &script]);
+    assert_eq!(r.code, 0, "{}", r.context());
+    assert!(r.stdout.contains("key=hidden"), "{}", r.context());
+    assert!(
+        r.stdout
+            .contains("SSL_CERT_FILE=/run/egressd/ca-bundle.pem"),
+        "{}",
+        r.context()
+    );
+    assert!(r.stdout.contains("curl=502 verify=0"), "{}", r.context());
+    assert!(r.stdout.contains("python=502"), "{}", r.context());
+    let l = r.line(|l| l["proto"] == "tls" && l["path"] == "/x");
+    assert_eq!(l["exception"], "inspected");
+    assert_eq!(o.count(), 0);
+}
