@@ -24,7 +24,7 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use http::{Request, Response, Uri};
 use hyper::body::Incoming;
@@ -42,7 +42,7 @@ use super::forward::{
 };
 use super::respond::ProxyBody;
 use super::sni::Hello;
-use super::tunnel::SniRule;
+use super::tunnel::{SniRule, IDLE_TIMEOUT};
 use super::upstream::{self, POOL_IDLE, POOL_MAX_IDLE_PER_ADDR};
 use super::{ProxyCtx, HEADER_READ_TIMEOUT, MAX_HEADER_BYTES};
 use crate::decision::{Event, Proto, Reason};
@@ -58,6 +58,8 @@ pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 pub const UPSTREAM_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// HTTP/2 streams one client may have open in one tunnel.
 pub const MAX_STREAMS: u32 = 128;
+/// How long an idle intercepted tunnel gets to close gracefully.
+pub const CLOSE_GRACE: Duration = Duration::from_secs(5);
 /// Origins (name + checked addresses) with a live upstream client; the
 /// least recently used is dropped, and its idle connections with it.
 pub const MAX_ORIGINS: usize = 256;
@@ -172,10 +174,14 @@ pub(crate) async fn run<IO>(
 {
     let up = Arc::new(AtomicU64::new(0));
     let down = Arc::new(AtomicU64::new(0));
+    let started = Instant::now();
+    let activity = Arc::new(AtomicU64::new(0));
     let io = Metered {
         inner: io,
         read: up.clone(),
         written: down.clone(),
+        activity: activity.clone(),
+        started,
     };
     let finish = |mut ev: Event, error: Option<String>| {
         ev.bytes_up = up.load(Ordering::Relaxed);
@@ -234,9 +240,35 @@ pub(crate) async fn run<IO>(
         .timer(TokioTimer::new())
         .max_concurrent_streams(MAX_STREAMS)
         .max_header_list_size(MAX_HEADER_BYTES as u32);
-    let res = builder
-        .serve_connection_with_upgrades(TokioIo::new(tls), svc)
-        .await;
+    let conn = builder.serve_connection_with_upgrades(TokioIo::new(tls), svc);
+    tokio::pin!(conn);
+    // Like an opaque tunnel, an intercepted one that moves no byte for
+    // IDLE_TIMEOUT is closed: gracefully first (h2 GOAWAY), then for good.
+    let idle = || {
+        started
+            .elapsed()
+            .saturating_sub(Duration::from_millis(activity.load(Ordering::Relaxed)))
+    };
+    let mut closing = false;
+    let res = loop {
+        let wait = if closing {
+            CLOSE_GRACE
+        } else {
+            IDLE_TIMEOUT.saturating_sub(idle())
+        };
+        tokio::select! {
+            r = conn.as_mut() => break r,
+            _ = tokio::time::sleep(wait) => {
+                if closing {
+                    break Ok(());
+                }
+                if idle() >= IDLE_TIMEOUT {
+                    conn.as_mut().graceful_shutdown();
+                    closing = true;
+                }
+            }
+        }
+    };
     if let Err(e) = res {
         if let Some(he) = e.downcast_ref::<hyper::Error>() {
             // hyper answered 400/431 for what it could not parse; the
@@ -433,11 +465,20 @@ impl hyper::rt::Write for TlsConn {
 }
 
 /// Counts the bytes of the client's (encrypted) stream both ways, for the
-/// CONNECT's line.
+/// CONNECT's line, and notes when the last one moved (idle timeout).
 struct Metered<S> {
     inner: S,
     read: Arc<AtomicU64>,
     written: Arc<AtomicU64>,
+    activity: Arc<AtomicU64>,
+    started: Instant,
+}
+
+impl<S> Metered<S> {
+    fn touch(&self) {
+        self.activity
+            .store(self.started.elapsed().as_millis() as u64, Ordering::Relaxed);
+    }
 }
 
 impl<S: AsyncRead + Unpin> AsyncRead for Metered<S> {
@@ -449,7 +490,10 @@ impl<S: AsyncRead + Unpin> AsyncRead for Metered<S> {
         let before = buf.filled().len();
         let r = Pin::new(&mut self.inner).poll_read(cx, buf);
         let n = buf.filled().len() - before;
-        self.read.fetch_add(n as u64, Ordering::Relaxed);
+        if n > 0 {
+            self.read.fetch_add(n as u64, Ordering::Relaxed);
+            self.touch();
+        }
         r
     }
 }
@@ -463,6 +507,7 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Metered<S> {
         let r = Pin::new(&mut self.inner).poll_write(cx, buf);
         if let Poll::Ready(Ok(n)) = r {
             self.written.fetch_add(n as u64, Ordering::Relaxed);
+            self.touch();
         }
         r
     }
