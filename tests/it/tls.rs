@@ -239,18 +239,18 @@ fn setup() -> Setup {
     let pki = test_pki();
     let upstream_ca = dir.path().join("origin-ca.pem");
     std::fs::write(&upstream_ca, &pki.ca_pem).unwrap();
-    let names = ["api.test", "other.test", "h1.test", "plain.test"];
-    let api = tls_origin(pki.leaf(&names), &[b"h2", b"http/1.1"]);
-    let h1 = tls_origin(pki.leaf(&names), &[b"http/1.1"]);
-    let bad = tls_origin(self_signed("bad.test"), &[b"http/1.1"]);
-    let dns = fake_dns();
-    for n in [
+    let names = [
         "api.test",
         "other.test",
         "h1.test",
         "plain.test",
-        "bad.test",
-    ] {
+        "api.github.com",
+    ];
+    let api = tls_origin(pki.leaf(&names), &[b"h2", b"http/1.1"]);
+    let h1 = tls_origin(pki.leaf(&names), &[b"http/1.1"]);
+    let bad = tls_origin(self_signed("bad.test"), &[b"http/1.1"]);
+    let dns = fake_dns();
+    for n in names.iter().chain(&["bad.test"]) {
         dns.set(n, &["127.0.0.1"]);
     }
     let ports = format!("[{}, {}, {}]", api.port(), h1.port(), bad.port());
@@ -260,7 +260,7 @@ exceptions:
   - id: gh
     owner: platform
     reason: stand-in for api.github.com, token injected outside the sandbox
-    hosts: [api.test, h1.test]
+    hosts: [api.test, h1.test, api.github.com]
     cidrs: [127.0.0.0/8]
     ports: {ports}
     methods: [GET, HEAD]
@@ -486,6 +486,38 @@ fn curl_method_and_path_rules_with_injected_token() {
     assert!(connect["bytes_up"].as_u64().unwrap() > 0);
     assert!(!raw_log(&s.e).contains(TOKEN), "the token reached the log");
     assert!(!s.e.stderr_text().contains(TOKEN));
+}
+
+/// The "done means": a GitHub-style exception, a stand-in origin
+/// answering for api.github.com, a token the sandbox never sees.
+#[test]
+fn github_token_reaches_the_origin_and_delete_is_denied() {
+    if !have("curl") {
+        return;
+    }
+    let s = setup();
+    let r = curl(&s, &[], &url("api.github.com", &s.api, "/repos/x/y"));
+    assert_eq!(r.status, 200, "{r:?}");
+    let seen = s.api.last().unwrap();
+    assert_eq!(
+        seen.header("authorization"),
+        Some(format!("Bearer {TOKEN}").as_str())
+    );
+    let r = curl(
+        &s,
+        &["-X", "DELETE"],
+        &url("api.github.com", &s.api, "/repos/x/y"),
+    );
+    assert_eq!(r.status, 403);
+    assert_eq!(r.reason().as_deref(), Some("method_not_allowed"));
+    assert!(
+        r.body
+            .starts_with("egressd denied DELETE https://api.github.com:"),
+        "{}",
+        r.body
+    );
+    assert_eq!(s.api.count(), 1);
+    assert!(!raw_log(&s.e).contains(TOKEN));
 }
 
 #[test]
