@@ -949,3 +949,75 @@ except e.HTTPError as x: print(\"python=%d\" % x.code)'",
     assert_eq!(l["exception"], "inspected");
     assert_eq!(o.count(), 0);
 }
+
+// ---------------------------------------------------------------- failure modes
+
+fn processes_with(marker: &str) -> Vec<String> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| std::fs::read(e.ok()?.path().join("cmdline")).ok())
+        .map(|c| String::from_utf8_lossy(&c).replace('\0', " "))
+        .filter(|c| c.contains(marker) && !c.contains("egressd run"))
+        .collect()
+}
+
+#[test]
+fn when_the_launcher_dies_the_sandbox_dies_with_it() {
+    let marker = format!("egressd-orphan-marker-{}", std::process::id());
+    let policy = tempfile::tempdir().unwrap();
+    std::fs::write(policy.path().join("p.yaml"), "exceptions: []\n").unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_egressd"))
+        .args(["run", "--upstream-dns", "127.0.0.1:9", "--policy"])
+        .arg(policy.path())
+        .args([
+            "--",
+            "python3",
+            "-c",
+            "import time; time.sleep(300)",
+            &marker,
+        ])
+        .current_dir("/")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    eventually("CMD to start", || {
+        (!processes_with(&marker).is_empty()).then_some(())
+    });
+    child.kill().unwrap(); // SIGKILL: no chance to clean up
+    child.wait().unwrap();
+    eventually("the sandbox to die with its launcher", || {
+        processes_with(&marker).is_empty().then_some(())
+    });
+}
+
+#[test]
+fn without_user_namespaces_it_refuses_with_125_and_says_why() {
+    // A user namespace whose own limit on nested user namespaces is 0
+    // stands in for a kernel that forbids them.
+    let probe = Command::new("unshare")
+        .args(["--user", "--map-root-user", "true"])
+        .output();
+    if !probe.is_ok_and(|o| o.status.success()) {
+        eprintln!(
+            "SKIPPED without_user_namespaces…: cannot create the user namespace the test needs"
+        );
+        return;
+    }
+    let out = Command::new("unshare")
+        .args(["--user", "--map-root-user", "sh", "-c"])
+        .arg(format!(
+            "echo 0 > /proc/sys/user/max_user_namespaces && exec {} run --upstream-dns 127.0.0.1:9 -- true",
+            env!("CARGO_BIN_EXE_egressd")
+        ))
+        .current_dir("/")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(125), "{stderr}");
+    assert!(
+        stderr.contains("forbids unprivileged user namespaces"),
+        "{stderr}"
+    );
+}
