@@ -491,11 +491,10 @@ fn check_warns_for_each_class_with_file_and_line() {
             "{HEAD}{}{}{}{}",
             one("lan", "    cidrs: [169.254.0.0/16]\n"),                             // line 2
             one("who", "    clients: [agent-*]\n    hosts: [c.example.com]\n"),       // line 6
-            one("tok", "    ports: [80]\n    hosts: [d.example.com]\n    inject:\n      headers: { Authorization: \"Bearer ${env:TOKEN}\" }\n"), // line 11
+            one("tok", "    ports: [80]\n    hosts: [d.example.com]\n    inject:\n      headers: { Authorization: \"Bearer not-a-real-token\" }\n"), // line 11
             one("again", "    hosts: [x.example.net]\n    ports: [443]\n"),           // line 18
         ),
     );
-    std::env::set_var("TOKEN", "t");
     let (code, out, err) = check(&dir.0);
     assert_eq!(code, 0, "{out}{err}");
     let lines: Vec<&str> = out.lines().collect();
