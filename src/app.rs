@@ -141,6 +141,13 @@ pub async fn start(args: &ServeArgs, listeners: Listeners) -> Result<Running> {
             for w in warnings {
                 eprintln!("egressd: warning: {w}");
             }
+            let ca = m.leaves.ca();
+            eprintln!(
+                "egressd: TLS interception on: {} ({}), valid until {}",
+                ca.subject,
+                ca.cert_path.display(),
+                crate::policy::time::format_date(ca.not_after)
+            );
             Some(Arc::new(m))
         }
     };
