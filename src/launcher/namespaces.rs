@@ -445,6 +445,23 @@ fn setup_filesystem(plan: &Plan) -> Result<(), String> {
         .map_err(|e| format!("cannot mount a tmpfs on {}: {e}", t.path.display()))?;
     }
 
+    // Staged in the fresh /tmp before any --rw bind could put the host's
+    // /tmp there.
+    if let Some(target) = &plan.resolv_conf {
+        let staging = Path::new(RESOLV_STAGING);
+        fs::write(staging, &plan.resolv_conf_text)
+            .and_then(|()| fs::set_permissions(staging, fs::Permissions::from_mode(0o644)))
+            .map_err(|e| format!("cannot write resolv.conf: {e}"))?;
+        ensure_mountpoint(target, true)?;
+        let tree = sys::open_tree_clone(&cstr(staging)?)
+            .map_err(|e| format!("cannot bind resolv.conf: {e}"))?;
+        sys::mount_setattr(Some(tree.as_fd()), c"", sys::MOUNT_ATTR_RDONLY, 0)
+            .map_err(|e| format!("cannot make resolv.conf read-only: {e}"))?;
+        sys::move_mount(tree.as_fd(), &cstr(target)?)
+            .map_err(|e| format!("cannot bind resolv.conf over {}: {e}", target.display()))?;
+        let _ = fs::remove_file(staging);
+    }
+
     for ((path, tree, is_dir), b) in trees.iter().zip(&plan.binds) {
         ensure_mountpoint(&b.path, !is_dir)?;
         sys::move_mount(tree.as_fd(), path)
@@ -485,21 +502,6 @@ fn setup_filesystem(plan: &Plan) -> Result<(), String> {
              has paths masked by other mounts, as inside many containers)"
         )
     })?;
-
-    if let Some(target) = &plan.resolv_conf {
-        let staging = Path::new(RESOLV_STAGING);
-        fs::write(staging, &plan.resolv_conf_text)
-            .and_then(|()| fs::set_permissions(staging, fs::Permissions::from_mode(0o644)))
-            .map_err(|e| format!("cannot write resolv.conf: {e}"))?;
-        ensure_mountpoint(target, true)?;
-        let tree = sys::open_tree_clone(&cstr(staging)?)
-            .map_err(|e| format!("cannot bind resolv.conf: {e}"))?;
-        sys::mount_setattr(Some(tree.as_fd()), c"", sys::MOUNT_ATTR_RDONLY, 0)
-            .map_err(|e| format!("cannot make resolv.conf read-only: {e}"))?;
-        sys::move_mount(tree.as_fd(), &cstr(target)?)
-            .map_err(|e| format!("cannot bind resolv.conf over {}: {e}", target.display()))?;
-        let _ = fs::remove_file(staging);
-    }
 
     match fs::metadata(&plan.cwd) {
         Ok(m) if m.is_dir() => Ok(()),

@@ -40,11 +40,16 @@ pub const CA_CERT_NAME: &str = "ca.pem";
 /// HOME when the launcher's own HOME cannot be hidden by a tmpfs.
 pub const FALLBACK_HOME: &str = "/tmp/home";
 
-/// System trees a HOME may not lie in or cover: overmounting them with a
-/// tmpfs would hide the programs CMD needs.
+/// Directories a HOME may not be or contain: a tmpfs over HOME would hide
+/// the programs and data CMD needs.
 const SYSTEM_DIRS: &[&str] = &[
     "/usr", "/etc", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/proc", "/dev",
     "/sys", "/boot", "/var", "/opt", "/nix", "/snap",
+];
+/// Trees a HOME may not lie in (`/var/lib/…` and `/opt/…` may hold homes).
+const SYSTEM_TREES: &[&str] = &[
+    "/usr", "/etc", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/proc", "/dev",
+    "/sys", "/boot", "/nix", "/snap",
 ];
 /// Fresh tmpfs mounts (besides HOME) when the host has the directory, with
 /// their modes.
@@ -265,32 +270,6 @@ pub fn build(opts: &Options, host: &HostFacts) -> Result<Plan, PlanError> {
     }
     tmpfs.sort_by_key(|t| depth(&t.path));
 
-    // Binds: never over what keeps the sandbox closed.
-    let mut protected: Vec<(PathBuf, &'static str)> = vec![
-        (PathBuf::from("/proc"), "/proc"),
-        (PathBuf::from("/run"), "/run (host daemons' sockets)"),
-        (PathBuf::from("/etc/resolv.conf"), "resolv.conf"),
-    ];
-    if let Some(r) = &host.resolv_conf {
-        protected.push((r.clone(), "resolv.conf"));
-    }
-    let mut binds: Vec<Bind> = Vec::new();
-    for (path, writable) in &host.binds {
-        for (p, what) in &protected {
-            if covers(path, p) || (*what == "/proc" && path.starts_with(p)) {
-                return Err(PlanError::BindCovers(path.clone(), what));
-            }
-        }
-        if binds.iter().any(|b| &b.path == path) {
-            return Err(PlanError::DuplicateBind(path.clone()));
-        }
-        binds.push(Bind {
-            path: path.clone(),
-            writable: *writable,
-        });
-    }
-    binds.sort_by_key(|b| depth(&b.path));
-
     // The interception CA: its bundle over the distribution's, both files
     // at a fixed place for the variables below, its directory masked.
     let mut masks = Vec::new();
@@ -325,6 +304,35 @@ pub fn build(opts: &Options, host: &HostFacts) -> Result<Plan, PlanError> {
             ca_env.push((n, cert.clone()));
         }
     }
+
+    // Binds: never over what keeps the sandbox closed.
+    let mut protected: Vec<(PathBuf, &'static str)> = vec![
+        (PathBuf::from("/proc"), "/proc"),
+        (PathBuf::from("/run"), "/run (host daemons' sockets)"),
+        (PathBuf::from("/etc/resolv.conf"), "resolv.conf"),
+    ];
+    if let Some(r) = &host.resolv_conf {
+        protected.push((r.clone(), "resolv.conf"));
+    }
+    for f in &file_binds {
+        protected.push((f.target.clone(), "CA bundle"));
+    }
+    let mut binds: Vec<Bind> = Vec::new();
+    for (path, writable) in &host.binds {
+        for (p, what) in &protected {
+            if covers(path, p) || (*what == "/proc" && path.starts_with(p)) {
+                return Err(PlanError::BindCovers(path.clone(), what));
+            }
+        }
+        if binds.iter().any(|b| &b.path == path) {
+            return Err(PlanError::DuplicateBind(path.clone()));
+        }
+        binds.push(Bind {
+            path: path.clone(),
+            writable: *writable,
+        });
+    }
+    binds.sort_by_key(|b| depth(&b.path));
 
     // The working directory must still exist inside: a fresh tmpfs over it
     // (HOME, /tmp) hides it unless a bind brings it back.
@@ -418,10 +426,8 @@ pub fn build(opts: &Options, host: &HostFacts) -> Result<Plan, PlanError> {
 fn home_is_hideable(h: &Path) -> bool {
     h.is_absolute()
         && depth(h) > 1
-        && !SYSTEM_DIRS.iter().any(|s| {
-            let s = Path::new(s);
-            covers(h, s) || h.starts_with(s) && !h.starts_with("/var/lib") && !h.starts_with("/opt")
-        })
+        && !SYSTEM_DIRS.iter().any(|s| covers(h, Path::new(s)))
+        && !SYSTEM_TREES.iter().any(|s| h.starts_with(s))
 }
 
 /// The resolv.conf inside: the sandbox's resolver only, no search domains
@@ -694,6 +700,13 @@ mod tests {
             env_of(&p, "NODE_EXTRA_CA_CERTS"),
             Some("/run/egressd/ca.pem")
         );
+
+        hf.binds = vec![("/etc/ssl".into(), false)];
+        assert!(matches!(
+            build(&opts(), &hf),
+            Err(PlanError::BindCovers(_, "CA bundle"))
+        ));
+        hf.binds.clear();
 
         hf.scratch.retain(|s| s != Path::new("/run"));
         let p = build(&opts(), &hf).unwrap();

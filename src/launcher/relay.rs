@@ -98,7 +98,12 @@ async fn relay_udp(inside: Arc<UdpSocket>, to: SocketAddr) {
     loop {
         let (n, peer) = match inside.recv_from(&mut buf).await {
             Ok(x) => x,
-            Err(_) => continue, // an ICMP error for an earlier reply: nothing to do
+            Err(_) => {
+                // An ICMP error for an earlier reply, say: nothing to do but
+                // not spin either.
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                continue;
+            }
         };
         let Ok(permit) = in_flight.clone().try_acquire_owned() else {
             continue;

@@ -559,6 +559,7 @@ fn credentials_set_outside_are_absent_inside() {
 fn cmd_has_no_capabilities_a_read_only_host_and_fresh_scratch() {
     let script = r#"
 grep -E '^Cap(Inh|Prm|Eff|Bnd|Amb)' /proc/self/status
+command -v ip >/dev/null || echo ip=missing
 ip addr add 10.9.9.9/8 dev lo 2>/dev/null && echo addr=changed || echo addr=refused
 ip link set lo down 2>/dev/null && echo link=changed || echo link=refused
 ip route add default dev lo 2>/dev/null && echo route=changed || echo route=refused
@@ -578,6 +579,11 @@ cat /etc/resolv.conf
             r.context()
         );
     }
+    assert!(
+        !r.stdout.contains("ip=missing"),
+        "iproute2 is needed: {}",
+        r.context()
+    );
     for want in [
         "addr=refused",
         "link=refused",
