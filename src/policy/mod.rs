@@ -552,6 +552,28 @@ fn locate(text: &str, key: &str, value: &str) -> (usize, usize) {
     (1, 1)
 }
 
+/// Every `key: value` mapping entry of a file by value, each value's
+/// (line, column)s in document order.
+fn locate_all<'t>(text: &'t str, key: &str) -> HashMap<&'t str, Vec<(usize, usize)>> {
+    let mut out: HashMap<&str, Vec<(usize, usize)>> = HashMap::new();
+    for (n, line) in text.lines().enumerate() {
+        let t = line.trim_start();
+        let t2 = t.strip_prefix("- ").map(str::trim_start).unwrap_or(t);
+        if let Some(rest) = t2.strip_prefix(key).and_then(|r| r.strip_prefix(':')) {
+            let v = rest
+                .split(" #")
+                .next()
+                .unwrap_or("")
+                .trim()
+                .trim_matches(|c| c == '"' || c == '\'');
+            out.entry(v)
+                .or_default()
+                .push((n + 1, line.len() - t2.len() + 1));
+        }
+    }
+    out
+}
+
 /// Expands `${env:NAME}` and `${file:PATH}` in an injected header value.
 fn expand_secret(v: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<String, String> {
     let mut out = String::new();
@@ -645,8 +667,7 @@ pub fn compile(
         return Err(LoadError(errors));
     }
 
-    let mut err = |src: &Source, key: &str, value: &str, msg: String| {
-        let (line, column) = locate(&src.text, key, value);
+    let mut err = |src: &Source, (line, column): (usize, usize), msg: String| {
         errors.push(Diagnostic {
             file: src.path.clone(),
             line,
@@ -664,8 +685,7 @@ pub fn compile(
         if let Some(first) = settings_src {
             err(
                 src,
-                "settings",
-                "",
+                locate(&src.text, "settings", ""),
                 format!(
                     "settings: may appear in one file only (already in {})",
                     first.path.display()
@@ -706,8 +726,7 @@ pub fn compile(
             if settings.dns.cache_min_ttl > settings.dns.cache_max_ttl {
                 err(
                     src,
-                    "cache_min_ttl",
-                    "",
+                    locate(&src.text, "cache_min_ttl", ""),
                     "dns.cache_min_ttl is larger than dns.cache_max_ttl".into(),
                 );
             }
@@ -743,16 +762,14 @@ pub fn compile(
             if seen.insert(c.id.0.clone(), ()).is_some() {
                 err(
                     src,
-                    "id",
-                    &c.id.0,
+                    locate(&src.text, "id", &c.id.0),
                     format!("duplicate client id {:?}", c.id.0),
                 );
             }
             if c.sources.is_empty() && c.token_sha256.is_none() {
                 err(
                     src,
-                    "id",
-                    &c.id.0,
+                    locate(&src.text, "id", &c.id.0),
                     format!("client {:?} needs sources: or token_sha256:", c.id.0),
                 );
             }
@@ -768,30 +785,45 @@ pub fn compile(
     let mut ids: HashMap<String, PathBuf> = HashMap::new();
     let mut matcher = Matcher::default();
     for (src, f) in &parsed {
+        // One pass over the file for every `id:` entry: locating each
+        // exception by scanning the whole file made loading quadratic.
+        let id_lines = locate_all(&src.text, "id");
+        // Start below `exceptions:` so a client with the same id is skipped.
+        let mut after = if src.text.lines().any(|l| l.trim_end() == "exceptions:") {
+            locate(&src.text, "exceptions", "").0
+        } else {
+            0
+        };
         for r in &f.exceptions {
             let id = r.id.0.clone();
+            // The first `id: <id>` below the previous exception: the right
+            // one for a duplicate within a file, and not a client's id.
+            let at = id_lines
+                .get(id.as_str())
+                .and_then(|v| v.iter().find(|(l, _)| *l > after))
+                .copied()
+                .unwrap_or((1, 1));
+            after = after.max(at.0);
             if let Some(prev) = ids.insert(id.clone(), src.path.clone()) {
                 err(
                     src,
-                    "id",
-                    &id,
+                    at,
                     format!("duplicate exception id {id:?} (also in {})", prev.display()),
                 );
                 continue;
             }
             let owner = r.owner.as_deref().map(str::trim).unwrap_or("");
             if owner.is_empty() {
-                err(src, "id", &id, format!("exception {id:?} has no owner:"));
+                err(src, at, format!("exception {id:?} has no owner:"));
             }
             let reason = r.reason.as_deref().map(str::trim).unwrap_or("");
             if reason.is_empty() {
-                err(src, "id", &id, format!("exception {id:?} has no reason:"));
+                err(src, at, format!("exception {id:?} has no reason:"));
             }
             if r.hosts.is_empty() && r.cidrs.is_empty() {
                 err(
                     src,
-                    "id",
-                    &id,
+                    at,
                     format!("exception {id:?} names no hosts: and no cidrs:"),
                 );
             }
@@ -804,8 +836,7 @@ pub fn compile(
                         }
                         Err(e) => err(
                             src,
-                            "id",
-                            &id,
+                            at,
                             format!("exception {id:?}: bad client pattern {p:?}: {e}"),
                         ),
                     }
@@ -826,8 +857,7 @@ pub fn compile(
                         if !p.starts_with('/') {
                             err(
                                 src,
-                                "id",
-                                &id,
+                                at,
                                 format!("exception {id:?}: path pattern {p:?} must start with '/'"),
                             );
                             continue;
@@ -838,8 +868,7 @@ pub fn compile(
                             }
                             Err(e) => err(
                                 src,
-                                "id",
-                                &id,
+                                at,
                                 format!("exception {id:?}: bad path pattern {p:?}: {e}"),
                             ),
                         }
@@ -850,7 +879,7 @@ pub fn compile(
             let dns_types: Vec<u16> = r.dns_types.iter().flatten().map(|q| q.0).collect();
             for t in &dns_types {
                 if qtype::NEVER_ALLOWED.contains(t) {
-                    err(src, "id", &id, format!(
+                    err(src, at, format!(
                         "exception {id:?}: DNS type {} is never answered (zone transfers, ANY and NULL are tunnel carriers)",
                         qtype::qtype_name(*t)
                     ));
@@ -864,8 +893,7 @@ pub fn compile(
                         Err(_) => {
                             err(
                                 src,
-                                "id",
-                                &id,
+                                at,
                                 format!("exception {id:?}: invalid header name {name:?}"),
                             );
                             continue;
@@ -877,9 +905,9 @@ pub fn compile(
                                 hv.set_sensitive(true);
                                 inject.push(InjectedHeader { name: hn, value: hv })
                             }
-                            Err(_) => err(src, "id", &id, format!("exception {id:?}: value of header {name} is not a valid header value")),
+                            Err(_) => err(src, at, format!("exception {id:?}: value of header {name} is not a valid header value")),
                         },
-                        Err(e) => err(src, "id", &id, format!("exception {id:?}: inject {name}: {e}")),
+                        Err(e) => err(src, at, format!("exception {id:?}: inject {name}: {e}")),
                     }
                 }
             }
@@ -899,7 +927,7 @@ pub fn compile(
             for c in &cidrs {
                 matcher.add_cidr(c, idx);
             }
-            let (line, _) = locate(&src.text, "id", &id);
+            let line = at.0;
             exceptions.push(Exception {
                 id: id.as_str().into(),
                 owner: owner.into(),
@@ -946,4 +974,25 @@ pub fn from_yaml(text: &str) -> Result<Policy, LoadError> {
         }],
         &|_| None,
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn duplicate_id_in_one_file_is_reported_at_the_duplicate() {
+        let yaml = "settings:\n  clients:\n    - id: a\n      sources: [10.0.0.0/8]\nexceptions:\n  - id: a\n    owner: o\n    reason: r\n    hosts: [a.test]\n  - id: a\n    owner: o\n    reason: r\n    hosts: [b.test]\n";
+        let err = from_yaml(yaml).unwrap_err();
+        assert_eq!(err.0.len(), 1, "{err}");
+        assert_eq!((err.0[0].line, err.0[0].column), (10, 5), "{err}");
+        assert!(err.0[0].message.contains("duplicate exception id"));
+    }
+
+    #[test]
+    fn missing_owner_points_at_its_exception_not_a_client() {
+        let yaml = "settings:\n  clients:\n    - id: x\n      sources: [10.0.0.0/8]\nexceptions:\n  - id: x\n    reason: r\n    hosts: [a.test]\n";
+        let err = from_yaml(yaml).unwrap_err();
+        assert_eq!(err.0[0].line, 6, "{err}");
+    }
 }
