@@ -141,13 +141,32 @@ pub fn sandbox_ca_bundle(ca_dir: &Path) -> Result<PathBuf, TlsError> {
     out.extend_from_slice(b"# egressd interception CA\n");
     out.extend_from_slice(&ca_pem);
     let path = ca_dir.join(SANDBOX_BUNDLE_FILE);
-    let tmp = path.with_extension("tmp~");
-    let mut f = fs::File::create(&tmp).map_err(TlsError::io(&tmp))?;
+    // A name of its own per writer: launchers starting at once must not
+    // rename each other's half-written file into place.
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    let tmp = ca_dir.join(format!(
+        ".{SANDBOX_BUNDLE_FILE}.{}.{nanos}.tmp",
+        std::process::id()
+    ));
+    let mut f = fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&tmp)
+        .map_err(TlsError::io(&tmp))?;
     f.write_all(&out).map_err(TlsError::io(&tmp))?;
     f.set_permissions(fs::Permissions::from_mode(0o644))
         .map_err(TlsError::io(&tmp))?;
     drop(f);
-    fs::rename(&tmp, &path).map_err(TlsError::io(&path))?;
+    fs::rename(&tmp, &path).map_err(|e| {
+        let _ = fs::remove_file(&tmp);
+        TlsError::Io {
+            path: path.clone(),
+            source: e,
+        }
+    })?;
     Ok(path)
 }
 
