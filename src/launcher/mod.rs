@@ -184,8 +184,12 @@ fn resolv_conf_target(p: &Path) -> Option<PathBuf> {
 /// Tells the user what the environment scrub kept out (names only).
 fn notes(plan: &Plan) {
     if !plan.dropped_credentials.is_empty() {
+        let others = match plan.dropped_other {
+            0 => String::new(),
+            n => format!(" (and {n} other variables not on the allowlist)"),
+        };
         eprintln!(
-            "egressd run: not passed into the sandbox (look like credentials; pass one with --env NAME): {}",
+            "egressd run: not passed into the sandbox (look like credentials; pass one with --env NAME): {}{others}",
             plan.dropped_credentials.join(", ")
         );
     }
