@@ -191,7 +191,8 @@ pub struct Exception {
     pub cidrs: Vec<IpNet>,
     pub ports: Vec<u16>,
     pub methods: Option<Vec<String>>,
-    pub paths: Option<GlobSet>,
+    /// Shared between exceptions with the same pattern list.
+    pub paths: Option<Arc<GlobSet>>,
     pub path_patterns: Vec<String>,
     pub dns_types: Vec<u16>,
     pub inject: Vec<InjectedHeader>,
@@ -784,6 +785,8 @@ pub fn compile(
     let mut exceptions = Vec::new();
     let mut ids: HashMap<String, PathBuf> = HashMap::new();
     let mut matcher = Matcher::default();
+    let mut client_cache: HashMap<Vec<String>, Vec<ClientIdx>> = HashMap::new();
+    let mut path_cache: HashMap<Vec<String>, Arc<GlobSet>> = HashMap::new();
     for (src, f) in &parsed {
         // One pass over the file for every `id:` entry: locating each
         // exception by scanning the whole file made loading quadratic.
@@ -827,34 +830,50 @@ pub fn compile(
                     format!("exception {id:?} names no hosts: and no cidrs:"),
                 );
             }
-            let client_idx = r.clients.as_ref().map(|pats| {
-                let mut b = GlobSetBuilder::new();
-                for p in pats {
-                    match Glob::new(p) {
-                        Ok(g) => {
-                            b.add(g);
-                        }
-                        Err(e) => err(
-                            src,
-                            at,
-                            format!("exception {id:?}: bad client pattern {p:?}: {e}"),
-                        ),
-                    }
-                }
-                let set = b.build().unwrap_or_else(|_| GlobSet::empty());
-                clients
-                    .iter()
-                    .enumerate()
-                    .filter(|(_, c)| set.is_match(&*c.id))
-                    .map(|(i, _)| i as ClientIdx)
-                    .collect::<Vec<_>>()
-            });
-            let paths = match &r.paths {
-                None => None,
-                Some(ps) => {
+            // Glob sets are built once per distinct pattern list: generated
+            // policies repeat the same few lists thousands of times, and a
+            // GlobSet costs tens of microseconds to build.
+            let client_idx = r.clients.as_ref().map(|pats| match client_cache.get(pats) {
+                Some(v) => v.clone(),
+                None => {
                     let mut b = GlobSetBuilder::new();
+                    let mut ok = true;
+                    for p in pats {
+                        match Glob::new(p) {
+                            Ok(g) => {
+                                b.add(g);
+                            }
+                            Err(e) => {
+                                ok = false;
+                                err(
+                                    src,
+                                    at,
+                                    format!("exception {id:?}: bad client pattern {p:?}: {e}"),
+                                )
+                            }
+                        }
+                    }
+                    let set = b.build().unwrap_or_else(|_| GlobSet::empty());
+                    let v: Vec<ClientIdx> = clients
+                        .iter()
+                        .enumerate()
+                        .filter(|(_, c)| set.is_match(&*c.id))
+                        .map(|(i, _)| i as ClientIdx)
+                        .collect();
+                    if ok {
+                        client_cache.insert(pats.clone(), v.clone());
+                    }
+                    v
+                }
+            });
+            let paths = r.paths.as_ref().map(|ps| match path_cache.get(ps) {
+                Some(set) => set.clone(),
+                None => {
+                    let mut b = GlobSetBuilder::new();
+                    let mut ok = true;
                     for p in ps {
                         if !p.starts_with('/') {
+                            ok = false;
                             err(
                                 src,
                                 at,
@@ -866,16 +885,23 @@ pub fn compile(
                             Ok(g) => {
                                 b.add(g);
                             }
-                            Err(e) => err(
-                                src,
-                                at,
-                                format!("exception {id:?}: bad path pattern {p:?}: {e}"),
-                            ),
+                            Err(e) => {
+                                ok = false;
+                                err(
+                                    src,
+                                    at,
+                                    format!("exception {id:?}: bad path pattern {p:?}: {e}"),
+                                )
+                            }
                         }
                     }
-                    Some(b.build().unwrap_or_else(|_| GlobSet::empty()))
+                    let set = Arc::new(b.build().unwrap_or_else(|_| GlobSet::empty()));
+                    if ok {
+                        path_cache.insert(ps.clone(), set.clone());
+                    }
+                    set
                 }
-            };
+            });
             let dns_types: Vec<u16> = r.dns_types.iter().flatten().map(|q| q.0).collect();
             for t in &dns_types {
                 if qtype::NEVER_ALLOWED.contains(t) {
