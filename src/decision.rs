@@ -271,7 +271,8 @@ impl Recorder {
         if let Some(start) = ev.started {
             let elapsed = start.elapsed();
             ev.duration_ms = elapsed.as_millis() as u64;
-            self.metrics.observe_duration(ev.proto, elapsed.as_secs_f64());
+            self.metrics
+                .observe_duration(ev.proto, elapsed.as_secs_f64());
         }
         self.metrics.count(&ev);
         match serde_json::to_vec(&ev) {

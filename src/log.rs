@@ -27,17 +27,30 @@ const RETRY_EVERY: Duration = Duration::from_millis(200);
 #[derive(Clone, Debug)]
 pub enum LogTarget {
     Stdout,
+    Stderr,
     File(PathBuf),
 }
 
 impl LogTarget {
+    /// `-` and `/dev/stdout` are stdout, `/dev/stderr` is stderr (written
+    /// through the inherited descriptor: reopening `/dev/stderr` fails when
+    /// it is a socket), anything else a file opened for appending.
     pub fn parse(s: &str) -> LogTarget {
-        if s == "-" {
-            LogTarget::Stdout
-        } else {
-            LogTarget::File(PathBuf::from(s))
+        match s {
+            "-" | "/dev/stdout" => LogTarget::Stdout,
+            "/dev/stderr" => LogTarget::Stderr,
+            _ => LogTarget::File(PathBuf::from(s)),
         }
     }
+}
+
+/// What the writer thread receives.
+enum Msg {
+    Line(Vec<u8>),
+    /// Wake up (to act on a reopen request).
+    Wake,
+    /// Write everything queued so far, then acknowledge.
+    Flush(std::sync::mpsc::Sender<()>),
 }
 
 struct Shared {
@@ -49,7 +62,7 @@ struct Shared {
 /// Handle to the writer thread; cheap to clone.
 #[derive(Clone)]
 pub struct LogSink {
-    tx: SyncSender<Vec<u8>>,
+    tx: SyncSender<Msg>,
     shared: Arc<Shared>,
 }
 
@@ -77,7 +90,7 @@ impl LogSink {
 
     /// Queues one line (with its newline). Waits when the queue is full.
     pub fn write(&self, line: Vec<u8>) {
-        if self.tx.send(line).is_err() {
+        if self.tx.send(Msg::Line(line)).is_err() {
             eprintln!("egressd: decision log writer has stopped; line lost");
         }
     }
@@ -86,12 +99,24 @@ impl LogSink {
     pub fn reopen(&self) {
         self.shared.reopen.store(true, Ordering::Relaxed);
         // Wake the writer so the reopen happens promptly.
-        let _ = self.tx.try_send(Vec::new());
+        let _ = self.tx.try_send(Msg::Wake);
+    }
+
+    /// Waits until every line queued before this call has been written (or
+    /// the writer has tried and failed), at most `timeout`. Used at shutdown
+    /// so no line is lost when the process exits.
+    pub fn flush(&self, timeout: Duration) -> bool {
+        let (ack, done) = std::sync::mpsc::channel();
+        if self.tx.send(Msg::Flush(ack)).is_err() {
+            return false;
+        }
+        done.recv_timeout(timeout).is_ok()
     }
 }
 
 enum Out {
     Stdout(io::Stdout),
+    Stderr(io::Stderr),
     File(File),
 }
 
@@ -99,6 +124,12 @@ impl Out {
     fn write(&mut self, b: &[u8]) -> io::Result<usize> {
         match self {
             Out::Stdout(s) => {
+                let mut l = s.lock();
+                let n = l.write(b)?;
+                l.flush()?;
+                Ok(n)
+            }
+            Out::Stderr(s) => {
                 let mut l = s.lock();
                 let n = l.write(b)?;
                 l.flush()?;
@@ -112,31 +143,51 @@ impl Out {
 fn open(t: &LogTarget) -> io::Result<Out> {
     match t {
         LogTarget::Stdout => Ok(Out::Stdout(io::stdout())),
-        LogTarget::File(p) => OpenOptions::new().create(true).append(true).open(p).map(Out::File),
+        LogTarget::Stderr => Ok(Out::Stderr(io::stderr())),
+        LogTarget::File(p) => OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(p)
+            .map(Out::File),
     }
 }
 
-fn writer(target: LogTarget, mut out: Out, rx: Receiver<Vec<u8>>, shared: Arc<Shared>, metrics: Arc<Metrics>) {
+fn writer(
+    target: LogTarget,
+    mut out: Out,
+    rx: Receiver<Msg>,
+    shared: Arc<Shared>,
+    metrics: Arc<Metrics>,
+) {
     let mut pending: VecDeque<u8> = VecDeque::new();
     let mut batch: Vec<u8> = Vec::with_capacity(64 << 10);
     let mut failing = false;
     loop {
-        let wait = if failing { RETRY_EVERY } else { Duration::from_secs(3600) };
-        let first = match rx.recv_timeout(wait) {
-            Ok(l) => Some(l),
-            Err(RecvTimeoutError::Timeout) => None,
+        let wait = if failing {
+            RETRY_EVERY
+        } else {
+            Duration::from_secs(3600)
+        };
+        let mut acks = Vec::new();
+        let mut take = |m: Msg, batch: &mut Vec<u8>| match m {
+            Msg::Line(l) => batch.extend_from_slice(&l),
+            Msg::Wake => {}
+            Msg::Flush(a) => acks.push(a),
+        };
+        match rx.recv_timeout(wait) {
+            Ok(m) => {
+                take(m, &mut batch);
+                while batch.len() < (1 << 20) {
+                    match rx.try_recv() {
+                        Ok(m) => take(m, &mut batch),
+                        Err(_) => break,
+                    }
+                }
+            }
+            Err(RecvTimeoutError::Timeout) => {}
             Err(RecvTimeoutError::Disconnected) => {
                 flush_pending(&mut out, &mut pending, &shared, &metrics, &mut failing);
                 return;
-            }
-        };
-        if let Some(l) = first {
-            batch.extend_from_slice(&l);
-            while batch.len() < (1 << 20) {
-                match rx.try_recv() {
-                    Ok(l) => batch.extend_from_slice(&l),
-                    Err(_) => break,
-                }
             }
         }
         if shared.reopen.swap(false, Ordering::Relaxed) {
@@ -164,15 +215,29 @@ fn writer(target: LogTarget, mut out: Out, rx: Receiver<Vec<u8>>, shared: Arc<Sh
             }
         }
         flush_pending(&mut out, &mut pending, &shared, &metrics, &mut failing);
+        for a in acks {
+            let _ = a.send(());
+        }
     }
 }
 
-fn flush_pending(out: &mut Out, pending: &mut VecDeque<u8>, shared: &Shared, metrics: &Metrics, failing: &mut bool) {
+fn flush_pending(
+    out: &mut Out,
+    pending: &mut VecDeque<u8>,
+    shared: &Shared,
+    metrics: &Metrics,
+    failing: &mut bool,
+) {
     while !pending.is_empty() {
         let (a, _) = pending.as_slices();
         match out.write(a) {
             Ok(0) => {
-                fail(shared, metrics, failing, &io::Error::new(io::ErrorKind::WriteZero, "wrote 0 bytes"));
+                fail(
+                    shared,
+                    metrics,
+                    failing,
+                    &io::Error::new(io::ErrorKind::WriteZero, "wrote 0 bytes"),
+                );
                 return;
             }
             Ok(n) => {

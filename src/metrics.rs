@@ -16,8 +16,8 @@ use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use prometheus::{
-    Encoder, Gauge, GaugeVec, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
-    Registry, TextEncoder,
+    Encoder, Gauge, GaugeVec, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
+    IntGaugeVec, Opts, Registry, TextEncoder,
 };
 use tokio::net::TcpListener;
 
@@ -67,8 +67,18 @@ fn counter_vec(r: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCoun
 impl Metrics {
     pub fn new() -> Arc<Metrics> {
         let r = Registry::new();
-        let requests = counter_vec(&r, "egressd_requests_total", "Requests and queries decided.", &["proto", "decision"]);
-        let denied = counter_vec(&r, "egressd_denied_total", "Denials by reason.", &["proto", "reason"]);
+        let requests = counter_vec(
+            &r,
+            "egressd_requests_total",
+            "Requests and queries decided.",
+            &["proto", "decision"],
+        );
+        let denied = counter_vec(
+            &r,
+            "egressd_denied_total",
+            "Denials by reason.",
+            &["proto", "reason"],
+        );
         let exception_hits = counter_vec(
             &r,
             "egressd_exception_hits_total",
@@ -76,47 +86,95 @@ impl Metrics {
             &["exception", "owner"],
         );
         let exception_last_hit = GaugeVec::new(
-            Opts::new("egressd_exception_last_hit_timestamp_seconds", "When each exception last allowed a request (0: not since start)."),
+            Opts::new(
+                "egressd_exception_last_hit_timestamp_seconds",
+                "When each exception last allowed a request (0: not since start).",
+            ),
             &["exception"],
         )
         .expect("valid");
-        r.register(Box::new(exception_last_hit.clone())).expect("unique");
+        r.register(Box::new(exception_last_hit.clone()))
+            .expect("unique");
         let exception_expiry = GaugeVec::new(
-            Opts::new("egressd_exception_expiry_timestamp_seconds", "When each expiring exception stops matching."),
+            Opts::new(
+                "egressd_exception_expiry_timestamp_seconds",
+                "When each expiring exception stops matching.",
+            ),
             &["exception"],
         )
         .expect("valid");
-        r.register(Box::new(exception_expiry.clone())).expect("unique");
+        r.register(Box::new(exception_expiry.clone()))
+            .expect("unique");
         let dns_tunnel = counter_vec(
             &r,
             "egressd_dns_tunnel_suspected_total",
             "DNS names judged to carry tunnelled data, by action taken.",
             &["action"],
         );
-        let reloads = counter_vec(&r, "egressd_policy_reloads_total", "Policy reloads by result.", &["result"]);
-        let policy_exceptions = IntGauge::new("egressd_policy_exceptions", "Exceptions in the serving policy.").expect("valid");
-        r.register(Box::new(policy_exceptions.clone())).expect("unique");
-        let log_write_errors = IntCounter::new("egressd_log_write_errors_total", "Failed decision-log writes.").expect("valid");
-        r.register(Box::new(log_write_errors.clone())).expect("unique");
+        let reloads = counter_vec(
+            &r,
+            "egressd_policy_reloads_total",
+            "Policy reloads by result.",
+            &["result"],
+        );
+        let policy_exceptions = IntGauge::new(
+            "egressd_policy_exceptions",
+            "Exceptions in the serving policy.",
+        )
+        .expect("valid");
+        r.register(Box::new(policy_exceptions.clone()))
+            .expect("unique");
+        let log_write_errors = IntCounter::new(
+            "egressd_log_write_errors_total",
+            "Failed decision-log writes.",
+        )
+        .expect("valid");
+        r.register(Box::new(log_write_errors.clone()))
+            .expect("unique");
         let duration = HistogramVec::new(
-            HistogramOpts::new("egressd_request_duration_seconds", "Time from request to the end of its answer or tunnel.")
-                .buckets(vec![0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0, 60.0, 300.0]),
+            HistogramOpts::new(
+                "egressd_request_duration_seconds",
+                "Time from request to the end of its answer or tunnel.",
+            )
+            .buckets(vec![
+                0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0,
+                60.0, 300.0,
+            ]),
             &["proto"],
         )
         .expect("valid");
         r.register(Box::new(duration.clone())).expect("unique");
-        let active = IntGaugeVec::new(Opts::new("egressd_active_connections", "Open client connections."), &["proto"]).expect("valid");
+        let active = IntGaugeVec::new(
+            Opts::new("egressd_active_connections", "Open client connections."),
+            &["proto"],
+        )
+        .expect("valid");
         r.register(Box::new(active.clone())).expect("unique");
-        let bytes = counter_vec(&r, "egressd_bytes_total", "Bytes relayed (up: to destinations).", &["direction"]);
+        let bytes = counter_vec(
+            &r,
+            "egressd_bytes_total",
+            "Bytes relayed (up: to destinations).",
+            &["direction"],
+        );
         let upstream_errors = counter_vec(
             &r,
             "egressd_upstream_errors_total",
             "Failures reaching destinations or upstream DNS, by kind.",
             &["proto", "kind"],
         );
-        let dns_cache = counter_vec(&r, "egressd_dns_cache_total", "DNS cache lookups by result.", &["result"]);
-        let policy_loaded_at = Gauge::new("egressd_policy_loaded_timestamp_seconds", "When the serving policy was loaded.").expect("valid");
-        r.register(Box::new(policy_loaded_at.clone())).expect("unique");
+        let dns_cache = counter_vec(
+            &r,
+            "egressd_dns_cache_total",
+            "DNS cache lookups by result.",
+            &["result"],
+        );
+        let policy_loaded_at = Gauge::new(
+            "egressd_policy_loaded_timestamp_seconds",
+            "When the serving policy was loaded.",
+        )
+        .expect("valid");
+        r.register(Box::new(policy_loaded_at.clone()))
+            .expect("unique");
         for p in ["http", "connect", "tls", "dns"] {
             for d in ["allow", "deny"] {
                 requests.with_label_values(&[p, d]);
@@ -169,7 +227,10 @@ impl Metrics {
             let hits = self.exception_hits.with_label_values(&[&*e.id, &*e.owner]);
             let last_hit = self.exception_last_hit.with_label_values(&[&*e.id]);
             match e.expires {
-                Some(t) => self.exception_expiry.with_label_values(&[&*e.id]).set(t as f64),
+                Some(t) => self
+                    .exception_expiry
+                    .with_label_values(&[&*e.id])
+                    .set(t as f64),
                 None => {
                     let _ = self.exception_expiry.remove_label_values(&[&*e.id]);
                 }
@@ -202,7 +263,9 @@ impl Metrics {
     }
 
     pub fn observe_duration(&self, proto: Proto, secs: f64) {
-        self.duration.with_label_values(&[proto.as_str()]).observe(secs);
+        self.duration
+            .with_label_values(&[proto.as_str()])
+            .observe(secs);
     }
 
     /// Counts one finished request (called by `Recorder::record` only).
@@ -225,7 +288,9 @@ impl Metrics {
             self.bytes.with_label_values(&["up"]).inc_by(ev.bytes_up);
         }
         if ev.bytes_down > 0 {
-            self.bytes.with_label_values(&["down"]).inc_by(ev.bytes_down);
+            self.bytes
+                .with_label_values(&["down"])
+                .inc_by(ev.bytes_down);
         }
     }
 
@@ -276,16 +341,28 @@ pub async fn serve(
                 let lh = lh.clone();
                 async move {
                     let (status, ctype, body) = match req.uri().path() {
-                        "/metrics" => (StatusCode::OK, "text/plain; version=0.0.4", Bytes::from(m.render())),
+                        "/metrics" => (
+                            StatusCode::OK,
+                            "text/plain; version=0.0.4",
+                            Bytes::from(m.render()),
+                        ),
                         "/healthz" => (StatusCode::OK, "text/plain", Bytes::from_static(b"ok\n")),
                         "/readyz" => {
                             if m.ready.load(Ordering::Relaxed) && lh() {
                                 (StatusCode::OK, "text/plain", Bytes::from_static(b"ready\n"))
                             } else {
-                                (StatusCode::SERVICE_UNAVAILABLE, "text/plain", Bytes::from_static(b"not ready\n"))
+                                (
+                                    StatusCode::SERVICE_UNAVAILABLE,
+                                    "text/plain",
+                                    Bytes::from_static(b"not ready\n"),
+                                )
                             }
                         }
-                        _ => (StatusCode::NOT_FOUND, "text/plain", Bytes::from_static(b"not found\n")),
+                        _ => (
+                            StatusCode::NOT_FOUND,
+                            "text/plain",
+                            Bytes::from_static(b"not found\n"),
+                        ),
                     };
                     Ok::<_, Infallible>(
                         Response::builder()
