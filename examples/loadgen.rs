@@ -139,7 +139,10 @@ async fn read_response<S: AsyncRead + Unpin>(
         }
         let n = s.read(&mut chunk).await?;
         if n == 0 {
-            return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "closed mid-head"));
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "closed mid-head",
+            ));
         }
         buf.extend_from_slice(&chunk[..n]);
     };
@@ -167,7 +170,10 @@ async fn read_response<S: AsyncRead + Unpin>(
         let want = (chunk.len() as u64).min(left) as usize;
         let n = s.read(&mut chunk[..want]).await?;
         if n == 0 {
-            return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "closed mid-body"));
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "closed mid-body",
+            ));
         }
         left -= n as u64;
     }
@@ -185,7 +191,11 @@ fn percentile(sorted: &[u64], p: f64) -> u64 {
 /// One request on the kept connection, (re)connecting first when there is
 /// none or the server closed it after its last response (tinyproxy closes
 /// every client connection): the reconnect is part of what the client waits.
-async fn request(conn: &mut Option<(TcpStream, Vec<u8>)>, to: SocketAddr, req: &[u8]) -> io::Result<u16> {
+async fn request(
+    conn: &mut Option<(TcpStream, Vec<u8>)>,
+    to: SocketAddr,
+    req: &[u8],
+) -> io::Result<u16> {
     for attempt in 0..2 {
         let fresh = conn.is_none();
         if fresh {
@@ -411,4 +421,3 @@ async fn idle(args: &Args) -> io::Result<String> {
         "{{\"open\":{open},\"failed\":{failed},\"open_secs\":{opened:.2}}}"
     ))
 }
-
