@@ -238,7 +238,7 @@ pub async fn handle(
     tokio::spawn(async move {
         let _active = ActiveGuard::new(&recorder.metrics, Proto::Connect);
         match hyper::upgrade::on(req).await {
-            Ok(up) => run_tunnel(TokioIo::new(up), upstream_conn, ev, sni_rule, recorder).await,
+            Ok(up) => run_tunnel(up, upstream_conn, ev, sni_rule, recorder).await,
             Err(e) => {
                 ev.error = Some(format!("upgrade: {e}"));
                 recorder.record(ev);
@@ -338,20 +338,32 @@ fn truncate(s: &str, n: usize) -> &str {
     &s[..end]
 }
 
-async fn run_tunnel<C>(
-    mut client: C,
+async fn run_tunnel(
+    up: hyper::upgrade::Upgraded,
     mut upstream_conn: TcpStream,
     mut ev: Event,
     rule: SniRule,
     rec: Recorder,
-) where
-    C: AsyncRead + AsyncWrite + Unpin,
-{
-    let mut first = Vec::new();
+) {
+    // Take the client's socket back from hyper, with whatever the client
+    // sent behind its CONNECT, so the tunnel can copy socket to socket and
+    // hold no buffer while idle.
+    let (mut client, mut first) = match up.downcast::<TokioIo<TcpStream>>() {
+        Ok(parts) => (parts.io.into_inner(), parts.read_buf.to_vec()),
+        Err(_) => {
+            ev.error = Some("tunnel: client connection is not a TCP socket".into());
+            rec.record(ev);
+            return;
+        }
+    };
     if rule.check {
         let mut buf = vec![0u8; 4096];
         let deadline = tokio::time::Instant::now() + HELLO_TIMEOUT;
         let verdict = loop {
+            match sni::parse(&first) {
+                Hello::Incomplete if first.len() < sni::MAX_HELLO => {}
+                h => break rule.judge(&h),
+            }
             match tokio::time::timeout_at(deadline, client.read(&mut buf)).await {
                 Ok(Ok(0)) => {
                     break Some((
@@ -359,13 +371,7 @@ async fn run_tunnel<C>(
                         "client closed before its ClientHello".into(),
                     ))
                 }
-                Ok(Ok(n)) => {
-                    first.extend_from_slice(&buf[..n]);
-                    match sni::parse(&first) {
-                        Hello::Incomplete if first.len() < sni::MAX_HELLO => continue,
-                        h => break rule.judge(&h),
-                    }
-                }
+                Ok(Ok(n)) => first.extend_from_slice(&buf[..n]),
                 Ok(Err(e)) => {
                     break Some((Reason::SniMismatch, format!("reading ClientHello: {e}")))
                 }
@@ -382,19 +388,110 @@ async fn run_tunnel<C>(
             rec.record(ev);
             return;
         }
+    }
+    if !first.is_empty() {
         if let Err(e) = upstream_conn.write_all(&first).await {
             ev.error = Some(format!("upstream write: {e}"));
             rec.record(ev);
             return;
         }
     }
-    let (up, down, result) = splice(client, upstream_conn, first.len() as u64).await;
+    let (up, down, result) = splice_tcp(client, upstream_conn, first.len() as u64).await;
     ev.bytes_up = up;
     ev.bytes_down = down;
     if let Err(e) = result {
         ev.error = Some(format!("tunnel: {e}"));
     }
     rec.record(ev);
+}
+
+/// Bytes read per wake-up while data flows.
+const TCP_CHUNK: usize = 64 << 10;
+
+/// [`splice`] for two TCP sockets, holding no buffer while idle: each
+/// direction waits for readability, then reads into a buffer that lives
+/// only as long as data keeps arriving. Ten thousand idle tunnels cost
+/// their sockets and tasks, not 128 KiB of buffers each.
+pub(crate) async fn splice_tcp(
+    mut a: TcpStream,
+    mut b: TcpStream,
+    already_up: u64,
+) -> (u64, u64, io::Result<()>) {
+    let started = Instant::now();
+    let activity = AtomicU64::new(0);
+    let up = AtomicU64::new(already_up);
+    let down = AtomicU64::new(0);
+    let (ar, mut aw) = a.split();
+    let (br, mut bw) = b.split();
+    let copy = async {
+        tokio::try_join!(
+            pump(&ar, &mut bw, &up, &activity, started),
+            pump(&br, &mut aw, &down, &activity, started)
+        )
+    };
+    tokio::pin!(copy);
+    let result = loop {
+        let idle_for = started
+            .elapsed()
+            .saturating_sub(Duration::from_millis(activity.load(Ordering::Relaxed)));
+        let remaining = IDLE_TIMEOUT.saturating_sub(idle_for);
+        if remaining.is_zero() {
+            break Err(io::Error::new(io::ErrorKind::TimedOut, "idle timeout"));
+        }
+        tokio::select! {
+            r = &mut copy => break r.map(|_| ()),
+            _ = tokio::time::sleep(remaining) => continue,
+        }
+    };
+    (
+        up.load(Ordering::Relaxed),
+        down.load(Ordering::Relaxed),
+        normal_end(result),
+    )
+}
+
+/// One direction: read from `src` when it is readable, write everything to
+/// `dst`, and pass end-of-stream on as a half-close.
+async fn pump(
+    src: &tokio::net::tcp::ReadHalf<'_>,
+    dst: &mut tokio::net::tcp::WriteHalf<'_>,
+    count: &AtomicU64,
+    activity: &AtomicU64,
+    started: Instant,
+) -> io::Result<()> {
+    loop {
+        src.readable().await?;
+        let mut buf: Vec<u8> = Vec::with_capacity(TCP_CHUNK);
+        loop {
+            buf.clear();
+            match src.try_read_buf(&mut buf) {
+                Ok(0) => {
+                    dst.shutdown().await?;
+                    return Ok(());
+                }
+                Ok(n) => {
+                    dst.write_all(&buf[..n]).await?;
+                    count.fetch_add(n as u64, Ordering::Relaxed);
+                    activity.store(started.elapsed().as_millis() as u64, Ordering::Relaxed);
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) => return Err(e),
+            }
+        }
+    }
+}
+
+/// A reset or broken pipe is how many peers end a connection: not an error.
+fn normal_end(r: io::Result<()>) -> io::Result<()> {
+    match r {
+        Err(e)
+            if e.kind() == io::ErrorKind::ConnectionReset
+                || e.kind() == io::ErrorKind::BrokenPipe =>
+        {
+            Ok(())
+        }
+        r => r,
+    }
 }
 
 /// Copies bytes both ways between `a` (the client side) and `b` until
@@ -438,19 +535,10 @@ where
             _ = tokio::time::sleep(remaining) => continue,
         }
     };
-    let result = match result {
-        Err(e)
-            if e.kind() == io::ErrorKind::ConnectionReset
-                || e.kind() == io::ErrorKind::BrokenPipe =>
-        {
-            Ok(())
-        }
-        r => r,
-    };
     (
         up.load(Ordering::Relaxed),
         down.load(Ordering::Relaxed),
-        result,
+        normal_end(result),
     )
 }
 

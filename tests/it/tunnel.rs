@@ -249,3 +249,27 @@ fn open_tunnels_keep_their_decision_across_a_reload() {
     r.read_exact(&mut back).unwrap();
     assert_eq!(&back, b"still here");
 }
+
+#[test]
+fn bytes_sent_right_behind_an_allowed_connect_are_not_lost() {
+    let echo = echo_on("127.0.0.1".parse().unwrap(), 0);
+    let dns = fake_dns();
+    dns.set("echo.test", &["127.0.0.1"]);
+    let e = egressd()
+        .policy("p.yaml", &policy(echo.port()))
+        .dns(dns.addr)
+        .start();
+    let mut s = connect(e.proxy);
+    // The client does not wait for the 200 (as TLS False Start style clients
+    // and pipelining tools may): the bytes ride in hyper's read buffer.
+    let raw = format!(
+        "CONNECT echo.test:{} HTTP/1.1\r\n\r\nearly-bytes",
+        echo.port()
+    );
+    s.write_all(raw.as_bytes()).unwrap();
+    let mut r = BufReader::new(s.try_clone().unwrap());
+    assert_eq!(read_response(&mut r).unwrap().status, 200);
+    let mut back = [0u8; 11];
+    r.read_exact(&mut back).unwrap();
+    assert_eq!(&back, b"early-bytes");
+}
