@@ -16,6 +16,7 @@ use crate::log::{LogSink, LogTarget};
 use crate::metrics::Metrics;
 use crate::policy::reload::{PolicyHandle, Reloader};
 use crate::proxy::mitm::Interceptor;
+use crate::proxy::upstream::{Egress, UpstreamProxy};
 use crate::proxy::{self, ProxyCtx};
 use crate::{dns, policy};
 
@@ -136,10 +137,27 @@ pub async fn start(args: &ServeArgs, listeners: Listeners) -> Result<Running> {
     let mut own_addrs = vec![proxy_addr, dns_addr];
     own_addrs.extend(metrics_addr);
 
+    let egress = match &args.upstream_proxy {
+        None => Egress::Direct,
+        Some(url) => {
+            let p = UpstreamProxy::parse(url, args.upstream_proxy_auth_file.as_deref())
+                .map_err(|e| anyhow::anyhow!("--upstream-proxy: {e}"))?;
+            eprintln!(
+                "egressd: leaving through upstream proxy {}{}",
+                p.display,
+                if p.auth.is_some() {
+                    " (with credentials)"
+                } else {
+                    ""
+                }
+            );
+            Egress::Proxy(Arc::new(p))
+        }
+    };
     let mitm = match &args.ca_dir {
         None => None,
         Some(dir) => {
-            let (m, warnings) = Interceptor::new(dir, args.upstream_ca.as_deref())
+            let (m, warnings) = Interceptor::new(dir, args.upstream_ca.as_deref(), egress.clone())
                 .with_context(|| format!("TLS interception (--ca-dir {})", dir.display()))?;
             for w in warnings {
                 eprintln!("egressd: warning: {w}");
@@ -164,7 +182,8 @@ pub async fn start(args: &ServeArgs, listeners: Listeners) -> Result<Running> {
         recorder: recorder.clone(),
         resolver: resolver.clone(),
         own_addrs,
-        http: proxy::upstream::http_client(),
+        http: proxy::upstream::http_client(egress.clone()),
+        egress,
         mitm,
     });
     tokio::spawn(proxy::serve(proxy_l, ctx, shutdown_rx.clone()));

@@ -89,6 +89,13 @@ pub struct ServeArgs {
     /// Extra CA certificates (PEM) to trust for origins, beside the system roots.
     #[arg(long, env = "EGRESSD_UPSTREAM_CA")]
     pub upstream_ca: Option<PathBuf>,
+    /// Leave through this proxy: http://[user:password@]host:port (prefer the
+    /// environment variable for credentials, or --upstream-proxy-auth-file).
+    #[arg(long, env = "EGRESSD_UPSTREAM_PROXY", value_name = "URL")]
+    pub upstream_proxy: Option<String>,
+    /// File holding `user:password` for --upstream-proxy.
+    #[arg(long, env = "EGRESSD_UPSTREAM_PROXY_AUTH_FILE", value_name = "FILE")]
+    pub upstream_proxy_auth_file: Option<PathBuf>,
 }
 
 /// `egressd run [OPTIONS] -- CMD [ARGS…]`: the sandbox's own options, plus
@@ -110,6 +117,12 @@ pub struct RunArgs {
     /// Extra CA certificates (PEM) the embedded egressd trusts for origins.
     #[arg(long, env = "EGRESSD_UPSTREAM_CA")]
     pub upstream_ca: Option<PathBuf>,
+    /// The embedded egressd leaves through this proxy (http://[user:password@]host:port).
+    #[arg(long, env = "EGRESSD_UPSTREAM_PROXY", value_name = "URL")]
+    pub upstream_proxy: Option<String>,
+    /// File holding `user:password` for --upstream-proxy.
+    #[arg(long, env = "EGRESSD_UPSTREAM_PROXY_AUTH_FILE", value_name = "FILE")]
+    pub upstream_proxy_auth_file: Option<PathBuf>,
     /// Use the egressd serving its proxy at ADDR instead of embedding one.
     #[arg(long, value_name = "ADDR")]
     pub connect: Option<SocketAddr>,
@@ -170,6 +183,8 @@ impl RunArgs {
             log: self.log.clone(),
             ca_dir: self.ca_dir.clone(),
             upstream_ca: self.upstream_ca.clone(),
+            upstream_proxy: self.upstream_proxy.clone(),
+            upstream_proxy_auth_file: self.upstream_proxy_auth_file.clone(),
         }
     }
 }

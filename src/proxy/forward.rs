@@ -444,6 +444,13 @@ pub(crate) async fn decide_and_forward(
         if let Some(e) = d.exception {
             inject(h, e);
         }
+        // Plain HTTP through an upstream proxy goes to the proxy itself
+        // (absolute form): it gets egressd's credentials, never the client's.
+        if scheme == Scheme::Http {
+            if let Some(auth) = ctx.egress.proxy_auth() {
+                h.insert(header::PROXY_AUTHORIZATION, auth.clone());
+            }
+        }
     }
     *req.uri_mut() = up_uri;
     *req.version_mut() = http::Version::HTTP_11;

@@ -43,7 +43,7 @@ use super::forward::{
 use super::respond::ProxyBody;
 use super::sni::Hello;
 use super::tunnel::{SniRule, IDLE_TIMEOUT};
-use super::upstream::{self, POOL_IDLE, POOL_MAX_IDLE_PER_ADDR};
+use super::upstream::{Egress, POOL_IDLE, POOL_MAX_IDLE_PER_ADDR};
 use super::{ProxyCtx, HEADER_READ_TIMEOUT, MAX_HEADER_BYTES};
 use crate::decision::{Event, Proto, Reason};
 use crate::policy::host::Target;
@@ -100,6 +100,8 @@ pub struct Interceptor {
     /// need RFC 8441, which origins rarely speak).
     tls_h1: Arc<ClientConfig>,
     clients: Mutex<Lru<OriginKey, TlsClient>>,
+    /// Directly, or through `--upstream-proxy`.
+    egress: Egress,
 }
 
 impl Interceptor {
@@ -108,6 +110,7 @@ impl Interceptor {
     pub fn new(
         ca_dir: &Path,
         upstream_ca: Option<&Path>,
+        egress: Egress,
     ) -> Result<(Interceptor, Vec<String>), TlsError> {
         let (ca, warnings) = CertAuthority::load(ca_dir)?;
         let roots = Arc::new(roots::upstream_roots(upstream_ca)?);
@@ -117,6 +120,7 @@ impl Interceptor {
                 tls: roots::client_config(roots.clone(), &[b"h2", b"http/1.1"])?,
                 tls_h1: roots::client_config(roots, &[b"http/1.1"])?,
                 clients: Mutex::new(Lru::new(MAX_ORIGINS)),
+                egress,
             },
             warnings,
         ))
@@ -148,6 +152,7 @@ impl Interceptor {
             config: if h1_only { &self.tls_h1 } else { &self.tls }.clone(),
             name,
             addrs: addrs.into(),
+            egress: self.egress.clone(),
         };
         let client = Client::builder(TokioExecutor::new())
             .pool_idle_timeout(POOL_IDLE)
@@ -383,6 +388,7 @@ pub struct TlsConnect {
     config: Arc<ClientConfig>,
     name: ServerName<'static>,
     addrs: Arc<[SocketAddr]>,
+    egress: Egress,
 }
 
 impl tower_service::Service<Uri> for TlsConnect {
@@ -397,7 +403,7 @@ impl tower_service::Service<Uri> for TlsConnect {
     fn call(&mut self, _uri: Uri) -> Self::Future {
         let this = self.clone();
         Box::pin(async move {
-            let (tcp, addr) = upstream::connect_first(&this.addrs).await?;
+            let (tcp, addr) = this.egress.connect_first(&this.addrs).await?;
             let connector = tokio_rustls::TlsConnector::from(this.config);
             let tls = tokio::time::timeout(
                 UPSTREAM_HANDSHAKE_TIMEOUT,

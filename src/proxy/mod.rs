@@ -44,6 +44,8 @@ pub struct ProxyCtx {
     /// egressd's own listening addresses: never a destination.
     pub own_addrs: Vec<SocketAddr>,
     pub http: upstream::HttpClient,
+    /// Directly, or through `--upstream-proxy`.
+    pub egress: upstream::Egress,
     /// TLS interception (`--ca-dir`); `None`: CONNECTs are only tunnelled.
     pub mitm: Option<Arc<mitm::Interceptor>>,
 }

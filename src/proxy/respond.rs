@@ -42,7 +42,11 @@ pub fn deny(
     );
     if let Some(d) = detail {
         body.push(' ');
-        body.push_str(d);
+        let mut chars = d.chars();
+        if let Some(first) = chars.next() {
+            body.extend(first.to_uppercase());
+            body.push_str(chars.as_str());
+        }
         if !d.ends_with('.') {
             body.push('.');
         }

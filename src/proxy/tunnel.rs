@@ -210,7 +210,7 @@ pub async fn handle(
         }
     };
     ev.note = checked.note.clone();
-    let (upstream_conn, addr) = match upstream::connect_first(&checked.addrs).await {
+    let (upstream_conn, addr) = match ctx.egress.connect_first(&checked.addrs).await {
         Ok(x) => x,
         Err(e) => {
             rec.metrics

@@ -1,20 +1,29 @@
 //! The way out: resolve a name once through egressd's own resolver, check
 //! every address against the policy, and connect only to a checked
-//! `SocketAddr`. Nothing here hands a host name to `connect`; the HTTP client
-//! is built with a resolver that refuses every name, so a code path that
-//! forgot to resolve-and-check fails instead of dialling.
+//! `SocketAddr`. Nothing here hands a host name to `connect`: the plain-HTTP
+//! client's connector accepts only URIs carrying an IP literal, so a code
+//! path that forgot to resolve-and-check fails instead of dialling.
+//!
+//! [`Egress`] is how a checked address is reached: directly, or through a
+//! corporate proxy (`--upstream-proxy`). Through the proxy egressd still
+//! names the *checked address* (`CONNECT 151.101.0.223:443`,
+//! `GET http://151.101.0.223/…` with `Host: pypi.org`), so the proxy cannot
+//! be steered to an address egressd did not check.
 
-use std::future::Ready;
+use std::future::Future;
 use std::io;
-use std::net::{IpAddr, SocketAddr};
+use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
+use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use http::{HeaderValue, Uri};
 use hyper::body::Incoming;
-use hyper_util::client::legacy::connect::dns::Name;
-use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::connect::{Connected, Connection};
 use hyper_util::client::legacy::Client;
-use hyper_util::rt::{TokioExecutor, TokioTimer};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use crate::decision::Reason;
@@ -22,47 +31,346 @@ use crate::dns::{ResolveError, Resolver, TunnelOutcome};
 use crate::policy::host::Target;
 use crate::policy::{ClientIdx, Exception, Policy};
 
-/// Longest wait for one TCP connect to a destination.
+/// Longest wait for one TCP connect to a destination (or the upstream proxy).
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// Longest wait for the upstream proxy's answer to a CONNECT.
+pub const PROXY_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(30);
+/// Largest response head accepted from the upstream proxy.
+const MAX_PROXY_HEAD: usize = 16 << 10;
 /// Idle pooled connections to origins are closed after this.
 pub const POOL_IDLE: Duration = Duration::from_secs(30);
 /// Idle pooled connections kept per origin address.
 pub const POOL_MAX_IDLE_PER_ADDR: usize = 64;
 
+/// A corporate proxy egressd itself must leave through.
+#[derive(Debug)]
+pub struct UpstreamProxy {
+    pub addrs: Vec<SocketAddr>,
+    /// `Basic …` for Proxy-Authorization; never logged.
+    pub auth: Option<HeaderValue>,
+    /// `host:port` as configured, for messages.
+    pub display: String,
+}
+
+impl UpstreamProxy {
+    /// Parses `http://[user:password@]host:port`. Credentials may come from
+    /// the URL (best passed as `EGRESSD_UPSTREAM_PROXY`, not on a command
+    /// line) or from `auth_file` (`user:password`, one line). The proxy's
+    /// host is the operator's configuration, resolved once here by the system
+    /// resolver: it is not a destination the policy decides.
+    pub fn parse(url: &str, auth_file: Option<&std::path::Path>) -> Result<UpstreamProxy, String> {
+        let rest = url
+            .strip_prefix("http://")
+            .ok_or("--upstream-proxy must be an http:// URL (http://host:port)")?;
+        let rest = rest.trim_end_matches('/');
+        if rest.contains('/') {
+            return Err("--upstream-proxy takes no path".into());
+        }
+        let (userinfo, hostport) = match rest.rsplit_once('@') {
+            Some((u, h)) => (Some(u.to_string()), h),
+            None => (None, rest),
+        };
+        let userinfo = match auth_file {
+            Some(p) => Some(
+                std::fs::read_to_string(p)
+                    .map_err(|e| format!("cannot read {}: {e}", p.display()))?
+                    .trim_end_matches(['\n', '\r'])
+                    .to_string(),
+            ),
+            None => userinfo.map(|u| percent_decode(&u)),
+        };
+        let auth = match userinfo {
+            Some(u) if !u.is_empty() => {
+                let mut v =
+                    HeaderValue::from_str(&format!("Basic {}", base64_encode(u.as_bytes())))
+                        .map_err(|_| {
+                            "upstream proxy credentials are not valid in a header".to_string()
+                        })?;
+                v.set_sensitive(true);
+                Some(v)
+            }
+            _ => None,
+        };
+        let with_port = if hostport
+            .rsplit_once(':')
+            .is_some_and(|(_, p)| p.parse::<u16>().is_ok())
+        {
+            hostport.to_string()
+        } else {
+            format!("{hostport}:3128")
+        };
+        let addrs: Vec<SocketAddr> = with_port
+            .to_socket_addrs()
+            .map_err(|e| format!("cannot resolve upstream proxy {with_port}: {e}"))?
+            .collect();
+        if addrs.is_empty() {
+            return Err(format!("upstream proxy {with_port} has no address"));
+        }
+        Ok(UpstreamProxy {
+            addrs,
+            auth,
+            display: with_port,
+        })
+    }
+}
+
+fn percent_decode(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let hex = b
+            .get(i + 1..i + 3)
+            .and_then(|h| std::str::from_utf8(h).ok());
+        match (b[i], hex.and_then(|h| u8::from_str_radix(h, 16).ok())) {
+            (b'%', Some(v)) => {
+                out.push(v);
+                i += 3;
+            }
+            (c, _) => {
+                out.push(c);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+fn base64_encode(b: &[u8]) -> String {
+    const T: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::with_capacity(b.len().div_ceil(3) * 4);
+    for chunk in b.chunks(3) {
+        let n = (chunk[0] as u32) << 16
+            | (*chunk.get(1).unwrap_or(&0) as u32) << 8
+            | *chunk.get(2).unwrap_or(&0) as u32;
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(T[(n >> (18 - 6 * i) & 63) as usize] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+/// How egressd reaches a checked address.
+#[derive(Clone, Debug)]
+pub enum Egress {
+    Direct,
+    Proxy(Arc<UpstreamProxy>),
+}
+
+impl Egress {
+    /// A TCP stream to the first checked address that answers: directly, or
+    /// as a CONNECT tunnel through the upstream proxy. Returns the address.
+    pub async fn connect_first(&self, addrs: &[SocketAddr]) -> io::Result<(TcpStream, SocketAddr)> {
+        match self {
+            Egress::Direct => connect_first(addrs).await,
+            Egress::Proxy(p) => {
+                let mut last = io::Error::other("no address to connect to");
+                for a in addrs {
+                    match proxy_connect(p, *a).await {
+                        Ok(s) => return Ok((s, *a)),
+                        Err(e) => last = e,
+                    }
+                }
+                Err(last)
+            }
+        }
+    }
+
+    /// Proxy-Authorization for plain-HTTP requests sent to the upstream proxy.
+    pub fn proxy_auth(&self) -> Option<&HeaderValue> {
+        match self {
+            Egress::Proxy(p) => p.auth.as_ref(),
+            Egress::Direct => None,
+        }
+    }
+}
+
+/// `CONNECT addr` through the upstream proxy; the stream is the tunnel.
+async fn proxy_connect(p: &UpstreamProxy, addr: SocketAddr) -> io::Result<TcpStream> {
+    let (mut s, _) = connect_first(&p.addrs)
+        .await
+        .map_err(|e| io::Error::new(e.kind(), format!("upstream proxy {}: {e}", p.display)))?;
+    let mut head = format!("CONNECT {addr} HTTP/1.1\r\nHost: {addr}\r\n");
+    if let Some(a) = &p.auth {
+        head.push_str("Proxy-Authorization: ");
+        head.push_str(a.to_str().unwrap_or_default());
+        head.push_str("\r\n");
+    }
+    head.push_str("\r\n");
+    let handshake = async {
+        s.write_all(head.as_bytes()).await?;
+        // Read byte by byte up to the blank line: nothing of the tunnel's
+        // own bytes may be consumed here.
+        let mut buf = Vec::with_capacity(256);
+        let mut byte = [0u8; 1];
+        while !buf.ends_with(b"\r\n\r\n") {
+            if buf.len() >= MAX_PROXY_HEAD {
+                return Err(io::Error::other(
+                    "upstream proxy sent an oversized response head",
+                ));
+            }
+            if s.read(&mut byte).await? == 0 {
+                return Err(io::Error::other("upstream proxy closed during CONNECT"));
+            }
+            buf.push(byte[0]);
+        }
+        let line = String::from_utf8_lossy(&buf);
+        let status = line
+            .split_whitespace()
+            .nth(1)
+            .and_then(|c| c.parse::<u16>().ok())
+            .unwrap_or(0);
+        if (200..300).contains(&status) {
+            Ok(())
+        } else {
+            Err(io::Error::other(format!(
+                "upstream proxy {} refused CONNECT {addr}: {}",
+                p.display,
+                line.lines().next().unwrap_or("").trim()
+            )))
+        }
+    };
+    match tokio::time::timeout(PROXY_HANDSHAKE_TIMEOUT, handshake).await {
+        Ok(Ok(())) => Ok(s),
+        Ok(Err(e)) => Err(e),
+        Err(_) => Err(io::Error::new(
+            io::ErrorKind::TimedOut,
+            format!(
+                "upstream proxy {} did not answer CONNECT in time",
+                p.display
+            ),
+        )),
+    }
+}
+
 /// The pooled HTTP/1 client for plain-HTTP forwarding. Its pool is keyed by
 /// the checked `IP:port` the request URI carries, never by a name.
-pub type HttpClient = Client<HttpConnector<RefuseNames>, super::forward::Counted<Incoming>>;
+pub type HttpClient = Client<OriginConnector, super::forward::Counted<Incoming>>;
 
-pub fn http_client() -> HttpClient {
-    let mut conn = HttpConnector::new_with_resolver(RefuseNames);
-    conn.set_nodelay(true);
-    conn.set_connect_timeout(Some(CONNECT_TIMEOUT));
-    conn.enforce_http(true);
+pub fn http_client(egress: Egress) -> HttpClient {
     Client::builder(TokioExecutor::new())
         .pool_idle_timeout(POOL_IDLE)
         .pool_max_idle_per_host(POOL_MAX_IDLE_PER_ADDR)
         .pool_timer(TokioTimer::new())
         .timer(TokioTimer::new())
         .set_host(false)
-        .build(conn)
+        .build(OriginConnector { egress })
 }
 
-/// A resolver for hyper's connector that resolves nothing: every URI we hand
-/// the client carries an already checked IP literal.
-#[derive(Clone, Copy, Debug)]
-pub struct RefuseNames;
+/// Connects plain-HTTP requests: to the IP literal in the URI (anything
+/// else is refused), or to the upstream proxy, which then gets the request
+/// in absolute form.
+#[derive(Clone, Debug)]
+pub struct OriginConnector {
+    egress: Egress,
+}
 
-impl tower_service::Service<Name> for RefuseNames {
-    type Response = std::vec::IntoIter<SocketAddr>;
+impl tower_service::Service<Uri> for OriginConnector {
+    type Response = OriginConn;
     type Error = io::Error;
-    type Future = Ready<Result<Self::Response, io::Error>>;
-    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), io::Error>> {
+    type Future = Pin<Box<dyn Future<Output = io::Result<OriginConn>> + Send>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<io::Result<()>> {
         Poll::Ready(Ok(()))
     }
-    fn call(&mut self, name: Name) -> Self::Future {
-        std::future::ready(Err(io::Error::other(format!(
-            "refusing to resolve {name}: upstream connections take checked addresses only"
-        ))))
+
+    fn call(&mut self, uri: Uri) -> Self::Future {
+        let egress = self.egress.clone();
+        Box::pin(async move {
+            let host = uri.host().unwrap_or("");
+            let ip: IpAddr = host
+                .trim_start_matches('[')
+                .trim_end_matches(']')
+                .parse()
+                .map_err(|_| {
+                    io::Error::other(format!(
+                        "refusing to dial {host:?}: upstream connections take checked addresses only"
+                    ))
+                })?;
+            let addr = SocketAddr::new(ip, uri.port_u16().unwrap_or(80));
+            match &egress {
+                Egress::Direct => {
+                    let (s, _) = connect_first(&[addr]).await?;
+                    Ok(OriginConn {
+                        io: TokioIo::new(s),
+                        proxied: false,
+                    })
+                }
+                Egress::Proxy(p) => {
+                    let (s, _) = connect_first(&p.addrs).await.map_err(|e| {
+                        io::Error::new(e.kind(), format!("upstream proxy {}: {e}", p.display))
+                    })?;
+                    Ok(OriginConn {
+                        io: TokioIo::new(s),
+                        proxied: true,
+                    })
+                }
+            }
+        })
+    }
+}
+
+/// A connection to an origin, or to the upstream proxy (`proxied`: hyper
+/// then writes requests in absolute form).
+pub struct OriginConn {
+    io: TokioIo<TcpStream>,
+    proxied: bool,
+}
+
+impl Connection for OriginConn {
+    fn connected(&self) -> Connected {
+        Connected::new().proxy(self.proxied)
+    }
+}
+
+impl hyper::rt::Read for OriginConn {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: hyper::rt::ReadBufCursor<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_read(cx, buf)
+    }
+}
+
+impl hyper::rt::Write for OriginConn {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write(cx, buf)
+    }
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod proxy_url_tests {
+    use super::*;
+
+    #[test]
+    fn parses_upstream_proxy_urls() {
+        let p = UpstreamProxy::parse("http://alice:s%40cret@127.0.0.1:8080", None).unwrap();
+        assert_eq!(p.addrs, vec!["127.0.0.1:8080".parse().unwrap()]);
+        // "alice:s@cret"
+        assert_eq!(p.auth.unwrap().to_str().unwrap(), "Basic YWxpY2U6c0BjcmV0");
+        let p = UpstreamProxy::parse("http://127.0.0.1", None).unwrap();
+        assert_eq!(p.addrs[0].port(), 3128);
+        assert!(p.auth.is_none());
+        assert!(UpstreamProxy::parse("https://127.0.0.1:1", None).is_err());
+        assert!(UpstreamProxy::parse("http://127.0.0.1:1/path", None).is_err());
+        assert_eq!(base64_encode(b"ab"), "YWI=");
+        assert_eq!(base64_encode(b"abc"), "YWJj");
+        assert_eq!(base64_encode(b"a"), "YQ==");
     }
 }
 

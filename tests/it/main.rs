@@ -8,3 +8,4 @@ mod launcher;
 mod lifecycle;
 mod tls;
 mod tunnel;
+mod upstream_proxy;

@@ -53,6 +53,7 @@ pub struct Builder {
     upstream_dns: Option<SocketAddr>,
     log: Option<String>,
     env: Vec<(String, String)>,
+    args: Vec<String>,
     policy_file: bool,
 }
 
@@ -62,6 +63,7 @@ pub fn egressd() -> Builder {
         upstream_dns: None,
         log: None,
         env: Vec::new(),
+        args: Vec::new(),
         policy_file: false,
     }
 }
@@ -81,6 +83,11 @@ impl Builder {
     }
     pub fn env(mut self, k: &str, v: &str) -> Self {
         self.env.push((k.into(), v.into()));
+        self
+    }
+    /// An extra `serve` argument.
+    pub fn arg(mut self, a: &str) -> Self {
+        self.args.push(a.to_string());
         self
     }
     /// Pass the single policy file itself as --policy, not its directory.
@@ -130,6 +137,7 @@ impl Builder {
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped());
+        cmd.args(&self.args);
         for (k, v) in &self.env {
             cmd.env(k, v);
         }
