@@ -114,6 +114,51 @@ pub fn explain(
     }
 }
 
+/// The decision egressd makes for `target`, read as `explain` reads it,
+/// without printing anything: for policy tests (`tests.yaml`) and for
+/// replaying logged decisions (`check --against`). For an `https://` URL or
+/// `host:port` it is the CONNECT decision; with `intercept` (egressd runs
+/// with `--ca-dir`) and a CONNECT that would be intercepted, an `https://`
+/// URL gets the decision on the request inside the tunnel. IP literals get
+/// the private-address check; names are not resolved. `Err` says why the
+/// target cannot be read.
+pub fn decide_target<'p>(
+    policy: &'p Policy,
+    client: Option<ClientIdx>,
+    target: &str,
+    intercept: bool,
+    now: i64,
+) -> Result<Decision<'p>, String> {
+    let q = Query::parse(target)?;
+    let ctx = Ctx {
+        policy,
+        client,
+        now,
+    };
+    let inside = |proto| match &q.path {
+        Ok(_) => ctx.decide(&ctx.request(&q, proto, true)),
+        Err(_) => Decision::deny(Reason::Malformed, None),
+    };
+    let d = match q.kind {
+        Kind::Dns(_) => ctx.decide(&ctx.request(&q, Proto::Dns, false)),
+        Kind::Http => inside(Proto::Http),
+        Kind::Https | Kind::Authority => {
+            let connect = ctx.decide(&ctx.request(&q, Proto::Connect, intercept));
+            if connect.verdict == Verdict::Intercept && q.kind == Kind::Https {
+                inside(Proto::Tls)
+            } else {
+                connect
+            }
+        }
+    };
+    if let Target::Ip(ip) = q.target {
+        if d.is_allowed() && !d.report_only && !policy.addr_allowed(d.exception, ip) {
+            return Ok(Decision::deny(Reason::PrivateAddress, None));
+        }
+    }
+    Ok(d)
+}
+
 const TARGET_FORMS: &str = "TARGET is one of: https://host/path, http://host:port/path, \
      host:port, 'GET http://host/path', 'POST https://host/path', dns:name, dns:name/TXT";
 

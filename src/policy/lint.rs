@@ -5,6 +5,8 @@
 //! shadows, `cidrs` that reach non-public ranges, client patterns that match
 //! no client, and credentials injected on plain HTTP.
 //!
+//! `check` also runs the policy tests beside the policy ([`super::cases`]).
+//!
 //! Errors (anything that stops a policy from loading) are not found here but
 //! by [`super::compile`]; lint only reads a compiled [`Policy`]. Every
 //! warning is conservative: a shadowing report means the later exception can
@@ -589,8 +591,8 @@ fn shadowed(policy: &Policy, now: i64, out: &mut Vec<Warning>) {
     }
 }
 
-/// `egressd check POLICY`: prints errors (exit 1) or warnings and a summary
-/// (exit 0).
+/// `egressd check POLICY`: prints errors (exit 1) or warnings and a summary,
+/// then runs the policy tests (exit 1 if one fails; else 0).
 pub fn run_check(path: &Path, out: &mut dyn Write, err: &mut dyn Write) -> i32 {
     check_at(path, unix_now(), out, err)
 }
@@ -626,6 +628,11 @@ pub fn check_at(path: &Path, now: i64, out: &mut dyn Write, err: &mut dyn Write)
         plural(f),
         plural(w)
     );
+    // Policy tests (tests.yaml) beside the policy: a failing case fails the check.
+    let t = super::cases::run(&super::cases::test_files(path), &policy, now, out, err);
+    if t.failed > 0 || t.errors > 0 {
+        return 1;
+    }
     0
 }
 

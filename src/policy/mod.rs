@@ -4,6 +4,7 @@
 //! the `${env:…}`/`${file:…}` values of injected headers, nothing else.
 
 pub mod addr;
+pub mod cases;
 pub mod host;
 pub mod lint;
 pub mod matcher;
