@@ -1,4 +1,4 @@
-//! Command line: `serve`, `check`, `explain`, `run`, `ca`. Every `serve` flag can also
+//! Command line: `serve`, `check`, `explain`, `report`, `run`, `ca`. Every `serve` flag can also
 //! come from an `EGRESSD_*` environment variable.
 
 use std::net::SocketAddr;
@@ -23,9 +23,14 @@ pub enum Command {
     Serve(ServeArgs),
     /// Validate and lint a policy directory or file (exit 1 on errors).
     Check {
-        /// Policy directory or file.
-        #[arg(default_value = "policy/")]
-        policy: PathBuf,
+        /// Policy directory or file (default policy/). Policy tests beside it
+        /// (tests.yaml, *.tests.yaml) are run too.
+        policy: Option<PathBuf>,
+        /// Replay these decision logs (plain or gzip) against the policy and
+        /// print what would be newly denied or newly allowed. A last value that
+        /// is a directory or a .yaml/.yml file is taken as POLICY.
+        #[arg(long, value_name = "LOG", num_args = 1..)]
+        against: Vec<PathBuf>,
     },
     /// Say which exception (if any) allows a target, and why not otherwise.
     Explain {
@@ -38,6 +43,10 @@ pub enum Command {
         #[arg(required = true, num_args = 1..=2)]
         target: Vec<String>,
     },
+    /// Exception review from decision logs: use per exception, stale, expired
+    /// and expiring exceptions, the hottest, and the most-denied destinations
+    /// with ready-to-edit exception stubs.
+    Report(ReportArgs),
     /// Run CMD in a sandbox whose only way out is egressd (embedded by default).
     Run(RunArgs),
     /// Manage the TLS-interception CA.
@@ -45,6 +54,29 @@ pub enum Command {
         #[command(subcommand)]
         command: CaCommand,
     },
+}
+
+/// `egressd report [--policy P] [--since 30d] [--format text|json|html] LOG…`
+#[derive(Debug, Clone, Args)]
+pub struct ReportArgs {
+    #[arg(long, env = "EGRESSD_POLICY", default_value = "policy/")]
+    pub policy: PathBuf,
+    /// Only lines from this long ago until now (`30d`, `12h`, `2w`).
+    #[arg(long, value_name = "DUR", value_parser = parse_since)]
+    pub since: Option<u64>,
+    #[arg(long, value_enum, default_value = "text")]
+    pub format: crate::report::Format,
+    /// How many denied destinations to list.
+    #[arg(long, default_value_t = 25)]
+    pub top: usize,
+    /// Decision logs, plain or gzip (`-` reads stdin).
+    #[arg(required = true, value_name = "LOG")]
+    pub logs: Vec<PathBuf>,
+}
+
+fn parse_since(s: &str) -> Result<u64, String> {
+    crate::policy::time::parse_duration(s)
+        .ok_or_else(|| format!("{s:?} is not a duration: write e.g. 30d, 12h, 2w"))
 }
 
 #[derive(Debug, Subcommand)]

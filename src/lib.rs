@@ -23,4 +23,5 @@ pub mod log;
 pub mod metrics;
 pub mod policy;
 pub mod proxy;
+pub mod report;
 pub mod tls;

@@ -25,10 +25,44 @@ fn main() -> ExitCode {
                 }
             }
         }
-        Command::Check { policy } => {
-            let code = egressd::policy::lint::run_check(
-                &policy,
-                &mut std::io::stdout(),
+        Command::Check {
+            policy,
+            mut against,
+        } => {
+            // `check --against a.log b.log policy/`: the last value is the policy.
+            let policy = policy.unwrap_or_else(|| {
+                match against.last() {
+                    Some(p)
+                        if against.len() > 1
+                            && (p.is_dir()
+                                || p.extension().is_some_and(|e| e == "yaml" || e == "yml")) =>
+                    {
+                        against.pop()
+                    }
+                    _ => None,
+                }
+                .unwrap_or_else(|| "policy/".into())
+            });
+            let (mut out, mut err) = (std::io::stdout(), std::io::stderr());
+            let mut code = egressd::policy::lint::run_check(&policy, &mut out, &mut err);
+            if !against.is_empty() {
+                code = code.max(egressd::report::replay::run_against(
+                    &policy, &against, &mut out, &mut err,
+                ));
+            }
+            ExitCode::from(code as u8)
+        }
+        Command::Report(args) => {
+            let opts = egressd::report::Options {
+                policy: args.policy,
+                since_secs: args.since,
+                format: args.format,
+                top: args.top,
+                logs: args.logs,
+            };
+            let code = egressd::report::run_report(
+                &opts,
+                &mut std::io::stdout().lock(),
                 &mut std::io::stderr(),
             );
             ExitCode::from(code as u8)

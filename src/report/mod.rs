@@ -1,0 +1,521 @@
+//! `egressd report`: the exception review, from decision logs. It streams
+//! any number of plain or gzip logs ([`read`]) through bounded counters
+//! ([`stats`]), sets the counts beside the policy, and renders one
+//! [`Report`] as text, JSON or a self-contained HTML page ([`render`]):
+//!
+//! - every exception with its owner, reason, ticket and expiry, its hits,
+//!   last use and the clients using it;
+//! - exceptions unused for `settings.stale_after` (candidates for removal),
+//!   expired ones and those expiring soon, and the hottest;
+//! - the most-denied destinations grouped by registered domain, each with a
+//!   ready-to-edit YAML exception stub ([`stub`]).
+//!
+//! It also holds [`replay`], which `egressd check --against` uses to decide
+//! logged requests again under a proposed policy. Nothing here serves
+//! traffic or writes logs.
+
+pub mod html;
+pub mod read;
+pub mod replay;
+pub mod stats;
+pub mod stub;
+pub mod text;
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+
+use crate::policy::lint::EXPIRY_WARNING_SECS;
+use crate::policy::time::{format_date, format_rfc3339_millis, unix_now};
+use crate::policy::Policy;
+use stats::{Pruned, Stats};
+
+/// Exit status: report written.
+pub const OK: i32 = 0;
+/// Exit status: a log could not be read.
+pub const INPUT_ERROR: i32 = 1;
+/// Exit status: bad arguments or a policy that does not load.
+pub const USAGE: i32 = 2;
+
+/// How many exceptions the "hottest" list names.
+pub const HOTTEST: usize = 10;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Format {
+    Text,
+    Json,
+    Html,
+}
+
+/// What `egressd report` was asked.
+#[derive(Debug, Clone)]
+pub struct Options {
+    pub policy: PathBuf,
+    /// Only lines from the last this many seconds.
+    pub since_secs: Option<u64>,
+    pub format: Format,
+    /// How many denied destinations to list.
+    pub top: usize,
+    pub logs: Vec<PathBuf>,
+}
+
+/// The review, ready to render. Its JSON form is `--format json`.
+#[derive(Debug, Serialize)]
+pub struct Report {
+    pub generated_at: String,
+    pub policy: PolicySummary,
+    pub input: Input,
+    pub totals: Totals,
+    /// Per day: allowed and denied.
+    pub daily: Vec<DayCount>,
+    /// Every exception of the policy, in load order.
+    pub exceptions: Vec<ExceptionRow>,
+    /// Exception ids in the logs that the policy does not have (removed or
+    /// renamed since, or logs from another policy).
+    pub unknown_exceptions: Vec<UnknownException>,
+    /// Ids of exceptions unused for `stale_after`: removal candidates.
+    pub stale: Vec<String>,
+    /// Ids unused in these logs, which cover less than `stale_after`: not
+    /// yet proof of staleness.
+    pub unused_recently: Vec<String>,
+    pub expired: Vec<String>,
+    /// Ids expiring within 14 days.
+    pub expiring: Vec<String>,
+    /// Ids with the most hits, most first.
+    pub hottest: Vec<String>,
+    /// The most-denied destinations, most first.
+    pub denied: Vec<DeniedRow>,
+    /// Distinct denied destinations tracked (may exceed `denied.len()`).
+    pub denied_destinations: usize,
+    /// Denials no exception could fix (malformed, tunnels, …), by reason.
+    pub other_denials: BTreeMap<String, u64>,
+    pub limits: LimitNotes,
+}
+
+#[derive(Debug, Serialize)]
+pub struct PolicySummary {
+    pub path: String,
+    pub exceptions: usize,
+    pub mode: &'static str,
+    pub stale_after_days: u64,
+    pub contact: String,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Input {
+    pub files: Vec<String>,
+    pub lines: u64,
+    pub bytes: u64,
+    pub unreadable: u64,
+    pub first_unreadable: Option<String>,
+    pub bad_timestamps: u64,
+    /// `--since` as a start instant, if given.
+    pub since: Option<String>,
+    pub before_window: u64,
+    pub in_window: u64,
+    pub first_seen: Option<String>,
+    pub last_seen: Option<String>,
+    /// Days between the first line read and now.
+    pub days_covered: f64,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Totals {
+    pub allowed: u64,
+    pub denied: u64,
+    pub report_only_denied: u64,
+    /// proto → [allowed, denied]
+    pub by_proto: BTreeMap<String, [u64; 2]>,
+    pub denied_by_reason: BTreeMap<String, u64>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct DayCount {
+    pub day: String,
+    pub allowed: u64,
+    pub denied: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Status {
+    /// Used within `stale_after`.
+    Active,
+    /// Not used for `stale_after`.
+    Stale,
+    /// Not used in logs shorter than `stale_after`.
+    UnusedRecently,
+    Expiring,
+    Expired,
+}
+
+impl Status {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::Active => "active",
+            Status::Stale => "stale",
+            Status::UnusedRecently => "unused",
+            Status::Expiring => "expiring",
+            Status::Expired => "expired",
+        }
+    }
+}
+
+#[derive(Debug, Serialize)]
+pub struct ExceptionRow {
+    pub id: String,
+    pub owner: String,
+    pub reason: String,
+    pub ticket: Option<String>,
+    pub expires: Option<String>,
+    pub expires_in_days: Option<i64>,
+    pub file: String,
+    pub line: usize,
+    pub status: Status,
+    pub hits: u64,
+    pub first_used: Option<String>,
+    pub last_used: Option<String>,
+    pub days_since_use: Option<i64>,
+    pub clients: Vec<String>,
+    pub clients_more: bool,
+    /// Busiest destinations it allowed, with counts.
+    pub hosts: Vec<(String, u64)>,
+    /// Denials that named it as the closest exception.
+    pub near_denials: u64,
+    /// (day, hits) for days with hits.
+    pub daily: Vec<(String, u64)>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct UnknownException {
+    pub id: String,
+    pub owner: Option<String>,
+    pub hits: u64,
+    pub last_used: Option<String>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct DeniedRow {
+    /// Registered domain, or an IP address.
+    pub domain: String,
+    pub count: u64,
+    pub reasons: BTreeMap<String, u64>,
+    pub clients: Vec<String>,
+    pub clients_more: bool,
+    pub hosts: Vec<(String, u64)>,
+    pub hosts_more: bool,
+    pub ports: Vec<u16>,
+    pub qtypes: Vec<String>,
+    pub examples: Vec<String>,
+    /// Exceptions that named this destination but did not allow it.
+    pub near_exceptions: Vec<String>,
+    pub first_seen: String,
+    pub last_seen: String,
+    /// YAML to paste under `exceptions:`, owner and reason left empty.
+    pub stub: String,
+}
+
+/// What was capped, in words, plus the raw numbers.
+#[derive(Debug, Serialize)]
+pub struct LimitNotes {
+    pub max_destinations: usize,
+    pub max_clients_listed: usize,
+    pub pruned: Pruned,
+    pub untracked_exception_hits: u64,
+    pub notes: Vec<String>,
+}
+
+/// `egressd report …`: returns the exit status.
+pub fn run_report(opts: &Options, out: &mut dyn Write, err: &mut dyn Write) -> i32 {
+    let policy = match crate::policy::load(&opts.policy) {
+        Ok(p) => p,
+        Err(e) => {
+            let _ = writeln!(err, "{e}");
+            let _ = writeln!(
+                err,
+                "egressd report: policy {} does not load; run `egressd check {}`",
+                opts.policy.display(),
+                opts.policy.display()
+            );
+            return USAGE;
+        }
+    };
+    let now = unix_now();
+    let since = opts.since_secs.map(|s| now - s as i64);
+    let mut stats = Stats::new(since);
+    let read = match read::for_each_line(&opts.logs, |l, _| stats.add(l)) {
+        Ok(r) => r,
+        Err(e) => {
+            let _ = writeln!(err, "egressd report: {e}");
+            return INPUT_ERROR;
+        }
+    };
+    let report = build(&policy, &opts.policy, &stats, &read, opts.top, now);
+    if let Some(u) = &report.input.first_unreadable {
+        let _ = writeln!(
+            err,
+            "egressd report: {} line{} not understood as decision-log lines, the first at {u}",
+            report.input.unreadable,
+            if report.input.unreadable == 1 {
+                ""
+            } else {
+                "s"
+            }
+        );
+    }
+    let res = match opts.format {
+        Format::Text => text::render(&report, out),
+        Format::Json => serde_json::to_writer_pretty(&mut *out, &report)
+            .map_err(std::io::Error::other)
+            .and_then(|_| writeln!(out)),
+        Format::Html => html::render(&report, out),
+    };
+    match res {
+        Ok(()) => OK,
+        Err(e) => {
+            let _ = writeln!(err, "egressd report: cannot write the report: {e}");
+            INPUT_ERROR
+        }
+    }
+}
+
+fn ts(secs: i64) -> String {
+    format_rfc3339_millis(secs * 1000)
+        .trim_end_matches(".000Z")
+        .to_string()
+        + "Z"
+}
+
+fn day(d: i32) -> String {
+    format_date(d as i64 * 86400)
+}
+
+/// Sets the counts beside the policy, as of `now`.
+pub fn build(
+    policy: &Policy,
+    policy_path: &Path,
+    stats: &Stats,
+    read: &read::ReadStats,
+    top: usize,
+    now: i64,
+) -> Report {
+    let stale_after = policy.settings.stale_after_secs as i64;
+    let covered_from = stats.first.unwrap_or(now);
+    let covers_stale_window = now - covered_from >= stale_after;
+    let mut exceptions = Vec::with_capacity(policy.exceptions.len());
+    let (mut stale, mut unused_recently, mut expired, mut expiring) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for e in &policy.exceptions {
+        let u = stats.exceptions.get(&*e.id);
+        let hits = u.map_or(0, |u| u.hits);
+        let last = u.and_then(|u| u.last);
+        let unused_for_stale = match last {
+            Some(t) => now - t >= stale_after,
+            None => true,
+        };
+        let id = e.id.to_string();
+        let status = if e.is_expired(now) {
+            expired.push(id.clone());
+            Status::Expired
+        } else {
+            let soon = e.expires.is_some_and(|t| t - now <= EXPIRY_WARNING_SECS);
+            if soon {
+                expiring.push(id.clone());
+            }
+            let s = if unused_for_stale && (last.is_some() || covers_stale_window) {
+                stale.push(id.clone());
+                Status::Stale
+            } else if unused_for_stale {
+                unused_recently.push(id.clone());
+                Status::UnusedRecently
+            } else {
+                Status::Active
+            };
+            if soon {
+                Status::Expiring
+            } else {
+                s
+            }
+        };
+        exceptions.push(ExceptionRow {
+            id,
+            owner: e.owner.to_string(),
+            reason: e.reason.clone(),
+            ticket: e.ticket.clone(),
+            expires: e.expires.map(format_date),
+            expires_in_days: e.expires.map(|t| (t - now).div_euclid(86400)),
+            file: e.file.display().to_string(),
+            line: e.line,
+            status,
+            hits,
+            first_used: u.and_then(|u| u.first).map(ts),
+            last_used: last.map(ts),
+            days_since_use: last.map(|t| (now - t).div_euclid(86400)),
+            clients: u.map_or(Vec::new(), |u| {
+                u.clients.items.iter().map(|c| c.to_string()).collect()
+            }),
+            clients_more: u.is_some_and(|u| u.clients.more),
+            hosts: u.map_or(Vec::new(), |u| u.hosts.sorted()),
+            near_denials: u.map_or(0, |u| u.near_denials),
+            daily: u.map_or(Vec::new(), |u| {
+                u.daily
+                    .0
+                    .iter()
+                    .map(|(d, n)| (day(*d), *n as u64))
+                    .collect()
+            }),
+        });
+    }
+    let mut hot: Vec<&ExceptionRow> = exceptions.iter().filter(|e| e.hits > 0).collect();
+    hot.sort_by(|a, b| b.hits.cmp(&a.hits).then_with(|| a.id.cmp(&b.id)));
+    let hottest = hot.iter().take(HOTTEST).map(|e| e.id.clone()).collect();
+
+    let mut unknown: Vec<UnknownException> = stats
+        .exceptions
+        .iter()
+        .filter(|(id, u)| policy.exception(id).is_none() && u.hits > 0)
+        .map(|(id, u)| UnknownException {
+            id: id.to_string(),
+            owner: u.owner.as_deref().map(str::to_string),
+            hits: u.hits,
+            last_used: u.last.map(ts),
+        })
+        .collect();
+    unknown.sort_by(|a, b| b.hits.cmp(&a.hits).then_with(|| a.id.cmp(&b.id)));
+
+    let mut dests: Vec<(&str, &stats::DeniedUse)> =
+        stats.destinations.iter().map(|(k, v)| (&**k, v)).collect();
+    dests.sort_by(|a, b| b.1.count.cmp(&a.1.count).then_with(|| a.0.cmp(b.0)));
+    let denied: Vec<DeniedRow> = dests
+        .iter()
+        .take(top)
+        .map(|(k, d)| DeniedRow {
+            domain: k.to_string(),
+            count: d.count,
+            reasons: d.reasons.iter().map(|(r, n)| (r.to_string(), *n)).collect(),
+            clients: d.clients.items.iter().map(|c| c.to_string()).collect(),
+            clients_more: d.clients.more,
+            hosts: d.hosts.sorted(),
+            hosts_more: d.hosts.more,
+            ports: {
+                let mut p = d.ports.clone();
+                p.sort_unstable();
+                p
+            },
+            qtypes: d.qtypes.iter().map(|q| q.to_string()).collect(),
+            examples: d.examples.clone(),
+            near_exceptions: d.near.items.iter().map(|c| c.to_string()).collect(),
+            first_seen: ts(d.first),
+            last_seen: ts(d.last),
+            stub: stub::exception_stub(k, d, now),
+        })
+        .collect();
+
+    let other_denials = stats
+        .denied_by_reason
+        .iter()
+        .filter(|(r, _)| !stats::FIXABLE.contains(&&***r))
+        .map(|(r, n)| (r.to_string(), *n))
+        .collect();
+
+    let mut notes = Vec::new();
+    if stats.pruned.destinations > 0 {
+        notes.push(format!(
+            "more than {} distinct denied destinations: the {} lightest ({} denials) were dropped \
+             as the table filled, so a count shown may be low by up to {}",
+            stats::MAX_DESTINATIONS,
+            stats.pruned.destinations,
+            stats.pruned.denials,
+            stats.pruned.max_count
+        ));
+    }
+    if stats.untracked_exception_hits > 0 {
+        notes.push(format!(
+            "more than {} distinct exception ids in the logs: {} hits on further ids not counted",
+            stats::MAX_EXCEPTIONS,
+            stats.untracked_exception_hits
+        ));
+    }
+    if exceptions.iter().any(|e| e.clients_more) || denied.iter().any(|d| d.clients_more) {
+        notes.push(format!(
+            "client lists stop at {} per exception or destination (marked +more)",
+            stats::MAX_CLIENTS
+        ));
+    }
+    if !covers_stale_window {
+        notes.push(format!(
+            "the logs reach back {} days, less than stale_after ({} days): exceptions unused in \
+             them are listed as unused, not stale",
+            (now - covered_from).div_euclid(86400),
+            stale_after / 86400
+        ));
+    }
+
+    Report {
+        generated_at: ts(now),
+        policy: PolicySummary {
+            path: policy_path.display().to_string(),
+            exceptions: policy.exceptions.len(),
+            mode: policy.settings.mode.as_str(),
+            stale_after_days: policy.settings.stale_after_secs / 86400,
+            contact: policy.settings.contact.clone(),
+        },
+        input: Input {
+            files: read.files.iter().map(|f| f.display().to_string()).collect(),
+            lines: read.lines,
+            bytes: read.bytes,
+            unreadable: read.unreadable,
+            first_unreadable: read.first_unreadable.clone(),
+            bad_timestamps: stats.bad_timestamps,
+            since: stats.since.map(ts),
+            before_window: stats.before_window,
+            in_window: stats.in_window,
+            first_seen: stats.first.map(ts),
+            last_seen: stats.last.map(ts),
+            days_covered: ((now - covered_from).max(0) as f64 / 86400.0 * 10.0).round() / 10.0,
+        },
+        totals: Totals {
+            allowed: stats.allowed,
+            denied: stats.denied,
+            report_only_denied: stats.report_only,
+            by_proto: stats
+                .by_proto
+                .iter()
+                .map(|(p, (a, d))| (p.to_string(), [*a, *d]))
+                .collect(),
+            denied_by_reason: stats
+                .denied_by_reason
+                .iter()
+                .map(|(r, n)| (r.to_string(), *n))
+                .collect(),
+        },
+        daily: stats
+            .daily
+            .iter()
+            .map(|(d, (a, n))| DayCount {
+                day: day(*d),
+                allowed: *a,
+                denied: *n,
+            })
+            .collect(),
+        exceptions,
+        unknown_exceptions: unknown,
+        stale,
+        unused_recently,
+        expired,
+        expiring,
+        hottest,
+        denied,
+        denied_destinations: stats.destinations.len(),
+        other_denials,
+        limits: LimitNotes {
+            max_destinations: stats::MAX_DESTINATIONS,
+            max_clients_listed: stats::MAX_CLIENTS,
+            pruned: stats.pruned,
+            untracked_exception_hits: stats.untracked_exception_hits,
+            notes,
+        },
+    }
+}

@@ -1,0 +1,380 @@
+//! Reading decision logs: plain or gzip (detected by content, not by name),
+//! any number of files or `-` for stdin, one line at a time into a reused
+//! buffer, so memory does not grow with the size of the logs. Each line is
+//! parsed into a [`LogLine`] that borrows from that buffer.
+//!
+//! It does not interpret lines; [`super::stats`] and [`super::replay`] do.
+
+use std::borrow::Cow;
+use std::fs::File;
+use std::io::{self, BufRead, BufReader, Read};
+use std::path::{Path, PathBuf};
+
+use flate2::read::MultiGzDecoder;
+use serde::Deserialize;
+
+use crate::policy::time::days_from_civil;
+
+/// A line longer than this is not a decision-log line (egressd's longest
+/// are a few KiB); it is skipped, counted as unreadable.
+pub const MAX_LINE_BYTES: usize = 1 << 20;
+/// Read buffer per file.
+const READ_BUF_BYTES: usize = 256 << 10;
+
+/// The fields of a decision-log line that the report and the replay read.
+/// Unknown fields are ignored, so logs from newer egressd versions still read.
+#[derive(Debug, Deserialize)]
+pub struct LogLine<'a> {
+    #[serde(borrow)]
+    pub ts: Cow<'a, str>,
+    #[serde(borrow, default)]
+    pub client: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    pub src: Option<Cow<'a, str>>,
+    #[serde(borrow)]
+    pub proto: Cow<'a, str>,
+    #[serde(borrow, default)]
+    pub host: Option<Cow<'a, str>>,
+    #[serde(default)]
+    pub port: Option<u16>,
+    #[serde(borrow, default)]
+    pub method: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    pub path: Option<Cow<'a, str>>,
+    #[serde(borrow)]
+    pub decision: Cow<'a, str>,
+    #[serde(borrow, default)]
+    pub reason: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    pub exception: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    pub owner: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    pub mode: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    pub qname: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    pub qtype: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    pub note: Option<Cow<'a, str>>,
+}
+
+impl LogLine<'_> {
+    pub fn allowed(&self) -> bool {
+        self.decision == "allow"
+    }
+    pub fn reason(&self) -> &str {
+        self.reason.as_deref().unwrap_or("")
+    }
+    /// The named client, or `-` for an anonymous one.
+    pub fn client(&self) -> &str {
+        self.client.as_deref().unwrap_or("-")
+    }
+    /// Who made the request, for people: the client id, or for an anonymous
+    /// client its source address without the port.
+    pub fn who(&self) -> &str {
+        match self.client() {
+            "-" | "" => self.src.as_deref().map(strip_port).unwrap_or("-"),
+            id => id,
+        }
+    }
+    /// The destination name or address: `qname` for DNS, `host` otherwise.
+    pub fn destination(&self) -> Option<&str> {
+        if self.proto == "dns" {
+            self.qname.as_deref().or(self.host.as_deref())
+        } else {
+            self.host.as_deref()
+        }
+    }
+    /// One request as a person would write it: `CONNECT host:443`,
+    /// `GET http://host/path`, `dns host TXT`.
+    pub fn example(&self) -> String {
+        let dest = self.destination().unwrap_or("?");
+        let port = self.port.unwrap_or(0);
+        let method = self.method.as_deref().unwrap_or("GET");
+        let path = self.path.as_deref().unwrap_or("/");
+        match &*self.proto {
+            "dns" => format!("dns {dest} {}", self.qtype.as_deref().unwrap_or("A")),
+            "connect" => format!("CONNECT {}:{port}", bracket(dest)),
+            "http" => format!(
+                "{method} http://{}{}{path}",
+                bracket(dest),
+                port_suffix(port, 80)
+            ),
+            "tls" => format!(
+                "{method} https://{}{}{path}",
+                bracket(dest),
+                port_suffix(port, 443)
+            ),
+            other => format!("{other} {dest}:{port}"),
+        }
+    }
+}
+
+fn port_suffix(port: u16, default: u16) -> String {
+    if port == default || port == 0 {
+        String::new()
+    } else {
+        format!(":{port}")
+    }
+}
+
+/// IPv6 literals in brackets, as in a URL.
+pub fn bracket(host: &str) -> Cow<'_, str> {
+    if host.contains(':') && !host.starts_with('[') {
+        Cow::Owned(format!("[{host}]"))
+    } else {
+        Cow::Borrowed(host)
+    }
+}
+
+/// `10.0.0.1:5353` → `10.0.0.1`, `[::1]:5353` → `::1`.
+pub fn strip_port(src: &str) -> &str {
+    if let Some(rest) = src.strip_prefix('[') {
+        return rest.split(']').next().unwrap_or(rest);
+    }
+    match src.rsplit_once(':') {
+        Some((h, p)) if !h.contains(':') && p.bytes().all(|b| b.is_ascii_digit()) => h,
+        _ => src,
+    }
+}
+
+/// Unix seconds of an RFC 3339 UTC timestamp as egressd writes them
+/// (`2026-11-29T20:00:00.123Z`), fast: the date is converted once per day
+/// seen, via `cache`.
+pub fn parse_ts(ts: &str, cache: &mut Option<([u8; 10], i64)>) -> Option<i64> {
+    let b = ts.as_bytes();
+    if b.len() < 19 || b[10] != b'T' || b[13] != b':' || b[16] != b':' {
+        return None;
+    }
+    let day: [u8; 10] = b[..10].try_into().ok()?;
+    let days = match cache {
+        Some((d, n)) if *d == day => *n,
+        _ => {
+            let n = parse_day(&ts[..10])?;
+            *cache = Some((day, n));
+            n
+        }
+    };
+    let num = |r: std::ops::Range<usize>| -> Option<i64> {
+        let s = &b[r];
+        if s.iter().all(u8::is_ascii_digit) {
+            Some(s.iter().fold(0i64, |a, d| a * 10 + (d - b'0') as i64))
+        } else {
+            None
+        }
+    };
+    let (h, m, s) = (num(11..13)?, num(14..16)?, num(17..19)?);
+    if h > 23 || m > 59 || s > 60 {
+        return None;
+    }
+    Some(days * 86400 + h * 3600 + m * 60 + s)
+}
+
+fn parse_day(s: &str) -> Option<i64> {
+    let mut it = s.split('-');
+    let y: i64 = it.next()?.parse().ok()?;
+    let m: u32 = it.next()?.parse().ok()?;
+    let d: u32 = it.next()?.parse().ok()?;
+    if !(1..=12).contains(&m) || !(1..=31).contains(&d) {
+        return None;
+    }
+    Some(days_from_civil(y, m, d))
+}
+
+/// Where a line came from, for messages.
+#[derive(Debug, Clone)]
+pub struct Position<'f> {
+    pub file: &'f Path,
+    pub line: u64,
+}
+
+/// What reading one set of logs came to, besides the lines themselves.
+#[derive(Debug, Default, Clone, serde::Serialize)]
+pub struct ReadStats {
+    pub files: Vec<PathBuf>,
+    pub lines: u64,
+    /// Lines that were not decision-log lines (not JSON, missing fields,
+    /// too long, not UTF-8).
+    pub unreadable: u64,
+    /// The first unreadable line, as `file:line: what`.
+    pub first_unreadable: Option<String>,
+    pub bytes: u64,
+}
+
+/// Opens a log for reading: `-` is stdin; gzip is recognised by its magic
+/// bytes, so `decisions.log.1.gz`, a gzip without the suffix and a plain file
+/// named `.gz` all read.
+pub fn open(path: &Path) -> io::Result<Box<dyn BufRead>> {
+    let raw: Box<dyn Read> = if path == Path::new("-") {
+        Box::new(io::stdin())
+    } else {
+        Box::new(File::open(path)?)
+    };
+    let mut r = BufReader::with_capacity(READ_BUF_BYTES, raw);
+    let head = r.fill_buf()?;
+    if head.len() >= 2 && head[0] == 0x1f && head[1] == 0x8b {
+        Ok(Box::new(BufReader::with_capacity(
+            READ_BUF_BYTES,
+            MultiGzDecoder::new(r),
+        )))
+    } else {
+        Ok(Box::new(r))
+    }
+}
+
+/// Calls `f` with every readable line of every log, in order. Unreadable
+/// lines are counted in the returned stats; a file that cannot be opened
+/// or fails mid-way is an error naming it.
+pub fn for_each_line(
+    paths: &[PathBuf],
+    mut f: impl FnMut(&LogLine<'_>, Position<'_>),
+) -> Result<ReadStats, String> {
+    let mut stats = ReadStats::default();
+    let mut buf: Vec<u8> = Vec::with_capacity(4096);
+    for path in paths {
+        stats.files.push(path.clone());
+        let mut r = open(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let mut n: u64 = 0;
+        loop {
+            buf.clear();
+            let got = read_line_bounded(&mut r, &mut buf)
+                .map_err(|e| format!("{}: line {}: {e}", path.display(), n + 1))?;
+            let Some(overlong) = got else { break };
+            n += 1;
+            stats.bytes += buf.len() as u64;
+            let line = trim_newline(&buf);
+            if line.is_empty() {
+                continue;
+            }
+            stats.lines += 1;
+            let parsed = if overlong {
+                Err("longer than 1 MiB".to_string())
+            } else {
+                serde_json::from_slice::<LogLine<'_>>(line).map_err(|e| e.to_string())
+            };
+            match parsed {
+                Ok(l) => f(
+                    &l,
+                    Position {
+                        file: path,
+                        line: n,
+                    },
+                ),
+                Err(e) => {
+                    stats.unreadable += 1;
+                    if stats.first_unreadable.is_none() {
+                        stats.first_unreadable = Some(format!("{}:{n}: {e}", path.display()));
+                    }
+                }
+            }
+        }
+    }
+    Ok(stats)
+}
+
+fn trim_newline(b: &[u8]) -> &[u8] {
+    let b = b.strip_suffix(b"\n").unwrap_or(b);
+    b.strip_suffix(b"\r").unwrap_or(b)
+}
+
+/// Reads one line into `buf`, keeping at most [`MAX_LINE_BYTES`] of it.
+/// `None` at end of input; `Some(true)` when the line was cut short.
+fn read_line_bounded(r: &mut dyn BufRead, buf: &mut Vec<u8>) -> io::Result<Option<bool>> {
+    let mut overlong = false;
+    let mut any = false;
+    loop {
+        let avail = match r.fill_buf() {
+            Ok(a) => a,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        if avail.is_empty() {
+            return Ok(any.then_some(overlong));
+        }
+        any = true;
+        let (chunk, done) = match memchr_nl(avail) {
+            Some(i) => (&avail[..=i], true),
+            None => (avail, false),
+        };
+        let room = MAX_LINE_BYTES.saturating_sub(buf.len());
+        if chunk.len() > room {
+            overlong = true;
+            buf.extend_from_slice(&chunk[..room]);
+        } else {
+            buf.extend_from_slice(chunk);
+        }
+        let used = chunk.len();
+        r.consume(used);
+        if done {
+            return Ok(Some(overlong));
+        }
+    }
+}
+
+fn memchr_nl(b: &[u8]) -> Option<usize> {
+    b.iter().position(|&c| c == b'\n')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timestamps() {
+        let mut c = None;
+        assert_eq!(parse_ts("1970-01-01T00:00:00Z", &mut c), Some(0));
+        assert_eq!(
+            parse_ts("2026-11-29T20:00:00.123Z", &mut c),
+            crate::policy::time::parse_date("2026-11-29T20:00:00Z")
+        );
+        assert_eq!(
+            parse_ts("2026-11-29T20:00:01.999Z", &mut c),
+            crate::policy::time::parse_date("2026-11-29T20:00:01Z")
+        );
+        assert_eq!(parse_ts("2026-11-29 20:00:00", &mut c), None);
+        assert_eq!(parse_ts("2026-13-29T20:00:00Z", &mut None), None);
+        assert_eq!(parse_ts("yesterday", &mut c), None);
+    }
+
+    #[test]
+    fn sources() {
+        assert_eq!(strip_port("10.0.0.1:5353"), "10.0.0.1");
+        assert_eq!(strip_port("[::1]:5353"), "::1");
+        assert_eq!(strip_port("-"), "-");
+    }
+
+    #[test]
+    fn examples() {
+        let l: LogLine = serde_json::from_str(
+            r#"{"ts":"2026-11-29T20:00:00.123Z","client":"-","src":"10.1.2.3:4","proto":"http","host":"x.example","port":8080,"method":"POST","path":"/a","decision":"deny","reason":"no_exception","extra":1}"#,
+        )
+        .unwrap();
+        assert_eq!(l.example(), "POST http://x.example:8080/a");
+        assert_eq!(l.who(), "10.1.2.3");
+        let l: LogLine = serde_json::from_str(
+            r#"{"ts":"2026-11-29T20:00:00.123Z","client":"ci","proto":"connect","host":"2001:db8::1","port":443,"decision":"deny"}"#,
+        )
+        .unwrap();
+        assert_eq!(l.example(), "CONNECT [2001:db8::1]:443");
+        assert_eq!(l.who(), "ci");
+    }
+
+    #[test]
+    fn bounded_lines() {
+        let mut data = vec![b'x'; MAX_LINE_BYTES + 10];
+        data.extend_from_slice(b"\nshort\nlast");
+        let mut r = io::Cursor::new(data);
+        let mut buf = Vec::new();
+        assert_eq!(read_line_bounded(&mut r, &mut buf).unwrap(), Some(true));
+        assert_eq!(buf.len(), MAX_LINE_BYTES);
+        buf.clear();
+        assert_eq!(read_line_bounded(&mut r, &mut buf).unwrap(), Some(false));
+        assert_eq!(buf, b"short\n");
+        buf.clear();
+        assert_eq!(read_line_bounded(&mut r, &mut buf).unwrap(), Some(false));
+        assert_eq!(buf, b"last");
+        buf.clear();
+        assert_eq!(read_line_bounded(&mut r, &mut buf).unwrap(), None);
+    }
+}
