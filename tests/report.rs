@@ -1,0 +1,866 @@
+//! `egressd report` and `egressd check --against` on decision logs generated
+//! here — plain and gzip, with known counts — through the real binary; the
+//! HTML report rendered in a real headless browser (Debian's chromium) when
+//! one is installed; and the throughput measurement (ignored by default:
+//! `cargo test --release --test report -- --ignored --nocapture throughput`).
+
+use std::fs;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Instant;
+
+use egressd::policy::time::{format_date, format_rfc3339_millis, unix_now};
+use flate2::write::GzEncoder;
+use flate2::Compression;
+
+const DAY: i64 = 86400;
+
+fn bin() -> &'static str {
+    env!("CARGO_BIN_EXE_egressd")
+}
+
+/// A directory under the system temp dir, removed on drop.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new() -> TempDir {
+        static N: AtomicUsize = AtomicUsize::new(0);
+        let p = std::env::temp_dir().join(format!(
+            "egressd-report-test-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ));
+        let _ = fs::remove_dir_all(&p);
+        fs::create_dir_all(&p).unwrap();
+        TempDir(p)
+    }
+    fn path(&self, name: &str) -> PathBuf {
+        self.0.join(name)
+    }
+    fn file(&self, name: &str, text: &str) -> PathBuf {
+        let p = self.0.join(name);
+        if let Some(d) = p.parent() {
+            fs::create_dir_all(d).unwrap();
+        }
+        fs::write(&p, text).unwrap();
+        p
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.0);
+    }
+}
+
+fn run(args: &[&dyn AsRef<std::ffi::OsStr>]) -> Output {
+    let mut c = Command::new(bin());
+    for a in args {
+        c.arg(a);
+    }
+    c.env_remove("EGRESSD_POLICY");
+    c.output().expect("run egressd")
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// A policy with one exception in each state the report distinguishes.
+fn policy(now: i64) -> String {
+    format!(
+        r##"settings:
+  stale_after: 60d
+  contact: "#sec"
+  clients:
+    - id: ci-runner
+      sources: [10.8.0.0/16]
+exceptions:
+  - id: pypi
+    owner: python-platform
+    reason: pip installs
+    ticket: SEC-1
+    hosts: [pypi.org, files.pythonhosted.org]
+    ports: [443]
+  - id: npm
+    owner: web-platform
+    reason: npm installs
+    hosts: [registry.npmjs.org]
+    ports: [443]
+  - id: old-mirror
+    owner: infra
+    reason: the mirror before the move
+    ticket: SEC-9
+    hosts: [mirror.example.net]
+  - id: never
+    owner: data
+    reason: nobody asked
+    hosts: [never.example.org]
+  - id: gone
+    owner: ml
+    reason: trial
+    expires: {gone}
+    hosts: [models.example.com]
+  - id: soon
+    owner: ml
+    reason: trial two
+    expires: {soon}
+    hosts: [weights.example.com]
+"##,
+        gone = format_date(now - 10 * DAY),
+        soon = format_date(now + 5 * DAY + DAY),
+    )
+}
+
+/// Deterministic pseudo-random numbers (xorshift64*), no dependency.
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+struct Line<'a> {
+    ts: i64,
+    client: &'a str,
+    src: &'a str,
+    proto: &'a str,
+    host: &'a str,
+    port: u16,
+    decision: &'a str,
+    reason: &'a str,
+    exception: Option<&'a str>,
+    path: Option<&'a str>,
+}
+
+impl Line<'_> {
+    fn json(&self) -> String {
+        let q = |s: Option<&str>| s.map_or("null".to_string(), |s| format!("{s:?}"));
+        let (method, path) = match self.proto {
+            "connect" => ("\"CONNECT\"".to_string(), "null".to_string()),
+            "dns" => ("null".to_string(), "null".to_string()),
+            _ => ("\"GET\"".to_string(), q(self.path.or(Some("/")))),
+        };
+        let dns = if self.proto == "dns" {
+            format!(
+                r#","qname":{:?},"qtype":"A","rcode":{:?}"#,
+                self.host,
+                if self.decision == "allow" {
+                    "NOERROR"
+                } else {
+                    "REFUSED"
+                }
+            )
+        } else {
+            String::new()
+        };
+        format!(
+            r#"{{"ts":"{}","client":{:?},"src":"{}:40000","proto":"{}","host":{},"port":{},"addr":null,"method":{method},"path":{path},"decision":"{}","reason":"{}","exception":{},"owner":null,"mode":"enforce","status":{},"bytes_up":10,"bytes_down":20,"duration_ms":3{dns}}}"#,
+            format_rfc3339_millis(self.ts * 1000 + 123),
+            self.client,
+            self.src,
+            self.proto,
+            if self.proto == "dns" {
+                "null".to_string()
+            } else {
+                format!("{:?}", self.host)
+            },
+            if self.proto == "dns" {
+                "null".to_string()
+            } else {
+                self.port.to_string()
+            },
+            self.decision,
+            self.reason,
+            q(self.exception),
+            if self.decision == "allow" { 200 } else { 403 },
+        )
+    }
+}
+
+/// The fixed log the report tests count against. Returns the lines and
+/// what they add up to.
+fn fixed_log(now: i64) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut push = |l: Line| out.push(l.json());
+    // pypi: 300 hits over the last 30 days by ci-runner and one anonymous client.
+    for i in 0..300 {
+        push(Line {
+            ts: now - (i % 30) * DAY - 3600,
+            client: if i % 3 == 0 { "-" } else { "ci-runner" },
+            src: if i % 3 == 0 { "10.9.0.4" } else { "10.8.0.7" },
+            proto: "connect",
+            host: if i % 2 == 0 {
+                "pypi.org"
+            } else {
+                "files.pythonhosted.org"
+            },
+            port: 443,
+            decision: "allow",
+            reason: "exception",
+            exception: Some("pypi"),
+            path: None,
+        });
+    }
+    // npm: 40 hits, some over DNS.
+    for i in 0..40 {
+        push(Line {
+            ts: now - (i % 10) * DAY - 60,
+            client: "ci-runner",
+            src: "10.8.0.7",
+            proto: if i % 4 == 0 { "dns" } else { "connect" },
+            host: "registry.npmjs.org",
+            port: 443,
+            decision: "allow",
+            reason: "exception",
+            exception: Some("npm"),
+            path: None,
+        });
+    }
+    // old-mirror: used 90 and 100 days ago only (stale_after is 60d).
+    for d in [90, 100] {
+        push(Line {
+            ts: now - d * DAY,
+            client: "ci-runner",
+            src: "10.8.0.7",
+            proto: "http",
+            host: "mirror.example.net",
+            port: 80,
+            decision: "allow",
+            reason: "exception",
+            exception: Some("old-mirror"),
+            path: Some("/debian/"),
+        });
+    }
+    // Denied: example.com from two names, a port mismatch on pypi, an IP,
+    // and a hostile path that must come out escaped.
+    for i in 0..50 {
+        push(Line {
+            ts: now - (i % 5) * DAY - 10,
+            client: if i % 2 == 0 { "ci-runner" } else { "-" },
+            src: if i % 2 == 0 { "10.8.0.7" } else { "10.9.0.4" },
+            proto: if i % 5 == 0 { "dns" } else { "connect" },
+            host: if i % 2 == 0 {
+                "api.example.com"
+            } else {
+                "cdn.example.com"
+            },
+            port: 443,
+            decision: "deny",
+            reason: "no_exception",
+            exception: None,
+            path: None,
+        });
+    }
+    for _ in 0..7 {
+        push(Line {
+            ts: now - 2 * DAY,
+            client: "ci-runner",
+            src: "10.8.0.7",
+            proto: "http",
+            host: "pypi.org",
+            port: 80,
+            decision: "deny",
+            reason: "port_not_allowed",
+            exception: Some("pypi"),
+            path: Some("/simple/"),
+        });
+    }
+    for _ in 0..3 {
+        push(Line {
+            ts: now - DAY,
+            client: "-",
+            src: "10.9.0.4",
+            proto: "http",
+            host: "evil.example.org",
+            port: 80,
+            decision: "deny",
+            reason: "no_exception",
+            exception: None,
+            path: Some("/<script>alert(1)</script>"),
+        });
+    }
+    push(Line {
+        ts: now - DAY,
+        client: "-",
+        src: "10.9.0.4",
+        proto: "connect",
+        host: "203.0.113.9",
+        port: 8443,
+        decision: "deny",
+        reason: "no_exception",
+        exception: None,
+        path: None,
+    });
+    push(Line {
+        ts: now - DAY,
+        client: "-",
+        src: "10.9.0.4",
+        proto: "dns",
+        host: "aGVsbG8.tunnel.example.com",
+        port: 53,
+        decision: "deny",
+        reason: "dns_tunnel",
+        exception: None,
+        path: None,
+    });
+    // Old enough to fall outside --since 30d.
+    push(Line {
+        ts: now - 200 * DAY,
+        client: "-",
+        src: "10.9.0.4",
+        proto: "connect",
+        host: "ancient.example.io",
+        port: 443,
+        decision: "deny",
+        reason: "no_exception",
+        exception: None,
+        path: None,
+    });
+    out
+}
+
+/// Writes `lines` split over a plain file and a gzip file made of two
+/// members (as `cat a.gz b.gz` leaves it), with two lines that are not
+/// decision-log lines in the plain one.
+fn write_logs(dir: &TempDir, lines: &[String]) -> (PathBuf, PathBuf) {
+    let half = lines.len() / 2;
+    let plain = dir.path("decisions.log");
+    let mut f = fs::File::create(&plain).unwrap();
+    for l in &lines[..half] {
+        writeln!(f, "{l}").unwrap();
+    }
+    writeln!(f, "not json at all").unwrap();
+    writeln!(f, "{{\"ts\":\"2027-01-01T00:00:00Z\"}}").unwrap();
+    let gz = dir.path("decisions.log.1.gz");
+    let mut data = Vec::new();
+    let quarter = half + (lines.len() - half) / 2;
+    for part in [&lines[half..quarter], &lines[quarter..]] {
+        let mut e = GzEncoder::new(Vec::new(), Compression::fast());
+        for l in part {
+            writeln!(e, "{l}").unwrap();
+        }
+        data.extend(e.finish().unwrap());
+    }
+    fs::write(&gz, data).unwrap();
+    (plain, gz)
+}
+
+fn setup() -> (TempDir, PathBuf, PathBuf, PathBuf, i64) {
+    let now = unix_now();
+    let dir = TempDir::new();
+    let pol = dir.file("policy/policy.yaml", &policy(now));
+    let _ = pol;
+    let (plain, gz) = write_logs(&dir, &fixed_log(now));
+    let p = dir.path("policy");
+    (dir, p, plain, gz, now)
+}
+
+#[test]
+fn json_report_counts_exactly() {
+    let (_dir, pol, plain, gz, _) = setup();
+    let o = run(&[
+        &"report",
+        &"--policy",
+        &pol,
+        &"--format",
+        &"json",
+        &plain,
+        &gz,
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("2 lines not understood") && err.contains("decisions.log:"),
+        "{err}"
+    );
+    let r: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(r["input"]["unreadable"], 2);
+    assert_eq!(r["input"]["files"].as_array().unwrap().len(), 2);
+    assert_eq!(r["totals"]["allowed"], 342);
+    assert_eq!(r["totals"]["denied"], 50 + 7 + 3 + 1 + 1 + 1);
+    let ex = |id: &str| {
+        r["exceptions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["id"] == id)
+            .unwrap()
+            .clone()
+    };
+    let pypi = ex("pypi");
+    assert_eq!(pypi["hits"], 300);
+    assert_eq!(pypi["owner"], "python-platform");
+    assert_eq!(pypi["ticket"], "SEC-1");
+    assert_eq!(pypi["status"], "active");
+    assert_eq!(pypi["near_denials"], 7);
+    assert_eq!(pypi["days_since_use"], 0);
+    let clients: Vec<&str> = pypi["clients"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c.as_str().unwrap())
+        .collect();
+    assert!(
+        clients.contains(&"ci-runner") && clients.contains(&"10.9.0.4"),
+        "{clients:?}"
+    );
+    assert_eq!(pypi["daily"].as_array().unwrap().len(), 30);
+    assert_eq!(ex("npm")["hits"], 40);
+    assert_eq!(ex("old-mirror")["status"], "stale");
+    assert_eq!(ex("old-mirror")["days_since_use"], 90);
+    assert_eq!(
+        r["stale"],
+        serde_json::json!(["old-mirror", "never", "soon"])
+    );
+    assert_eq!(r["expired"], serde_json::json!(["gone"]));
+    assert_eq!(r["expiring"], serde_json::json!(["soon"]));
+    assert_eq!(ex("soon")["status"], "expiring");
+    assert_eq!(
+        r["hottest"],
+        serde_json::json!(["pypi", "npm", "old-mirror"])
+    );
+    let denied = r["denied"].as_array().unwrap();
+    assert_eq!(denied[0]["domain"], "example.com");
+    assert_eq!(denied[0]["count"], 50);
+    assert_eq!(denied[0]["clients"].as_array().unwrap().len(), 2);
+    assert_eq!(denied[0]["hosts"][0][1], 25);
+    let stub = denied[0]["stub"].as_str().unwrap();
+    assert!(
+        stub.contains("hosts: [api.example.com, cdn.example.com]"),
+        "{stub}"
+    );
+    assert!(stub.contains("ports: [443]"), "{stub}");
+    assert_eq!(denied[1]["domain"], "pypi.org");
+    assert_eq!(denied[1]["reasons"]["port_not_allowed"], 7);
+    assert_eq!(denied[1]["near_exceptions"], serde_json::json!(["pypi"]));
+    assert_eq!(r["other_denials"]["dns_tunnel"], 1);
+    assert!(denied.iter().any(|d| d["domain"] == "203.0.113.9"));
+    assert!(denied.iter().any(|d| d["domain"] == "example.io"));
+}
+
+#[test]
+fn since_limits_the_window() {
+    let (_dir, pol, plain, gz, _) = setup();
+    let o = run(&[
+        &"report",
+        &"--policy",
+        &pol,
+        &"--since",
+        &"30d",
+        &"--format",
+        &"json",
+        &plain,
+        &gz,
+    ]);
+    assert!(o.status.success());
+    let r: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    // The two old-mirror hits (90, 100 days) and the 200-day-old denial drop out.
+    assert_eq!(r["input"]["before_window"], 3);
+    assert_eq!(r["totals"]["allowed"], 340);
+    assert!(!r["denied"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|d| d["domain"] == "example.io"));
+    // 30 days of logs are less than stale_after (60d): unused, not stale.
+    assert_eq!(
+        r["unused_recently"],
+        serde_json::json!(["old-mirror", "never", "soon"])
+    );
+    assert!(r["limits"]["notes"][0]
+        .as_str()
+        .unwrap()
+        .contains("less than stale_after"));
+}
+
+#[test]
+fn text_report_reads_stdin_and_names_what_to_remove_and_add() {
+    let (_dir, pol, _, _, now) = setup();
+    let mut child = Command::new(bin())
+        .args(["report", "--policy"])
+        .arg(&pol)
+        .arg("-")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let data = fixed_log(now).join("\n");
+    child.stdin.take().unwrap().write_all(data.as_bytes()).unwrap();
+    let o = child.wait_with_output().unwrap();
+    assert!(o.status.success());
+    let out = stdout(&o);
+    for want in [
+        "== Exceptions (6)",
+        "pypi  [active]  owner python-platform  ticket SEC-1",
+        "== Unused for stale_after (60d): candidates for removal",
+        "== Expired (1)",
+        "== Expiring within 14 days (1)",
+        "== Hottest",
+        "== Most-denied destinations",
+        "example.com",
+        "stub (paste under exceptions:, fill in owner and reason):",
+        "  - id: example.com",
+        "owner:     # TODO",
+        "dns_tunnel 1",
+    ] {
+        assert!(out.contains(want), "missing {want:?} in\n{out}");
+    }
+    // A path from a sandbox cannot put terminal escapes on a reviewer's screen.
+    assert!(!out.contains('\x1b'));
+}
+
+#[test]
+fn bad_input_is_an_error_naming_the_file() {
+    let (dir, pol, _, _, _) = setup();
+    let missing = dir.path("nope.log");
+    let o = run(&[&"report", &"--policy", &pol, &missing]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("nope.log"));
+    let bad = dir.file("bad/policy.yaml", "exceptions:\n  - id: x\n");
+    let o = run(&[&"report", &"--policy", &bad, &missing]);
+    assert_eq!(o.status.code(), Some(2));
+    let o = run(&[&"report", &"--since", &"soon", &missing]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("not a duration"));
+    let gz = dir.path("truncated.gz");
+    fs::write(&gz, b"\x1f\x8b\x08\x00").unwrap();
+    let o = run(&[&"report", &"--policy", &pol, &gz]);
+    assert_eq!(o.status.code(), Some(1));
+}
+
+/// The HTML page is one self-contained file: no external reference, a CSP
+/// that forbids loading any, and log contents escaped.
+#[test]
+fn html_report_is_self_contained_and_escaped() {
+    let (dir, pol, plain, gz, _) = setup();
+    let o = run(&[
+        &"report",
+        &"--policy",
+        &pol,
+        &"--format",
+        &"html",
+        &plain,
+        &gz,
+    ]);
+    assert!(o.status.success());
+    let html = stdout(&o);
+    assert!(html.starts_with("<!DOCTYPE html>"));
+    assert!(html.contains("default-src 'none'"));
+    for external in ["src=", "href=", "url(", "@import", "<link", "<iframe"] {
+        assert!(
+            !html.contains(external),
+            "{external} in the page: it must not load anything"
+        );
+    }
+    assert!(!html.contains("<script>alert(1)"), "log content unescaped");
+    assert!(html.contains("&lt;script&gt;alert(1)&lt;/script&gt;"));
+    assert_eq!(html.matches("<script>").count(), 1, "only our own script");
+    assert!(html.contains("<svg id=\"decisions-chart\""));
+    assert!(html.contains("<svg class=\"spark\""));
+    let page = dir.path("report.html");
+    fs::write(&page, &html).unwrap();
+    render_in_browser(&dir, &page);
+}
+
+fn find_chromium() -> Option<PathBuf> {
+    for name in ["chromium", "chromium-browser", "google-chrome"] {
+        for d in std::env::var_os("PATH")
+            .map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
+            .unwrap_or_default()
+        {
+            let p = d.join(name);
+            if p.is_file() {
+                return Some(p);
+            }
+        }
+    }
+    None
+}
+
+/// Loads the page in headless Chromium and checks what rendered: the
+/// computed table rows, and the summary line that only the page's own
+/// script adds (so the script ran under the page's CSP).
+fn render_in_browser(dir: &TempDir, page: &Path) {
+    let Some(chromium) = find_chromium() else {
+        println!("SKIPPED browser check: no chromium on PATH (apt-get install -y chromium)");
+        return;
+    };
+    let profile = dir.path("chromium-profile");
+    fs::create_dir_all(&profile).unwrap();
+    let url = format!("file://{}", page.display());
+    let mut cmd = Command::new(&chromium);
+    cmd.args([
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--disable-dev-shm-usage",
+    ])
+    .arg(format!("--user-data-dir={}", profile.display()))
+    .arg("--dump-dom")
+    .arg(&url);
+    let o = cmd.output().expect("run chromium");
+    let dom = stdout(&o);
+    assert!(
+        dom.contains("id=\"egressd-summary\""),
+        "the page's script did not run; chromium said:\n{}\n{dom}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(
+        dom.contains("Rendered 6 exception rows and 5 denied-destination rows."),
+        "{dom}"
+    );
+    assert!(dom.contains("data-rendered=\"yes\""));
+    assert!(!dom.contains("<script>alert(1)"));
+    // And a screenshot, for a person to look at when it matters.
+    let shot = dir.path("report.png");
+    let o = Command::new(&chromium)
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-quic",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--disable-dev-shm-usage",
+            "--window-size=1280,2000",
+        ])
+        .arg(format!("--user-data-dir={}", profile.display()))
+        .arg(format!("--screenshot={}", shot.display()))
+        .arg(&url)
+        .output()
+        .expect("run chromium");
+    let png = fs::read(&shot).unwrap_or_else(|e| {
+        panic!(
+            "no screenshot ({e}): {}",
+            String::from_utf8_lossy(&o.stderr)
+        )
+    });
+    assert!(png.starts_with(b"\x89PNG") && png.len() > 10_000);
+    if let Some(keep) = std::env::var_os("EGRESSD_KEEP_REPORT") {
+        let _ = fs::copy(page, Path::new(&keep).join("report.html"));
+        let _ = fs::copy(&shot, Path::new(&keep).join("report.png"));
+    }
+}
+
+#[test]
+fn check_against_prints_newly_denied_and_newly_allowed() {
+    let (dir, _pol, plain, gz, now) = setup();
+    // The proposal drops npm and adds example.com's API.
+    let proposed = policy(now)
+        .replace(
+            "  - id: npm\n    owner: web-platform\n    reason: npm installs\n    hosts: [registry.npmjs.org]\n    ports: [443]\n",
+            "",
+        )
+        .replace(
+            "exceptions:\n",
+            "exceptions:\n  - id: example-api\n    owner: app\n    reason: the task calls it\n    hosts: [api.example.com]\n    ports: [443]\n",
+        );
+    let prop = dir.file("proposed/policy.yaml", &proposed);
+    let prop_dir = prop.parent().unwrap();
+    let o = run(&[&"check", &"--against", &plain, &gz, &prop_dir]);
+    let out = stdout(&o);
+    // The check itself still warns about the expired exception; replay adds no failure.
+    assert_eq!(o.status.code(), Some(0), "{out}");
+    assert!(out.contains("newly denied 40, newly allowed 25"), "{out}");
+    assert!(
+        out.contains("CONNECT registry.npmjs.org:443  was allowed by npm, now denied no_exception"),
+        "{out}"
+    );
+    assert!(
+        out.contains("dns registry.npmjs.org A  was allowed by npm, now denied no_exception"),
+        "{out}"
+    );
+    assert!(
+        out.contains(
+            "CONNECT api.example.com:443  was denied no_exception, now allowed by example-api"
+        ),
+        "{out}"
+    );
+    assert!(out.contains("not replayable"), "{out}");
+    assert!(out.contains("dns_tunnel 1"), "{out}");
+}
+
+#[test]
+fn check_fails_on_a_failing_policy_test() {
+    let (dir, pol, _, _, _) = setup();
+    dir.file(
+        "policy/tests.yaml",
+        "tests:\n  - target: https://pypi.org/\n    expect: allow\n    exception: pypi\n  - name: npm over plain http\n    target: http://registry.npmjs.org/\n    expect: allow\n",
+    );
+    let o = run(&[&"check", &pol]);
+    let out = stdout(&o);
+    assert_eq!(o.status.code(), Some(1), "{out}");
+    assert!(
+        out.contains("tests.yaml:5: FAIL npm over plain http: http://registry.npmjs.org/: expected allow, got deny (port_not_allowed, closest npm)"),
+        "{out}"
+    );
+    assert!(out.contains("2 cases, 1 passed, 1 failed"), "{out}");
+}
+
+/// The shipped policy's tests pass, and its test file rejects unknown keys
+/// as policy files do.
+#[test]
+fn shipped_policy_tests_pass_and_are_strict() {
+    let shipped = Path::new(env!("CARGO_MANIFEST_DIR")).join("policy");
+    let o = run(&[&"check", &shipped]);
+    let out = stdout(&o);
+    assert!(o.status.success(), "{out}");
+    assert!(
+        out.contains("tests.yaml:") && out.contains(" 0 failed"),
+        "{out}"
+    );
+    let dir = TempDir::new();
+    for f in fs::read_dir(&shipped).unwrap() {
+        let f = f.unwrap().path();
+        if f.is_file() {
+            fs::copy(&f, dir.path(f.file_name().unwrap().to_str().unwrap())).unwrap();
+        }
+    }
+    let tests = fs::read_to_string(shipped.join("tests.yaml")).unwrap();
+    let typo = tests.replacen(
+        "    expect: allow\n",
+        "    expect: allow\n    exepction: pypi\n",
+        1,
+    );
+    fs::write(dir.path("tests.yaml"), typo).unwrap();
+    let o = run(&[&"check", &dir.0]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("unknown field `exepction`"));
+}
+
+/// A realistic mix for the throughput measurement: ~80 % allowed, many
+/// clients, a long tail of denied names.
+fn bulk_line(r: &mut Rng, now: i64, buf: &mut String) {
+    const ALLOWED: &[(&str, &str)] = &[
+        ("pypi.org", "pypi"),
+        ("files.pythonhosted.org", "pypi"),
+        ("registry.npmjs.org", "npm"),
+    ];
+    let ts = now - r.below(30 * DAY as u64) as i64;
+    let client = format!("agent-{}", r.below(500));
+    let src = format!("10.{}.{}.{}", r.below(4), r.below(250), r.below(250));
+    buf.clear();
+    let l = if r.below(10) < 8 {
+        let (h, e) = ALLOWED[r.below(ALLOWED.len() as u64) as usize];
+        Line {
+            ts,
+            client: &client,
+            src: &src,
+            proto: if r.below(4) == 0 { "dns" } else { "connect" },
+            host: h,
+            port: 443,
+            decision: "allow",
+            reason: "exception",
+            exception: Some(e),
+            path: None,
+        }
+        .json()
+    } else {
+        let host = format!("h{}.d{}.example.com", r.below(20), r.below(5000));
+        Line {
+            ts,
+            client: &client,
+            src: &src,
+            proto: if r.below(3) == 0 { "http" } else { "connect" },
+            host: &host,
+            port: 443,
+            decision: "deny",
+            reason: "no_exception",
+            exception: None,
+            path: Some("/v1/things"),
+        }
+        .json()
+    };
+    buf.push_str(&l);
+    buf.push('\n');
+}
+
+/// Measures report throughput on 2,000,000 generated lines (plain and
+/// gzip). Run with `--release`; prints lines/s and peak memory.
+#[test]
+#[ignore = "measurement: cargo test --release --test report -- --ignored --nocapture throughput"]
+fn throughput() {
+    let n: u64 = std::env::var("EGRESSD_REPORT_LINES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(2_000_000);
+    let now = unix_now();
+    let dir = TempDir::new();
+    let pol = dir.file("policy/policy.yaml", &policy(now));
+    let _ = pol;
+    let plain = dir.path("big.log");
+    let gz = dir.path("big.log.gz");
+    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    let mut f = std::io::BufWriter::new(fs::File::create(&plain).unwrap());
+    let mut z = GzEncoder::new(
+        std::io::BufWriter::new(fs::File::create(&gz).unwrap()),
+        Compression::fast(),
+    );
+    let mut buf = String::new();
+    let t = Instant::now();
+    for _ in 0..n {
+        bulk_line(&mut rng, now, &mut buf);
+        f.write_all(buf.as_bytes()).unwrap();
+        z.write_all(buf.as_bytes()).unwrap();
+    }
+    f.flush().unwrap();
+    z.finish().unwrap().flush().unwrap();
+    let size = fs::metadata(&plain).unwrap().len();
+    let gz_size = fs::metadata(&gz).unwrap().len();
+    println!(
+        "generated {n} lines ({:.0} MiB plain, {:.0} MiB gzip) in {:.1?}",
+        size as f64 / 1048576.0,
+        gz_size as f64 / 1048576.0,
+        t.elapsed()
+    );
+    let p = dir.path("policy");
+    for (what, log) in [("plain", &plain), ("gzip", &gz)] {
+        let t = Instant::now();
+        let o = Command::new("/usr/bin/time")
+            .args(["-f", "%M"])
+            .arg(bin())
+            .args(["report", "--format", "json", "--policy"])
+            .arg(&p)
+            .arg(log)
+            .output()
+            .or_else(|_| {
+                Command::new(bin())
+                    .args(["report", "--format", "json", "--policy"])
+                    .arg(&p)
+                    .arg(log)
+                    .output()
+            })
+            .unwrap();
+        let secs = t.elapsed().as_secs_f64();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        assert_eq!(r["input"]["lines"], n);
+        let rss_kib = String::from_utf8_lossy(&o.stderr)
+            .lines()
+            .last()
+            .and_then(|l| l.trim().parse::<u64>().ok());
+        println!(
+            "report {what}: {n} lines in {secs:.2} s = {:.2} M lines/s ({:.0} MiB/s of log text), peak RSS {}",
+            n as f64 / secs / 1e6,
+            size as f64 / secs / 1048576.0,
+            rss_kib.map_or("?".into(), |k| format!("{} MiB", k / 1024))
+        );
+    }
+}
