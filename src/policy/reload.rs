@@ -64,6 +64,8 @@ pub struct Reloader {
 
 impl Reloader {
     pub fn new(path: PathBuf, handle: Arc<PolicyHandle>, metrics: Arc<Metrics>) -> Reloader {
+        // Absolute, so watcher events (absolute paths) can be compared with it.
+        let path = std::path::absolute(&path).unwrap_or(path);
         Reloader {
             path,
             handle,
@@ -120,8 +122,18 @@ impl Reloader {
     ) {
         let (tx, mut rx) = mpsc::unbounded_channel::<()>();
         let tx2 = tx.clone();
-        let watcher = notify::recommended_watcher(move |_res: notify::Result<notify::Event>| {
-            let _ = tx2.send(());
+        // The parent directory is watched for renames of the policy path
+        // itself; everything else there (a decision log written beside the
+        // policy, say) must not cost a re-read per event.
+        let policy_path = self.path.clone();
+        let watcher = notify::recommended_watcher(move |res: notify::Result<notify::Event>| {
+            let relevant = match &res {
+                Ok(ev) => ev.paths.is_empty() || ev.paths.iter().any(|p| p.starts_with(&policy_path)),
+                Err(_) => true,
+            };
+            if relevant {
+                let _ = tx2.send(());
+            }
         });
         let mut watcher = match watcher {
             Ok(w) => Some(w),

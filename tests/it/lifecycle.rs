@@ -119,7 +119,11 @@ fn invalid_edit_is_rejected_with_file_line_and_old_policy_serves() {
     eventually("reload error counted", || {
         (e.metric(r#"egressd_policy_reloads_total{result="error"}"#)? >= 1.0).then_some(())
     });
-    let err = e.stderr_text();
+    // stderr is read by another thread: wait for the report to arrive.
+    eventually("the error on stderr with file:line", || {
+        let err = e.stderr_text();
+        (err.contains("a.yaml:9:") && err.contains("hosts_typo")).then_some(())
+    });
     assert!(
         err.contains("a.yaml:9:") && err.contains("hosts_typo"),
         "{err}"
