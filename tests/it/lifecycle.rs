@@ -124,10 +124,6 @@ fn invalid_edit_is_rejected_with_file_line_and_old_policy_serves() {
         let err = e.stderr_text();
         (err.contains("a.yaml:9:") && err.contains("hosts_typo")).then_some(())
     });
-    assert!(
-        err.contains("a.yaml:9:") && err.contains("hosts_typo"),
-        "{err}"
-    );
     assert_eq!(status(&e, "a.test", p), 200, "old policy keeps serving");
     // An empty file (a half-written save) is refused too.
     std::fs::write(e.policy_dir.join("a.yaml"), "").unwrap();
