@@ -25,6 +25,19 @@ pub enum Proto {
 }
 
 impl Proto {
+    pub const ALL: [Proto; 4] = [Proto::Http, Proto::Connect, Proto::Tls, Proto::Dns];
+
+    /// Position in [`Proto::ALL`] (a match, so a new variant cannot be
+    /// forgotten here).
+    pub fn index(self) -> usize {
+        match self {
+            Proto::Http => 0,
+            Proto::Connect => 1,
+            Proto::Tls => 2,
+            Proto::Dns => 3,
+        }
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             Proto::Http => "http",
@@ -69,6 +82,28 @@ pub enum Reason {
 }
 
 impl Reason {
+    /// Every reason, for pre-creating metric series.
+    pub const ALL: [Reason; 18] = [
+        Reason::Exception,
+        Reason::NoException,
+        Reason::Expired,
+        Reason::PrivateAddress,
+        Reason::ClientNotAllowed,
+        Reason::PortNotAllowed,
+        Reason::MethodNotAllowed,
+        Reason::PathNotAllowed,
+        Reason::InspectionRequired,
+        Reason::HostMismatch,
+        Reason::SniMismatch,
+        Reason::QtypeNotAllowed,
+        Reason::DnsTunnel,
+        Reason::Malformed,
+        Reason::LogUnavailable,
+        Reason::LoopDetected,
+        Reason::Overloaded,
+        Reason::UpstreamError,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             Reason::Exception => "exception",
@@ -156,6 +191,20 @@ impl<'p> Decision<'p> {
         } else {
             "allow"
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn proto_and_reason_tables_are_complete() {
+        for (i, p) in Proto::ALL.iter().enumerate() {
+            assert_eq!(p.index(), i);
+        }
+        let names: std::collections::HashSet<_> = Reason::ALL.iter().map(|r| r.as_str()).collect();
+        assert_eq!(names.len(), Reason::ALL.len(), "reason names are unique");
     }
 }
 

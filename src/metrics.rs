@@ -21,7 +21,7 @@ use prometheus::{
 };
 use tokio::net::TcpListener;
 
-use crate::decision::{Event, Proto};
+use crate::decision::{Event, Proto, Reason};
 use crate::policy::time::unix_now;
 use crate::policy::Policy;
 
@@ -53,6 +53,12 @@ pub struct Metrics {
     /// through these handles: a request decided under an exception that a
     /// reload has since removed cannot bring its series back.
     live: ArcSwap<HashMap<Arc<str>, ExceptionSeries>>,
+    /// Series handles resolved once, so counting a request takes no label
+    /// hashing and no lock: [proto][allow, deny], [proto][reason], [proto].
+    hot_requests: Vec<[IntCounter; 2]>,
+    hot_denied: Vec<Vec<(&'static str, IntCounter)>>,
+    hot_duration: Vec<prometheus::Histogram>,
+    hot_bytes: [IntCounter; 2],
     /// Serialises `sync_policy` (one reloader, but be explicit).
     sync: Mutex<()>,
     ready: AtomicBool,
@@ -190,7 +196,43 @@ impl Metrics {
         for d in ["up", "down"] {
             bytes.with_label_values(&[d]);
         }
+        let hot_requests = Proto::ALL
+            .iter()
+            .map(|p| {
+                [
+                    requests.with_label_values(&[p.as_str(), "allow"]),
+                    requests.with_label_values(&[p.as_str(), "deny"]),
+                ]
+            })
+            .collect();
+        let hot_denied = Proto::ALL
+            .iter()
+            .map(|p| {
+                Reason::ALL
+                    .iter()
+                    .filter(|r| **r != Reason::Exception)
+                    .map(|r| {
+                        (
+                            r.as_str(),
+                            denied.with_label_values(&[p.as_str(), r.as_str()]),
+                        )
+                    })
+                    .collect()
+            })
+            .collect();
+        let hot_duration = Proto::ALL
+            .iter()
+            .map(|p| duration.with_label_values(&[p.as_str()]))
+            .collect();
+        let hot_bytes = [
+            bytes.with_label_values(&["up"]),
+            bytes.with_label_values(&["down"]),
+        ];
         Arc::new(Metrics {
+            hot_requests,
+            hot_denied,
+            hot_duration,
+            hot_bytes,
             registry: r,
             requests,
             denied,
@@ -263,17 +305,22 @@ impl Metrics {
     }
 
     pub fn observe_duration(&self, proto: Proto, secs: f64) {
-        self.duration
-            .with_label_values(&[proto.as_str()])
-            .observe(secs);
+        self.hot_duration[proto.index()].observe(secs);
     }
 
     /// Counts one finished request (called by `Recorder::record` only).
     pub fn count(&self, ev: &Event) {
-        let proto = ev.proto.as_str();
-        self.requests.with_label_values(&[proto, ev.decision]).inc();
-        if ev.decision == "deny" {
-            self.denied.with_label_values(&[proto, ev.reason]).inc();
+        let p = ev.proto.index();
+        let deny = ev.decision == "deny";
+        self.hot_requests[p][deny as usize].inc();
+        if deny {
+            match self.hot_denied[p].iter().find(|(r, _)| *r == ev.reason) {
+                Some((_, c)) => c.inc(),
+                None => self
+                    .denied
+                    .with_label_values(&[ev.proto.as_str(), ev.reason])
+                    .inc(),
+            }
         }
         if ev.allowed_by_exception() && ev.decision == "allow" {
             if let Some(id) = &ev.exception {
@@ -285,12 +332,10 @@ impl Metrics {
             }
         }
         if ev.bytes_up > 0 {
-            self.bytes.with_label_values(&["up"]).inc_by(ev.bytes_up);
+            self.hot_bytes[0].inc_by(ev.bytes_up);
         }
         if ev.bytes_down > 0 {
-            self.bytes
-                .with_label_values(&["down"])
-                .inc_by(ev.bytes_down);
+            self.hot_bytes[1].inc_by(ev.bytes_down);
         }
     }
 
