@@ -3,6 +3,7 @@
 
 mod support;
 
+mod attack;
 mod forward;
 mod launcher;
 mod lifecycle;

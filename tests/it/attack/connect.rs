@@ -1,0 +1,463 @@
+//! CONNECT: the authority against the `Host` header, malformed authorities,
+//! ports outside the exception, bytes pipelined behind a refused CONNECT,
+//! the TLS server name against the authority, and bytes that are not TLS
+//! in a tunnel to port 443.
+
+use std::io::{BufReader, Read, Write};
+use std::net::IpAddr;
+
+use egressd::proxy::sni::build_client_hello;
+
+use super::*;
+
+struct Lab {
+    e: Egressd,
+    origin: Origin,
+    canary: Canary,
+    echo: SocketAddr,
+    dns: FakeDns,
+}
+
+fn lab() -> Lab {
+    let origin = origin();
+    let canary = canary();
+    let echo = echo_on("127.0.0.1".parse().unwrap(), 0);
+    let dns = fake_dns();
+    for n in ["allowed.test", "evil.test", "plain.test"] {
+        dns.set(n, &["127.0.0.1"]);
+    }
+    let yaml = format!(
+        r#"
+exceptions:
+  - id: tunnel
+    owner: t
+    reason: the echo server
+    hosts: [allowed.test]
+    cidrs: [127.0.0.0/8]
+    ports: [{echo}]
+  - id: plain
+    owner: t
+    reason: the plain origin
+    hosts: [plain.test]
+    cidrs: [127.0.0.0/8]
+    ports: [{o}]
+"#,
+        echo = echo.port(),
+        o = origin.addr.port()
+    );
+    let e = egressd().policy("p.yaml", &yaml).dns(dns.addr).start();
+    Lab {
+        e,
+        origin,
+        canary,
+        echo,
+        dns,
+    }
+}
+
+impl Lab {
+    fn assert_clean(&self) {
+        assert_eq!(self.canary.hits(), 0, "the canary was reached");
+        assert_eq!(self.origin.count(), 0, "the plain origin was reached");
+        assert_only_asked(&self.dns, &["allowed.test"]);
+    }
+}
+
+#[test]
+fn the_authority_and_the_host_header_must_agree() {
+    let l = lab();
+    let mut lines = Lines::new(&l.e);
+    let (p, c) = (l.echo.port(), l.canary.addr.port());
+    for host in [
+        "evil.test".to_string(),
+        format!("evil.test:{p}"),
+        format!("allowed.test:{c}"),
+        "allowed.test:443".to_string(),
+        format!("allowed.test.evil.test:{p}"),
+        format!("evil.test@allowed.test:{p}"),
+        String::new(),
+    ] {
+        let raw = format!("CONNECT allowed.test:{p} HTTP/1.1\r\nHost: {host}\r\n\r\n");
+        refused(&mut lines, &raw, 403, "host_mismatch");
+    }
+    let raw = format!(
+        "CONNECT allowed.test:{p} HTTP/1.1\r\nHost: allowed.test:{p}\r\nHost: evil.test:{c}\r\n\r\n"
+    );
+    refused(&mut lines, &raw, 400, "malformed");
+    // Control: an agreeing Host (a port-less one means the CONNECT port).
+    for host in [format!("ALLOWED.TEST.:{p}"), "allowed.test".into()] {
+        let mut s = connect(l.e.proxy);
+        write!(
+            s,
+            "CONNECT allowed.test:{p} HTTP/1.1\r\nHost: {host}\r\n\r\n"
+        )
+        .unwrap();
+        let mut r = BufReader::new(s.try_clone().unwrap());
+        assert_eq!(read_response(&mut r).unwrap().status, 200, "{host}");
+        s.write_all(b"ping").unwrap();
+        let mut back = [0u8; 4];
+        r.read_exact(&mut back).unwrap();
+        drop((s, r));
+        let line = lines.one(&host);
+        assert_eq!(line["decision"], "allow");
+    }
+    lines.done("host");
+    l.assert_clean();
+}
+
+#[test]
+fn malformed_authorities_are_refused() {
+    let l = lab();
+    let mut lines = Lines::new(&l.e);
+    let p = l.echo.port();
+    for auth in [
+        "allowed.test".to_string(),
+        "allowed.test:".to_string(),
+        format!(":{p}"),
+        "allowed.test:0".to_string(),
+        format!("allowed.test:0{p}"),
+        "allowed.test:65536".to_string(),
+        format!("allowed.test:+{p}"),
+        format!("allowed.test:{p}:{p}"),
+        format!("allowed.test:{p}/"),
+        format!("allowed.test:{p}/x"),
+        format!("allowed.test:{p}?x"),
+        format!("http://allowed.test:{p}"),
+        format!("http://allowed.test:{p}/"),
+        format!("user@allowed.test:{p}"),
+        format!("evil.test@allowed.test:{p}"),
+        format!("allowed.test:{p}@evil.test:{p}"),
+        format!("allowed.test%3a{p}"),
+        format!("allowed.test:0x{p:x}"),
+        format!("*:{p}"),
+        format!("[allowed.test]:{p}"),
+        "[::1]".to_string(),
+        "[::1]:".to_string(),
+        format!("[::1:{p}"),
+        format!("::1:{p}"),
+        format!("allowed..test:{p}"),
+        format!("allowed.test\\@evil.test:{p}"),
+        "*".to_string(),
+        "/".to_string(),
+    ] {
+        refused(&mut lines, &connect_raw(&auth), 400, "malformed");
+    }
+    // Method spelled in lower case is not CONNECT: an authority-form target
+    // on a plain request is not proxied.
+    refused(
+        &mut lines,
+        &format!("connect allowed.test:{p} HTTP/1.1\r\n\r\n"),
+        400,
+        "malformed",
+    );
+    lines.done("authorities");
+    l.assert_clean();
+}
+
+#[test]
+fn ports_outside_the_exception_are_refused() {
+    let l = lab();
+    let mut lines = Lines::new(&l.e);
+    let c = l.canary.addr.port();
+    for port in [c, 22, 25, 443, 80, 1, 65535, l.e.proxy.port()] {
+        if port == l.echo.port() {
+            continue;
+        }
+        let line = refused(
+            &mut lines,
+            &connect_raw(&format!("allowed.test:{port}")),
+            403,
+            "port_not_allowed",
+        );
+        assert_eq!(line["port"], port);
+        assert_eq!(
+            line["exception"], "tunnel",
+            "the closest exception is named"
+        );
+    }
+    lines.done("ports");
+    l.assert_clean();
+}
+
+/// Whatever follows a refused CONNECT was meant for the destination: none
+/// of it is read as a request, whatever the refusal.
+#[test]
+fn nothing_pipelined_behind_a_refused_connect_is_read() {
+    let l = lab();
+    let mut lines = Lines::new(&l.e);
+    let (p, c, o) = (l.echo.port(), l.canary.addr.port(), l.origin.addr.port());
+    let smuggled = format!(
+        "GET http://plain.test:{o}/smuggled HTTP/1.1\r\nHost: plain.test:{o}\r\n\r\n\
+         CONNECT allowed.test:{p} HTTP/1.1\r\n\r\n"
+    );
+    for (head, status, reason) in [
+        (
+            format!("CONNECT evil.test:{c} HTTP/1.1\r\n\r\n"),
+            403,
+            "no_exception",
+        ),
+        (
+            format!("CONNECT allowed.test:{c} HTTP/1.1\r\n\r\n"),
+            403,
+            "port_not_allowed",
+        ),
+        (
+            format!("CONNECT allowed.test:{p} HTTP/1.1\r\nHost: evil.test\r\n\r\n"),
+            403,
+            "host_mismatch",
+        ),
+        (
+            "CONNECT allowed.test:0 HTTP/1.1\r\n\r\n".to_string(),
+            400,
+            "malformed",
+        ),
+        (
+            format!(
+                "CONNECT allowed.test:{p} HTTP/1.1\r\nProxy-Authorization: Bearer nope\r\n\r\n"
+            ),
+            403,
+            "client_not_allowed",
+        ),
+    ] {
+        let raw = format!("{head}{smuggled}");
+        let got = all_responses(l.e.proxy, raw.as_bytes());
+        assert_eq!(got.len(), 1, "{head:?}: {} responses", got.len());
+        assert_eq!(got[0].status, status, "{head:?}");
+        assert_eq!(got[0].header("connection"), Some("close"), "{head:?}");
+        let line = lines.one(&head);
+        assert_denied_line(&line, reason, Some(status), &head);
+    }
+    // And with the pipelined bytes arriving a moment later, in their own write.
+    let mut s = connect(l.e.proxy);
+    write!(s, "CONNECT evil.test:{c} HTTP/1.1\r\n\r\n").unwrap();
+    let mut r = BufReader::new(s.try_clone().unwrap());
+    assert_eq!(read_response(&mut r).unwrap().status, 403);
+    let _ = s.write_all(smuggled.as_bytes());
+    let mut rest = Vec::new();
+    let _ = r.read_to_end(&mut rest);
+    assert!(rest.is_empty(), "{:?}", String::from_utf8_lossy(&rest));
+    lines.one("late pipelined bytes");
+    lines.done("pipelined");
+    l.assert_clean();
+}
+
+/// Bytes sent right behind an allowed CONNECT belong to the tunnel: they
+/// reach the destination as data, never egressd's HTTP parser.
+#[test]
+fn bytes_pipelined_behind_an_allowed_connect_are_tunnel_data() {
+    let l = lab();
+    let mut lines = Lines::new(&l.e);
+    let (p, o) = (l.echo.port(), l.origin.addr.port());
+    let inner = format!("GET http://plain.test:{o}/inner HTTP/1.1\r\nHost: plain.test:{o}\r\n\r\n");
+    let mut s = connect(l.e.proxy);
+    write!(s, "CONNECT allowed.test:{p} HTTP/1.1\r\n\r\n{inner}").unwrap();
+    s.shutdown(std::net::Shutdown::Write).unwrap();
+    let mut r = BufReader::new(s);
+    assert_eq!(read_response(&mut r).unwrap().status, 200);
+    let mut back = Vec::new();
+    r.read_to_end(&mut back).unwrap();
+    assert_eq!(back, inner.as_bytes(), "echoed back as tunnel data");
+    let line = lines.one("tunnel");
+    assert_eq!(line["bytes_up"], inner.len());
+    lines.done("tunnel");
+    l.assert_clean();
+}
+
+/// A TLS echo server on its own loopback address at port 443, and a canary
+/// (counting bytes) on another; `None` when port 443 cannot be bound.
+fn tls_pair(n: u8) -> Option<(IpAddr, IpAddr, Canary)> {
+    let echo_ip: IpAddr = format!("127.0.45.{n}").parse().unwrap();
+    let canary_ip: IpAddr = format!("127.0.45.{}", n + 1).parse().unwrap();
+    std::panic::catch_unwind(|| echo_on(echo_ip, 443)).ok()?;
+    let c = std::panic::catch_unwind(|| canary_on(canary_ip, 443)).ok()?;
+    Some((echo_ip, canary_ip, c))
+}
+
+/// Opens a CONNECT to `host:443`, sends `bytes` (in `chunk`-sized writes)
+/// and returns what came back before the tunnel closed (or `want` bytes).
+fn through(e: &Egressd, host: &str, bytes: &[u8], chunk: usize, want: usize) -> Vec<u8> {
+    let mut s = connect(e.proxy);
+    write!(s, "CONNECT {host}:443 HTTP/1.1\r\n\r\n").unwrap();
+    let mut r = BufReader::new(s.try_clone().unwrap());
+    assert_eq!(read_response(&mut r).unwrap().status, 200, "{host}");
+    for c in bytes.chunks(chunk) {
+        if s.write_all(c).is_err() {
+            break;
+        }
+        s.flush().unwrap();
+    }
+    let mut back = vec![0u8; want];
+    match r.read_exact(&mut back) {
+        Ok(()) => back,
+        Err(_) => Vec::new(),
+    }
+}
+
+#[test]
+fn the_server_name_must_be_the_connect_host() {
+    let Some((echo_ip, canary_ip, tls_canary)) = tls_pair(10) else {
+        eprintln!("skipping: cannot bind port 443");
+        return;
+    };
+    let dns = fake_dns();
+    dns.set("allowed.test", &[&echo_ip.to_string()]);
+    dns.set("trap.test", &[&canary_ip.to_string()]);
+    let yaml = r#"
+exceptions:
+  - id: tls
+    owner: t
+    reason: tls names
+    hosts: [allowed.test, trap.test]
+    cidrs: [127.0.45.0/24]
+    ports: [443]
+"#;
+    let e = egressd().policy("p.yaml", yaml).dns(dns.addr).start();
+    let mut lines = Lines::new(&e);
+
+    // Controls: the CONNECT host, in any case, with or without the dot,
+    // whole or one byte per write, passes and is echoed.
+    for (sni, chunk) in [
+        ("allowed.test", 4096),
+        ("ALLOWED.Test", 1),
+        ("allowed.test.", 7),
+    ] {
+        let hello = build_client_hello(Some(sni), false);
+        assert_eq!(
+            through(&e, "allowed.test", &hello, chunk, hello.len()),
+            hello,
+            "{sni}"
+        );
+        assert_eq!(lines.one(sni)["decision"], "allow");
+    }
+    // Domain fronting and other names: the tunnel closes, nothing is sent on.
+    let fronts = [
+        "evil.test",
+        "evilallowed.test",
+        "allowed.test.evil.test",
+        "xallowed.test",
+        "allowed.tes",
+        "allowed.test\0",
+        "allowed.test\0.evil.test",
+        "allowed..test",
+        "127.0.45.10",
+        "",
+        "b\u{fc}cher.test",
+    ];
+    for sni in fronts {
+        let hello = build_client_hello(Some(sni), false);
+        assert!(
+            through(&e, "trap.test", &hello, 4096, 1).is_empty(),
+            "{sni:?}"
+        );
+        let line = lines.one(sni);
+        assert_denied_line(&line, "sni_mismatch", None, sni);
+        assert_eq!(line["bytes_up"], 0, "{sni:?}");
+    }
+    // An IP-literal CONNECT with a named SNI is fronting too.
+    let hello = build_client_hello(Some("trap.test"), false);
+    assert!(through(&e, &canary_ip.to_string(), &hello, 4096, 1).is_empty());
+    assert_denied_line(&lines.one("ip + sni"), "sni_mismatch", None, "ip + sni");
+    // Two server_name extensions, the second naming another host.
+    let mut two = build_client_hello(Some("trap.test"), false);
+    let ext = build_client_hello(Some("evil.test"), false);
+    let idx = find(&ext, b"evil.test").unwrap() - 9;
+    let extra = ext[idx..idx + 9 + "evil.test".len()].to_vec();
+    splice_extension(&mut two, &extra);
+    assert!(through(&e, "trap.test", &two, 4096, 1).is_empty());
+    assert_denied_line(&lines.one("two SNIs"), "sni_mismatch", None, "two SNIs");
+    lines.done("sni");
+    assert_eq!(
+        tls_canary.bytes.lock().unwrap().len(),
+        0,
+        "bytes reached the trap's server"
+    );
+    assert_only_asked(&dns, &["allowed.test", "trap.test"]);
+}
+
+#[test]
+fn non_tls_bytes_in_a_tunnel_to_443_close_it() {
+    let Some((_, canary_ip, tls_canary)) = tls_pair(20) else {
+        eprintln!("skipping: cannot bind port 443");
+        return;
+    };
+    let dns = fake_dns();
+    dns.set("trap.test", &[&canary_ip.to_string()]);
+    let yaml = r#"
+exceptions:
+  - id: tls
+    owner: t
+    reason: tls names
+    hosts: [trap.test]
+    cidrs: [127.0.45.0/24]
+    ports: [443]
+"#;
+    let e = egressd().policy("p.yaml", yaml).dns(dns.addr).start();
+    let mut lines = Lines::new(&e);
+    let mut truncated = build_client_hello(Some("trap.test"), false);
+    truncated[4] = 0xff; // record length far beyond what follows, then EOF
+    let mut wrong_type = build_client_hello(Some("trap.test"), false);
+    wrong_type[5] = 2; // a ServerHello, not a ClientHello
+    for (what, bytes) in [
+        (
+            "plain HTTP",
+            b"GET http://evil.test/ HTTP/1.1\r\nHost: evil.test\r\n\r\n".to_vec(),
+        ),
+        ("SSH banner", b"SSH-2.0-OpenSSH_9.6\r\n".to_vec()),
+        (
+            "HTTP/2 preface",
+            b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec(),
+        ),
+        ("SSLv2 hello", vec![0x80, 0x2e, 0x01, 0x00, 0x02]),
+        ("TLS alert", vec![0x15, 0x03, 0x03, 0x00, 0x02, 0x02, 0x28]),
+        (
+            "garbage in a handshake record",
+            vec![0x16, 0x03, 0x01, 0x00, 0x04, 0xde, 0xad, 0xbe, 0xef],
+        ),
+        ("truncated hello", truncated),
+        ("server hello", wrong_type),
+    ] {
+        let mut s = connect(e.proxy);
+        s.write_all(b"CONNECT trap.test:443 HTTP/1.1\r\n\r\n")
+            .unwrap();
+        let mut r = BufReader::new(s.try_clone().unwrap());
+        assert_eq!(read_response(&mut r).unwrap().status, 200);
+        let _ = s.write_all(&bytes);
+        let _ = s.shutdown(std::net::Shutdown::Write);
+        let mut rest = Vec::new();
+        let _ = r.read_to_end(&mut rest);
+        assert!(rest.is_empty(), "{what}");
+        let line = lines.one(what);
+        assert_denied_line(&line, "sni_mismatch", None, what);
+    }
+    lines.done("non-tls");
+    assert_eq!(
+        tls_canary.bytes.lock().unwrap().len(),
+        0,
+        "bytes reached the server"
+    );
+}
+
+fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
+    hay.windows(needle.len()).position(|w| w == needle)
+}
+
+/// Appends one extension (type, length, body) to a ClientHello built by
+/// `build_client_hello`, fixing every length on the way.
+fn splice_extension(hello: &mut Vec<u8>, ext: &[u8]) {
+    // record(5) handshake(4) version(2) random(32) sid(1) suites(4) comp(2) exts_len(2)
+    let exts_len_at = 5 + 4 + 2 + 32 + 1 + 4 + 2;
+    hello.extend_from_slice(ext);
+    let bump = |h: &mut Vec<u8>, at: usize, width: usize| {
+        let mut v = 0usize;
+        for i in 0..width {
+            v = v << 8 | h[at + i] as usize;
+        }
+        v += ext.len();
+        for i in 0..width {
+            h[at + width - 1 - i] = (v >> (8 * i)) as u8;
+        }
+    };
+    bump(hello, 3, 2);
+    bump(hello, 6, 3);
+    bump(hello, exts_len_at, 2);
+}
