@@ -524,7 +524,11 @@ pub(crate) async fn decide_and_forward(
 }
 
 /// The protocol an HTTP/1.1 request asks to switch to (`Connection:
-/// upgrade` plus `Upgrade: P`); `None` for every other request.
+/// upgrade` plus `Upgrade: websocket`); `None` for every other request.
+/// Only WebSocket switches: after any other upgrade (h2c above all) the
+/// client would send the origin requests egressd never decides, past the
+/// exception's `methods` and `paths`. Other `Upgrade` headers are dropped
+/// with the hop-by-hop headers and the request goes on as plain HTTP/1.1.
 fn upgrade_protocol<B>(req: &Request<B>) -> Option<HeaderValue> {
     if req.version() != http::Version::HTTP_11 {
         return None;
@@ -538,6 +542,7 @@ fn upgrade_protocol<B>(req: &Request<B>) -> Option<HeaderValue> {
         .any(|t| t.trim().eq_ignore_ascii_case("upgrade"));
     asks.then(|| req.headers().get(header::UPGRADE).cloned())
         .flatten()
+        .filter(|p| p.as_bytes().eq_ignore_ascii_case(b"websocket"))
 }
 
 /// Adds an exception's credentials, replacing whatever the client sent

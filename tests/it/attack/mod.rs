@@ -14,6 +14,7 @@
 //! | `targets.rs` | request-target vs `Host`, userinfo, schemes, ports, egressd itself |
 //! | `connect.rs` | CONNECT authorities, pipelining, SNI, non-TLS bytes |
 //! | `rebinding.rs` | DNS rebinding, time-of-check/time-of-use, redirects |
+//! | `upgrades.rs` | h2c, HTTP/2 prior knowledge, WebSocket |
 //! | `dns.rs` | the resolver: packet abuse, floods, hostile upstream answers |
 //!
 //! The fixtures here are the suite's own: an origin that records the raw
@@ -41,6 +42,7 @@ mod hostnames;
 mod literals;
 mod rebinding;
 mod targets;
+mod upgrades;
 
 // ---------------------------------------------------------------- log cursor
 
