@@ -69,6 +69,24 @@ pub fn strip_hop_by_hop(h: &mut HeaderMap) {
     }
     h.remove("keep-alive");
     h.remove("proxy-connection");
+    // CGI-style servers read `_` as `-`: to them a `Content_Length` or
+    // `Transfer_Encoding` is a second framing, and on a pooled connection a
+    // smuggled request (past `methods`/`paths`, into another client's turn).
+    let lookalikes: Vec<HeaderName> = h
+        .keys()
+        .filter(|n| {
+            let s = n.as_str();
+            s.contains('_')
+                && matches!(
+                    s.replace('_', "-").as_str(),
+                    "content-length" | "transfer-encoding"
+                )
+        })
+        .cloned()
+        .collect();
+    for n in lookalikes {
+        h.remove(n);
+    }
 }
 
 /// A request target's destination, parsed at the edge.

@@ -14,6 +14,7 @@
 //! | `targets.rs` | request-target vs `Host`, userinfo, schemes, ports, egressd itself |
 //! | `connect.rs` | CONNECT authorities, pipelining, SNI, non-TLS bytes |
 //! | `rebinding.rs` | DNS rebinding, time-of-check/time-of-use, redirects |
+//! | `smuggling.rs` | CL.TE, TE.CL, framing tricks, pipelining (origin bytes checked) |
 //! | `upgrades.rs` | h2c, HTTP/2 prior knowledge, WebSocket |
 //! | `dns.rs` | the resolver: packet abuse, floods, hostile upstream answers |
 //!
@@ -41,6 +42,7 @@ mod dns;
 mod hostnames;
 mod literals;
 mod rebinding;
+mod smuggling;
 mod targets;
 mod upgrades;
 
