@@ -17,6 +17,7 @@
 //! | `smuggling.rs` | CL.TE, TE.CL, framing tricks, pipelining (origin bytes checked) |
 //! | `upgrades.rs` | h2c, HTTP/2 prior knowledge, WebSocket |
 //! | `dns.rs` | the resolver: packet abuse, floods, hostile upstream answers |
+//! | `faults.rs` | resets, dead upstreams, reload storms, drain, rotation, full sink |
 //!
 //! The fixtures here are the suite's own: an origin that records the raw
 //! bytes it receives and answers by script, a scripted upstream DNS server
@@ -39,6 +40,7 @@ pub use crate::support::*;
 
 mod connect;
 mod dns;
+mod faults;
 mod hostnames;
 mod literals;
 mod rebinding;
