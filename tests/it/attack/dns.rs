@@ -346,7 +346,7 @@ fn tcp_length_abuse() {
     assert_eq!(r.metadata.response_code, ResponseCode::FormErr);
     drop(s);
     let got = eventually("lines for the lying frame", || {
-        let all = l.e.log_lines();
+        let all = complete_lines(&l.e);
         (all.len() > lines.seen).then_some(all)
     });
     assert!(

@@ -24,7 +24,7 @@
 //! (UDP and TCP) whose answers can be made hostile mid-test, and a cursor
 //! over the decision log that hands out one new line per attempt.
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufReader, Read, Write};
 use std::net::{IpAddr, Ipv4Addr, Shutdown, SocketAddr, TcpListener, TcpStream, UdpSocket};
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -50,6 +50,17 @@ mod upgrades;
 
 // ---------------------------------------------------------------- log cursor
 
+/// The decision log's complete lines. A line the writer is still writing
+/// (no newline yet) is left for the next read: under load a reader can
+/// see half of one.
+pub fn complete_lines(e: &Egressd) -> Vec<Value> {
+    let text = std::fs::read_to_string(&e.log_path).unwrap_or_default();
+    let done = text.rfind('\n').map_or("", |i| &text[..=i]);
+    done.lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|err| panic!("bad log line {l:?}: {err}")))
+        .collect()
+}
+
 /// Hands out decision-log lines one attempt at a time: [`Lines::one`] waits
 /// for the next line and fails if more than one appeared, so every attempt
 /// is pinned to exactly its own line.
@@ -62,7 +73,7 @@ impl<'a> Lines<'a> {
     pub fn new(e: &'a Egressd) -> Lines<'a> {
         Lines {
             e,
-            seen: e.log_lines().len(),
+            seen: complete_lines(e).len(),
         }
     }
 
@@ -76,7 +87,7 @@ impl<'a> Lines<'a> {
     pub fn next_n(&mut self, what: &str, n: usize) -> Vec<Value> {
         let seen = self.seen;
         let all = eventually(&format!("{n} log line(s) for {what}"), || {
-            let l = self.e.log_lines();
+            let l = complete_lines(self.e);
             (l.len() >= seen + n).then_some(l)
         });
         assert_eq!(
@@ -91,7 +102,7 @@ impl<'a> Lines<'a> {
 
     /// No line beyond those handed out so far.
     pub fn done(&self, what: &str) {
-        let l = self.e.log_lines();
+        let l = complete_lines(self.e);
         assert_eq!(
             l.len(),
             self.seen,
@@ -255,6 +266,8 @@ pub enum Act {
 }
 
 type Script = dyn Fn(&RawReq) -> Act + Send + Sync;
+/// The bytes one connection brought, as they arrive.
+type ConnBytes = Arc<Mutex<Vec<u8>>>;
 
 /// An HTTP/1.1 origin that records every byte it receives (per connection)
 /// and every request it could parse, and answers as its script says.
@@ -262,7 +275,7 @@ type Script = dyn Fn(&RawReq) -> Act + Send + Sync;
 /// is exactly what egressd sent.
 pub struct RawOrigin {
     pub addr: SocketAddr,
-    pub raw: Arc<Mutex<Vec<Arc<Mutex<Vec<u8>>>>>>,
+    pub raw: Arc<Mutex<Vec<ConnBytes>>>,
     pub reqs: Arc<Mutex<Vec<RawReq>>>,
     /// When set, new connections are reset as soon as they are accepted.
     pub reset_on_accept: Arc<AtomicBool>,
@@ -291,7 +304,7 @@ pub fn raw_origin_on(
 ) -> RawOrigin {
     let l = TcpListener::bind((ip, port)).expect("bind raw origin");
     let addr = l.local_addr().unwrap();
-    let raw: Arc<Mutex<Vec<Arc<Mutex<Vec<u8>>>>>> = Arc::default();
+    let raw: Arc<Mutex<Vec<ConnBytes>>> = Arc::default();
     let reqs: Arc<Mutex<Vec<RawReq>>> = Arc::default();
     let reset_on_accept = Arc::new(AtomicBool::new(false));
     let script: Arc<Script> = Arc::new(script);
@@ -332,9 +345,6 @@ impl RawOrigin {
     }
     pub fn text(&self) -> String {
         String::from_utf8_lossy(&self.bytes()).into_owned()
-    }
-    pub fn connections(&self) -> usize {
-        self.raw.lock().unwrap().len()
     }
 }
 
@@ -765,10 +775,4 @@ pub fn assert_dns_denied(r: &Message, reason: &str, what: &str) {
         "{what}"
     );
     assert!(r.answers.is_empty(), "{what}: answers in a denial");
-}
-
-/// A server-side line reader (used by the fixtures above).
-pub fn read_line(r: &mut impl BufRead) -> Option<String> {
-    let mut s = String::new();
-    (r.read_line(&mut s).ok()? > 0).then_some(s)
 }
