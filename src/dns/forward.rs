@@ -28,6 +28,7 @@ use tokio::net::{TcpStream, UdpSocket};
 use tokio::sync::OnceCell;
 use tokio::time::{timeout, Instant};
 
+use super::answers::AnswerMemory;
 use super::tunnel::TunnelDetector;
 use crate::metrics::Metrics;
 use crate::policy::host::Host;
@@ -102,6 +103,7 @@ pub struct Resolver {
     cache: Mutex<Cache>,
     inflight: Mutex<HashMap<(Host, u16), Shared>>,
     tunnel: Mutex<TunnelDetector>,
+    answers: AnswerMemory,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -119,6 +121,7 @@ impl Resolver {
             cache: Mutex::new(Cache::default()),
             inflight: Mutex::new(HashMap::new()),
             tunnel: Mutex::new(TunnelDetector::new()),
+            answers: AnswerMemory::default(),
         })
     }
 
@@ -132,6 +135,10 @@ impl Resolver {
 
     pub(super) fn tunnel_detector(&self) -> MutexGuard<'_, TunnelDetector> {
         lock(&self.tunnel)
+    }
+
+    pub(super) fn answers(&self) -> &AnswerMemory {
+        &self.answers
     }
 
     /// A + AAAA for a name, via the cache; never /etc/hosts, never search

@@ -8,9 +8,11 @@
 //! What it owns: turning a DNS packet into one policy [`Request`](crate::policy::Request),
 //! answering it (denied names never leave egressd, in any form), forwarding
 //! allowed names as fresh queries with our own timeouts, caching answers,
-//! filtering non-public addresses out of answers, and the per-client tunnel
-//! budget. What it does not own: the decision itself (`Policy::decide`), the
-//! log line and metrics (`Recorder::record`), or binding sockets (`app`).
+//! filtering non-public addresses out of answers, the per-client tunnel
+//! budget, and (for transparent capture) which allowed name each answered
+//! address came from (`answers`). What it does not own: the decision itself
+//! (`Policy::decide`), the log line and metrics (`Recorder::record`), or
+//! binding sockets (`app`).
 //!
 //! CONTRACT used by the proxy (src/proxy/upstream.rs) — keep these signatures:
 //!
@@ -28,6 +30,7 @@
 //! }
 //! ```
 
+mod answers;
 mod forward;
 mod server;
 mod tunnel;

@@ -566,6 +566,12 @@ impl Handler {
         for r in records.iter_mut().chain(authority.iter_mut()) {
             r.ttl = lookup.ttl;
         }
+        // Transparent capture decides a connection that carries no name by
+        // the allowed name its client resolved to that address here.
+        for ip in records.iter().filter_map(|r| r.data.ip_addr()) {
+            self.resolver
+                .remember_answer(request.src().ip(), ip, &host, lookup.ttl);
+        }
         Some(Reply {
             rcode: answer.rcode,
             records,
