@@ -397,12 +397,12 @@ pub(crate) async fn decide_and_forward(
     {
         Ok(c) => c,
         Err(Refusal::Policy(reason, note)) => {
-            ev.note = note;
+            add_note(&mut ev, note);
             return denier.deny(ev, reason, None, false);
         }
         Err(Refusal::Resolve(e)) => return upstream_error(ev, "resolve", e.to_string(), false),
     };
-    ev.note = checked.note.clone();
+    add_note(&mut ev, checked.note.clone());
 
     let upgrade = upgrade_protocol(&req);
     let host_value = if dest.port == scheme.default_port() {
@@ -539,6 +539,17 @@ pub(crate) async fn decide_and_forward(
         recorder: rec.clone(),
     };
     Response::from_parts(parts, body.boxed())
+}
+
+/// Adds `note` after what the event already notes (a front-end's own
+/// note, such as transparent capture's, is kept).
+pub(crate) fn add_note(ev: &mut Event, note: Option<String>) {
+    if let Some(n) = note {
+        ev.note = Some(match ev.note.take() {
+            Some(prev) => format!("{prev}; {n}"),
+            None => n,
+        });
+    }
 }
 
 /// The protocol an HTTP/1.1 request asks to switch to (`Connection:

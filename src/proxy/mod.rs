@@ -2,12 +2,14 @@
 //! client, and the dispatch of each request to `forward` (absolute-form
 //! requests) or `tunnel` (CONNECT), which hands tunnels that need inspection
 //! to `mitm`. Each builds one `policy::Request` and asks `Policy::decide`;
-//! each records exactly one `Event` per request.
+//! each records exactly one `Event` per request. `transparent` serves the
+//! connections `egressd run --transparent` captures, through the same paths.
 
 pub mod forward;
 pub mod mitm;
 pub mod respond;
 pub mod sni;
+pub mod transparent;
 pub mod tunnel;
 pub mod upstream;
 

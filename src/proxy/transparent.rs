@@ -1,0 +1,752 @@
+//! Transparent capture (`egressd run --transparent`): TCP connections that
+//! nftables inside the sandbox redirected to a capture listener, from
+//! programs that ignore the proxy variables.
+//!
+//! ```text
+//!  accept ─► original destination ─► peek the first bytes ─┬─ HTTP request line ─► by Host:
+//!            (SO_ORIGINAL_DST, in     (bounded wait)        │   forward::decide_and_forward
+//!             the sandbox's conntrack)                      └─ anything else ─► one decision by
+//!                  TLS server name | name the client resolved here | the address,
+//!                  then a checked address of that name ─► splice ─► one log line
+//! ```
+//!
+//! The original destination is read on the accepted socket: the socket
+//! lives in the sandbox's network namespace, and so does the connection
+//! tracking entry the redirect made, wherever the descriptor was passed.
+//!
+//! The first bytes are only peeked (left in the socket): a client that
+//! speaks first (HTTP, TLS, most database protocols) has sent them within
+//! [`PEEK_TIMEOUT`]; one that waits for the server (SSH, SMTP, MySQL) has
+//! not, and is decided by name alone. On port 443, where every client
+//! speaks first, the wait is `tunnel::HELLO_TIMEOUT`.
+//!
+//! What the connection is decided as:
+//! - plain HTTP (`GET /x HTTP/1.1`): each request by its `Host`, through
+//!   the same path as the forward proxy (`proto: http`); proxy-form
+//!   requests (absolute URI, CONNECT) aimed at a captured address are
+//!   served exactly as the proxy serves them.
+//! - anything else (`proto: connect`): by the TLS server name; else by an
+//!   allowed name the client resolved through egressd to this address
+//!   (`dns::answers`: the first of them the policy allows); else by the
+//!   address itself (which only an exception's `cidrs` can allow). On port
+//!   443 the ClientHello rules of CONNECT apply (`SniRule`).
+//!
+//! Where the connection goes: never blindly to the original destination.
+//! The decided name is resolved and every address checked, as for a proxied
+//! request (`upstream::resolve_checked`); the original destination is
+//! dialled when it is one of those checked addresses, and otherwise a
+//! checked address of the name is (through `--upstream-proxy` when one is
+//! set, like every way out), noted in the log line. That is what a
+//! CONNECT to the name would reach, so a client cannot use an allowed name
+//! to reach an address of its own choosing; refusing instead would gain no
+//! safety and would break clients whose answer is older or newer than
+//! egressd's own (CDN rotation) or pinned (`curl --resolve`).
+//!
+//! Every connection gets exactly one log line with the note `transparent:
+//! to ADDR, name from …` (plain HTTP: one per request), decided or not.
+
+use std::convert::Infallible;
+use std::io;
+use std::mem::{size_of, zeroed};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
+use std::os::fd::AsRawFd;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::{header, Method, Request, Response};
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{watch, Semaphore};
+
+use super::forward::{
+    self, add_note, parse_authority, truncate_path, Denier, Dest, Inbound, Scheme,
+};
+use super::respond::ProxyBody;
+use super::sni::{self, Hello};
+use super::tunnel::{self, SniRule, HELLO_TIMEOUT};
+use super::upstream::{self, Refusal};
+use super::{mitm, ProxyCtx, HEADER_READ_TIMEOUT, MAX_CONNECTIONS, MAX_HEADER_BYTES};
+use crate::decision::{Event, Proto, Reason, Verdict};
+use crate::metrics::ActiveGuard;
+use crate::policy::host::{parse_host, Target};
+use crate::policy::path::normalize_path;
+use crate::policy::time::unix_now;
+use crate::policy::{self, canonical_ip};
+
+/// How long a client that has sent nothing yet is given before it is taken
+/// for one that waits for the server to speak first.
+pub const PEEK_TIMEOUT: Duration = Duration::from_millis(300);
+/// How often a partly arrived ClientHello or request line is looked at
+/// again (a peek does not wait for more bytes than are already there).
+const PEEK_RETRY: Duration = Duration::from_millis(5);
+/// First peek buffer; grown up to `sni::MAX_HELLO` for large ClientHellos.
+const PEEK_START: usize = 4096;
+/// Longest method token looked for in a request line.
+const MAX_METHOD: usize = 16;
+
+/// Where a connection's name came from, as the log line's note says.
+const FROM_SNI: &str = "the TLS server name";
+const FROM_HOST: &str = "the Host header";
+const FROM_DNS: &str = "a DNS answer egressd gave";
+
+/// Serves one capture listener until `shutdown` flips; open connections
+/// finish on their own.
+pub async fn serve(listener: TcpListener, ctx: Arc<ProxyCtx>, mut shutdown: watch::Receiver<bool>) {
+    let limit = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    loop {
+        let permit = tokio::select! {
+            p = limit.clone().acquire_owned() => p.expect("semaphore never closed"),
+            _ = shutdown.changed() => return,
+        };
+        let (stream, peer) = tokio::select! {
+            r = listener.accept() => match r {
+                Ok(x) => x,
+                Err(e) => {
+                    eprintln!("egressd: accept failed on the capture listener: {e}");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+            _ = shutdown.changed() => return,
+        };
+        let _ = stream.set_nodelay(true);
+        let ctx = ctx.clone();
+        tokio::spawn(async move {
+            let _permit = permit;
+            handle(stream, peer, ctx).await;
+        });
+    }
+}
+
+/// What the first bytes of a captured connection say it is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Kind {
+    /// Nothing within the wait (or end of stream before any byte).
+    Silent,
+    /// A TLS handshake record: what `sni::parse` made of it.
+    Tls(Hello),
+    /// An HTTP/1 request line.
+    Http,
+    /// Bytes of some other protocol.
+    Opaque,
+}
+
+/// Where a connection was going and how its name was found, for the log
+/// line (`None`: it had none, and was decided by its address).
+fn note(orig: SocketAddr, source: Option<&str>) -> String {
+    match source {
+        Some(s) => format!("transparent: to {orig}, name from {s}"),
+        None => format!("transparent: to {orig}, no name (decided by the address)"),
+    }
+}
+
+async fn handle(stream: TcpStream, peer: SocketAddr, ctx: Arc<ProxyCtx>) {
+    let mut ev = Event::new(Proto::Connect, peer);
+    let orig = match original_destination(&stream) {
+        Ok(a) => a,
+        Err(e) => {
+            ev.set_denied(Reason::Malformed);
+            ev.note = Some(format!("transparent: no original destination ({e})"));
+            ctx.recorder.record(ev);
+            return;
+        }
+    };
+    ev.port = Some(orig.port());
+    // The rules never redirect loopback: this is a connection made to the
+    // capture listener itself.
+    if canonical_ip(orig.ip()).is_loopback() {
+        ev.host = Some(canonical_ip(orig.ip()).to_string());
+        ev.set_denied(Reason::LoopDetected);
+        ev.note = Some(format!(
+            "transparent: {orig} is the capture listener itself"
+        ));
+        ctx.recorder.record(ev);
+        return;
+    }
+    let kind = match sniff(&stream, orig.port()).await {
+        Ok(k) => k,
+        Err(e) => {
+            ev.set_denied(Reason::Malformed);
+            ev.note = Some(format!("transparent: to {orig}"));
+            ev.error = Some(format!("reading the first bytes: {e}"));
+            ctx.recorder.record(ev);
+            return;
+        }
+    };
+    if kind == Kind::Http {
+        serve_http(stream, peer, orig, ctx).await;
+    } else {
+        carry(stream, peer, kind, ev, orig, ctx).await;
+    }
+}
+
+/// The original destination of a redirected connection (its connection
+/// tracking entry, in the namespace of the socket).
+fn original_destination(s: &TcpStream) -> io::Result<SocketAddr> {
+    let fd = s.as_raw_fd();
+    match s.local_addr()? {
+        SocketAddr::V4(_) => {
+            // SAFETY: sockaddr_in is plain data; the kernel writes at most
+            // `len` bytes into it.
+            let mut sin: libc::sockaddr_in = unsafe { zeroed() };
+            let mut len = size_of::<libc::sockaddr_in>() as libc::socklen_t;
+            let r = unsafe {
+                libc::getsockopt(
+                    fd,
+                    libc::SOL_IP,
+                    libc::SO_ORIGINAL_DST,
+                    &mut sin as *mut libc::sockaddr_in as *mut libc::c_void,
+                    &mut len,
+                )
+            };
+            if r != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            Ok(SocketAddr::V4(SocketAddrV4::new(
+                Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr)),
+                u16::from_be(sin.sin_port),
+            )))
+        }
+        SocketAddr::V6(_) => {
+            // SAFETY: as above, for sockaddr_in6.
+            let mut sin6: libc::sockaddr_in6 = unsafe { zeroed() };
+            let mut len = size_of::<libc::sockaddr_in6>() as libc::socklen_t;
+            let r = unsafe {
+                libc::getsockopt(
+                    fd,
+                    libc::SOL_IPV6,
+                    libc::IP6T_SO_ORIGINAL_DST,
+                    &mut sin6 as *mut libc::sockaddr_in6 as *mut libc::c_void,
+                    &mut len,
+                )
+            };
+            if r != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            Ok(SocketAddr::V6(SocketAddrV6::new(
+                Ipv6Addr::from(sin6.sin6_addr.s6_addr),
+                u16::from_be(sin6.sin6_port),
+                0,
+                0,
+            )))
+        }
+    }
+}
+
+/// Peeks at what the client sent first, without taking it from the socket.
+async fn sniff(stream: &TcpStream, port: u16) -> io::Result<Kind> {
+    let wait = if port == 443 {
+        HELLO_TIMEOUT
+    } else {
+        PEEK_TIMEOUT
+    };
+    let deadline = tokio::time::Instant::now() + wait;
+    let mut buf = vec![0u8; PEEK_START];
+    let mut seen = 0;
+    loop {
+        let n = match tokio::time::timeout_at(deadline, stream.peek(&mut buf)).await {
+            Err(_) => break,
+            Ok(r) => r?,
+        };
+        if n == 0 {
+            break; // end of stream: nothing more will come
+        }
+        let partial = match classify(&buf[..n]) {
+            Some(kind) => return Ok(kind),
+            None => n,
+        };
+        if partial == buf.len() && buf.len() < sni::MAX_HELLO {
+            buf.resize((buf.len() * 2).min(sni::MAX_HELLO), 0);
+        } else if partial == seen {
+            // The same bytes again: wait for more to arrive.
+            if tokio::time::Instant::now() + PEEK_RETRY > deadline {
+                break;
+            }
+            tokio::time::sleep(PEEK_RETRY).await;
+        }
+        seen = partial;
+    }
+    // Out of time or input: what is there decides.
+    Ok(match buf.get(..seen) {
+        Some([]) | None => Kind::Silent,
+        Some(b) if b[0] == 0x16 => Kind::Tls(sni::parse(b)),
+        Some(_) => Kind::Opaque,
+    })
+}
+
+/// `None` while more bytes are needed to tell.
+fn classify(b: &[u8]) -> Option<Kind> {
+    if b.is_empty() {
+        return None;
+    }
+    if b[0] == 0x16 {
+        return match sni::parse(b) {
+            Hello::Incomplete if b.len() < sni::MAX_HELLO => None,
+            Hello::Incomplete => Some(Kind::Tls(Hello::Malformed)),
+            h => Some(Kind::Tls(h)),
+        };
+    }
+    match http_request_line(b) {
+        Some(true) => Some(Kind::Http),
+        Some(false) => Some(Kind::Opaque),
+        None => None,
+    }
+}
+
+/// Whether `b` starts an HTTP/1 request line: an upper-case method, a
+/// space, and an origin-form (`/…`), asterisk, absolute (`http://…`) or
+/// CONNECT target. `None` until enough bytes have come to tell.
+fn http_request_line(b: &[u8]) -> Option<bool> {
+    let method_len = b.iter().take_while(|c| c.is_ascii_uppercase()).count();
+    if method_len == b.len() {
+        return (method_len > MAX_METHOD).then_some(false);
+    }
+    if method_len == 0 || method_len > MAX_METHOD || b[method_len] != b' ' {
+        return Some(false);
+    }
+    let method = &b[..method_len];
+    let target = &b[method_len + 1..];
+    if target.is_empty() {
+        return None;
+    }
+    if method == b"CONNECT" || target[0] == b'/' || target[0] == b'*' {
+        return Some(true);
+    }
+    const ABSOLUTE: &[u8] = b"http://";
+    let n = target.len().min(ABSOLUTE.len());
+    if !target[..n].eq_ignore_ascii_case(&ABSOLUTE[..n]) {
+        return Some(false);
+    }
+    (n == ABSOLUTE.len()).then_some(true)
+}
+
+// ---------------------------------------------------------------- plain HTTP
+
+async fn serve_http(stream: TcpStream, peer: SocketAddr, orig: SocketAddr, ctx: Arc<ProxyCtx>) {
+    let _active = ActiveGuard::new(&ctx.recorder.metrics, Proto::Http);
+    let c2 = ctx.clone();
+    let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
+        let ctx = c2.clone();
+        async move { Ok::<_, Infallible>(request(req, peer, orig, ctx).await) }
+    });
+    let res = hyper::server::conn::http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(HEADER_READ_TIMEOUT)
+        .max_buf_size(MAX_HEADER_BYTES)
+        .keep_alive(true)
+        .serve_connection(TokioIo::new(stream), svc)
+        .with_upgrades()
+        .await;
+    if let Err(e) = res {
+        // hyper has answered 400/431 for what it could not parse.
+        if e.is_parse() || e.is_parse_too_large() || e.is_parse_status() {
+            let mut ev = Event::new(Proto::Http, peer);
+            ev.set_denied(Reason::Malformed);
+            ev.status = Some(if e.is_parse_too_large() { 431 } else { 400 });
+            ev.error = Some(e.to_string());
+            ev.note = Some(format!("transparent: to {orig}"));
+            ctx.recorder.record(ev);
+        }
+    }
+}
+
+/// One request on a captured plain-HTTP connection: its `Host` names the
+/// destination (on the port the client connected to).
+async fn request(
+    req: Request<Incoming>,
+    peer: SocketAddr,
+    orig: SocketAddr,
+    ctx: Arc<ProxyCtx>,
+) -> Response<ProxyBody> {
+    // A proxy request sent to a captured address gets the proxy's answer.
+    if req.method() == Method::CONNECT {
+        return tunnel::handle(req, peer, ctx).await;
+    }
+    if req.uri().scheme().is_some() {
+        return forward::handle(req, peer, ctx).await;
+    }
+    let policy = ctx.policy.snapshot();
+    let mut ev = Event::new(Proto::Http, peer);
+    ev.method = Some(req.method().as_str().to_string());
+    ev.path = Some(truncate_path(req.uri().path()));
+    let hosts: Vec<&header::HeaderValue> = req.headers().get_all(header::HOST).iter().collect();
+    let shown_host = hosts
+        .first()
+        .and_then(|h| h.to_str().ok())
+        .map(str::to_string)
+        .unwrap_or_else(|| orig.to_string());
+    let denier = Denier {
+        what: format!(
+            "{} http://{shown_host}{}",
+            req.method(),
+            truncate_path(req.uri().path())
+        ),
+        contact: &policy.settings.contact,
+        close: false,
+        rec: &ctx.recorder,
+    };
+    // Details of refusals made here go into the note (after `transparent`).
+    let deny = |mut ev: Event, reason: Reason, detail: Option<String>| {
+        add_note(&mut ev, detail.clone());
+        denier.deny(ev, reason, detail, false)
+    };
+
+    let client = match super::identify(&policy, &req, peer) {
+        Ok(c) => c,
+        Err(e) => {
+            ev.note = Some(note(orig, Some(FROM_HOST)));
+            return deny(ev, Reason::ClientNotAllowed, Some(e.to_string()));
+        }
+    };
+    if let Some(id) = policy.client_id(client) {
+        ev.client = id.clone();
+    }
+    let dest = match hosts.as_slice() {
+        [h] => {
+            ev.note = Some(note(orig, Some(FROM_HOST)));
+            match h
+                .to_str()
+                .ok()
+                .and_then(|h| parse_authority(h, Some(orig.port())).ok())
+            {
+                Some(d) => d,
+                None => {
+                    return deny(
+                        ev,
+                        Reason::Malformed,
+                        Some("the Host header is not host[:port]".into()),
+                    )
+                }
+            }
+        }
+        [] => {
+            // HTTP/1.0 without Host: decided like any other nameless connection.
+            let (target, source) = nameless_target(&ctx, peer, orig);
+            ev.note = Some(note(orig, source));
+            Dest {
+                target,
+                port: orig.port(),
+            }
+        }
+        _ => {
+            ev.note = Some(note(orig, Some(FROM_HOST)));
+            return deny(
+                ev,
+                Reason::Malformed,
+                Some("more than one Host header".into()),
+            );
+        }
+    };
+    ev.host = Some(dest.target.to_string());
+    ev.port = Some(dest.port);
+    if !ctx.recorder.accepting() {
+        return deny(ev, Reason::LogUnavailable, None);
+    }
+    if dest.port != orig.port() {
+        return deny(
+            ev,
+            Reason::HostMismatch,
+            Some(format!(
+                "the Host header names port {}, the connection was made to port {}",
+                dest.port,
+                orig.port()
+            )),
+        );
+    }
+    let path = match normalize_path(req.uri().path()) {
+        Ok(p) => p,
+        Err(e) => return deny(ev, Reason::Malformed, Some(e.to_string())),
+    };
+    ev.path = Some(truncate_path(&path));
+    let inbound = Inbound {
+        client,
+        dest: &dest,
+        path: &path,
+        scheme: Scheme::Http,
+    };
+    forward::decide_and_forward(&ctx, &policy, req, ev, inbound, &denier).await
+}
+
+/// The name of a connection that names nothing itself: the most recent
+/// allowed name its client resolved here to that address, else the
+/// address.
+fn nameless_target(
+    ctx: &ProxyCtx,
+    peer: SocketAddr,
+    orig: SocketAddr,
+) -> (Target, Option<&'static str>) {
+    match ctx.resolver.recall(peer.ip(), orig.ip()).into_iter().next() {
+        Some(h) => (Target::Name(h), Some(FROM_DNS)),
+        None => (Target::Ip(canonical_ip(orig.ip())), None),
+    }
+}
+
+// ---------------------------------------------------------------- everything else
+
+/// A connection that is not plain HTTP: one decision, one checked
+/// address, bytes copied both ways, one log line.
+async fn carry(
+    client: TcpStream,
+    peer: SocketAddr,
+    kind: Kind,
+    mut ev: Event,
+    orig: SocketAddr,
+    ctx: Arc<ProxyCtx>,
+) {
+    let _active = ActiveGuard::new(&ctx.recorder.metrics, Proto::Connect);
+    let rec = &ctx.recorder;
+    let policy = ctx.policy.snapshot();
+    // A captured connection carries no Proxy-Authorization: the client is
+    // whoever its source address names.
+    let who = policy.identify(peer.ip(), None).unwrap_or(None);
+    if let Some(id) = policy.client_id(who) {
+        ev.client = id.clone();
+    }
+    ev.mode = policy.settings.mode.as_str();
+    let deny = |mut ev: Event, reason: Reason, detail: Option<String>| {
+        ev.set_denied(reason);
+        add_note(&mut ev, detail);
+        rec.record(ev);
+    };
+
+    // The names to decide by, in order of preference.
+    let (candidates, source): (Vec<Target>, Option<&str>) = match &kind {
+        Kind::Tls(Hello::ClientHello {
+            sni: Some(name), ..
+        }) => match parse_host(name) {
+            Ok(h) => (vec![Target::Name(h)], Some(FROM_SNI)),
+            Err(e) => {
+                ev.note = Some(note(orig, Some(FROM_SNI)));
+                return deny(
+                    ev,
+                    Reason::Malformed,
+                    Some(format!("the TLS server name is not a host name: {e}")),
+                );
+            }
+        },
+        _ => {
+            let names = ctx.resolver.recall(peer.ip(), orig.ip());
+            if names.is_empty() {
+                (vec![Target::Ip(canonical_ip(orig.ip()))], None)
+            } else {
+                (
+                    names.into_iter().map(Target::Name).collect(),
+                    Some(FROM_DNS),
+                )
+            }
+        }
+    };
+    ev.note = Some(note(orig, source));
+    if !rec.accepting() {
+        ev.host = Some(candidates[0].to_string());
+        return deny(ev, Reason::LogUnavailable, None);
+    }
+
+    // The first candidate the policy allows; else the first one's denial.
+    let now = unix_now();
+    let can_intercept = ctx.mitm.is_some() && matches!(kind, Kind::Tls(Hello::ClientHello { .. }));
+    let decide = |target: &Target| {
+        policy.decide(
+            &policy::Request {
+                proto: Proto::Connect,
+                client: who,
+                target,
+                port: orig.port(),
+                method: None,
+                path: None,
+                qtype: None,
+                can_intercept,
+            },
+            now,
+        )
+    };
+    let (target, d) = candidates
+        .iter()
+        .map(|t| (t, decide(t)))
+        .find(|(_, d)| d.is_allowed())
+        .unwrap_or_else(|| (&candidates[0], decide(&candidates[0])));
+    ev.host = Some(target.to_string());
+    ev.set_decision(&d, policy.settings.mode);
+    if !d.is_allowed() {
+        rec.record(ev);
+        return;
+    }
+    let dest = Dest {
+        target: target.clone(),
+        port: orig.port(),
+    };
+    let rule = SniRule::new(&dest, d.exception, policy.settings.missing_sni);
+
+    if d.verdict == Verdict::Intercept {
+        let Some(mitm) = ctx.mitm.clone() else {
+            return deny(ev, Reason::InspectionRequired, None);
+        };
+        // The ClientHello is still in the socket: mitm reads it, checks it
+        // against `rule`, and decides every request inside.
+        add_note(&mut ev, Some("intercepted".into()));
+        let tunnel = Arc::new(mitm::Tunnel {
+            peer,
+            token: None,
+            dest,
+            sni: rule,
+        });
+        let ctx2 = ctx.clone();
+        drop(policy);
+        mitm::run(client, tunnel, ev, ctx2, mitm).await;
+        return;
+    }
+
+    // Port 443 gets CONNECT's ClientHello rules: TLS, naming the host.
+    if orig.port() == 443 {
+        let verdict = match &kind {
+            Kind::Tls(h) => rule.judge(h),
+            Kind::Silent => Some((Reason::SniMismatch, "no ClientHello in time".into())),
+            Kind::Http | Kind::Opaque => rule.judge(&Hello::NotTls),
+        };
+        if let Some((reason, why)) = verdict {
+            return deny(ev, reason, Some(why));
+        }
+    }
+
+    let checked = match upstream::resolve_checked(
+        &policy,
+        &ctx.resolver,
+        d.exception,
+        who,
+        target,
+        orig.port(),
+        &ctx.own_addrs,
+        now,
+    )
+    .await
+    {
+        Ok(c) => c,
+        Err(Refusal::Policy(reason, why)) => return deny(ev, reason, why),
+        Err(Refusal::Resolve(e)) => {
+            rec.metrics
+                .upstream_errors
+                .with_label_values(&["connect", "resolve"])
+                .inc();
+            ev.error = Some(format!("resolve: {e}"));
+            rec.record(ev);
+            return;
+        }
+    };
+    add_note(&mut ev, checked.note);
+    let addrs = prefer_original(checked.addrs, orig);
+    if canonical_ip(addrs[0].ip()) != canonical_ip(orig.ip()) {
+        add_note(
+            &mut ev,
+            Some(format!(
+                "{} is not a checked address of {target}: connected to one that is",
+                orig.ip()
+            )),
+        );
+    }
+    let (upstream_conn, addr) = match ctx.egress.connect_first(&addrs).await {
+        Ok(x) => x,
+        Err(e) => {
+            rec.metrics
+                .upstream_errors
+                .with_label_values(&["connect", "connect"])
+                .inc();
+            ev.error = Some(format!("connect: {e}"));
+            rec.record(ev);
+            return;
+        }
+    };
+    ev.addr = Some(addr.to_string());
+    drop(policy);
+    // The peeked bytes are still in the client's socket: the splice
+    // carries them like everything after.
+    let (up, down, result) = tunnel::splice_tcp(client, upstream_conn, 0).await;
+    ev.bytes_up = up;
+    ev.bytes_down = down;
+    if let Err(e) = result {
+        ev.error = Some(format!("tunnel: {e}"));
+    }
+    rec.record(ev);
+}
+
+/// The checked addresses with the original destination first, if it is
+/// one of them.
+fn prefer_original(mut addrs: Vec<SocketAddr>, orig: SocketAddr) -> Vec<SocketAddr> {
+    let want: IpAddr = canonical_ip(orig.ip());
+    if let Some(i) = addrs.iter().position(|a| canonical_ip(a.ip()) == want) {
+        let a = addrs.remove(i);
+        addrs.insert(0, a);
+    }
+    addrs
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn request_lines_are_told_from_other_protocols() {
+        for yes in [
+            &b"GET / HTTP/1.1\r\n"[..],
+            b"POST /x",
+            b"OPTIONS * HTTP/1.1",
+            b"GET http://a.test/ HTTP/1.1",
+            b"CONNECT a.test:443 HTTP/1.1",
+        ] {
+            assert_eq!(http_request_line(yes), Some(true), "{yes:?}");
+        }
+        for no in [
+            &b"SSH-2.0-OpenSSH_9.6\r\n"[..],
+            b"PING\r\n",
+            b"GET key\r\n",
+            b"get / HTTP/1.1",
+            b" / HTTP/1.1",
+            b"GET ftp://a.test/",
+            b"\x00\x00\x00\x08\x04\xd2\x16\x2f",
+            b"ABCDEFGHIJKLMNOPQRSTUVWXYZ / HTTP/1.1",
+        ] {
+            assert_eq!(http_request_line(no), Some(false), "{no:?}");
+        }
+        for undecided in [&b"GE"[..], b"GET", b"GET ", b"GET htt"] {
+            assert_eq!(http_request_line(undecided), None, "{undecided:?}");
+        }
+    }
+
+    #[test]
+    fn first_bytes_classify() {
+        let hello = sni::build_client_hello(Some("a.test"), false);
+        assert_eq!(
+            classify(&hello),
+            Some(Kind::Tls(Hello::ClientHello {
+                sni: Some("a.test".into()),
+                ech: false
+            }))
+        );
+        assert_eq!(
+            classify(&hello[..hello.len() - 1]),
+            None,
+            "wait for the rest"
+        );
+        assert_eq!(classify(b"GET / HTTP/1.1\r\n"), Some(Kind::Http));
+        assert_eq!(classify(b"SSH-2.0-x\r\n"), Some(Kind::Opaque));
+        assert_eq!(classify(b""), None);
+    }
+
+    #[test]
+    fn the_original_destination_goes_first_only_when_checked() {
+        let a = |s: &str| s.parse::<SocketAddr>().unwrap();
+        let checked = vec![a("192.0.2.1:22"), a("192.0.2.2:22")];
+        assert_eq!(
+            prefer_original(checked.clone(), a("192.0.2.2:22")),
+            [a("192.0.2.2:22"), a("192.0.2.1:22")]
+        );
+        assert_eq!(
+            prefer_original(checked.clone(), a("198.51.100.9:22")),
+            checked
+        );
+        assert_eq!(
+            prefer_original(checked, a("[::ffff:192.0.2.2]:22")),
+            [a("192.0.2.2:22"), a("192.0.2.1:22")]
+        );
+    }
+}
