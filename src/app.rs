@@ -49,6 +49,10 @@ pub struct Listeners {
     pub dns_udp: UdpSocket,
     pub dns_tcp: TcpListener,
     pub metrics: Option<TcpListener>,
+    /// `egressd run --transparent`: listeners whose connections were
+    /// redirected to them by nftables (one per address family); they are
+    /// served by `proxy::transparent`. `serve` has none.
+    pub transparent: Vec<TcpListener>,
 }
 
 impl Listeners {
@@ -65,6 +69,7 @@ impl Listeners {
             dns_udp,
             dns_tcp,
             metrics: Some(metrics),
+            transparent: Vec::new(),
         })
     }
 }
@@ -130,12 +135,19 @@ pub async fn start(args: &ServeArgs, listeners: Listeners) -> Result<Running> {
         dns_udp,
         dns_tcp,
         metrics: metrics_l,
+        transparent: transparent_l,
     } = listeners;
     let proxy_addr = proxy_l.local_addr()?;
     let dns_addr = dns_udp.local_addr()?;
     let metrics_addr = metrics_l.as_ref().map(|l| l.local_addr()).transpose()?;
     let mut own_addrs = vec![proxy_addr, dns_addr];
     own_addrs.extend(metrics_addr);
+    for l in &transparent_l {
+        own_addrs.push(l.local_addr()?);
+    }
+    // Captured connections that carry no name are decided by the name the
+    // client resolved through this egressd for that address.
+    resolver.remember_answers(!transparent_l.is_empty());
 
     let egress = match &args.upstream_proxy {
         None => Egress::Direct,
@@ -186,6 +198,13 @@ pub async fn start(args: &ServeArgs, listeners: Listeners) -> Result<Running> {
         egress,
         mitm,
     });
+    for l in transparent_l {
+        tokio::spawn(proxy::transparent::serve(
+            l,
+            ctx.clone(),
+            shutdown_rx.clone(),
+        ));
+    }
     tokio::spawn(proxy::serve(proxy_l, ctx, shutdown_rx.clone()));
     {
         let (h, r, rec, s) = (

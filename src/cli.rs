@@ -17,6 +17,8 @@ pub struct Cli {
     pub command: Command,
 }
 
+// Parsed once per process: the size of the largest variant costs nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run the proxy, the DNS resolver and the metrics endpoint; the policy is hot-reloaded.
@@ -167,6 +169,14 @@ pub struct RunArgs {
     /// File holding the --client token.
     #[arg(long, value_name = "PATH")]
     pub token_file: Option<PathBuf>,
+    /// Capture every TCP connection and DNS query that leaves the sandbox, even
+    /// from programs that ignore the proxy variables (nftables inside the
+    /// sandbox's own network namespace); other UDP is dropped.
+    #[arg(long)]
+    pub transparent: bool,
+    /// The nft program --transparent runs (default: found in PATH, /usr/sbin, /sbin).
+    #[arg(long, env = "EGRESSD_NFT", value_name = "PATH")]
+    pub nft: Option<PathBuf>,
     /// Pass NAME from this environment, or set NAME=VALUE, inside (repeatable).
     #[arg(long = "env", value_name = "NAME[=VALUE]", value_parser = crate::launcher::env::parse_env_spec)]
     pub env: Vec<crate::launcher::env::EnvSpec>,

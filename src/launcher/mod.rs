@@ -10,7 +10,9 @@
 //! Inside, 127.0.0.1:3128 (proxy) and 127.0.0.1:53 (DNS, UDP and TCP) are
 //! sockets created in the sandbox's network namespace and served from
 //! outside it; there is no other interface than `lo`, so there is no other
-//! route. Exit status: CMD's (128+n when a signal ended it), 124 when
+//! route. With `--transparent`, 127.0.0.1:3129 (and [::1]:3129) join them:
+//! nftables rules inside send every other TCP connection there, and the
+//! embedded egressd decides it like a proxied one (`proxy::transparent`). Exit status: CMD's (128+n when a signal ended it), 124 when
 //! `--timeout` ended it, 125 when the sandbox could not be set up.
 //!
 //! This module is the `run` command's wiring (its `app.rs`): errors are
@@ -98,6 +100,7 @@ fn prepare(args: &RunArgs) -> Result<Plan, String> {
         connect: args.connect,
         connect_dns: args.connect_dns,
         client: args.client.clone(),
+        transparent: args.transparent,
     };
     if args.token_file.is_some() && args.client.is_none() {
         return Err("--token-file needs --client".into());
@@ -156,6 +159,11 @@ fn gather(args: &RunArgs) -> Result<HostFacts, String> {
             })
         }
     };
+    let nft = if args.transparent {
+        find_nft(args.nft.as_deref())?
+    } else {
+        None
+    };
     Ok(HostFacts {
         uid: sys::getuid(),
         gid: sys::getgid(),
@@ -167,7 +175,33 @@ fn gather(args: &RunArgs) -> Result<HostFacts, String> {
         binds,
         token,
         ca,
+        nft,
     })
+}
+
+/// The `nft` program for `--transparent`: `--nft` (which must exist), else
+/// the first executable `nft` in PATH or [`plan::NFT_DIRS`].
+fn find_nft(given: Option<&Path>) -> Result<Option<PathBuf>, String> {
+    use std::os::unix::fs::PermissionsExt;
+    let executable = |p: &Path| {
+        std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+    };
+    if let Some(p) = given {
+        let p = p
+            .canonicalize()
+            .map_err(|e| format!("--nft {}: {e}", p.display()))?;
+        if !executable(&p) {
+            return Err(format!("--nft {}: not an executable file", p.display()));
+        }
+        return Ok(Some(p));
+    }
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    Ok(std::env::split_paths(&path)
+        .chain(plan::NFT_DIRS.iter().map(PathBuf::from))
+        .filter(|d| d.is_absolute())
+        .map(|d| d.join("nft"))
+        .find(|p| executable(p))
+        .and_then(|p| p.canonicalize().ok()))
 }
 
 /// Where a resolv.conf bind must land: the file `/etc/resolv.conf` leads
@@ -306,6 +340,11 @@ async fn serve(
     let proxy = tokio::net::TcpListener::from_std(inside.proxy)?;
     let dns_udp = tokio::net::UdpSocket::from_std(inside.dns_udp)?;
     let dns_tcp = tokio::net::TcpListener::from_std(inside.dns_tcp)?;
+    let mut transparent = Vec::new();
+    for l in inside.capture {
+        l.set_nonblocking(true)?;
+        transparent.push(tokio::net::TcpListener::from_std(l)?);
+    }
     Ok(match &plan.egress {
         Egress::Embedded => {
             let listeners = Listeners {
@@ -313,6 +352,7 @@ async fn serve(
                 dns_udp,
                 dns_tcp,
                 metrics: None,
+                transparent,
             };
             Egressd::Embedded(app::start(&args.embedded_serve_args(), listeners).await?)
         }

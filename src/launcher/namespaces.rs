@@ -7,7 +7,9 @@
 //!   └─ outer      unshare(user, mount, net, pid, ipc, uts); uid/gid maps;
 //!       │         reports init's pidfd; waits; exits with init's status
 //!       └─ init   PID 1 of the sandbox: mounts, lo up, binds 127.0.0.1:3128
-//!           │     and :53 (UDP+TCP) and sends them out (SCM_RIGHTS); on
+//!           │     and :53 (UDP+TCP) — with --transparent also routes through
+//!           │     lo, nft capture rules and the :3129 listeners (127.0.0.1,
+//!           │     [::1]) — and sends them out (SCM_RIGHTS); on
 //!           │     "go" forks CMD, reaps, forwards signals, exits with CMD's
 //!           │     status — which kills everything left in the namespace
 //!           └─ CMD    rlimits, no capabilities, no_new_privs, exec
@@ -21,7 +23,7 @@
 use std::ffi::CString;
 use std::fs;
 use std::io;
-use std::net::{TcpListener, UdpSocket};
+use std::net::{Ipv6Addr, TcpListener, UdpSocket};
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
@@ -30,7 +32,9 @@ use std::time::Duration;
 
 use libc::{c_int, pid_t};
 
-use super::plan::{Plan, DNS_PORT, INSIDE_IP, PROXY_PORT, SECOND_LOOPBACK};
+use super::plan::{
+    Plan, Transparent, CAPTURE_PORT, DNS_PORT, INSIDE_IP, PROXY_PORT, SECOND_LOOPBACK,
+};
 use super::sys::{self, SigSet};
 
 /// How long setting up the namespaces may take before the launcher gives up.
@@ -75,6 +79,9 @@ pub struct InsideSockets {
     pub proxy: TcpListener,
     pub dns_udp: UdpSocket,
     pub dns_tcp: TcpListener,
+    /// `--transparent`: the capture listeners (IPv4, and IPv6 unless the
+    /// kernel has none); empty otherwise.
+    pub capture: Vec<TcpListener>,
 }
 
 /// A sandbox whose CMD has not been started yet, or is running.
@@ -154,7 +161,9 @@ pub fn create(plan: &Plan) -> Result<(Sandbox, InsideSockets), SetupError> {
                         .unwrap_or(0);
                     init = Some((pid, fds.remove(0)));
                 }
-                b'R' if fds.len() == 3 => sockets = Some(fds),
+                b'R' if fds.len() >= 3 + usize::from(plan.transparent.is_some()) => {
+                    sockets = Some(fds)
+                }
                 b'E' => break Some(SetupError(String::from_utf8_lossy(&buf[1..n]).into_owned())),
                 _ => break Some(SetupError("unexpected message from the sandbox".into())),
             },
@@ -183,6 +192,7 @@ pub fn create(plan: &Plan) -> Result<(Sandbox, InsideSockets), SetupError> {
         proxy: TcpListener::from(p.expect("three descriptors")),
         dns_udp: UdpSocket::from(u.expect("three descriptors")),
         dns_tcp: TcpListener::from(t.expect("three descriptors")),
+        capture: fds.map(TcpListener::from).collect(),
     };
     Ok((
         Sandbox {
@@ -288,15 +298,18 @@ fn init_main(plan: &Plan, chan: OwnedFd) -> ! {
             fail(&chan, format!("cannot listen inside the sandbox: {e}"));
         }
     };
-    if let Err(e) = sys::send(
-        chan.as_fd(),
-        b"R",
-        &[proxy.as_fd(), dns_udp.as_fd(), dns_tcp.as_fd()],
-    ) {
+    let capture = match &plan.transparent {
+        None => Vec::new(),
+        Some(t) => setup_capture(t).unwrap_or_else(|e| fail(&chan, e)),
+    };
+    let mut out = vec![proxy.as_fd(), dns_udp.as_fd(), dns_tcp.as_fd()];
+    out.extend(capture.iter().map(|l| l.as_fd()));
+    if let Err(e) = sys::send(chan.as_fd(), b"R", &out) {
         fail(&chan, format!("cannot hand the sockets out: {e}"));
     }
     // CMD must not hold egressd's listening sockets.
-    drop((proxy, dns_udp, dns_tcp));
+    drop(out);
+    drop((proxy, dns_udp, dns_tcp, capture));
 
     let mut buf = [0u8; 8];
     match sys::recv(chan.as_fd(), &mut buf) {
@@ -320,6 +333,65 @@ fn init_main(plan: &Plan, chan: OwnedFd) -> ! {
         }
     };
     supervise(cmd, &signals)
+}
+
+/// `--transparent`, in init (which still holds the namespace's
+/// capabilities): the capture listeners, a default route through `lo` for
+/// each family (so that connecting to an outside address reaches the
+/// output hook instead of failing with ENETUNREACH), and the nft rules
+/// that redirect what leaves to those listeners and drop everything else.
+/// Any failure stops the sandbox: never a sandbox that routes without
+/// the rules.
+fn setup_capture(t: &Transparent) -> Result<Vec<TcpListener>, String> {
+    let v4 = TcpListener::bind((INSIDE_IP, CAPTURE_PORT)).map_err(|e| {
+        format!("transparent mode: cannot listen on {INSIDE_IP}:{CAPTURE_PORT}: {e}")
+    })?;
+    // A kernel without IPv6 has no IPv6 to capture either.
+    let v6 = match TcpListener::bind((Ipv6Addr::LOCALHOST, CAPTURE_PORT)) {
+        Ok(l) => Some(l),
+        Err(e)
+            if matches!(
+                e.raw_os_error(),
+                Some(libc::EAFNOSUPPORT | libc::EADDRNOTAVAIL)
+            ) =>
+        {
+            None
+        }
+        Err(e) => {
+            return Err(format!(
+                "transparent mode: cannot listen on [::1]:{CAPTURE_PORT}: {e}"
+            ))
+        }
+    };
+    let mut sources = vec![std::net::IpAddr::from(INSIDE_IP)];
+    if v6.is_some() {
+        sources.push(Ipv6Addr::LOCALHOST.into());
+    }
+    for src in sources {
+        sys::add_default_route_via_lo(src).map_err(|e| {
+            format!("transparent mode: cannot add a default route through lo (source {src}): {e}")
+        })?;
+    }
+    let nft = cstr(&t.nft)?;
+    let (status, output) = sys::run_program(
+        &nft,
+        &[c"-f".to_owned(), c"/dev/stdin".to_owned()],
+        t.rules.as_bytes(),
+    )
+    .map_err(|e| format!("transparent mode: cannot run {}: {e}", t.nft.display()))?;
+    if status != 0 {
+        let output = output.trim();
+        return Err(format!(
+            "transparent mode: {} could not load the capture rules (exit status {}){}{} — \
+             the kernel must allow nftables with NAT and redirect (nf_tables, nft_nat, \
+             nft_redir) in an unprivileged user namespace",
+            t.nft.display(),
+            sys::exit_code(status),
+            if output.is_empty() { "" } else { ": " },
+            output
+        ));
+    }
+    Ok(std::iter::once(v4).chain(v6).collect())
 }
 
 /// PID 1's loop: reap every child (orphans are reparented here), pass on

@@ -10,6 +10,14 @@
 //! are not reachable); `--ro`/`--rw` bind host paths back in at the same
 //! place; `/proc` is the sandbox's own; `/etc/resolv.conf` names only the
 //! resolver inside.
+//!
+//! Network model: only `lo`. By default nothing routes anywhere else, so a
+//! program that ignores the proxy variables fails (`ENETUNREACH`). With
+//! `--transparent`, a default route through `lo` plus the nftables rules of
+//! [`capture_rules`] (loaded inside the sandbox's own network namespace)
+//! send every TCP connection to the capture listener (127.0.0.1 / [::1],
+//! port [`CAPTURE_PORT`]), DNS to the resolver inside, and drop everything
+//! else: the sandbox still has no route of its own.
 
 use std::ffi::{CString, OsString};
 use std::net::{Ipv4Addr, SocketAddr};
@@ -29,6 +37,10 @@ pub const INSIDE_IP: Ipv4Addr = Ipv4Addr::LOCALHOST;
 pub const SECOND_LOOPBACK: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 2);
 pub const PROXY_PORT: u16 = 3128;
 pub const DNS_PORT: u16 = 53;
+/// `--transparent`: where the sandbox's redirected TCP connections arrive.
+pub const CAPTURE_PORT: u16 = 3129;
+/// Where `nft` is looked for when `--nft` is not given and PATH has none.
+pub const NFT_DIRS: &[&str] = &["/usr/sbin", "/sbin", "/usr/bin", "/bin"];
 /// `--connect` without `--connect-dns`: the serving egressd's default DNS port.
 pub const SERVE_DNS_PORT: u16 = 8053;
 pub const NO_PROXY: &str = "localhost,127.0.0.1,::1";
@@ -81,6 +93,8 @@ pub struct HostFacts {
     pub token: Option<String>,
     /// With `--ca-dir`: the interception CA the sandbox must trust.
     pub ca: Option<CaTrust>,
+    /// The `nft` program (`--nft`, else found in PATH or [`NFT_DIRS`]).
+    pub nft: Option<PathBuf>,
 }
 
 /// Host paths of the interception CA's public files (all canonical).
@@ -107,6 +121,7 @@ pub struct Options {
     pub connect: Option<SocketAddr>,
     pub connect_dns: Option<SocketAddr>,
     pub client: Option<String>,
+    pub transparent: bool,
 }
 
 /// Where the sandbox's proxy and resolver sockets lead.
@@ -129,6 +144,17 @@ pub struct Bind {
     /// Source and target: host paths appear at the same place inside.
     pub path: PathBuf,
     pub writable: bool,
+}
+
+/// `--transparent`: how the sandbox's own network namespace captures what
+/// leaves it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Transparent {
+    /// The `nft` program, run inside (with the sandbox's capabilities,
+    /// before CMD loses them).
+    pub nft: PathBuf,
+    /// The ruleset it loads ([`capture_rules`]).
+    pub rules: String,
 }
 
 /// A host file shown read-only at another path inside.
@@ -170,6 +196,8 @@ pub struct Plan {
     pub timeout: Option<Duration>,
     pub egress: Egress,
     pub proxy_url: String,
+    /// `--transparent`.
+    pub transparent: Option<Transparent>,
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -184,6 +212,18 @@ pub enum PlanError {
     BadToken,
     #[error("--client, --token-file and --connect-dns need --connect")]
     ClientWithoutConnect,
+    #[error(
+        "--transparent works with the embedded egressd only, not with --connect: a relay cannot \
+         pass the original destination of a captured connection on"
+    )]
+    TransparentWithConnect,
+    #[error(
+        "--transparent needs nft (the nftables package) to redirect the sandbox's traffic, and \
+         none was found in PATH or {dirs}; install nftables or pass --nft PATH \
+         (without it the sandbox is not started: there is no weaker fallback)",
+        dirs = NFT_DIRS.join(", ")
+    )]
+    NoNft,
     #[error(
         "--pids cannot be enforced when egressd run runs as host root (the kernel exempts uid 0 \
          from RLIMIT_NPROC); run it as an unprivileged user"
@@ -222,6 +262,17 @@ pub fn build(opts: &Options, host: &HostFacts) -> Result<Plan, PlanError> {
     if opts.limits.pids.is_some() && host.uid == 0 {
         return Err(PlanError::PidsAsRoot);
     }
+    let transparent = if opts.transparent {
+        if opts.connect.is_some() {
+            return Err(PlanError::TransparentWithConnect);
+        }
+        Some(Transparent {
+            nft: host.nft.clone().ok_or(PlanError::NoNft)?,
+            rules: capture_rules(),
+        })
+    } else {
+        None
+    };
     let egress = match opts.connect {
         None => Egress::Embedded,
         Some(proxy) => Egress::Connect {
@@ -419,7 +470,38 @@ pub fn build(opts: &Options, host: &HostFacts) -> Result<Plan, PlanError> {
         timeout: opts.timeout,
         egress,
         proxy_url,
+        transparent,
     })
+}
+
+/// The nftables ruleset of `--transparent`, for the sandbox's own network
+/// namespace (so no root is needed, and nothing on the host changes).
+/// Loopback stays loopback; TCP and UDP to port 53 anywhere (IPv4) reach
+/// the resolver inside; every other TCP connection reaches the capture
+/// listener, whose egressd recovers the original destination
+/// (`SO_ORIGINAL_DST`); and the filter drops whatever is still not
+/// addressed to loopback after that — all other UDP (QUIC included), ICMP,
+/// IPv6 DNS — so the default route through `lo` leads nowhere but egressd.
+pub fn capture_rules() -> String {
+    format!(
+        "# written by egressd run --transparent
+table inet egressd {{
+  chain capture {{
+    type nat hook output priority -100; policy accept;
+    ip daddr 127.0.0.0/8 return
+    ip6 daddr ::1 return
+    meta nfproto ipv4 udp dport {DNS_PORT} redirect to :{DNS_PORT}
+    meta nfproto ipv4 tcp dport {DNS_PORT} redirect to :{DNS_PORT}
+    meta l4proto tcp redirect to :{CAPTURE_PORT}
+  }}
+  chain only_loopback {{
+    type filter hook output priority 0; policy drop;
+    ip daddr 127.0.0.0/8 accept
+    ip6 daddr ::1 accept
+  }}
+}}
+"
+    )
 }
 
 /// A HOME that a tmpfs may cover: not `/`, not in or over a system tree.
@@ -487,6 +569,7 @@ mod tests {
             binds: vec![],
             token: None,
             ca: None,
+            nft: None,
         }
     }
 
@@ -713,6 +796,50 @@ mod tests {
         assert_eq!(
             env_of(&p, "SSL_CERT_FILE"),
             Some("/tmp/.egressd/ca-bundle.pem")
+        );
+    }
+
+    #[test]
+    fn transparent_needs_nft_and_the_embedded_egressd() {
+        let mut o = opts();
+        o.transparent = true;
+        let mut hf = host();
+        assert_eq!(build(&o, &hf).unwrap_err(), PlanError::NoNft);
+        hf.nft = Some("/usr/sbin/nft".into());
+        let p = build(&o, &hf).unwrap();
+        let t = p.transparent.clone().expect("transparent");
+        assert_eq!(t.nft, Path::new("/usr/sbin/nft"));
+        assert_eq!(t.rules, capture_rules());
+        // The proxy variables stay: programs that honour them keep the
+        // proxy's full semantics; capture is for the others.
+        assert_eq!(env_of(&p, "https_proxy"), Some("http://127.0.0.1:3128"));
+        assert!(build(&opts(), &hf).unwrap().transparent.is_none());
+
+        o.connect = Some("10.0.0.5:3128".parse().unwrap());
+        assert_eq!(
+            build(&o, &hf).unwrap_err(),
+            PlanError::TransparentWithConnect
+        );
+    }
+
+    #[test]
+    fn capture_rules_redirect_tcp_and_dns_and_drop_the_rest() {
+        let r = capture_rules();
+        let nat = r.find("type nat hook output").unwrap();
+        let filter = r.find("type filter hook output").unwrap();
+        let pos = |line: &str| r.find(line).unwrap_or_else(|| panic!("{line}"));
+        // Loopback is left alone before anything is redirected.
+        assert!(nat < pos("ip daddr 127.0.0.0/8 return"));
+        assert!(pos("ip6 daddr ::1 return") < pos("udp dport 53 redirect to :53"));
+        assert!(pos("tcp dport 53 redirect to :53") < pos("meta l4proto tcp redirect to :3129"));
+        // Whatever is not addressed to loopback after redirection is dropped.
+        assert!(r[filter..].contains("policy drop;"));
+        assert!(r[filter..].contains("ip daddr 127.0.0.0/8 accept"));
+        assert!(r[filter..].contains("ip6 daddr ::1 accept"));
+        assert_eq!(r[filter..].matches("accept").count(), 2);
+        assert!(
+            !r.contains("udp dport 443"),
+            "no UDP besides DNS is let out"
         );
     }
 

@@ -1,6 +1,7 @@
 //! Thin, safe wrappers over the Linux calls the launcher makes: process
 //! creation and namespaces, signals, descriptor passing, the mount API,
-//! loopback configuration and capability dropping. Every `unsafe` block of
+//! loopback and route configuration, running a helper program (nft), and
+//! capability dropping. Every `unsafe` block of
 //! the launcher lives here, each with the reason it is sound; callers see
 //! `io::Result`s. Linux only (this is where the launcher's kernel
 //! requirements show: mount_setattr 5.12, pidfd_open 5.3, close_range 5.9).
@@ -9,7 +10,7 @@ use std::ffi::{CStr, CString};
 use std::io;
 use std::mem::{size_of, zeroed, MaybeUninit};
 use std::net::Ipv4Addr;
-use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::time::Duration;
 
 use libc::{c_int, c_long, c_uint, c_ulong, pid_t};
@@ -243,7 +244,7 @@ pub fn seqpacket_pair() -> io::Result<(OwnedFd, OwnedFd)> {
 }
 
 /// Most descriptors one message carries.
-const MAX_FDS: usize = 4;
+const MAX_FDS: usize = 5;
 
 /// Sends one message with `fds` attached (SCM_RIGHTS).
 pub fn send(sock: BorrowedFd<'_>, data: &[u8], fds: &[BorrowedFd<'_>]) -> io::Result<()> {
@@ -583,4 +584,219 @@ pub fn drop_all_capabilities() -> io::Result<()> {
             .map_err(|e| io::Error::new(e.kind(), format!("no_new_privs: {e}")))?;
     }
     Ok(())
+}
+
+// ---------------------------------------------------------------- routes (transparent mode)
+
+// Netlink and rtnetlink constants (linux/netlink.h, linux/rtnetlink.h).
+const NLM_F_REQUEST: u16 = 0x1;
+const NLM_F_ACK: u16 = 0x4;
+const NLM_F_EXCL: u16 = 0x200;
+const NLM_F_CREATE: u16 = 0x400;
+const NLMSG_ERROR: u16 = 0x2;
+const NLMSG_HDRLEN: usize = 16;
+const RTMSG_LEN: usize = 12;
+
+fn push_rtattr(msg: &mut Vec<u8>, kind: u16, payload: &[u8]) {
+    let len = 4 + payload.len();
+    msg.extend_from_slice(&(len as u16).to_ne_bytes());
+    msg.extend_from_slice(&kind.to_ne_bytes());
+    msg.extend_from_slice(payload);
+    msg.resize(msg.len() + (4 - len % 4) % 4, 0);
+}
+
+/// Adds a default route (IPv4 or IPv6, by the family of `src`) through
+/// `lo`, with `src` as the preferred source address, in the calling
+/// process's network namespace (rtnetlink; what `ip route add default dev
+/// lo src SRC` does). Without the source, connections to outside addresses
+/// would leave from 0.0.0.0: lo's addresses have host scope, which a route
+/// of link scope does not pick.
+pub fn add_default_route_via_lo(src: std::net::IpAddr) -> io::Result<()> {
+    let (family, addr, scope): (c_int, Vec<u8>, u8) = match src {
+        std::net::IpAddr::V4(a) => (libc::AF_INET, a.octets().to_vec(), libc::RT_SCOPE_LINK),
+        std::net::IpAddr::V6(a) => (libc::AF_INET6, a.octets().to_vec(), libc::RT_SCOPE_UNIVERSE),
+    };
+    // SAFETY: a NUL-terminated name.
+    let lo = unsafe { libc::if_nametoindex(c"lo".as_ptr()) };
+    if lo == 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let mut msg = Vec::with_capacity(64);
+    msg.extend_from_slice(&[0u8; NLMSG_HDRLEN]);
+    msg.extend_from_slice(&[
+        family as u8,
+        0, // dst_len: the default route
+        0, // src_len
+        0, // tos
+        libc::RT_TABLE_MAIN,
+        libc::RTPROT_BOOT,
+        scope,
+        libc::RTN_UNICAST,
+    ]);
+    msg.extend_from_slice(&0u32.to_ne_bytes()); // rtm_flags
+    debug_assert_eq!(msg.len(), NLMSG_HDRLEN + RTMSG_LEN);
+    push_rtattr(&mut msg, libc::RTA_OIF, &lo.to_ne_bytes());
+    push_rtattr(&mut msg, libc::RTA_PREFSRC, &addr);
+    let len = msg.len() as u32;
+    msg[0..4].copy_from_slice(&len.to_ne_bytes());
+    msg[4..6].copy_from_slice(&libc::RTM_NEWROUTE.to_ne_bytes());
+    let flags = NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL;
+    msg[6..8].copy_from_slice(&flags.to_ne_bytes());
+    msg[8..12].copy_from_slice(&1u32.to_ne_bytes()); // sequence number
+
+    // SAFETY: a fresh socket descriptor we own.
+    let sock = unsafe {
+        OwnedFd::from_raw_fd(check(libc::socket(
+            libc::AF_NETLINK,
+            libc::SOCK_RAW | libc::SOCK_CLOEXEC,
+            libc::NETLINK_ROUTE,
+        ))?)
+    };
+    // SAFETY: sockaddr_nl is plain data; all-zero with the family set
+    // addresses the kernel.
+    let mut kernel: libc::sockaddr_nl = unsafe { zeroed() };
+    kernel.nl_family = libc::AF_NETLINK as libc::sa_family_t;
+    // SAFETY: `msg` and `kernel` are valid for the lengths passed.
+    let sent = unsafe {
+        libc::sendto(
+            sock.as_raw_fd(),
+            msg.as_ptr() as *const libc::c_void,
+            msg.len(),
+            0,
+            &kernel as *const libc::sockaddr_nl as *const libc::sockaddr,
+            size_of::<libc::sockaddr_nl>() as libc::socklen_t,
+        )
+    };
+    if sent < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    set_recv_timeout(sock.as_fd(), Duration::from_secs(5))?;
+    let mut reply = [0u8; 1024];
+    loop {
+        // SAFETY: `reply` is valid for its length.
+        let n = unsafe {
+            libc::recv(
+                sock.as_raw_fd(),
+                reply.as_mut_ptr() as *mut libc::c_void,
+                reply.len(),
+                0,
+            )
+        };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        let n = n as usize;
+        if n < NLMSG_HDRLEN + 4 {
+            return Err(io::Error::other("short netlink reply"));
+        }
+        let kind = u16::from_ne_bytes([reply[4], reply[5]]);
+        if kind != NLMSG_ERROR {
+            continue;
+        }
+        let errno = i32::from_ne_bytes(
+            reply[NLMSG_HDRLEN..NLMSG_HDRLEN + 4]
+                .try_into()
+                .expect("four bytes"),
+        );
+        return if errno == 0 {
+            Ok(())
+        } else {
+            Err(io::Error::from_raw_os_error(-errno))
+        };
+    }
+}
+
+// ---------------------------------------------------------------- helper programs
+
+/// Runs `path` with `args` (and an empty environment), `input` as its
+/// standard input, and returns its exit status and what it wrote to stdout
+/// and stderr. For a single-threaded caller (it forks), such as the
+/// sandbox's init.
+pub fn run_program(path: &CStr, args: &[CString], input: &[u8]) -> io::Result<(c_int, String)> {
+    let pipe = || -> io::Result<(OwnedFd, OwnedFd)> {
+        let mut fds = [0 as c_int; 2];
+        // SAFETY: `fds` has room for the two descriptors returned.
+        check(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) })?;
+        // SAFETY: fresh descriptors owned by nobody else.
+        Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+    };
+    let (in_r, in_w) = pipe()?;
+    let (out_r, out_w) = pipe()?;
+    // The input fits the pipe's buffer (64 KiB): write it all now, so the
+    // program sees end-of-file after it.
+    if input.len() >= 64 << 10 {
+        return Err(io::Error::other("input too large for a pipe"));
+    }
+    let mut written = 0;
+    while written < input.len() {
+        // SAFETY: the slice is valid for its length.
+        let r = unsafe {
+            libc::write(
+                in_w.as_raw_fd(),
+                input[written..].as_ptr() as *const libc::c_void,
+                input.len() - written,
+            )
+        };
+        if r < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() != io::ErrorKind::Interrupted {
+                return Err(e);
+            }
+            continue;
+        }
+        written += r as usize;
+    }
+    drop(in_w);
+    let mut argv = vec![path.to_owned()];
+    argv.extend(args.iter().cloned());
+    let pid = fork()?;
+    if pid == 0 {
+        // SAFETY: dup2 onto the standard descriptors (which clears their
+        // close-on-exec flag); every other descriptor is close-on-exec.
+        unsafe {
+            if libc::dup2(in_r.as_raw_fd(), 0) < 0
+                || libc::dup2(out_w.as_raw_fd(), 1) < 0
+                || libc::dup2(out_w.as_raw_fd(), 2) < 0
+            {
+                exit_now(127);
+            }
+        }
+        let _ = reset_signals_for_exec();
+        execve(path, &argv, &[]);
+        exit_now(127);
+    }
+    drop(in_r);
+    drop(out_w);
+    let mut output = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        // SAFETY: `buf` is valid for its length.
+        let r = unsafe {
+            libc::read(
+                out_r.as_raw_fd(),
+                buf.as_mut_ptr() as *mut libc::c_void,
+                buf.len(),
+            )
+        };
+        if r < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            break;
+        }
+        if r == 0 {
+            break;
+        }
+        // Bounded: a program that prints without end cannot exhaust memory.
+        if output.len() < 16 << 10 {
+            output.extend_from_slice(&buf[..r as usize]);
+        }
+    }
+    let (_, status) = wait(pid, false)?;
+    Ok((status, String::from_utf8_lossy(&output).into_owned()))
 }
