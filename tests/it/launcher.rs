@@ -36,30 +36,30 @@ exceptions:
     )
 }
 
-struct Outcome {
-    code: i32,
-    stdout: String,
-    stderr: String,
-    elapsed: Duration,
+pub(crate) struct Outcome {
+    pub(crate) code: i32,
+    pub(crate) stdout: String,
+    pub(crate) stderr: String,
+    pub(crate) elapsed: Duration,
     log_path: PathBuf,
     _dir: tempfile::TempDir,
 }
 
 impl Outcome {
-    fn log_lines(&self) -> Vec<serde_json::Value> {
+    pub(crate) fn log_lines(&self) -> Vec<serde_json::Value> {
         std::fs::read_to_string(&self.log_path)
             .unwrap_or_default()
             .lines()
             .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("bad log line {l:?}: {e}")))
             .collect()
     }
-    fn line(&self, pred: impl Fn(&serde_json::Value) -> bool) -> serde_json::Value {
+    pub(crate) fn line(&self, pred: impl Fn(&serde_json::Value) -> bool) -> serde_json::Value {
         self.log_lines()
             .into_iter()
             .find(|l| pred(l))
             .unwrap_or_else(|| panic!("no such log line in {:?}", self.log_lines()))
     }
-    fn context(&self) -> String {
+    pub(crate) fn context(&self) -> String {
         format!(
             "exit {}\n--- stdout\n{}\n--- stderr\n{}",
             self.code, self.stdout, self.stderr
@@ -68,7 +68,7 @@ impl Outcome {
 }
 
 /// An `egressd run` invocation.
-struct Run {
+pub(crate) struct Run {
     args: Vec<OsString>,
     env: Vec<(String, String)>,
     policy: Option<String>,
@@ -76,7 +76,7 @@ struct Run {
     as_nobody: bool,
 }
 
-fn run() -> Run {
+pub(crate) fn run() -> Run {
     Run {
         args: Vec::new(),
         env: Vec::new(),
@@ -87,19 +87,19 @@ fn run() -> Run {
 }
 
 impl Run {
-    fn policy(mut self, yaml: &str) -> Self {
+    pub(crate) fn policy(mut self, yaml: &str) -> Self {
         self.policy = Some(yaml.to_string());
         self
     }
-    fn dns(mut self, addr: SocketAddr) -> Self {
+    pub(crate) fn dns(mut self, addr: SocketAddr) -> Self {
         self.dns = Some(addr);
         self
     }
-    fn arg(mut self, a: impl Into<OsString>) -> Self {
+    pub(crate) fn arg(mut self, a: impl Into<OsString>) -> Self {
         self.args.push(a.into());
         self
     }
-    fn env(mut self, k: &str, v: &str) -> Self {
+    pub(crate) fn env(mut self, k: &str, v: &str) -> Self {
         self.env.push((k.into(), v.into()));
         self
     }
@@ -110,7 +110,7 @@ impl Run {
     }
 
     /// Runs `egressd run … -- cmd…` and waits for it.
-    fn cmd(self, cmd: &[&str]) -> Outcome {
+    pub(crate) fn cmd(self, cmd: &[&str]) -> Outcome {
         let dir = tempfile::tempdir().unwrap();
         let log_path = dir.path().join("decisions.log");
         let policy_dir = dir.path().join("policy");
@@ -232,7 +232,7 @@ fn host_address(v6: bool) -> Option<IpAddr> {
 }
 
 /// A UDP socket that counts the datagrams it receives.
-fn udp_canary(ip: IpAddr) -> (SocketAddr, Arc<AtomicUsize>) {
+pub(crate) fn udp_canary(ip: IpAddr) -> (SocketAddr, Arc<AtomicUsize>) {
     let s = UdpSocket::bind((ip, 0)).unwrap();
     s.set_read_timeout(Some(Duration::from_millis(200)))
         .unwrap();
@@ -251,7 +251,7 @@ fn udp_canary(ip: IpAddr) -> (SocketAddr, Arc<AtomicUsize>) {
     (addr, hits)
 }
 
-fn is_root() -> bool {
+pub(crate) fn is_root() -> bool {
     Command::new("id")
         .arg("-u")
         .output()

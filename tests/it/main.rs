@@ -8,5 +8,6 @@ mod forward;
 mod launcher;
 mod lifecycle;
 mod tls;
+mod transparent;
 mod tunnel;
 mod upstream_proxy;

@@ -29,12 +29,12 @@ const TOKEN: &str = "s3cret-gh-token-4242";
 // ---------------------------------------------------------------- test PKI
 
 /// The origins' own CA (not egressd's), and certificates it signs.
-struct TestPki {
+pub(crate) struct TestPki {
     issuer: Issuer<'static, KeyPair>,
-    ca_pem: String,
+    pub(crate) ca_pem: String,
 }
 
-fn test_pki() -> TestPki {
+pub(crate) fn test_pki() -> TestPki {
     let key = KeyPair::generate().unwrap();
     let mut p = CertificateParams::new(Vec::<String>::new()).unwrap();
     p.distinguished_name
@@ -48,10 +48,10 @@ fn test_pki() -> TestPki {
     }
 }
 
-type CertKey = (CertificateDer<'static>, PrivateKeyDer<'static>);
+pub(crate) type CertKey = (CertificateDer<'static>, PrivateKeyDer<'static>);
 
 impl TestPki {
-    fn leaf(&self, names: &[&str]) -> CertKey {
+    pub(crate) fn leaf(&self, names: &[&str]) -> CertKey {
         let key = KeyPair::generate().unwrap();
         let p = CertificateParams::new(names.iter().map(|s| s.to_string()).collect::<Vec<_>>())
             .unwrap();
@@ -101,24 +101,33 @@ impl SeenTls {
 /// A local HTTPS origin (h2 and/or http/1.1 by ALPN) that records every
 /// request, answers `hello from tls origin <target>`, and echoes bytes
 /// after an `Upgrade`.
-struct TlsOrigin {
-    addr: SocketAddr,
+pub(crate) struct TlsOrigin {
+    pub(crate) addr: SocketAddr,
     seen: Arc<Mutex<Vec<SeenTls>>>,
 }
 
 impl TlsOrigin {
-    fn port(&self) -> u16 {
+    pub(crate) fn port(&self) -> u16 {
         self.addr.port()
     }
     fn last(&self) -> Option<SeenTls> {
         self.seen.lock().unwrap().last().cloned()
     }
-    fn count(&self) -> usize {
+    pub(crate) fn count(&self) -> usize {
         self.seen.lock().unwrap().len()
     }
 }
 
-fn tls_origin((cert, key): CertKey, alpn: &[&[u8]]) -> TlsOrigin {
+fn tls_origin(ck: CertKey, alpn: &[&[u8]]) -> TlsOrigin {
+    tls_origin_on("127.0.0.1".parse().unwrap(), ck, alpn)
+}
+
+/// [`tls_origin`] on another local address.
+pub(crate) fn tls_origin_on(
+    ip: std::net::IpAddr,
+    (cert, key): CertKey,
+    alpn: &[&[u8]],
+) -> TlsOrigin {
     let mut config = rustls::ServerConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()
         .unwrap()
@@ -127,7 +136,7 @@ fn tls_origin((cert, key): CertKey, alpn: &[&[u8]]) -> TlsOrigin {
         .unwrap();
     config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
     let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let l = std::net::TcpListener::bind((ip, 0)).unwrap();
     l.set_nonblocking(true).unwrap();
     let addr = l.local_addr().unwrap();
     let seen = Arc::new(Mutex::new(Vec::new()));
