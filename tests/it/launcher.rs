@@ -104,7 +104,7 @@ impl Run {
         self
     }
     /// Runs the launcher as uid/gid 65534 with no supplementary groups.
-    fn unprivileged(mut self) -> Self {
+    pub(crate) fn unprivileged(mut self) -> Self {
         self.as_nobody = true;
         self
     }
@@ -814,7 +814,7 @@ exceptions:
 // ---------------------------------------------------------------- rootless
 
 /// Whether uid 65534 may create a user namespace here; the reason if not.
-fn unprivileged_userns() -> Result<(), String> {
+pub(crate) fn unprivileged_userns() -> Result<(), String> {
     if !is_root() {
         return Err("the test is not running as root, so it cannot switch to uid 65534 (the other launcher tests already ran unprivileged)".into());
     }

@@ -20,7 +20,7 @@ use std::sync::Arc;
 use std::thread;
 use std::time::Duration;
 
-use crate::launcher::{is_root, run, udp_canary, Outcome};
+use crate::launcher::{is_root, run, udp_canary, unprivileged_userns, Outcome};
 use crate::support::*;
 use crate::tls::{test_pki, tls_origin_on, TlsOrigin};
 
@@ -506,6 +506,46 @@ print('dns from', src[0], 'answer', socket.inet_ntoa(resp[-4:]))
         assert_eq!(hits443.load(Ordering::SeqCst), 0, "a datagram reached :443");
         let l = r.line(|l| l["proto"] == "dns" && l["qname"] == "allowed.test");
         assert_eq!(l["decision"], "allow");
+    });
+}
+
+// ---------------------------------------------------------------- rootless
+
+#[test]
+fn rootless_capture_as_an_unprivileged_user() {
+    if let Err(why) = unprivileged_userns() {
+        eprintln!("SKIPPED rootless_capture_as_an_unprivileged_user: {why}");
+        return;
+    }
+    in_test_netns("rootless_capture_as_an_unprivileged_user", || {
+        let w = world();
+        let h = w.http.addr.port();
+        let script = format!(
+            "id -u; grep CapEff /proc/self/status; \
+             curl --noproxy '*' -sS http://allowed.test:{h}/nobody"
+        );
+        let r = run()
+            .unprivileged()
+            .policy(&w.policy())
+            .dns(w.dns.addr)
+            .arg("--transparent")
+            .cmd(&["sh", "-c", &script]);
+        assert_eq!(r.code, 0, "{}", r.context());
+        assert!(r.stdout.starts_with("0\n"), "uid 0 inside: {}", r.context());
+        // CMD cannot change the rules: it holds no capability.
+        assert!(
+            r.stdout.contains("CapEff:\t0000000000000000"),
+            "{}",
+            r.context()
+        );
+        assert!(
+            r.stdout.contains("hello from origin /nobody"),
+            "{}",
+            r.context()
+        );
+        let l = r.line(|l| l["proto"] == "http");
+        assert_eq!(l["decision"], "allow");
+        assert!(note(&l).starts_with("transparent: to "), "{l}");
     });
 }
 
