@@ -344,7 +344,7 @@ fn egressd_dials_a_checked_address_of_the_name_never_the_original_destination() 
 fn nameless_tcp_goes_by_the_name_the_sandbox_resolved_through_egressd() {
     in_test_netns("nameless_tcp_goes_by_the_name…", || {
         let w = world();
-        let b = w.banner.port();
+        let (b, h) = (w.banner.port(), w.http.addr.port());
         // The server speaks first: egressd waits briefly for client bytes,
         // then decides by the name it answered for this address.
         let script = format!(
@@ -363,6 +363,14 @@ try:
     print('unresolved', t.recv(100) or 'closed')
 except ConnectionResetError:
     print('unresolved closed')
+# The capture listener itself, dialled directly: not a way around.
+c = socket.create_connection(('127.0.0.1', 3129), 10)
+c.settimeout(10)
+c.sendall(b'GET / HTTP/1.1\r\nHost: allowed.test:{h}\r\n\r\n')
+try:
+    print('direct', c.recv(100) or 'closed')
+except ConnectionResetError:
+    print('direct closed')
 "#
         );
         let r = w.run("python3 -c \"$1\"", &[&script]);
@@ -374,6 +382,8 @@ except ConnectionResetError:
         );
         assert!(r.stdout.contains("echo ping"), "{}", r.context());
         assert!(r.stdout.contains("unresolved closed"), "{}", r.context());
+        assert!(r.stdout.contains("direct closed"), "{}", r.context());
+        assert_eq!(w.http.count(), 0);
         assert_eq!(w.banner_conns.load(Ordering::SeqCst), 1);
 
         let l = r.line(|l| l["proto"] == "connect" && l["decision"] == "allow");
@@ -392,8 +402,73 @@ except ConnectionResetError:
             note(&l),
             format!("transparent: to {UNRESOLVED_IP}:{b}, no name (decided by the address)")
         );
+        let l = r.line(|l| l["reason"] == "loop_detected");
+        assert_eq!(l["port"], 3129);
         let connects = lines_with(&r, |l| l["proto"] == "connect").len();
-        assert_eq!(connects, 2, "one line per connection");
+        assert_eq!(connects, 3, "one line per connection");
+    });
+}
+
+#[test]
+fn tls_to_an_exception_with_path_rules_is_intercepted_with_the_sandboxs_ca() {
+    in_test_netns("tls_to_an_exception_with_path_rules…", || {
+        let w = world();
+        let t = w.tls.port();
+        // Outside /tmp (the sandbox's /tmp is its own), as `--ca-dir` needs.
+        let base = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+        let certs = base.path().join("certs");
+        let init = Command::new(env!("CARGO_BIN_EXE_egressd"))
+            .args(["ca", "init", "--dir"])
+            .arg(&certs)
+            .output()
+            .unwrap();
+        assert!(init.status.success(), "{init:?}");
+        let policy = format!(
+            r#"
+exceptions:
+  - id: inspected
+    owner: test-team
+    reason: path rules need interception
+    hosts: [allowed.test]
+    cidrs: [{ORIGIN_IP}/32]
+    ports: [{t}]
+    paths: ["/ok/**"]
+"#
+        );
+        // No --cacert: the launcher makes the sandbox trust egressd's CA.
+        let script = format!(
+            "curl --noproxy '*' -sS https://allowed.test:{t}/ok/1 && echo && \
+             curl --noproxy '*' -s -o /dev/null -w 'no=%{{http_code}}\\n' https://allowed.test:{t}/no"
+        );
+        let r = run()
+            .policy(&policy)
+            .dns(w.dns.addr)
+            .arg("--transparent")
+            .arg("--ca-dir")
+            .arg(&certs)
+            .arg("--upstream-ca")
+            .arg(&w.ca_file)
+            .cmd(&["sh", "-c", &script]);
+        assert_eq!(r.code, 0, "{}", r.context());
+        assert!(
+            r.stdout.contains("hello from tls origin /ok/1"),
+            "{}",
+            r.context()
+        );
+        assert!(r.stdout.contains("no=403"), "{}", r.context());
+        assert_eq!(w.tls.count(), 1, "only the allowed path reached the origin");
+        let l = r.line(|l| l["proto"] == "tls" && l["path"] == "/ok/1");
+        assert_eq!(l["decision"], "allow");
+        assert_eq!(l["exception"], "inspected");
+        let l = r.line(|l| l["proto"] == "tls" && l["path"] == "/no");
+        assert_eq!(l["reason"], "path_not_allowed");
+        let tunnels = lines_with(&r, |l| l["proto"] == "connect");
+        assert_eq!(tunnels.len(), 2, "{tunnels:?}");
+        for l in tunnels {
+            assert_eq!(l["host"], "allowed.test");
+            assert!(note(&l).contains("name from the TLS server name"), "{l}");
+            assert!(note(&l).ends_with("; intercepted"), "{l}");
+        }
     });
 }
 
