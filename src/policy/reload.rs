@@ -128,7 +128,9 @@ impl Reloader {
         let policy_path = self.path.clone();
         let watcher = notify::recommended_watcher(move |res: notify::Result<notify::Event>| {
             let relevant = match &res {
-                Ok(ev) => ev.paths.is_empty() || ev.paths.iter().any(|p| p.starts_with(&policy_path)),
+                Ok(ev) => {
+                    ev.paths.is_empty() || ev.paths.iter().any(|p| p.starts_with(&policy_path))
+                }
                 Err(_) => true,
             };
             if relevant {
