@@ -495,7 +495,12 @@ fn text_report_reads_stdin_and_names_what_to_remove_and_add() {
         .spawn()
         .unwrap();
     let data = fixed_log(now).join("\n");
-    child.stdin.take().unwrap().write_all(data.as_bytes()).unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(data.as_bytes())
+        .unwrap();
     let o = child.wait_with_output().unwrap();
     assert!(o.status.success());
     let out = stdout(&o);

@@ -278,42 +278,21 @@ fn trim_newline(b: &[u8]) -> &[u8] {
     b.strip_suffix(b"\r").unwrap_or(b)
 }
 
-/// Reads one line into `buf`, keeping at most [`MAX_LINE_BYTES`] of it.
-/// `None` at end of input; `Some(true)` when the line was cut short.
+/// Reads one line into `buf`, keeping at most [`MAX_LINE_BYTES`] of it
+/// (the rest of a longer line is skipped). `None` at end of input;
+/// `Some(true)` when the line was cut short.
 fn read_line_bounded(r: &mut dyn BufRead, buf: &mut Vec<u8>) -> io::Result<Option<bool>> {
-    let mut overlong = false;
-    let mut any = false;
-    loop {
-        let avail = match r.fill_buf() {
-            Ok(a) => a,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(e),
-        };
-        if avail.is_empty() {
-            return Ok(any.then_some(overlong));
-        }
-        any = true;
-        let (chunk, done) = match memchr_nl(avail) {
-            Some(i) => (&avail[..=i], true),
-            None => (avail, false),
-        };
-        let room = MAX_LINE_BYTES.saturating_sub(buf.len());
-        if chunk.len() > room {
-            overlong = true;
-            buf.extend_from_slice(&chunk[..room]);
-        } else {
-            buf.extend_from_slice(chunk);
-        }
-        let used = chunk.len();
-        r.consume(used);
-        if done {
-            return Ok(Some(overlong));
-        }
+    let limit = MAX_LINE_BYTES as u64 + 1;
+    let n = Read::take(&mut *r, limit).read_until(b'\n', buf)?;
+    if n == 0 {
+        return Ok(None);
     }
-}
-
-fn memchr_nl(b: &[u8]) -> Option<usize> {
-    b.iter().position(|&c| c == b'\n')
+    if buf.len() as u64 == limit && buf.last() != Some(&b'\n') {
+        buf.truncate(MAX_LINE_BYTES);
+        r.skip_until(b'\n')?;
+        return Ok(Some(true));
+    }
+    Ok(Some(false))
 }
 
 #[cfg(test)]
