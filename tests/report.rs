@@ -577,6 +577,27 @@ fn html_report_is_self_contained_and_escaped() {
     render_in_browser(&dir, &page);
 }
 
+/// Headless, and quiet: no first-run, sync, component updates or
+/// reporting, and anything Chromium itself tries to fetch goes to a dead
+/// local port.
+const CHROMIUM_FLAGS: &[&str] = &[
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-dev-shm-usage",
+    "--disable-domain-reliability",
+    "--disable-client-side-phishing-detection",
+    "--disable-default-apps",
+    "--disable-extensions",
+    "--no-pings",
+    "--proxy-server=http://127.0.0.1:9",
+];
+
 fn find_chromium() -> Option<PathBuf> {
     for name in ["chromium", "chromium-browser", "google-chrome"] {
         for d in std::env::var_os("PATH")
@@ -604,20 +625,10 @@ fn render_in_browser(dir: &TempDir, page: &Path) {
     fs::create_dir_all(&profile).unwrap();
     let url = format!("file://{}", page.display());
     let mut cmd = Command::new(&chromium);
-    cmd.args([
-        "--headless",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-quic",
-        "--no-first-run",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-sync",
-        "--disable-dev-shm-usage",
-    ])
-    .arg(format!("--user-data-dir={}", profile.display()))
-    .arg("--dump-dom")
-    .arg(&url);
+    cmd.args(CHROMIUM_FLAGS)
+        .arg(format!("--user-data-dir={}", profile.display()))
+        .arg("--dump-dom")
+        .arg(&url);
     let o = cmd.output().expect("run chromium");
     let dom = stdout(&o);
     assert!(
@@ -634,18 +645,8 @@ fn render_in_browser(dir: &TempDir, page: &Path) {
     // And a screenshot, for a person to look at when it matters.
     let shot = dir.path("report.png");
     let o = Command::new(&chromium)
-        .args([
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-quic",
-            "--no-first-run",
-            "--disable-background-networking",
-            "--disable-component-update",
-            "--disable-sync",
-            "--disable-dev-shm-usage",
-            "--window-size=1280,2000",
-        ])
+        .args(CHROMIUM_FLAGS)
+        .arg("--window-size=1280,2000")
         .arg(format!("--user-data-dir={}", profile.display()))
         .arg(format!("--screenshot={}", shot.display()))
         .arg(&url)
