@@ -444,11 +444,11 @@ pub fn build(
             stats::MAX_CLIENTS
         ));
     }
+    let days_covered = ((now - covered_from).max(0) as f64 / 86400.0 * 10.0).round() / 10.0;
     if !covers_stale_window {
         notes.push(format!(
-            "the logs reach back {} days, less than stale_after ({} days): exceptions unused in \
-             them are listed as unused, not stale",
-            (now - covered_from).div_euclid(86400),
+            "the logs reach back {days_covered} days, less than stale_after ({} days): exceptions \
+             unused in them are listed as unused, not stale",
             stale_after / 86400
         ));
     }
@@ -474,7 +474,7 @@ pub fn build(
             in_window: stats.in_window,
             first_seen: stats.first.map(ts),
             last_seen: stats.last.map(ts),
-            days_covered: ((now - covered_from).max(0) as f64 / 86400.0 * 10.0).round() / 10.0,
+            days_covered,
         },
         totals: Totals {
             allowed: stats.allowed,
