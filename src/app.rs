@@ -246,7 +246,9 @@ pub async fn start(args: &ServeArgs, listeners: Listeners) -> Result<Running> {
 }
 
 /// `egressd serve`: bind from the flags, start, and steer by signals.
-pub async fn serve(args: ServeArgs) -> Result<()> {
+/// Returns the decision log, for the caller to flush once the runtime (and
+/// with it every connection still open) is gone.
+pub async fn serve(args: ServeArgs) -> Result<LogSink> {
     // Handlers before anything is announced: a SIGHUP that arrives early
     // must reload, not kill (its default action).
     let mut hup = signal(SignalKind::hangup())?;
@@ -281,6 +283,7 @@ pub async fn serve(args: ServeArgs) -> Result<()> {
         }
     }
     eprintln!("egressd: shutting down");
+    let log = running.log.clone();
     running.shutdown().await;
-    Ok(())
+    Ok(log)
 }

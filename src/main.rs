@@ -18,7 +18,14 @@ fn main() -> ExitCode {
                 }
             };
             match rt.block_on(egressd::app::serve(args)) {
-                Ok(()) => ExitCode::SUCCESS,
+                Ok(log) => {
+                    // Connections still open after the drain period are
+                    // dropped with the runtime; each writes its line as it
+                    // goes, and the log is flushed before the process ends.
+                    rt.shutdown_timeout(std::time::Duration::from_secs(1));
+                    log.flush(std::time::Duration::from_secs(2));
+                    ExitCode::SUCCESS
+                }
                 Err(e) => {
                     eprintln!("egressd: {e:#}");
                     ExitCode::from(1)

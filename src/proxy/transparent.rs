@@ -660,13 +660,7 @@ async fn carry(
     drop(policy);
     // The peeked bytes are still in the client's socket: the splice
     // carries them like everything after.
-    let (up, down, result) = tunnel::splice_tcp(client, upstream_conn, 0).await;
-    ev.bytes_up = up;
-    ev.bytes_down = down;
-    if let Err(e) = result {
-        ev.error = Some(format!("tunnel: {e}"));
-    }
-    rec.record(ev);
+    tunnel::splice_tcp(client, upstream_conn, 0, ev, rec.clone()).await;
 }
 
 /// The checked addresses with the original destination first, if it is

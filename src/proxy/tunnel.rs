@@ -396,37 +396,80 @@ async fn run_tunnel(
             return;
         }
     }
-    let (up, down, result) = splice_tcp(client, upstream_conn, first.len() as u64).await;
-    ev.bytes_up = up;
-    ev.bytes_down = down;
-    if let Err(e) = result {
-        ev.error = Some(format!("tunnel: {e}"));
+    splice_tcp(client, upstream_conn, first.len() as u64, ev, rec).await;
+}
+
+/// The log line of a spliced connection, written exactly once: when the
+/// splice ends, or, if its task is dropped first (egressd stopping with the
+/// tunnel still open after the drain period), from `Drop`, with the bytes
+/// counted so far.
+struct SpliceLine {
+    ev: Option<Event>,
+    rec: Recorder,
+    up: AtomicU64,
+    down: AtomicU64,
+}
+
+impl SpliceLine {
+    fn finish(&mut self, error: Option<String>) {
+        if let Some(mut ev) = self.ev.take() {
+            ev.bytes_up = self.up.load(Ordering::Relaxed);
+            ev.bytes_down = self.down.load(Ordering::Relaxed);
+            if error.is_some() {
+                ev.error = error;
+            }
+            self.rec.record(ev);
+        }
     }
-    rec.record(ev);
+}
+
+impl Drop for SpliceLine {
+    fn drop(&mut self) {
+        self.finish(Some("egressd stopped while the tunnel was open".into()));
+    }
+}
+
+/// Splices two TCP sockets ([`copy_tcp`]) and records `ev` with the bytes
+/// each way when the tunnel ends, however it ends.
+pub(crate) async fn splice_tcp(
+    a: TcpStream,
+    b: TcpStream,
+    already_up: u64,
+    ev: Event,
+    rec: Recorder,
+) {
+    let mut line = SpliceLine {
+        ev: Some(ev),
+        rec,
+        up: AtomicU64::new(already_up),
+        down: AtomicU64::new(0),
+    };
+    let result = copy_tcp(a, b, &line.up, &line.down).await;
+    line.finish(result.err().map(|e| format!("tunnel: {e}")));
 }
 
 /// Bytes read per wake-up while data flows.
 const TCP_CHUNK: usize = 64 << 10;
 
-/// [`splice`] for two TCP sockets, holding no buffer while idle: each
-/// direction waits for readability, then reads into a buffer that lives
-/// only as long as data keeps arriving. Ten thousand idle tunnels cost
-/// their sockets and tasks, not 128 KiB of buffers each.
-pub(crate) async fn splice_tcp(
+/// Copies both ways between two TCP sockets, holding no buffer while
+/// idle: each direction waits for readability, then reads into a buffer
+/// that lives only as long as data keeps arriving. Ten thousand idle
+/// tunnels cost their sockets and tasks, not 128 KiB of buffers each.
+/// Counts bytes read from `a` into `up` and from `b` into `down`.
+async fn copy_tcp(
     mut a: TcpStream,
     mut b: TcpStream,
-    already_up: u64,
-) -> (u64, u64, io::Result<()>) {
+    up: &AtomicU64,
+    down: &AtomicU64,
+) -> io::Result<()> {
     let started = Instant::now();
     let activity = AtomicU64::new(0);
-    let up = AtomicU64::new(already_up);
-    let down = AtomicU64::new(0);
     let (ar, mut aw) = a.split();
     let (br, mut bw) = b.split();
     let copy = async {
         tokio::try_join!(
-            pump(&ar, &mut bw, &up, &activity, started),
-            pump(&br, &mut aw, &down, &activity, started)
+            pump(&ar, &mut bw, up, &activity, started),
+            pump(&br, &mut aw, down, &activity, started)
         )
     };
     tokio::pin!(copy);
@@ -443,11 +486,7 @@ pub(crate) async fn splice_tcp(
             _ = tokio::time::sleep(remaining) => continue,
         }
     };
-    (
-        up.load(Ordering::Relaxed),
-        down.load(Ordering::Relaxed),
-        normal_end(result),
-    )
+    normal_end(result)
 }
 
 /// One direction: read from `src` when it is readable, write everything to

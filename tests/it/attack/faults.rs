@@ -358,7 +358,6 @@ fn sigterm_drains_requests_and_tunnels_within_the_grace_period() {
 /// A tunnel still open when the grace period ends is cut, and its line
 /// must still be written: every request that reached egressd has one.
 #[test]
-#[ignore = "egressd exits after the grace period without recording tunnels still open (reported)"]
 fn a_tunnel_cut_at_the_end_of_the_grace_period_is_still_logged() {
     let echo = echo_on("127.0.0.1".parse().unwrap(), 0);
     let dns = fake_dns();
