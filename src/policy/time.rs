@@ -86,19 +86,39 @@ pub fn parse_duration(s: &str) -> Option<u64> {
     n.checked_mul(mult)
 }
 
-/// Formats Unix milliseconds as `2026-11-29T20:00:00.123Z`.
+/// Formats Unix milliseconds as `2026-11-29T20:00:00.123Z`. Written digit
+/// by digit: this runs once per decision-log line, and the formatting
+/// machinery cost more than the decision itself.
 pub fn format_rfc3339_millis(ms: i64) -> String {
     let secs = ms.div_euclid(1000);
-    let milli = ms.rem_euclid(1000);
-    let days = secs.div_euclid(86400);
-    let rem = secs.rem_euclid(86400);
-    let (y, m, d) = civil_from_days(days);
-    format!(
-        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{milli:03}Z",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60
-    )
+    let milli = ms.rem_euclid(1000) as u32;
+    let (y, m, d) = civil_from_days(secs.div_euclid(86400));
+    let rem = secs.rem_euclid(86400) as u32;
+    if !(0..=9999).contains(&y) {
+        return format!(
+            "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{milli:03}Z",
+            rem / 3600,
+            rem % 3600 / 60,
+            rem % 60
+        );
+    }
+    let y = y as u32;
+    let mut b = *b"0000-00-00T00:00:00.000Z";
+    let mut put = |at: usize, v: u32, width: usize| {
+        let mut v = v;
+        for i in (0..width).rev() {
+            b[at + i] = b'0' + (v % 10) as u8;
+            v /= 10;
+        }
+    };
+    put(0, y, 4);
+    put(5, m, 2);
+    put(8, d, 2);
+    put(11, rem / 3600, 2);
+    put(14, rem % 3600 / 60, 2);
+    put(17, rem % 60, 2);
+    put(20, milli, 3);
+    String::from_utf8(b.to_vec()).expect("ASCII digits")
 }
 
 pub fn format_date(secs: i64) -> String {
@@ -139,6 +159,11 @@ mod tests {
             format_rfc3339_millis(1_803_859_200_123),
             "2027-03-01T00:00:00.123Z"
         );
+        assert_eq!(
+            format_rfc3339_millis(1_796_041_567_009),
+            "2026-11-30T12:26:07.009Z"
+        );
+        assert_eq!(format_rfc3339_millis(0), "1970-01-01T00:00:00.000Z");
         assert_eq!(format_date(1_709_164_800), "2024-02-29");
     }
 
