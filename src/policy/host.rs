@@ -120,6 +120,11 @@ pub fn parse_host(input: &str) -> Result<Host, HostError> {
         idna::domain_to_ascii_strict(s).map_err(|_| HostError::BadIdn)?
     };
     check_name(&ascii)?;
+    // A name never looks like an address: "１２７.０.０.１" maps to
+    // "127.0.0.1", which every other parser reads as an IP literal.
+    if looks_numeric(&ascii) {
+        return Err(HostError::BadIp);
+    }
     Ok(Host(ascii.into_boxed_str()))
 }
 
