@@ -613,3 +613,46 @@ fn a_client_flooding_a_silent_upstream_gets_refused_not_queued() {
     assert_eq!(over, overloaded, "refusals and lines disagree");
     l.assert_upstream_clean();
 }
+
+/// egressd asks upstream a fresh question: nothing the client put in its
+/// query (case, flags, EDNS Client Subnet, cookies) is relayed.
+#[test]
+fn nothing_the_client_sent_is_relayed_upstream() {
+    use hickory_proto::rr::rdata::opt::{EdnsCode, EdnsOption};
+    let l = lab();
+    let mut lines = Lines::new(&l.e);
+    let asked: std::sync::Arc<std::sync::Mutex<Vec<Message>>> = Default::default();
+    let a2 = asked.clone();
+    l.up.set_script(move |q, tcp| {
+        a2.lock().unwrap().push(q.clone());
+        honest(q, tcp)
+    });
+    let mut m = dns_query("AlLoWeD.TeSt.", RecordType::A);
+    m.metadata.id = 0x4242;
+    m.metadata.checking_disabled = true;
+    m.metadata.authentic_data = true;
+    let edns = m.edns.as_mut().unwrap();
+    // Client Subnet 10.1.2.0/24, and a client cookie.
+    edns.options_mut()
+        .insert(EdnsOption::Unknown(8, vec![0, 1, 24, 0, 10, 1, 2]));
+    edns.options_mut()
+        .insert(EdnsOption::Unknown(10, vec![1, 2, 3, 4, 5, 6, 7, 8]));
+    let r = ask_udp(l.e.dns, &m);
+    assert_eq!(r.metadata.response_code, ResponseCode::NoError);
+    assert_eq!(r.metadata.id, 0x4242);
+    lines.one("fresh question");
+    let asked = asked.lock().unwrap();
+    assert_eq!(asked.len(), 1, "{asked:?}");
+    let up = &asked[0];
+    assert_eq!(up.queries[0].name().to_ascii(), "allowed.test.");
+    assert!(!up.metadata.checking_disabled && !up.metadata.authentic_data);
+    let codes: Vec<EdnsCode> = up
+        .edns
+        .as_ref()
+        .map(|e| e.options().as_ref().iter().map(|(c, _)| *c).collect())
+        .unwrap_or_default();
+    assert!(
+        !codes.contains(&EdnsCode::Subnet) && !codes.contains(&EdnsCode::Cookie),
+        "client EDNS options relayed: {codes:?}"
+    );
+}
