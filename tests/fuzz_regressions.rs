@@ -4,8 +4,8 @@
 //! `cargo test` guards them without cargo-fuzz or a nightly toolchain.
 //! A local `fuzz/corpus/` (what libFuzzer grew) is replayed too when present.
 //!
-//! `fuzz/pending/` holds inputs for divergences reported but not yet fixed;
-//! they run only with `--ignored`.
+//! A divergence found by fuzzing lands in `fuzz/regressions/<target>/` with
+//! its fix, so it is replayed here for good.
 
 #[path = "../fuzz/harness/mod.rs"]
 mod harness;
@@ -61,14 +61,4 @@ fn decide_model() {
 #[test]
 fn dns_packet() {
     assert!(replay("dns_packet", DIRS, harness::dns_packet::run) > 0);
-}
-
-#[test]
-#[ignore = "divergences reported, not yet fixed (fuzz/pending/)"]
-fn pending() {
-    replay(
-        "decide_model",
-        &["pending"],
-        harness::decide_model::run_strict,
-    );
 }

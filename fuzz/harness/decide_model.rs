@@ -391,9 +391,10 @@ fn model(excs: &[Exc], report: bool, r: &Req) -> Outcome {
 /// plain-allowing exception first and one needing inspection later, a
 /// CONNECT is intercepted (and named after the later one) when the index
 /// happens to visit the later one first (e.g. `*.b.a.test` before
-/// `*.a.test`). Reported with `fuzz/pending/decide_model/`; until decide
-/// follows load order, such requests are skipped here.
-const INTERCEPT_ORDER_FIXED: bool = false;
+/// `*.a.test`). Fixed: decide now intercepts only when the exception
+/// needing inspection comes first in load order; the input is in
+/// `fuzz/regressions/decide_model/`. Kept as a switch to re-run the lax model.
+const INTERCEPT_ORDER_FIXED: bool = true;
 
 /// Some exception allows `r` plainly and another only with interception.
 fn mixed_allow(excs: &[Exc], r: &Req) -> bool {

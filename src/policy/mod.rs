@@ -317,7 +317,7 @@ impl Policy {
             }
         });
         let decision = match (inspect, allow) {
-            (Some(i), _) if req.can_intercept => Decision {
+            (Some(i), a) if req.can_intercept && a.is_none_or(|a| i < a) => Decision {
                 verdict: Verdict::Intercept,
                 reason: Reason::Exception,
                 exception: Some(&self.exceptions[i as usize]),
