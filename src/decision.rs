@@ -324,8 +324,11 @@ impl Recorder {
                 .observe_duration(ev.proto, elapsed.as_secs_f64());
         }
         self.metrics.count(&ev);
-        match serde_json::to_vec(&ev) {
-            Ok(mut line) => {
+        // Sized for a typical line up front: growing from empty cost a
+        // handful of reallocations per line.
+        let mut line = Vec::with_capacity(512);
+        match serde_json::to_writer(&mut line, &ev) {
+            Ok(()) => {
                 line.push(b'\n');
                 self.log.write(line);
             }

@@ -27,6 +27,7 @@
 //! reject before any handler runs are still logged as `malformed`.
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -123,14 +124,33 @@ pub async fn serve(
                     let raw = buf[..n].to_vec();
                     match queries.try_acquire(src.ip()) {
                         Some(permit) => {
-                            let (h, sock) = (handler.clone(), udp.clone());
-                            tasks.spawn(async move {
-                                let reply = h.process(raw, src, Protocol::Udp, false).await;
-                                drop(permit);
-                                if let Some(bytes) = reply {
-                                    let _ = sock.send_to(&bytes, src).await;
-                                }
+                            // Denied and cached answers wait on nothing: answer
+                            // them here, without a task per packet (a spawn, a
+                            // JoinSet slot and a scheduler pass). A query that
+                            // must wait for an upstream continues in a task.
+                            let h = handler.clone();
+                            let mut query = Box::pin(async move {
+                                h.process(raw, src, Protocol::Udp, false).await
                             });
+                            let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+                            match query.as_mut().poll(&mut cx) {
+                                std::task::Poll::Ready(reply) => {
+                                    drop(permit);
+                                    if let Some(bytes) = reply {
+                                        let _ = udp.try_send_to(&bytes, src);
+                                    }
+                                }
+                                std::task::Poll::Pending => {
+                                    let sock = udp.clone();
+                                    tasks.spawn(async move {
+                                        let reply = query.await;
+                                        drop(permit);
+                                        if let Some(bytes) = reply {
+                                            let _ = sock.send_to(&bytes, src).await;
+                                        }
+                                    });
+                                }
+                            }
                         }
                         None => {
                             // Answered inline: no task, no upstream, just the refusal.

@@ -127,7 +127,23 @@ impl Reloader {
         // policy, say) must not cost a re-read per event.
         let policy_path = self.path.clone();
         let watcher = notify::recommended_watcher(move |res: notify::Result<notify::Event>| {
+            use notify::event::{AccessKind, AccessMode, EventKind};
             let relevant = match &res {
+                // inotify reports opens and read-only closes too: our own
+                // re-read of the policy would trigger the next one, forever
+                // (a read and SHA-256 of the whole policy every DEBOUNCE).
+                Ok(ev)
+                    if matches!(
+                        ev.kind,
+                        EventKind::Access(
+                            AccessKind::Open(_)
+                                | AccessKind::Read
+                                | AccessKind::Close(AccessMode::Read)
+                        )
+                    ) =>
+                {
+                    false
+                }
                 Ok(ev) => {
                     ev.paths.is_empty() || ev.paths.iter().any(|p| p.starts_with(&policy_path))
                 }
@@ -164,6 +180,12 @@ impl Reloader {
         };
         rewatch(&mut watcher, &mut watched, &self.path);
         let mut stamp = fingerprint(&self.path);
+        // A change made between the first load and this point raised no
+        // event we saw and is already in `stamp`: compare digests once now.
+        {
+            let this = &mut self;
+            tokio::task::block_in_place(|| this.reload(false));
+        }
         let mut poll = tokio::time::interval(POLL_EVERY);
         poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {

@@ -449,7 +449,7 @@ pub(crate) async fn splice_tcp(
 }
 
 /// Bytes read per wake-up while data flows.
-const TCP_CHUNK: usize = 64 << 10;
+const TCP_CHUNK: usize = 256 << 10;
 
 /// Copies both ways between two TCP sockets, holding no buffer while
 /// idle: each direction waits for readability, then reads into a buffer
