@@ -938,6 +938,23 @@ pub fn compile(
                     }
                 }
             }
+            // An empty list would silently match nothing (or, for ports,
+            // leave the name resolvable while every connection is refused):
+            // say so instead.
+            for (key, empty) in [
+                ("ports", r.ports.as_ref().is_some_and(|v| v.is_empty())),
+                ("methods", r.methods.as_ref().is_some_and(|v| v.is_empty())),
+                ("paths", r.paths.as_ref().is_some_and(|v| v.is_empty())),
+                ("clients", r.clients.as_ref().is_some_and(|v| v.is_empty())),
+            ] {
+                if empty {
+                    err(
+                        src,
+                        at,
+                        format!("exception {id:?}: {key}: is empty; omit it to allow any (ports default to [80, 443])"),
+                    );
+                }
+            }
             let mut ports: Vec<u16> = match &r.ports {
                 Some(p) => p.iter().map(|p| p.0).collect(),
                 None => DEFAULT_PORTS.to_vec(),
@@ -1014,6 +1031,18 @@ mod tests {
         assert_eq!(err.0.len(), 1, "{err}");
         assert_eq!((err.0[0].line, err.0[0].column), (10, 5), "{err}");
         assert!(err.0[0].message.contains("duplicate exception id"));
+    }
+
+    #[test]
+    fn empty_lists_are_errors_not_silent_match_nothing() {
+        for key in ["ports", "methods", "paths", "clients"] {
+            let yaml = format!("exceptions:\n  - id: x\n    owner: o\n    reason: r\n    hosts: [a.test]\n    {key}: []\n");
+            let err = from_yaml(&yaml).unwrap_err();
+            assert!(
+                err.0[0].message.contains(&format!("{key}: is empty")),
+                "{err}"
+            );
+        }
     }
 
     #[test]
