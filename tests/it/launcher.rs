@@ -2,7 +2,8 @@
 //! running curl and python3, with egressd embedded or `--connect`ed. Every
 //! fixture listens on the host's loopback or on the host's own addresses;
 //! inside the sandbox there is only `lo`, so nothing here can send a packet
-//! off the machine (the one attempt at an outside address, 1.1.1.1, is made
+//! off the machine (the one attempt at an outside address, 203.0.113.53, a
+//! documentation address standing in for a public resolver, is made
 //! only after the script inside has checked it sees no interface but `lo`).
 
 use std::ffi::OsString;
@@ -401,7 +402,7 @@ import errno, json, socket
 devs = [l.split(':')[0].strip() for l in open('/proc/self/net/dev').read().splitlines()[2:]]
 assert devs == ['lo'], devs
 out = {{}}
-for host, port in [{tcp}, ("1.1.1.1", 53)]:
+for host, port in [{tcp}, ("203.0.113.53", 53)]:
     fam = socket.AF_INET6 if ':' in host else socket.AF_INET
     s = socket.socket(fam, socket.SOCK_STREAM)
     s.settimeout(3)
@@ -434,7 +435,7 @@ print(json.dumps(out))
         };
         assert_eq!(got, want, "tcp {host}: {out}");
     }
-    assert_eq!(out["tcp 1.1.1.1"], "ENETUNREACH", "{out}");
+    assert_eq!(out["tcp 203.0.113.53"], "ENETUNREACH", "{out}");
     for (host, _) in &udp_targets {
         let got = out[format!("udp {host}")].as_str().unwrap();
         if host != "127.0.0.1" {
@@ -854,7 +855,7 @@ fn rootless_as_an_unprivileged_user() {
         "id -u; curl -sS http://allowed.test:{port}/nobody; echo; \
          curl -s -o /dev/null -w 'denied=%{{http_code}}\\n' http://denied.test:{port}/; \
          grep CapEff /proc/self/status; \
-         python3 -c 'import socket; socket.create_connection((\"1.1.1.1\", 53), 2)' 2>&1 | tail -1"
+         python3 -c 'import socket; socket.create_connection((\"203.0.113.53\", 53), 2)' 2>&1 | tail -1"
     );
     let r = run()
         .unprivileged()
