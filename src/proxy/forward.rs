@@ -370,6 +370,7 @@ pub(crate) async fn decide_and_forward(
     if !d.is_allowed() {
         return denier.deny(ev, d.reason, None, true);
     }
+    super::Draft::publish(&req, &ev);
 
     let upstream_error = |mut ev: Event, kind: &str, msg: String, timeout: bool| {
         rec.metrics

@@ -173,14 +173,67 @@ fn base64_decode(s: &str) -> Option<Vec<u8>> {
 }
 
 async fn handle(
-    req: Request<Incoming>,
+    mut req: Request<Incoming>,
     peer: SocketAddr,
     ctx: Arc<ProxyCtx>,
 ) -> Response<ProxyBody> {
-    if req.method() == http::Method::CONNECT {
+    let draft = Draft::default();
+    req.extensions_mut().insert(draft.clone());
+    let mut guard = Unanswered {
+        draft,
+        rec: ctx.recorder.clone(),
+        armed: true,
+    };
+    let resp = if req.method() == http::Method::CONNECT {
         tunnel::handle(req, peer, ctx).await
     } else {
         forward::handle(req, peer, ctx).await
+    };
+    guard.armed = false;
+    resp
+}
+
+/// The request's event as it stood when the policy decided, published by
+/// the front-end (through the request's extensions) so that a request
+/// whose client goes away before the answer still gets its one line.
+#[derive(Clone, Default)]
+pub(crate) struct Draft(Arc<std::sync::Mutex<Option<Event>>>);
+
+impl Draft {
+    /// Publishes `ev` for the request `req` carries a draft for.
+    pub(crate) fn publish<B>(req: &Request<B>, ev: &Event) {
+        if let Some(d) = req.extensions().get::<Draft>() {
+            *d.0.lock().unwrap_or_else(|e| e.into_inner()) = Some(ev.clone());
+        }
+    }
+}
+
+/// Writes the draft when the request's future is dropped before it
+/// answered: hyper drops it when the client disconnects while egressd is
+/// resolving, connecting or waiting for the origin's response head. Every
+/// path that answers records its own line and completes the future first.
+struct Unanswered {
+    draft: Draft,
+    rec: Recorder,
+    armed: bool,
+}
+
+impl Drop for Unanswered {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let ev = self
+            .draft
+            .0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        if let Some(mut ev) = ev {
+            ev.status = None;
+            ev.error = Some("client went away before the answer".into());
+            self.rec.record(ev);
+        }
     }
 }
 

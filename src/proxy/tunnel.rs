@@ -141,6 +141,7 @@ pub async fn handle(
     if !d.is_allowed() {
         return deny(ev, d.reason, None, true);
     }
+    super::Draft::publish(&req, &ev);
     let sni_rule = SniRule::new(&dest, d.exception, policy.settings.missing_sni);
 
     if d.verdict == Verdict::Intercept {

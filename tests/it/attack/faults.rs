@@ -550,7 +550,6 @@ fn a_failing_log_sink_fails_closed_and_loses_no_line() {
 /// A client that goes away while egressd waits for the origin's answer:
 /// the request reached the origin, so it must have its line.
 #[test]
-#[ignore = "the request's future is dropped with its event: no line (reported)"]
 fn a_client_gone_before_the_origin_answers_still_gets_a_line() {
     let slow = raw_origin(|r| {
         Act::Delay(
@@ -589,7 +588,6 @@ fn a_client_gone_before_the_origin_answers_still_gets_a_line() {
 /// The same while egressd is still resolving the destination: a CONNECT
 /// (and a plain request) whose client leaves during a slow lookup.
 #[test]
-#[ignore = "the request's future is dropped with its event: no line (reported)"]
 fn a_client_gone_during_the_lookup_still_gets_a_line() {
     let silent = scripted_dns(|_, _| DnsAct::Silent);
     let e = egressd()
