@@ -33,7 +33,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use rustls::ClientConfig;
 use rustls_pki_types::ServerName;
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 
 use super::forward::{
@@ -42,7 +42,7 @@ use super::forward::{
 };
 use super::respond::ProxyBody;
 use super::sni::Hello;
-use super::tunnel::{SniRule, IDLE_TIMEOUT};
+use super::tunnel::{Metered, SniRule, IDLE_TIMEOUT};
 use super::upstream::{Egress, POOL_IDLE, POOL_MAX_IDLE_PER_ADDR};
 use super::{ProxyCtx, HEADER_READ_TIMEOUT, MAX_HEADER_BYTES};
 use crate::decision::{Event, Proto, Reason};
@@ -467,60 +467,5 @@ impl hyper::rt::Write for TlsConn {
     }
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         Pin::new(&mut self.get_mut().io).poll_shutdown(cx)
-    }
-}
-
-/// Counts the bytes of the client's (encrypted) stream both ways, for the
-/// CONNECT's line, and notes when the last one moved (idle timeout).
-struct Metered<S> {
-    inner: S,
-    read: Arc<AtomicU64>,
-    written: Arc<AtomicU64>,
-    activity: Arc<AtomicU64>,
-    started: Instant,
-}
-
-impl<S> Metered<S> {
-    fn touch(&self) {
-        self.activity
-            .store(self.started.elapsed().as_millis() as u64, Ordering::Relaxed);
-    }
-}
-
-impl<S: AsyncRead + Unpin> AsyncRead for Metered<S> {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        let before = buf.filled().len();
-        let r = Pin::new(&mut self.inner).poll_read(cx, buf);
-        let n = buf.filled().len() - before;
-        if n > 0 {
-            self.read.fetch_add(n as u64, Ordering::Relaxed);
-            self.touch();
-        }
-        r
-    }
-}
-
-impl<S: AsyncWrite + Unpin> AsyncWrite for Metered<S> {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        let r = Pin::new(&mut self.inner).poll_write(cx, buf);
-        if let Poll::Ready(Ok(n)) = r {
-            self.written.fetch_add(n as u64, Ordering::Relaxed);
-            self.touch();
-        }
-        r
-    }
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_flush(cx)
-    }
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_shutdown(cx)
     }
 }

@@ -548,15 +548,19 @@ where
     let activity = Arc::new(AtomicU64::new(0));
     let up = Arc::new(AtomicU64::new(already_up));
     let down = Arc::new(AtomicU64::new(0));
-    let mut c = Tracked {
+    // Bytes read from each side are the counts; what is written to one
+    // side was read from the other, so the written counters go unused.
+    let mut c = Metered {
         inner: a,
-        read_bytes: up.clone(),
+        read: up.clone(),
+        written: Arc::new(AtomicU64::new(0)),
         activity: activity.clone(),
         started,
     };
-    let mut u = Tracked {
+    let mut u = Metered {
         inner: b,
-        read_bytes: down.clone(),
+        read: down.clone(),
+        written: Arc::new(AtomicU64::new(0)),
         activity: activity.clone(),
         started,
     };
@@ -582,23 +586,25 @@ where
     )
 }
 
-/// A stream that counts bytes read from it and notes the time of the last
-/// transfer either way (for the idle timeout).
-struct Tracked<S> {
-    inner: S,
-    read_bytes: Arc<AtomicU64>,
-    activity: Arc<AtomicU64>,
-    started: Instant,
+/// A stream that counts the bytes read from and written to it and notes
+/// when the last one moved (for the idle timeout). Used by tunnels and by
+/// intercepted TLS connections alike.
+pub(crate) struct Metered<S> {
+    pub(crate) inner: S,
+    pub(crate) read: Arc<AtomicU64>,
+    pub(crate) written: Arc<AtomicU64>,
+    pub(crate) activity: Arc<AtomicU64>,
+    pub(crate) started: Instant,
 }
 
-impl<S> Tracked<S> {
+impl<S> Metered<S> {
     fn touch(&self) {
         self.activity
             .store(self.started.elapsed().as_millis() as u64, Ordering::Relaxed);
     }
 }
 
-impl<S: AsyncRead + Unpin> AsyncRead for Tracked<S> {
+impl<S: AsyncRead + Unpin> AsyncRead for Metered<S> {
     fn poll_read(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -608,21 +614,22 @@ impl<S: AsyncRead + Unpin> AsyncRead for Tracked<S> {
         let r = Pin::new(&mut self.inner).poll_read(cx, buf);
         let n = buf.filled().len() - before;
         if n > 0 {
-            self.read_bytes.fetch_add(n as u64, Ordering::Relaxed);
+            self.read.fetch_add(n as u64, Ordering::Relaxed);
             self.touch();
         }
         r
     }
 }
 
-impl<S: AsyncWrite + Unpin> AsyncWrite for Tracked<S> {
+impl<S: AsyncWrite + Unpin> AsyncWrite for Metered<S> {
     fn poll_write(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
         let r = Pin::new(&mut self.inner).poll_write(cx, buf);
-        if matches!(r, Poll::Ready(Ok(n)) if n > 0) {
+        if let Poll::Ready(Ok(n)) = r {
+            self.written.fetch_add(n as u64, Ordering::Relaxed);
             self.touch();
         }
         r
