@@ -5,18 +5,15 @@
 //! request without calling `record` is a bug.
 
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 use std::time::Instant;
-
-use serde::Serialize;
 
 use crate::log::LogSink;
 use crate::metrics::Metrics;
 use crate::policy::time::{format_rfc3339_millis, unix_now_millis};
 use crate::policy::{Exception, Mode};
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Proto {
     Http,
     Connect,
@@ -208,16 +205,19 @@ mod tests {
     }
 }
 
-/// One finished request or query: the decision-log line's fields.
-#[derive(Debug, Clone, Serialize)]
+/// One finished request or query: the decision-log line's fields, written
+/// by [`Event::write_json`] in the order DESIGN.md shows.
+#[derive(Debug, Clone)]
 pub struct Event {
-    pub ts: String,
+    /// When the request arrived, in milliseconds since the Unix epoch
+    /// (the line's `ts`, formatted as RFC 3339 when written).
+    pub ts_ms: i64,
     pub client: Arc<str>,
-    pub src: String,
+    pub src: SocketAddr,
     pub proto: Proto,
     pub host: Option<String>,
     pub port: Option<u16>,
-    pub addr: Option<String>,
+    pub addr: Option<SocketAddr>,
     pub method: Option<String>,
     pub path: Option<String>,
     pub decision: &'static str,
@@ -229,29 +229,32 @@ pub struct Event {
     pub bytes_up: u64,
     pub bytes_down: u64,
     pub duration_ms: u64,
-    #[serde(skip_serializing_if = "Option::is_none")]
+    /// DNS only: written only when set.
     pub qname: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub qtype: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub rcode: Option<String>,
-    /// An upstream or transport failure (not a policy decision).
-    #[serde(skip_serializing_if = "Option::is_none")]
+    /// An upstream or transport failure (not a policy decision); written
+    /// only when set.
     pub error: Option<String>,
-    /// Extra detail, e.g. which resolved addresses were refused.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    /// Extra detail, e.g. which resolved addresses were refused; written
+    /// only when set.
     pub note: Option<String>,
-    #[serde(skip)]
     pub started: Option<Instant>,
+}
+
+/// The `client` of a request no client entry names.
+pub fn anonymous() -> Arc<str> {
+    static DASH: LazyLock<Arc<str>> = LazyLock::new(|| Arc::from("-"));
+    DASH.clone()
 }
 
 impl Event {
     /// A new event for a request that arrived now from `src`.
     pub fn new(proto: Proto, src: SocketAddr) -> Event {
         Event {
-            ts: format_rfc3339_millis(unix_now_millis()),
-            client: Arc::from("-"),
-            src: src.to_string(),
+            ts_ms: unix_now_millis(),
+            client: anonymous(),
+            src,
             proto,
             host: None,
             port: None,
@@ -296,6 +299,153 @@ impl Event {
     pub fn allowed_by_exception(&self) -> bool {
         self.reason == Reason::Exception.as_str() && self.exception.is_some()
     }
+
+    /// Appends the decision-log line (one JSON object and a newline) to
+    /// `out`. Written by hand rather than through serde: it is the one
+    /// thing every request and query pays for, and the derive spent most of
+    /// its time in generic string escaping and number formatting.
+    pub fn write_json(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(b"{\"ts\":\"");
+        out.extend_from_slice(format_rfc3339_millis(self.ts_ms).as_bytes());
+        out.extend_from_slice(b"\",\"client\":");
+        json_str(out, &self.client);
+        out.extend_from_slice(b",\"src\":\"");
+        socket_addr(out, self.src);
+        out.extend_from_slice(b"\",\"proto\":\"");
+        out.extend_from_slice(self.proto.as_str().as_bytes());
+        out.extend_from_slice(b"\",\"host\":");
+        opt_str(out, self.host.as_deref());
+        out.extend_from_slice(b",\"port\":");
+        match self.port {
+            Some(p) => uint(out, p.into()),
+            None => out.extend_from_slice(b"null"),
+        }
+        out.extend_from_slice(b",\"addr\":");
+        match self.addr {
+            Some(a) => {
+                out.push(b'"');
+                socket_addr(out, a);
+                out.push(b'"');
+            }
+            None => out.extend_from_slice(b"null"),
+        }
+        out.extend_from_slice(b",\"method\":");
+        opt_str(out, self.method.as_deref());
+        out.extend_from_slice(b",\"path\":");
+        opt_str(out, self.path.as_deref());
+        out.extend_from_slice(b",\"decision\":");
+        json_str(out, self.decision);
+        out.extend_from_slice(b",\"reason\":");
+        json_str(out, self.reason);
+        out.extend_from_slice(b",\"exception\":");
+        opt_str(out, self.exception.as_deref());
+        out.extend_from_slice(b",\"owner\":");
+        opt_str(out, self.owner.as_deref());
+        out.extend_from_slice(b",\"mode\":");
+        json_str(out, self.mode);
+        out.extend_from_slice(b",\"status\":");
+        match self.status {
+            Some(s) => uint(out, s.into()),
+            None => out.extend_from_slice(b"null"),
+        }
+        out.extend_from_slice(b",\"bytes_up\":");
+        uint(out, self.bytes_up);
+        out.extend_from_slice(b",\"bytes_down\":");
+        uint(out, self.bytes_down);
+        out.extend_from_slice(b",\"duration_ms\":");
+        uint(out, self.duration_ms);
+        for (key, value) in [
+            (&b",\"qname\":"[..], &self.qname),
+            (b",\"qtype\":", &self.qtype),
+            (b",\"rcode\":", &self.rcode),
+            (b",\"error\":", &self.error),
+            (b",\"note\":", &self.note),
+        ] {
+            if let Some(v) = value {
+                out.extend_from_slice(key);
+                json_str(out, v);
+            }
+        }
+        out.extend_from_slice(b"}\n");
+    }
+}
+
+fn opt_str(out: &mut Vec<u8>, s: Option<&str>) {
+    match s {
+        Some(s) => json_str(out, s),
+        None => out.extend_from_slice(b"null"),
+    }
+}
+
+/// A JSON string: `"`, `\\` and control characters escaped (the short
+/// forms where JSON has them, `\u00XX` otherwise), everything else,
+/// UTF-8 included, copied in runs.
+fn json_str(out: &mut Vec<u8>, s: &str) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let bytes = s.as_bytes();
+    out.push(b'"');
+    let mut run = 0;
+    for (i, &b) in bytes.iter().enumerate() {
+        if b >= 0x20 && b != b'"' && b != b'\\' {
+            continue;
+        }
+        out.extend_from_slice(&bytes[run..i]);
+        match b {
+            b'"' => out.extend_from_slice(b"\\\""),
+            b'\\' => out.extend_from_slice(b"\\\\"),
+            b'\n' => out.extend_from_slice(b"\\n"),
+            b'\r' => out.extend_from_slice(b"\\r"),
+            b'\t' => out.extend_from_slice(b"\\t"),
+            0x08 => out.extend_from_slice(b"\\b"),
+            0x0c => out.extend_from_slice(b"\\f"),
+            _ => out.extend_from_slice(&[
+                b'\\',
+                b'u',
+                b'0',
+                b'0',
+                HEX[(b >> 4) as usize],
+                HEX[(b & 0xf) as usize],
+            ]),
+        }
+        run = i + 1;
+    }
+    out.extend_from_slice(&bytes[run..]);
+    out.push(b'"');
+}
+
+/// Decimal digits of `v`.
+fn uint(out: &mut Vec<u8>, mut v: u64) {
+    let mut digits = [0u8; 20];
+    let mut i = digits.len();
+    loop {
+        i -= 1;
+        digits[i] = b'0' + (v % 10) as u8;
+        v /= 10;
+        if v == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(&digits[i..]);
+}
+
+/// `a.b.c.d:port` or `[v6]:port`, as `SocketAddr`'s `Display` writes them.
+fn socket_addr(out: &mut Vec<u8>, a: SocketAddr) {
+    match a {
+        SocketAddr::V4(v4) => {
+            for (i, octet) in v4.ip().octets().into_iter().enumerate() {
+                if i > 0 {
+                    out.push(b'.');
+                }
+                uint(out, octet.into());
+            }
+            out.push(b':');
+            uint(out, v4.port().into());
+        }
+        SocketAddr::V6(_) => {
+            use std::io::Write;
+            let _ = write!(out, "{a}");
+        }
+    }
 }
 
 /// Writes decision-log lines and counts metrics: shared by every front-end.
@@ -327,12 +477,123 @@ impl Recorder {
         // Sized for a typical line up front: growing from empty cost a
         // handful of reallocations per line.
         let mut line = Vec::with_capacity(512);
-        match serde_json::to_writer(&mut line, &ev) {
-            Ok(()) => {
-                line.push(b'\n');
-                self.log.write(line);
-            }
-            Err(e) => eprintln!("egressd: cannot serialise decision event: {e}"),
+        ev.write_json(&mut line);
+        self.log.write(line);
+    }
+}
+
+#[cfg(test)]
+mod json_tests {
+    use super::*;
+
+    fn line(ev: &Event) -> serde_json::Value {
+        let mut out = Vec::new();
+        ev.write_json(&mut out);
+        assert_eq!(out.last(), Some(&b'\n'), "one line, newline-terminated");
+        assert_eq!(out.iter().filter(|b| **b == b'\n').count(), 1);
+        serde_json::from_slice(&out).expect("valid JSON")
+    }
+
+    #[test]
+    fn strings_escape_as_serde_json_does() {
+        let mut samples: Vec<String> = (0u8..0x80).map(|b| (b as char).to_string()).collect();
+        samples.extend(
+            [
+                "",
+                "plain",
+                "a\"b\\c",
+                "line\nbreak\r\t",
+                "caf\u{e9} \u{1F600} \u{7f}",
+                "\u{0}\u{1f}x\u{1b}[31m",
+            ]
+            .map(String::from),
+        );
+        for s in samples {
+            let mut out = Vec::new();
+            json_str(&mut out, &s);
+            assert_eq!(
+                String::from_utf8(out).unwrap(),
+                serde_json::to_string(&s).unwrap(),
+                "{s:?}"
+            );
         }
+    }
+
+    #[test]
+    fn numbers_and_addresses_match_display() {
+        for v in [0u64, 7, 10, 99, 100, 65535, 1 << 40, u64::MAX] {
+            let mut out = Vec::new();
+            uint(&mut out, v);
+            assert_eq!(String::from_utf8(out).unwrap(), v.to_string());
+        }
+        for a in [
+            "0.0.0.0:0",
+            "127.0.0.1:3128",
+            "255.255.255.255:65535",
+            "10.8.3.7:51234",
+            "[::1]:53",
+            "[2001:db8::1%3]:443",
+            "[::ffff:1.2.3.4]:80",
+        ] {
+            let a: SocketAddr = a.parse().unwrap();
+            let mut out = Vec::new();
+            socket_addr(&mut out, a);
+            assert_eq!(String::from_utf8(out).unwrap(), a.to_string());
+        }
+    }
+
+    #[test]
+    fn a_line_has_every_field_in_order() {
+        let mut ev = Event::new(Proto::Connect, "10.8.3.7:51234".parse().unwrap());
+        ev.ts_ms = 1_795_982_400_123; // 2026-11-29T20:00:00.123Z
+        ev.client = Arc::from("ci-\"runner\"");
+        ev.host = Some("pypi.org".into());
+        ev.port = Some(443);
+        ev.addr = Some("151.101.0.223:443".parse().unwrap());
+        ev.method = Some("CONNECT".into());
+        ev.decision = "allow";
+        ev.reason = Reason::Exception.as_str();
+        ev.exception = Some(Arc::from("pypi"));
+        ev.owner = Some(Arc::from("platform-team"));
+        ev.status = Some(200);
+        ev.bytes_up = 512;
+        ev.bytes_down = 81234;
+        ev.duration_ms = 120;
+        let mut out = Vec::new();
+        ev.write_json(&mut out);
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            concat!(
+                r#"{"ts":"2026-11-29T20:00:00.123Z","client":"ci-\"runner\"","src":"10.8.3.7:51234","#,
+                r#""proto":"connect","host":"pypi.org","port":443,"addr":"151.101.0.223:443","#,
+                r#""method":"CONNECT","path":null,"decision":"allow","reason":"exception","#,
+                r#""exception":"pypi","owner":"platform-team","mode":"enforce","status":200,"#,
+                r#""bytes_up":512,"bytes_down":81234,"duration_ms":120}"#,
+                "\n"
+            )
+        );
+    }
+
+    #[test]
+    fn optional_fields_appear_only_when_set() {
+        let mut ev = Event::new(Proto::Dns, "[::1]:5353".parse().unwrap());
+        let v = line(&ev);
+        for key in ["qname", "qtype", "rcode", "error", "note"] {
+            assert!(v.get(key).is_none(), "{key} absent");
+        }
+        assert_eq!(v["client"], "-");
+        assert_eq!(v["src"], "[::1]:5353");
+        assert_eq!(v["host"], serde_json::Value::Null);
+        ev.qname = Some("a\u{7}.test".into());
+        ev.qtype = Some("A".into());
+        ev.rcode = Some("REFUSED".into());
+        ev.error = Some("upstream: \"timed out\"".into());
+        ev.note = Some("line\nbreak".into());
+        let v = line(&ev);
+        assert_eq!(v["qname"], "a\u{7}.test");
+        assert_eq!(v["qtype"], "A");
+        assert_eq!(v["rcode"], "REFUSED");
+        assert_eq!(v["error"], "upstream: \"timed out\"");
+        assert_eq!(v["note"], "line\nbreak");
     }
 }

@@ -409,7 +409,7 @@ impl Handler {
         ev.client = policy
             .client_id(client)
             .cloned()
-            .unwrap_or_else(|| Arc::from("-"));
+            .unwrap_or_else(crate::decision::anonymous);
         ev.mode = policy.settings.mode.as_str();
         ev.set_denied(Reason::Malformed);
         ev.note = Some(note.to_string());
@@ -446,7 +446,7 @@ impl Handler {
         ev.client = policy
             .client_id(client)
             .cloned()
-            .unwrap_or_else(|| Arc::from("-"));
+            .unwrap_or_else(crate::decision::anonymous);
         let questions = request.queries.queries();
         if let Some(q) = questions.first() {
             ev.qname = Some(display_name(q.original().name()));

@@ -424,7 +424,7 @@ pub(crate) async fn decide_and_forward(
     let (up_uri, tls_client) = match scheme {
         Scheme::Http => {
             let addr = checked.addrs[0];
-            ev.addr = Some(addr.to_string());
+            ev.addr = Some(addr);
             (format!("http://{addr}{pq}"), None)
         }
         Scheme::Https => {
@@ -500,7 +500,7 @@ pub(crate) async fn decide_and_forward(
         }
     };
     if let Some(a) = resp.extensions().get::<super::mitm::UpstreamAddr>() {
-        ev.addr = Some(a.0.to_string());
+        ev.addr = Some(a.0);
     }
     ev.status = Some(resp.status().as_u16());
     let switching = resp.status() == http::StatusCode::SWITCHING_PROTOCOLS;

@@ -656,7 +656,7 @@ async fn carry(
             return;
         }
     };
-    ev.addr = Some(addr.to_string());
+    ev.addr = Some(addr);
     drop(policy);
     // The peeked bytes are still in the client's socket: the splice
     // carries them like everything after.

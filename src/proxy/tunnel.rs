@@ -227,7 +227,7 @@ pub async fn handle(
             return resp;
         }
     };
-    ev.addr = Some(addr.to_string());
+    ev.addr = Some(addr);
     ev.status = Some(200);
 
     let recorder = ctx.recorder.clone();
