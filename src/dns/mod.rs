@@ -31,6 +31,7 @@
 //! ```
 
 mod answers;
+mod fast;
 mod forward;
 mod server;
 mod tunnel;

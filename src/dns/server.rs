@@ -50,6 +50,7 @@ use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 use tokio::time::timeout;
 
+use super::fast;
 use super::forward::{rcode_name, EDNS_PAYLOAD};
 use super::tunnel::{under_wildcard, TunnelOutcome};
 use super::Resolver;
@@ -83,7 +84,7 @@ const EDE_OTHER: u16 = 0;
 const EDE_NOT_READY: u16 = 14;
 const EDE_BLOCKED: u16 = 15;
 /// The EDNS option code of Extended DNS Errors.
-const EDNS_EDE: u16 = 15;
+pub(super) const EDNS_EDE: u16 = 15;
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
@@ -355,6 +356,28 @@ impl Handler {
         protocol: Protocol,
         overloaded: bool,
     ) -> Option<Vec<u8>> {
+        if let Some(q) = fast::parse(&raw) {
+            // A name that is not a host name goes the general way, which
+            // tells a tunnel's data from a malformed name.
+            if let Ok(host) = parse_host(&q.host_text()) {
+                return Some(
+                    self.respond_fast(&q, host, &raw, src, protocol, overloaded)
+                        .await,
+                );
+            }
+        }
+        self.process_general(raw, src, protocol, overloaded).await
+    }
+
+    /// [`Handler::process`] through hickory's `Request`: every shape of
+    /// packet, malformed ones included.
+    async fn process_general(
+        &self,
+        raw: Vec<u8>,
+        src: SocketAddr,
+        protocol: Protocol,
+        overloaded: bool,
+    ) -> Option<Vec<u8>> {
         let header = match Header::read(&mut BinDecoder::new(&raw)) {
             Ok(h) => h,
             Err(_) => {
@@ -457,19 +480,8 @@ impl Handler {
             ev.note = Some("a DNS response, not a query; not answered".into());
             return None;
         }
-        if overloaded {
-            ev.set_denied(Reason::Overloaded);
-            return Some(Reply::error(
-                ResponseCode::Refused,
-                Some((EDE_OTHER, "egressd: overloaded".into())),
-            ));
-        }
-        if !self.recorder.accepting() {
-            ev.set_denied(Reason::LogUnavailable);
-            return Some(Reply::error(
-                ResponseCode::ServFail,
-                Some((EDE_NOT_READY, "egressd: log_unavailable".into())),
-            ));
+        if let Some(r) = self.refuse_early(ev, overloaded) {
+            return Some(r);
         }
         if meta.op_code != OpCode::Query {
             ev.set_denied(Reason::Malformed);
@@ -490,16 +502,136 @@ impl Handler {
             return Some(Reply::error(ResponseCode::Refused, None));
         }
         let qtype = u16::from(q.query_type());
-        let now = unix_now();
         let host = match host_of(q.original().name()) {
             Ok(h) => h,
             Err(e) => {
-                return Some(self.bad_name(&policy, client, q.original().name(), &e, ev, now))
+                let now = unix_now();
+                return Some(self.bad_name(&policy, client, q.original().name(), &e, ev, now));
             }
         };
         ev.qname = Some(host.to_string());
-        ev.host = Some(host.to_string());
+        Some(
+            self.answer_host(&policy, client, host, qtype, ev, request.src().ip())
+                .await,
+        )
+    }
 
+    /// The common shape ([`fast::parse`]): decided by the same
+    /// [`Handler::answer_host`], answered without building hickory messages.
+    async fn respond_fast(
+        &self,
+        q: &fast::Query<'_>,
+        host: Host,
+        raw: &[u8],
+        src: SocketAddr,
+        protocol: Protocol,
+        overloaded: bool,
+    ) -> Vec<u8> {
+        let mut ev = Event::new(Proto::Dns, src);
+        let policy = self.policy.snapshot();
+        ev.mode = policy.settings.mode.as_str();
+        let client = policy.identify(src.ip(), None).unwrap_or(None);
+        if let Some(id) = policy.client_id(client) {
+            ev.client = id.clone();
+        }
+        ev.qname = Some(host.to_string());
+        ev.qtype = Some(qtype_name(q.qtype));
+        let reply = match self.refuse_early(&mut ev, overloaded) {
+            Some(r) => r,
+            None => {
+                self.answer_host(&policy, client, host, q.qtype, &mut ev, src.ip())
+                    .await
+            }
+        };
+        drop(policy);
+        let max_size = match protocol {
+            Protocol::Udp => q.max_payload().clamp(512, EDNS_PAYLOAD),
+            _ => u16::MAX,
+        };
+        let ede = reply.ede.as_ref().map(|(c, t)| (*c, t.as_str()));
+        let bytes = match fast::encode(
+            q,
+            reply.rcode,
+            &reply.records,
+            &reply.authority,
+            ede,
+            max_size,
+            EDNS_PAYLOAD,
+        ) {
+            Some(b) => b,
+            // Too long for the client's UDP size: hickory truncates it.
+            None => self.encode_general(raw, src, protocol, &reply).await,
+        };
+        ev.rcode = Some(rcode_name(reply.rcode));
+        self.recorder.record(ev);
+        bytes
+    }
+
+    /// Encodes `reply` through hickory, for answers [`fast::encode`] declines.
+    async fn encode_general(
+        &self,
+        raw: &[u8],
+        src: SocketAddr,
+        protocol: Protocol,
+        reply: &Reply,
+    ) -> Vec<u8> {
+        let servfail = || {
+            let mut m = Message::error_msg(0, OpCode::Query, ResponseCode::ServFail);
+            if let Some(id) = raw.get(..2) {
+                m.metadata.id = u16::from_be_bytes([id[0], id[1]]);
+            }
+            m.to_vec().unwrap_or_default()
+        };
+        let Ok(request) = Request::from_bytes(raw.to_vec(), src, protocol) else {
+            return servfail();
+        };
+        let max_size = match protocol {
+            Protocol::Udp => request.max_payload().clamp(512, EDNS_PAYLOAD),
+            _ => u16::MAX,
+        };
+        let mut sink = Encoded {
+            max_size,
+            out: Arc::new(Mutex::new(None)),
+        };
+        send(&request, reply, &mut sink).await;
+        let out = lock(&sink.out).take();
+        out.unwrap_or_else(servfail)
+    }
+
+    /// Refusals that come before the policy: too many queries in flight
+    /// from this client, or a decision log that cannot be written.
+    fn refuse_early(&self, ev: &mut Event, overloaded: bool) -> Option<Reply> {
+        if overloaded {
+            ev.set_denied(Reason::Overloaded);
+            return Some(Reply::error(
+                ResponseCode::Refused,
+                Some((EDE_OTHER, "egressd: overloaded".into())),
+            ));
+        }
+        if !self.recorder.accepting() {
+            ev.set_denied(Reason::LogUnavailable);
+            return Some(Reply::error(
+                ResponseCode::ServFail,
+                Some((EDE_NOT_READY, "egressd: log_unavailable".into())),
+            ));
+        }
+        None
+    }
+
+    /// Decides a well-formed question for `host` and resolves it when
+    /// allowed: the policy, the tunnel budget, the upstream answer and its
+    /// rebinding filter. Shared by both wire paths.
+    async fn answer_host(
+        &self,
+        policy: &Policy,
+        client: Option<ClientIdx>,
+        host: Host,
+        qtype: u16,
+        ev: &mut Event,
+        src: IpAddr,
+    ) -> Reply {
+        let now = unix_now();
+        ev.host = Some(host.to_string());
         let target = Target::Name(host.clone());
         let req = PolicyRequest {
             proto: Proto::Dns,
@@ -514,12 +646,12 @@ impl Handler {
         let d = policy.decide(&req, now);
         ev.set_decision(&d, policy.settings.mode);
         if !d.is_allowed() {
-            return Some(deny(&policy, d.reason));
+            return deny(policy, d.reason);
         }
         let report = policy.settings.mode == Mode::Report;
 
         if let Some(e) = d.exception {
-            let (outcome, note) = self.resolver.tunnel_assess(&policy, client, &host, e, now);
+            let (outcome, note) = self.resolver.tunnel_assess(policy, client, &host, e, now);
             match outcome {
                 TunnelOutcome::Ok => {}
                 TunnelOutcome::Alert => ev.note = note,
@@ -528,7 +660,7 @@ impl Handler {
                     ev.reason = Reason::DnsTunnel.as_str();
                     ev.note = note;
                     if !report {
-                        return Some(deny(&policy, Reason::DnsTunnel));
+                        return deny(policy, Reason::DnsTunnel);
                     }
                 }
             }
@@ -542,12 +674,12 @@ impl Handler {
             Ok(l) => l,
             Err(e) => {
                 ev.error = Some(e.to_string());
-                return Some(Reply::error(ResponseCode::ServFail, None));
+                return Reply::error(ResponseCode::ServFail, None);
             }
         };
         let answer = &lookup.answer;
         let mut records = answer.records.clone();
-        let filtered = filter_addresses(&policy, d.exception, &answer.records);
+        let filtered = filter_addresses(policy, d.exception, &answer.records);
         if !filtered.refused.is_empty() {
             let list = filtered
                 .refused
@@ -565,7 +697,7 @@ impl Handler {
                     ),
                 );
                 if !report {
-                    return Some(deny(&policy, Reason::PrivateAddress));
+                    return deny(policy, Reason::PrivateAddress);
                 }
             } else if report {
                 add_note(
@@ -589,15 +721,14 @@ impl Handler {
         // Transparent capture decides a connection that carries no name by
         // the allowed name its client resolved to that address here.
         for ip in records.iter().filter_map(|r| r.data.ip_addr()) {
-            self.resolver
-                .remember_answer(request.src().ip(), ip, &host, lookup.ttl);
+            self.resolver.remember_answer(src, ip, &host, lookup.ttl);
         }
-        Some(Reply {
+        Reply {
             rcode: answer.rcode,
             records,
             authority,
             ede: None,
-        })
+        }
     }
 
     /// A name that is not a host name: `dns_tunnel` when it sits below a
@@ -931,6 +1062,150 @@ mod tests {
         assert_eq!(valid_tail(&labels), Some(("cdn.test".to_string(), 2)));
         let labels: Vec<&[u8]> = vec![b"only"];
         assert_eq!(valid_tail(&labels), None);
+    }
+
+    /// A fake upstream on 127.0.0.1 answering every A query with two
+    /// loopback addresses and a CNAME-free, SOA-free answer; AAAA empty.
+    async fn fake_upstream() -> SocketAddr {
+        let sock = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        let addr = sock.local_addr().unwrap();
+        tokio::spawn(async move {
+            let mut buf = vec![0u8; 4096];
+            while let Ok((n, src)) = sock.recv_from(&mut buf).await {
+                let Ok(q) = Message::from_vec(&buf[..n]) else {
+                    continue;
+                };
+                let mut m = Message::response(q.metadata.id, OpCode::Query);
+                m.metadata.recursion_available = true;
+                m.add_queries(q.queries.clone());
+                let query = &q.queries[0];
+                if query.query_type() == hickory_proto::rr::RecordType::A {
+                    for ip in [[127, 0, 0, 5], [127, 0, 0, 6]] {
+                        m.add_answer(Record::from_rdata(
+                            query.name().clone(),
+                            300,
+                            RData::A(std::net::Ipv4Addr::from(ip).into()),
+                        ));
+                    }
+                }
+                let _ = sock.send_to(&m.to_vec().unwrap(), src).await;
+            }
+        });
+        addr
+    }
+
+    /// Both wire paths answer every query of the common shape alike: same
+    /// header, question (0x20 case kept), records, EDNS and EDE, and the
+    /// same decision-log line.
+    #[tokio::test]
+    async fn the_fast_path_answers_as_the_general_one() {
+        use crate::log::{LogSink, LogTarget};
+        use crate::metrics::Metrics;
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("log");
+        let metrics = Metrics::new();
+        let sink = LogSink::start(LogTarget::File(log.clone()), metrics.clone()).unwrap();
+        let policy = crate::policy::from_yaml(
+            "exceptions:\n\
+             - id: ok\n  owner: t\n  reason: t\n  hosts: [allowed.test, '*.wild.test']\n  cidrs: [127.0.0.5/32]\n",
+        )
+        .unwrap();
+        let h = Handler {
+            policy: PolicyHandle::new(policy),
+            resolver: Resolver::new(vec![fake_upstream().await], metrics.clone()),
+            recorder: Recorder::new(sink.clone(), metrics),
+        };
+        let src: SocketAddr = "127.0.0.1:40000".parse().unwrap();
+        let q = super::fast::tests::query;
+        let queries = [
+            q(1, 0x0100, "denied.test", 1, None),
+            q(2, 0x0100, "DeNiEd.TeSt", 1, Some(1232)),
+            q(3, 0x0110, "x.denied.test", 28, Some(4096)),
+            q(4, 0x0000, "denied.test", 16, Some(512)),
+            q(5, 0x0100, "AlLoWeD.test", 1, None),
+            q(6, 0x0100, "allowed.test", 1, Some(1232)),
+            q(7, 0x0100, "allowed.test", 28, Some(1232)),
+            q(8, 0x0100, "a.wild.test", 1, Some(1232)),
+            q(9, 0x0100, "allowed.test", 16, Some(1232)),
+            q(10, 0x0100, "allowed.test", 255, None),
+        ];
+        for raw in &queries {
+            assert!(super::fast::parse(raw).is_some(), "common shape");
+            // General first: it fills the cache both then answer from.
+            let general = h
+                .process_general(raw.clone(), src, Protocol::Udp, false)
+                .await
+                .expect("answered");
+            let fast = h
+                .process(raw.clone(), src, Protocol::Udp, false)
+                .await
+                .expect("answered");
+            let (g, f) = (
+                Message::from_vec(&general).unwrap(),
+                Message::from_vec(&fast).unwrap(),
+            );
+            assert_eq!(g.metadata, f.metadata, "{raw:?}");
+            assert_eq!(g.queries, f.queries);
+            let strip = |rs: &[Record]| -> Vec<Record> {
+                rs.iter()
+                    .map(|r| {
+                        let mut r = r.clone();
+                        r.ttl = 0;
+                        r
+                    })
+                    .collect()
+            };
+            assert_eq!(strip(&g.answers), strip(&f.answers));
+            assert_eq!(strip(&g.authorities), strip(&f.authorities));
+            assert_eq!(g.edns.is_some(), f.edns.is_some());
+            if let (Some(ge), Some(fe)) = (&g.edns, &f.edns) {
+                assert_eq!(ge.max_payload(), fe.max_payload());
+                assert_eq!(ge.options(), fe.options());
+            }
+            // Overloaded: refused by both, the same way.
+            let g = h
+                .process_general(raw.clone(), src, Protocol::Tcp, true)
+                .await
+                .unwrap();
+            let f = h
+                .process(raw.clone(), src, Protocol::Tcp, true)
+                .await
+                .unwrap();
+            assert_eq!(g, f, "overloaded {raw:?}");
+        }
+        // The allowed name was answered (not refused) and filtered to the
+        // exception's cidrs; the denied one refused with its reason.
+        let m = Message::from_vec(
+            &h.process(queries[5].clone(), src, Protocol::Udp, false)
+                .await
+                .unwrap(),
+        )
+        .unwrap();
+        assert_eq!(m.metadata.response_code, ResponseCode::NoError);
+        assert_eq!(m.answers.len(), 1, "{:?}", m.answers);
+        assert!(sink.flush(Duration::from_secs(5)));
+        let lines: Vec<serde_json::Value> = std::fs::read_to_string(&log)
+            .unwrap()
+            .lines()
+            .map(|l| {
+                let mut v: serde_json::Value = serde_json::from_str(l).unwrap();
+                v["ts"] = serde_json::Value::Null;
+                v["duration_ms"] = serde_json::Value::Null;
+                v
+            })
+            .collect();
+        assert_eq!(lines.len(), queries.len() * 4 + 1);
+        for pair in lines[..queries.len() * 4].chunks(2) {
+            assert_eq!(pair[0], pair[1], "general and fast lines agree");
+        }
+        assert_eq!(lines[0]["reason"], "no_exception");
+        assert_eq!(lines[0]["rcode"], "REFUSED");
+        assert_eq!(lines[2]["reason"], "overloaded");
+        assert_eq!(lines[16]["decision"], "allow");
+        assert_eq!(lines[16]["qname"], "allowed.test");
+        assert!(lines[16]["note"]
+            .as_str()
+            .is_some_and(|n| n.contains("127.0.0.6")));
     }
 
     #[test]

@@ -1,0 +1,330 @@
+//! The common query, read and answered without building hickory messages.
+//!
+//! Almost every query a sandbox sends is one question for a host name, with
+//! or without an EDNS(0) OPT record. [`parse`] recognises exactly that shape
+//! and nothing else; [`encode`] writes the answer to it. Anything unusual (a
+//! compression pointer, a label byte outside `[A-Za-z0-9_-]`, a second
+//! question, records in the answer or authority sections, EDNS other than
+//! version 0, an opcode other than QUERY, trailing bytes) returns `None`,
+//! and the query takes the general path through hickory's `Request`, which
+//! also logs and answers malformed input. Both paths decide through the same
+//! code in `server.rs`; only the wire work differs, and the tests there hold
+//! the two to the same answers.
+
+use hickory_proto::op::ResponseCode;
+use hickory_proto::rr::Record;
+use hickory_proto::serialize::binary::{BinEncodable, BinEncoder};
+
+/// The OPT record's type (RFC 6891).
+const TYPE_OPT: u16 = 41;
+const CLASS_IN: u16 = 1;
+const HEADER: usize = 12;
+/// Header flag bits.
+const QR: u16 = 0x8000;
+const OPCODE: u16 = 0x7800;
+const TC: u16 = 0x0200;
+const RD: u16 = 0x0100;
+const RA: u16 = 0x0080;
+const CD: u16 = 0x0010;
+
+/// A query of the common shape, borrowing the packet.
+#[derive(Debug)]
+pub(super) struct Query<'a> {
+    pub id: u16,
+    /// The header's flags word as sent.
+    pub flags: u16,
+    /// The question as sent (name, type, class): echoed byte for byte, so a
+    /// client's 0x20 case randomisation comes back unchanged.
+    pub question: &'a [u8],
+    /// The name in wire form (length-prefixed labels, no root byte).
+    name: &'a [u8],
+    pub qtype: u16,
+    /// The client spoke EDNS(0): the UDP payload size it offered.
+    pub edns: Option<u16>,
+}
+
+impl Query<'_> {
+    /// The name as a host name: labels lower-cased and joined by dots.
+    /// Every byte was checked by [`parse`] to be `[A-Za-z0-9_-]`.
+    pub fn host_text(&self) -> String {
+        let mut s = String::with_capacity(self.name.len());
+        let mut rest = self.name;
+        while let Some((&len, tail)) = rest.split_first() {
+            if !s.is_empty() {
+                s.push('.');
+            }
+            let (label, after) = tail.split_at(len as usize);
+            s.extend(label.iter().map(|b| b.to_ascii_lowercase() as char));
+            rest = after;
+        }
+        s
+    }
+
+    /// The largest UDP answer the client takes, as hickory reckons it.
+    pub fn max_payload(&self) -> u16 {
+        self.edns.unwrap_or(512).max(512)
+    }
+}
+
+fn be16(b: &[u8], at: usize) -> Option<u16> {
+    Some(u16::from_be_bytes([*b.get(at)?, *b.get(at + 1)?]))
+}
+
+fn host_byte(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b == b'-' || b == b'_'
+}
+
+/// Recognises a query of the common shape; `None` sends it the general way.
+pub(super) fn parse(raw: &[u8]) -> Option<Query<'_>> {
+    let flags = be16(raw, 2)?;
+    if flags & (QR | OPCODE | TC) != 0 {
+        return None;
+    }
+    let (qd, an, ns, ar) = (be16(raw, 4)?, be16(raw, 6)?, be16(raw, 8)?, be16(raw, 10)?);
+    if qd != 1 || an != 0 || ns != 0 || ar > 1 {
+        return None;
+    }
+    let mut at = HEADER;
+    loop {
+        let len = *raw.get(at)? as usize;
+        if len == 0 {
+            break;
+        }
+        // 0xC0.. are compression pointers, 0x40.. reserved label types.
+        if len > 63 {
+            return None;
+        }
+        let label = raw.get(at + 1..at + 1 + len)?;
+        if !label.iter().all(|b| host_byte(*b)) {
+            return None;
+        }
+        at += 1 + len;
+        if at - HEADER > 254 {
+            return None;
+        }
+    }
+    if at == HEADER {
+        return None; // the root: no host name to decide
+    }
+    let name = &raw[HEADER..at];
+    at += 1;
+    let qtype = be16(raw, at)?;
+    if be16(raw, at + 2)? != CLASS_IN || qtype == TYPE_OPT {
+        return None;
+    }
+    at += 4;
+    let question = &raw[HEADER..at];
+    let edns = if ar == 1 {
+        // Exactly one OPT record, version 0, well-framed options.
+        if *raw.get(at)? != 0 || be16(raw, at + 1)? != TYPE_OPT {
+            return None;
+        }
+        let payload = be16(raw, at + 3)?;
+        let version = *raw.get(at + 6)?;
+        if version != 0 {
+            return None;
+        }
+        let rdlen = be16(raw, at + 9)? as usize;
+        at += 11;
+        let end = at.checked_add(rdlen)?;
+        if end != raw.len() {
+            return None;
+        }
+        while at < end {
+            let olen = be16(raw, at + 2)? as usize;
+            at += 4 + olen;
+        }
+        if at != end {
+            return None;
+        }
+        Some(payload)
+    } else {
+        if at != raw.len() {
+            return None;
+        }
+        None
+    };
+    Some(Query {
+        id: be16(raw, 0)?,
+        flags,
+        question,
+        name,
+        qtype,
+        edns,
+    })
+}
+
+/// The answer to `q`: header, the question as sent, the records, and an
+/// OPT record (with an Extended DNS Error when `ede` is set) to a client
+/// that spoke EDNS. `None` when it does not fit `max_size` or the rcode
+/// needs extended bits: the caller then encodes through hickory, which
+/// truncates as a UDP answer must.
+pub(super) fn encode(
+    q: &Query<'_>,
+    rcode: ResponseCode,
+    answers: &[Record],
+    authority: &[Record],
+    ede: Option<(u16, &str)>,
+    max_size: u16,
+    edns_payload: u16,
+) -> Option<Vec<u8>> {
+    let code = u16::from(rcode);
+    if code > 0xf {
+        return None;
+    }
+    let flags = QR | (q.flags & (RD | CD)) | RA | code;
+    let mut buf = Vec::with_capacity(512);
+    let mut enc = BinEncoder::new(&mut buf);
+    enc.set_max_size(max_size);
+    let header = [
+        q.id,
+        flags,
+        1,
+        u16::try_from(answers.len()).ok()?,
+        u16::try_from(authority.len()).ok()?,
+        u16::from(q.edns.is_some()),
+    ];
+    for word in header {
+        enc.emit_u16(word).ok()?;
+    }
+    enc.emit_vec(q.question).ok()?;
+    for r in answers.iter().chain(authority) {
+        r.emit(&mut enc).ok()?;
+    }
+    if q.edns.is_some() {
+        // Root name, type OPT, class = our payload size, TTL = extended
+        // rcode 0, version 0, no flags; then the options.
+        enc.emit(0).ok()?;
+        enc.emit_u16(TYPE_OPT).ok()?;
+        enc.emit_u16(edns_payload.max(512)).ok()?;
+        enc.emit_u16(0).ok()?;
+        enc.emit_u16(0).ok()?;
+        match ede {
+            Some((info, text)) => {
+                let olen = u16::try_from(2 + text.len()).ok()?;
+                enc.emit_u16(4 + olen).ok()?;
+                enc.emit_u16(super::server::EDNS_EDE).ok()?;
+                enc.emit_u16(olen).ok()?;
+                enc.emit_u16(info).ok()?;
+                enc.emit_vec(text.as_bytes()).ok()?;
+            }
+            None => enc.emit_u16(0).ok()?,
+        }
+    }
+    Some(buf)
+}
+
+#[cfg(test)]
+pub(super) mod tests {
+    use super::*;
+
+    /// A query for `name` of `qtype`, with an OPT record when `edns` is set.
+    pub(crate) fn query(id: u16, flags: u16, name: &str, qtype: u16, edns: Option<u16>) -> Vec<u8> {
+        let mut p = Vec::new();
+        for w in [id, flags, 1, 0, 0, u16::from(edns.is_some())] {
+            p.extend_from_slice(&w.to_be_bytes());
+        }
+        for label in name.split('.').filter(|l| !l.is_empty()) {
+            p.push(label.len() as u8);
+            p.extend_from_slice(label.as_bytes());
+        }
+        p.push(0);
+        p.extend_from_slice(&qtype.to_be_bytes());
+        p.extend_from_slice(&CLASS_IN.to_be_bytes());
+        if let Some(size) = edns {
+            p.push(0);
+            p.extend_from_slice(&TYPE_OPT.to_be_bytes());
+            p.extend_from_slice(&size.to_be_bytes());
+            p.extend_from_slice(&[0, 0, 0x80, 0]); // DO set
+            p.extend_from_slice(&8u16.to_be_bytes());
+            // a cookie option: skipped, not echoed
+            p.extend_from_slice(&10u16.to_be_bytes());
+            p.extend_from_slice(&4u16.to_be_bytes());
+            p.extend_from_slice(&[1, 2, 3, 4]);
+        }
+        p
+    }
+
+    #[test]
+    fn the_common_shape_is_recognised() {
+        let raw = query(0x1234, RD, "WwW.Example.test", 1, Some(1232));
+        let q = parse(&raw).expect("common shape");
+        assert_eq!(q.id, 0x1234);
+        assert_eq!(q.qtype, 1);
+        assert_eq!(q.edns, Some(1232));
+        assert_eq!(q.host_text(), "www.example.test");
+        assert_eq!(&q.question[..4], b"\x03WwW");
+        let raw = query(7, 0, "a.test", 28, None);
+        let q = parse(&raw).unwrap();
+        assert_eq!((q.edns, q.max_payload()), (None, 512));
+    }
+
+    #[test]
+    fn anything_else_takes_the_general_path() {
+        let ok = query(1, RD, "a.test", 1, None);
+        assert!(parse(&ok).is_some());
+        let mut cases: Vec<Vec<u8>> = Vec::new();
+        // a response, another opcode, truncated flag
+        for flags in [QR, 0x2800, TC] {
+            let mut p = ok.clone();
+            p[2..4].copy_from_slice(&(flags | RD).to_be_bytes());
+            cases.push(p);
+        }
+        // two questions; an answer record count; two additionals
+        for (at, v) in [(4, 2u16), (6, 1), (8, 1), (10, 2)] {
+            let mut p = ok.clone();
+            p[at..at + 2].copy_from_slice(&v.to_be_bytes());
+            cases.push(p);
+        }
+        // odd bytes in a label, a compression pointer, the root name
+        cases.push(query(1, RD, "a b.test", 1, None));
+        cases.push(query(1, RD, "a\\.test", 1, None));
+        let mut p = ok[..12].to_vec();
+        p.extend_from_slice(&[0xc0, 0x0c, 0, 1, 0, 1]);
+        cases.push(p);
+        cases.push(query(1, RD, "", 1, None));
+        // class CH, trailing garbage, cut short, EDNS version 1
+        let mut p = ok.clone();
+        let n = p.len();
+        p[n - 1] = 3;
+        cases.push(p);
+        let mut p = ok.clone();
+        p.push(0);
+        cases.push(p);
+        cases.push(ok[..ok.len() - 1].to_vec());
+        let mut p = query(1, RD, "a.test", 1, Some(1232));
+        let opt = ok.len();
+        p[opt + 6] = 1;
+        cases.push(p);
+        // an option running past the OPT record
+        let mut p = query(1, RD, "a.test", 1, Some(1232));
+        let n = p.len();
+        p[n - 5] = 9;
+        cases.push(p);
+        for (i, c) in cases.iter().enumerate() {
+            assert!(parse(c).is_none(), "case {i}: {c:?}");
+        }
+    }
+
+    #[test]
+    fn an_answer_echoes_the_question_and_fits_or_declines() {
+        let raw = query(9, RD | CD, "X.test", 1, Some(4096));
+        let q = parse(&raw).unwrap();
+        let out = encode(
+            &q,
+            ResponseCode::Refused,
+            &[],
+            &[],
+            Some((15, "egressd: no_exception")),
+            4096,
+            1232,
+        )
+        .unwrap();
+        assert_eq!(be16(&out, 0), Some(9));
+        assert_eq!(be16(&out, 2), Some(QR | RD | CD | RA | 5));
+        assert_eq!(&out[12..12 + q.question.len()], q.question);
+        assert!(out.ends_with(b"egressd: no_exception"));
+        assert!(encode(&q, ResponseCode::Refused, &[], &[], None, 20, 1232).is_none());
+        assert!(encode(&q, ResponseCode::BADVERS, &[], &[], None, 4096, 1232).is_none());
+    }
+}
