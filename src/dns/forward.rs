@@ -16,6 +16,7 @@
 //! is bounded by [`MAX_CACHE_ENTRIES`]. Concurrent misses for one key share
 //! one upstream query.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -530,22 +531,22 @@ fn follow_chain(answers: &[Record], host: &Host, qtype: u16) -> Vec<Record> {
 }
 
 /// A response code's mnemonic, as the log writes it.
-pub(super) fn rcode_name(rc: ResponseCode) -> String {
-    match u16::from(rc) {
-        0 => "NOERROR".into(),
-        1 => "FORMERR".into(),
-        2 => "SERVFAIL".into(),
-        3 => "NXDOMAIN".into(),
-        4 => "NOTIMP".into(),
-        5 => "REFUSED".into(),
-        6 => "YXDOMAIN".into(),
-        7 => "YXRRSET".into(),
-        8 => "NXRRSET".into(),
-        9 => "NOTAUTH".into(),
-        10 => "NOTZONE".into(),
-        16 => "BADVERS".into(),
-        n => format!("RCODE{n}"),
-    }
+pub(super) fn rcode_name(rc: ResponseCode) -> Cow<'static, str> {
+    Cow::Borrowed(match u16::from(rc) {
+        0 => "NOERROR",
+        1 => "FORMERR",
+        2 => "SERVFAIL",
+        3 => "NXDOMAIN",
+        4 => "NOTIMP",
+        5 => "REFUSED",
+        6 => "YXDOMAIN",
+        7 => "YXRRSET",
+        8 => "NXRRSET",
+        9 => "NOTAUTH",
+        10 => "NOTZONE",
+        16 => "BADVERS",
+        n => return Cow::Owned(format!("RCODE{n}")),
+    })
 }
 
 #[cfg(test)]

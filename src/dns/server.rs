@@ -26,10 +26,11 @@
 //! connections are capped per client and in all, and packets hickory would
 //! reject before any handler runs are still logged as `malformed`.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::future::Future;
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, LazyLock, Mutex, MutexGuard};
 use std::time::Duration;
 
 use hickory_proto::op::{
@@ -56,7 +57,7 @@ use super::tunnel::{under_wildcard, TunnelOutcome};
 use super::Resolver;
 use crate::decision::{Event, Proto, Reason, Recorder};
 use crate::policy::host::{parse_host, Host, HostError, Target};
-use crate::policy::qtype::qtype_name;
+use crate::policy::qtype::qtype_mnemonic;
 use crate::policy::reload::PolicyHandle;
 use crate::policy::time::unix_now;
 use crate::policy::{
@@ -322,11 +323,11 @@ struct Reply {
     records: Vec<Record>,
     authority: Vec<Record>,
     /// Extended DNS Error: INFO-CODE and EXTRA-TEXT.
-    ede: Option<(u16, String)>,
+    ede: Option<(u16, Cow<'static, str>)>,
 }
 
 impl Reply {
-    fn error(rcode: ResponseCode, ede: Option<(u16, String)>) -> Reply {
+    fn error(rcode: ResponseCode, ede: Option<(u16, Cow<'static, str>)>) -> Reply {
         Reply {
             rcode,
             records: Vec::new(),
@@ -473,7 +474,7 @@ impl Handler {
         let questions = request.queries.queries();
         if let Some(q) = questions.first() {
             ev.qname = Some(display_name(q.original().name()));
-            ev.qtype = Some(qtype_name(u16::from(q.query_type())));
+            ev.qtype = Some(qtype_mnemonic(u16::from(q.query_type())));
         }
         if meta.message_type == MessageType::Response {
             ev.set_denied(Reason::Malformed);
@@ -535,7 +536,7 @@ impl Handler {
             ev.client = id.clone();
         }
         ev.qname = Some(host.to_string());
-        ev.qtype = Some(qtype_name(q.qtype));
+        ev.qtype = Some(qtype_mnemonic(q.qtype));
         let reply = match self.refuse_early(&mut ev, overloaded) {
             Some(r) => r,
             None => {
@@ -548,7 +549,7 @@ impl Handler {
             Protocol::Udp => q.max_payload().clamp(512, EDNS_PAYLOAD),
             _ => u16::MAX,
         };
-        let ede = reply.ede.as_ref().map(|(c, t)| (*c, t.as_str()));
+        let ede = reply.ede.as_ref().map(|(c, t)| (*c, t.as_ref()));
         let bytes = match fast::encode(
             q,
             reply.rcode,
@@ -605,14 +606,14 @@ impl Handler {
             ev.set_denied(Reason::Overloaded);
             return Some(Reply::error(
                 ResponseCode::Refused,
-                Some((EDE_OTHER, "egressd: overloaded".into())),
+                Some((EDE_OTHER, ede_text(Reason::Overloaded))),
             ));
         }
         if !self.recorder.accepting() {
             ev.set_denied(Reason::LogUnavailable);
             return Some(Reply::error(
                 ResponseCode::ServFail,
-                Some((EDE_NOT_READY, "egressd: log_unavailable".into())),
+                Some((EDE_NOT_READY, ede_text(Reason::LogUnavailable))),
             ));
         }
         None
@@ -797,16 +798,27 @@ fn add_note(ev: &mut Event, note: String) {
     });
 }
 
+/// An Extended DNS Error's text: `egressd: <reason>`, made once per reason.
+fn ede_text(reason: Reason) -> Cow<'static, str> {
+    static TEXTS: LazyLock<Vec<(Reason, String)>> = LazyLock::new(|| {
+        Reason::ALL
+            .iter()
+            .map(|r| (*r, format!("egressd: {}", r.as_str())))
+            .collect()
+    });
+    match TEXTS.iter().find(|(r, _)| *r == reason) {
+        Some((_, text)) => Cow::Borrowed(text.as_str()),
+        None => Cow::Owned(format!("egressd: {}", reason.as_str())),
+    }
+}
+
 /// The answer to a denied query.
 fn deny(policy: &Policy, reason: Reason) -> Reply {
     let rcode = match policy.settings.dns.deny_rcode {
         DenyRcode::Refused => ResponseCode::Refused,
         DenyRcode::Nxdomain => ResponseCode::NXDomain,
     };
-    Reply::error(
-        rcode,
-        Some((EDE_BLOCKED, format!("egressd: {}", reason.as_str()))),
-    )
+    Reply::error(rcode, Some((EDE_BLOCKED, ede_text(reason))))
 }
 
 /// The answer records split by rebinding protection.

@@ -49,8 +49,13 @@ pub fn parse_qtype(s: &str) -> Option<u16> {
 }
 
 pub fn qtype_name(v: u16) -> String {
+    qtype_mnemonic(v).into_owned()
+}
+
+/// [`qtype_name`] without an allocation for the types that have a name.
+pub fn qtype_mnemonic(v: u16) -> std::borrow::Cow<'static, str> {
     match TYPES.iter().find(|(_, t)| *t == v) {
-        Some((n, _)) => (*n).to_string(),
-        None => format!("TYPE{v}"),
+        Some((n, _)) => std::borrow::Cow::Borrowed(n),
+        None => std::borrow::Cow::Owned(format!("TYPE{v}")),
     }
 }
