@@ -53,40 +53,39 @@ const HOP_BY_HOP: &[HeaderName] = &[
 ];
 
 /// Removes hop-by-hop headers, including those the `Connection` header names.
+/// One pass over the names present: a request that carries none of them
+/// (the usual case) costs a scan, not a dozen failed lookups.
 pub fn strip_hop_by_hop(h: &mut HeaderMap) {
-    let named: Vec<HeaderName> = h
+    let mut doomed: Vec<HeaderName> = h
         .get_all(header::CONNECTION)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(','))
         .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok())
         .collect();
-    for n in named {
+    doomed.extend(h.keys().filter(|n| is_hop_by_hop(n)).cloned());
+    for n in doomed {
         h.remove(n);
     }
-    for n in HOP_BY_HOP {
-        h.remove(n);
+}
+
+fn is_hop_by_hop(n: &HeaderName) -> bool {
+    if HOP_BY_HOP.contains(n) {
+        return true;
     }
-    h.remove("keep-alive");
-    h.remove("proxy-connection");
+    let s = n.as_str();
     // CGI-style servers read `_` as `-`: to them a `Content_Length` or
     // `Transfer_Encoding` is a second framing, and on a pooled connection a
     // smuggled request (past `methods`/`paths`, into another client's turn).
-    let lookalikes: Vec<HeaderName> = h
-        .keys()
-        .filter(|n| {
-            let s = n.as_str();
-            s.contains('_')
-                && matches!(
-                    s.replace('_', "-").as_str(),
-                    "content-length" | "transfer-encoding"
-                )
-        })
-        .cloned()
-        .collect();
-    for n in lookalikes {
-        h.remove(n);
-    }
+    let lookalike = |of: &str| {
+        s.len() == of.len()
+            && s.bytes()
+                .zip(of.bytes())
+                .all(|(a, b)| a == b || (a == b'_' && b == b'-'))
+    };
+    s == "keep-alive"
+        || s == "proxy-connection"
+        || (s.contains('_') && (lookalike("content-length") || lookalike("transfer-encoding")))
 }
 
 /// A request target's destination, parsed at the edge.
@@ -153,7 +152,9 @@ pub(crate) fn truncate_path(p: &str) -> String {
 /// and whether the connection closes after it. Every front-end that
 /// forwards HTTP builds one.
 pub(crate) struct Denier<'a> {
-    pub what: String,
+    /// What was asked (`GET http://host/path`), for the deny body: made
+    /// only when a request is denied.
+    pub what: &'a (dyn Fn() -> String + Send + Sync),
     pub contact: &'a str,
     pub close: bool,
     pub rec: &'a Recorder,
@@ -174,7 +175,7 @@ impl Denier<'_> {
         }
         let resp = respond::deny(
             reason,
-            &self.what,
+            &(self.what)(),
             self.contact,
             detail.as_deref(),
             self.close,
@@ -226,8 +227,10 @@ pub async fn handle(
     let mut ev = Event::new(Proto::Http, peer);
     ev.method = Some(req.method().as_str().to_string());
     ev.path = Some(truncate_path(req.uri().path()));
+    let (method, uri) = (req.method().clone(), req.uri().clone());
+    let what = move || format!("{method} {}", truncate_path(&uri.to_string()));
     let denier = Denier {
-        what: format!("{} {}", req.method(), truncate_path(&req.uri().to_string())),
+        what: &what,
         contact: &policy.settings.contact,
         close: false,
         rec: &ctx.recorder,
@@ -688,6 +691,38 @@ impl Drop for Recorded {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn hop_by_hop_headers_and_their_look_alikes_go() {
+        let mut h = HeaderMap::new();
+        for (k, v) in [
+            ("host", "a.test"),
+            ("connection", "keep-alive, X-Session"),
+            ("connection", "close"),
+            ("x-session", "1"),
+            ("keep-alive", "timeout=5"),
+            ("proxy-connection", "keep-alive"),
+            ("proxy-authorization", "Basic x"),
+            ("te", "trailers"),
+            ("trailer", "x"),
+            ("transfer-encoding", "chunked"),
+            ("upgrade", "h2c"),
+            ("transfer_encoding", "chunked"),
+            ("content_length", "5"),
+            ("content-length", "3"),
+            ("x_forwarded_for", "1.2.3.4"),
+            ("accept", "*/*"),
+        ] {
+            h.append(HeaderName::from_static(k), HeaderValue::from_static(v));
+        }
+        strip_hop_by_hop(&mut h);
+        let mut left: Vec<&str> = h.keys().map(|k| k.as_str()).collect();
+        left.sort();
+        assert_eq!(
+            left,
+            ["accept", "content-length", "host", "x_forwarded_for"]
+        );
+    }
 
     #[test]
     fn authorities() {

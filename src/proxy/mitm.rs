@@ -306,18 +306,20 @@ async fn handle(
     ev.path = Some(truncate_path(req.uri().path()));
     ev.host = Some(dest.target.to_string());
     ev.port = Some(dest.port);
-    let denier = Denier {
-        what: format!(
-            "{} https://{}{}{}",
-            req.method(),
+    let (method, uri) = (req.method().clone(), req.uri().clone());
+    let what = move || {
+        let port = match dest.port {
+            443 => String::new(),
+            p => format!(":{p}"),
+        };
+        format!(
+            "{method} https://{}{port}{}",
             dest.target,
-            if dest.port == 443 {
-                String::new()
-            } else {
-                format!(":{}", dest.port)
-            },
-            truncate_path(req.uri().path())
-        ),
+            truncate_path(uri.path())
+        )
+    };
+    let denier = Denier {
+        what: &what,
         contact: &policy.settings.contact,
         close: false,
         rec: &ctx.recorder,

@@ -376,12 +376,10 @@ async fn request(
         .and_then(|h| h.to_str().ok())
         .map(str::to_string)
         .unwrap_or_else(|| orig.to_string());
+    let (method, uri) = (req.method().clone(), req.uri().clone());
+    let what = move || format!("{method} http://{shown_host}{}", truncate_path(uri.path()));
     let denier = Denier {
-        what: format!(
-            "{} http://{shown_host}{}",
-            req.method(),
-            truncate_path(req.uri().path())
-        ),
+        what: &what,
         contact: &policy.settings.contact,
         close: false,
         rec: &ctx.recorder,
