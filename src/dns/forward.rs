@@ -24,6 +24,7 @@ use std::time::Duration;
 
 use hickory_proto::op::{Edns, Message, MessageType, Query, ResponseCode};
 use hickory_proto::rr::{DNSClass, Name, RData, Record, RecordType};
+use prometheus::IntCounter;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpStream, UdpSocket};
 use tokio::sync::OnceCell;
@@ -105,6 +106,9 @@ pub struct Resolver {
     inflight: Mutex<HashMap<(Host, u16), Shared>>,
     tunnel: Mutex<TunnelDetector>,
     answers: AnswerMemory,
+    /// `egressd_dns_cache_total{result="hit"|"miss"}`, resolved once.
+    cache_hits: IntCounter,
+    cache_misses: IntCounter,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -113,10 +117,9 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 impl Resolver {
     pub fn new(upstreams: Vec<SocketAddr>, metrics: Arc<Metrics>) -> Arc<Resolver> {
-        for r in ["hit", "miss"] {
-            metrics.dns_cache.with_label_values(&[r]);
-        }
         Arc::new(Resolver {
+            cache_hits: metrics.dns_cache.with_label_values(&["hit"]),
+            cache_misses: metrics.dns_cache.with_label_values(&["miss"]),
             upstreams,
             metrics,
             cache: Mutex::new(Cache::default()),
@@ -184,10 +187,10 @@ impl Resolver {
         s: &DnsSettings,
     ) -> Result<Lookup, ResolveError> {
         if let Some((answer, ttl)) = self.cache_get(host, qtype) {
-            self.metrics.dns_cache.with_label_values(&["hit"]).inc();
+            self.cache_hits.inc();
             return Ok(Lookup { answer, ttl });
         }
-        self.metrics.dns_cache.with_label_values(&["miss"]).inc();
+        self.cache_misses.inc();
         let key = (host.clone(), qtype);
         let cell: Shared = lock(&self.inflight).entry(key.clone()).or_default().clone();
         let result = cell

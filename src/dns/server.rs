@@ -712,7 +712,7 @@ impl Handler {
                     ev,
                     format!("removed non-public addresses outside the exception's cidrs: {list}"),
                 );
-                records = filtered.kept;
+                records.retain(|r| refused_by(policy, d.exception, r).is_empty());
             }
         }
         let mut authority = answer.authority.clone();
@@ -821,59 +821,65 @@ fn deny(policy: &Policy, reason: Reason) -> Reply {
     Reply::error(rcode, Some((EDE_BLOCKED, ede_text(reason))))
 }
 
-/// The answer records split by rebinding protection.
+/// What rebinding protection finds in an answer.
 struct Filtered {
-    kept: Vec<Record>,
+    /// Addresses the exception may not reach, each once.
     refused: Vec<IpAddr>,
-    /// A/AAAA records in the answer, and how many of them were kept.
+    /// A/AAAA records in the answer, and how many of them may stay.
     addresses: usize,
     kept_addresses: usize,
 }
 
-/// Removes A/AAAA records the exception may not reach, and HTTPS/SVCB records
-/// whose address hints name such addresses (a client may connect to a hint).
+/// Finds the A/AAAA records the exception may not reach, and HTTPS/SVCB
+/// records whose address hints name such addresses (a client may connect to
+/// a hint). Copies nothing: the caller removes records only when needed.
 fn filter_addresses(
     policy: &Policy,
     exception: Option<&Exception>,
     records: &[Record],
 ) -> Filtered {
     let mut f = Filtered {
-        kept: Vec::with_capacity(records.len()),
         refused: Vec::new(),
         addresses: 0,
         kept_addresses: 0,
     };
     for r in records {
-        let bad: Vec<IpAddr> = match &r.data {
-            RData::A(_) | RData::AAAA(_) => {
-                f.addresses += 1;
-                let ip = r.data.ip_addr().expect("address record");
-                if policy.addr_allowed(exception, ip) {
-                    f.kept_addresses += 1;
-                    Vec::new()
-                } else {
-                    vec![ip]
-                }
+        let bad = refused_by(policy, exception, r);
+        if matches!(r.data, RData::A(_) | RData::AAAA(_)) {
+            f.addresses += 1;
+            if bad.is_empty() {
+                f.kept_addresses += 1;
             }
-            RData::HTTPS(h) => svcb_hints(&h.0)
-                .filter(|ip| !policy.addr_allowed(exception, *ip))
-                .collect(),
-            RData::SVCB(s) => svcb_hints(s)
-                .filter(|ip| !policy.addr_allowed(exception, *ip))
-                .collect(),
-            _ => Vec::new(),
-        };
-        if bad.is_empty() {
-            f.kept.push(r.clone());
-        } else {
-            for ip in bad {
-                if !f.refused.contains(&ip) {
-                    f.refused.push(ip);
-                }
+        }
+        for ip in bad {
+            if !f.refused.contains(&ip) {
+                f.refused.push(ip);
             }
         }
     }
     f
+}
+
+/// The addresses in `r` (an A/AAAA record's, an HTTPS/SVCB record's hints)
+/// that the exception may not reach.
+fn refused_by(policy: &Policy, exception: Option<&Exception>, r: &Record) -> Vec<IpAddr> {
+    match &r.data {
+        RData::A(_) | RData::AAAA(_) => {
+            let ip = r.data.ip_addr().expect("address record");
+            if policy.addr_allowed(exception, ip) {
+                Vec::new()
+            } else {
+                vec![ip]
+            }
+        }
+        RData::HTTPS(h) => svcb_hints(&h.0)
+            .filter(|ip| !policy.addr_allowed(exception, *ip))
+            .collect(),
+        RData::SVCB(s) => svcb_hints(s)
+            .filter(|ip| !policy.addr_allowed(exception, *ip))
+            .collect(),
+        _ => Vec::new(),
+    }
 }
 
 fn svcb_hints(s: &SVCB) -> impl Iterator<Item = IpAddr> + '_ {
