@@ -178,6 +178,14 @@ impl Resolver {
         Err(err.unwrap_or(ResolveError::NoAddresses))
     }
 
+    /// The cached answer for (name, type), if one is fresh (counted as a
+    /// cache hit). [`Resolver::resolve`] asks the upstreams otherwise.
+    pub(super) fn cached(&self, host: &Host, qtype: u16) -> Option<Lookup> {
+        let (answer, ttl) = self.cache_get(host, qtype)?;
+        self.cache_hits.inc();
+        Some(Lookup { answer, ttl })
+    }
+
     /// One (name, type) through the cache. The caller has decided the name
     /// may be resolved.
     pub(super) async fn resolve(

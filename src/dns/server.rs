@@ -367,7 +367,8 @@ impl Handler {
                 );
             }
         }
-        self.process_general(raw, src, protocol, overloaded).await
+        // Boxed: the rare path's state stays out of every query's future.
+        Box::pin(self.process_general(raw, src, protocol, overloaded)).await
     }
 
     /// [`Handler::process`] through hickory's `Request`: every shape of
@@ -667,11 +668,13 @@ impl Handler {
             }
         }
 
-        let lookup = match self
-            .resolver
-            .resolve(&host, qtype, &policy.settings.dns)
-            .await
-        {
+        // A cached answer waits on nothing; the upstream exchange's state
+        // is boxed so it costs only the queries that need it.
+        let lookup = match self.resolver.cached(&host, qtype) {
+            Some(hit) => Ok(hit),
+            None => Box::pin(self.resolver.resolve(&host, qtype, &policy.settings.dns)).await,
+        };
+        let lookup = match lookup {
             Ok(l) => l,
             Err(e) => {
                 ev.error = Some(e.to_string());
