@@ -307,7 +307,7 @@ impl Event {
     /// its time in generic string escaping and number formatting.
     pub fn write_json(&self, out: &mut Vec<u8>) {
         out.extend_from_slice(b"{\"ts\":\"");
-        out.extend_from_slice(format_rfc3339_millis(self.ts_ms).as_bytes());
+        timestamp(out, self.ts_ms);
         out.extend_from_slice(b"\",\"client\":");
         json_str(out, &self.client);
         out.extend_from_slice(b",\"src\":\"");
@@ -335,15 +335,15 @@ impl Event {
         out.extend_from_slice(b",\"path\":");
         opt_str(out, self.path.as_deref());
         out.extend_from_slice(b",\"decision\":");
-        json_str(out, self.decision);
+        word(out, self.decision);
         out.extend_from_slice(b",\"reason\":");
-        json_str(out, self.reason);
+        word(out, self.reason);
         out.extend_from_slice(b",\"exception\":");
         opt_str(out, self.exception.as_deref());
         out.extend_from_slice(b",\"owner\":");
         opt_str(out, self.owner.as_deref());
         out.extend_from_slice(b",\"mode\":");
-        json_str(out, self.mode);
+        word(out, self.mode);
         out.extend_from_slice(b",\"status\":");
         match self.status {
             Some(s) => uint(out, s.into()),
@@ -452,17 +452,72 @@ fn uint(out: &mut Vec<u8>, mut v: u64) {
     out.extend_from_slice(&digits[i..]);
 }
 
+/// A word of egressd's own vocabulary (`allow`, `no_exception`,
+/// `enforce`): quoted, never in need of escaping.
+fn word(out: &mut Vec<u8>, w: &'static str) {
+    debug_assert!(w.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_'));
+    out.push(b'"');
+    out.extend_from_slice(w.as_bytes());
+    out.push(b'"');
+}
+
+/// `ts` as RFC 3339 with milliseconds. The part up to the seconds changes
+/// once a second: each thread keeps the last one it wrote.
+fn timestamp(out: &mut Vec<u8>, ms: i64) {
+    thread_local! {
+        static LAST: std::cell::Cell<(i64, [u8; 20])> = const { std::cell::Cell::new((i64::MIN, [0; 20])) };
+    }
+    let (sec, milli) = (ms.div_euclid(1000), ms.rem_euclid(1000) as u16);
+    let (cached, prefix) = LAST.get();
+    let prefix = if cached == sec {
+        prefix
+    } else {
+        let full = format_rfc3339_millis(sec * 1000);
+        let Ok(prefix) = <[u8; 20]>::try_from(&full.as_bytes()[..full.len().min(20)]) else {
+            // Outside years 0..=9999: no fixed-width form to cache.
+            out.extend_from_slice(format_rfc3339_millis(ms).as_bytes());
+            return;
+        };
+        if full.len() != 24 {
+            out.extend_from_slice(format_rfc3339_millis(ms).as_bytes());
+            return;
+        }
+        LAST.set((sec, prefix));
+        prefix
+    };
+    out.extend_from_slice(&prefix);
+    out.extend_from_slice(&[
+        b'0' + (milli / 100) as u8,
+        b'0' + (milli / 10 % 10) as u8,
+        b'0' + (milli % 10) as u8,
+        b'Z',
+    ]);
+}
+
 /// `a.b.c.d:port` or `[v6]:port`, as `SocketAddr`'s `Display` writes them.
 fn socket_addr(out: &mut Vec<u8>, a: SocketAddr) {
     match a {
         SocketAddr::V4(v4) => {
+            let mut buf = [0u8; 21];
+            let mut n = 0;
             for (i, octet) in v4.ip().octets().into_iter().enumerate() {
                 if i > 0 {
-                    out.push(b'.');
+                    buf[n] = b'.';
+                    n += 1;
                 }
-                uint(out, octet.into());
+                if octet >= 100 {
+                    buf[n] = b'0' + octet / 100;
+                    n += 1;
+                }
+                if octet >= 10 {
+                    buf[n] = b'0' + octet / 10 % 10;
+                    n += 1;
+                }
+                buf[n] = b'0' + octet % 10;
+                n += 1;
             }
-            out.push(b':');
+            buf[n] = b':';
+            out.extend_from_slice(&buf[..=n]);
             uint(out, v4.port().into());
         }
         SocketAddr::V6(_) => {
@@ -575,6 +630,31 @@ mod json_tests {
             let mut out = Vec::new();
             socket_addr(&mut out, a);
             assert_eq!(String::from_utf8(out).unwrap(), a.to_string());
+        }
+    }
+
+    #[test]
+    fn timestamps_match_the_formatter_across_seconds() {
+        for ms in [
+            0i64,
+            999,
+            1000,
+            1_795_982_399_999,
+            1_795_982_400_000,
+            1_795_982_400_123,
+            1_795_982_400_999,
+            1_795_982_401_000,
+            253_402_300_799_999, // 9999-12-31T23:59:59.999Z
+            253_402_300_800_000, // year 10000: no cached form
+            -1,
+        ] {
+            let mut out = Vec::new();
+            timestamp(&mut out, ms);
+            assert_eq!(
+                String::from_utf8(out).unwrap(),
+                format_rfc3339_millis(ms),
+                "{ms}"
+            );
         }
     }
 
