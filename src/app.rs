@@ -194,7 +194,7 @@ pub async fn start(args: &ServeArgs, listeners: Listeners) -> Result<Running> {
         recorder: recorder.clone(),
         resolver: resolver.clone(),
         own_addrs,
-        http: proxy::upstream::http_client(egress.clone()),
+        http: proxy::pool::OriginPool::new(egress.clone()),
         egress,
         mitm,
     });

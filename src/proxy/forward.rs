@@ -24,6 +24,7 @@ use hyper::body::{Body, Frame, Incoming, SizeHint};
 
 use hyper_util::rt::TokioIo;
 
+use super::pool;
 use super::respond::{self, ProxyBody};
 use super::upstream::{self, Refusal};
 use super::ProxyCtx;
@@ -487,15 +488,28 @@ pub(crate) async fn decide_and_forward(
             counter: up_bytes.clone(),
         },
     );
-    let sent = match &tls_client {
-        None => ctx.http.request(req),
-        Some(c) => c.request(req),
+    let origin = ev.addr;
+    let sent = async {
+        match (&tls_client, origin) {
+            (Some(c), _) => c
+                .request(req)
+                .await
+                .map(|r| (r, None))
+                .map_err(|e| error_chain(&e)),
+            (None, Some(addr)) => ctx
+                .http
+                .send(addr, req)
+                .await
+                .map(|(r, lent)| (r, Some(lent)))
+                .map_err(|e| error_chain(&e)),
+            (None, None) => Err("no checked address to connect to".to_string()),
+        }
     };
-    let mut resp = match tokio::time::timeout(RESPONSE_TIMEOUT, sent).await {
-        Ok(Ok(resp)) => resp,
+    let (mut resp, lent) = match tokio::time::timeout(RESPONSE_TIMEOUT, sent).await {
+        Ok(Ok(sent)) => sent,
         Ok(Err(e)) => {
             ev.bytes_up = up_bytes.load(Ordering::Relaxed);
-            return upstream_error(ev, "connect", error_chain(&e), false);
+            return upstream_error(ev, "connect", e, false);
         }
         Err(_) => {
             ev.bytes_up = up_bytes.load(Ordering::Relaxed);
@@ -517,6 +531,9 @@ pub(crate) async fn decide_and_forward(
         h.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
         let recorder = rec.clone();
         tokio::spawn(async move {
+            // The upgraded connection is never pooled; its sender lives
+            // until the upgrade is done with.
+            let _lent = lent;
             match tokio::try_join!(client_up, origin_up) {
                 Ok((c, o)) => {
                     let (up, down, result) =
@@ -541,6 +558,7 @@ pub(crate) async fn decide_and_forward(
         down: 0,
         event: Some(ev),
         recorder: rec.clone(),
+        lent,
     };
     Response::from_parts(parts, body.boxed())
 }
@@ -635,10 +653,18 @@ struct Recorded {
     down: u64,
     event: Option<Event>,
     recorder: Recorder,
+    /// The pooled origin connection, given back once the response has
+    /// been read to its end (and dropped, closing it, otherwise).
+    lent: Option<pool::Lent>,
 }
 
 impl Recorded {
     fn finish(&mut self, error: Option<String>) {
+        if error.is_none() && self.inner.is_end_stream() {
+            if let Some(lent) = self.lent.take() {
+                lent.give_back();
+            }
+        }
         if let Some(mut ev) = self.event.take() {
             ev.bytes_up = self.up.load(Ordering::Relaxed);
             ev.bytes_down = self.down;

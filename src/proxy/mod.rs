@@ -7,6 +7,7 @@
 
 pub mod forward;
 pub mod mitm;
+pub mod pool;
 pub mod respond;
 pub mod sni;
 pub mod transparent;
@@ -45,7 +46,7 @@ pub struct ProxyCtx {
     pub resolver: Arc<Resolver>,
     /// egressd's own listening addresses: never a destination.
     pub own_addrs: Vec<SocketAddr>,
-    pub http: upstream::HttpClient,
+    pub http: Arc<pool::OriginPool>,
     /// Directly, or through `--upstream-proxy`.
     pub egress: upstream::Egress,
     /// TLS interception (`--ca-dir`); `None`: CONNECTs are only tunnelled.

@@ -1,8 +1,8 @@
 //! The way out: resolve a name once through egressd's own resolver, check
 //! every address against the policy, and connect only to a checked
 //! `SocketAddr`. Nothing here hands a host name to `connect`: the plain-HTTP
-//! client's connector accepts only URIs carrying an IP literal, so a code
-//! path that forgot to resolve-and-check fails instead of dialling.
+//! pool ([`super::pool`]) and the connectors take `SocketAddr`s only, so a
+//! code path cannot dial a name it forgot to resolve and check.
 //!
 //! [`Egress`] is how a checked address is reached: directly, or through a
 //! corporate proxy (`--upstream-proxy`). Through the proxy egressd still
@@ -10,19 +10,12 @@
 //! `GET http://151.101.0.223/…` with `Host: pypi.org`), so the proxy cannot
 //! be steered to an address egressd did not check.
 
-use std::future::Future;
 use std::io;
 use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::Duration;
 
-use http::{HeaderValue, Uri};
-use hyper::body::Incoming;
-use hyper_util::client::legacy::connect::{Connected, Connection};
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use http::HeaderValue;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -180,6 +173,21 @@ impl Egress {
         }
     }
 
+    /// The connection a plain-HTTP request to the checked address `addr`
+    /// goes on: to `addr` itself, or to the upstream proxy, which then gets
+    /// the request in absolute form (naming `addr`).
+    pub async fn connect_http(&self, addr: SocketAddr) -> io::Result<TcpStream> {
+        match self {
+            Egress::Direct => Ok(connect_first(&[addr]).await?.0),
+            Egress::Proxy(p) => Ok(connect_first(&p.addrs)
+                .await
+                .map_err(|e| {
+                    io::Error::new(e.kind(), format!("upstream proxy {}: {e}", p.display))
+                })?
+                .0),
+        }
+    }
+
     /// Proxy-Authorization for plain-HTTP requests sent to the upstream proxy.
     pub fn proxy_auth(&self) -> Option<&HeaderValue> {
         match self {
@@ -244,112 +252,6 @@ async fn proxy_connect(p: &UpstreamProxy, addr: SocketAddr) -> io::Result<TcpStr
                 p.display
             ),
         )),
-    }
-}
-
-/// The pooled HTTP/1 client for plain-HTTP forwarding. Its pool is keyed by
-/// the checked `IP:port` the request URI carries, never by a name.
-pub type HttpClient = Client<OriginConnector, super::forward::Counted<Incoming>>;
-
-pub fn http_client(egress: Egress) -> HttpClient {
-    Client::builder(TokioExecutor::new())
-        .pool_idle_timeout(POOL_IDLE)
-        .pool_max_idle_per_host(POOL_MAX_IDLE_PER_ADDR)
-        .pool_timer(TokioTimer::new())
-        .timer(TokioTimer::new())
-        .set_host(false)
-        .build(OriginConnector { egress })
-}
-
-/// Connects plain-HTTP requests: to the IP literal in the URI (anything
-/// else is refused), or to the upstream proxy, which then gets the request
-/// in absolute form.
-#[derive(Clone, Debug)]
-pub struct OriginConnector {
-    egress: Egress,
-}
-
-impl tower_service::Service<Uri> for OriginConnector {
-    type Response = OriginConn;
-    type Error = io::Error;
-    type Future = Pin<Box<dyn Future<Output = io::Result<OriginConn>> + Send>>;
-
-    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, uri: Uri) -> Self::Future {
-        let egress = self.egress.clone();
-        Box::pin(async move {
-            let host = uri.host().unwrap_or("");
-            let ip: IpAddr = host
-                .trim_start_matches('[')
-                .trim_end_matches(']')
-                .parse()
-                .map_err(|_| {
-                    io::Error::other(format!(
-                        "refusing to dial {host:?}: upstream connections take checked addresses only"
-                    ))
-                })?;
-            let addr = SocketAddr::new(ip, uri.port_u16().unwrap_or(80));
-            match &egress {
-                Egress::Direct => {
-                    let (s, _) = connect_first(&[addr]).await?;
-                    Ok(OriginConn {
-                        io: TokioIo::new(s),
-                        proxied: false,
-                    })
-                }
-                Egress::Proxy(p) => {
-                    let (s, _) = connect_first(&p.addrs).await.map_err(|e| {
-                        io::Error::new(e.kind(), format!("upstream proxy {}: {e}", p.display))
-                    })?;
-                    Ok(OriginConn {
-                        io: TokioIo::new(s),
-                        proxied: true,
-                    })
-                }
-            }
-        })
-    }
-}
-
-/// A connection to an origin, or to the upstream proxy (`proxied`: hyper
-/// then writes requests in absolute form).
-pub struct OriginConn {
-    io: TokioIo<TcpStream>,
-    proxied: bool,
-}
-
-impl Connection for OriginConn {
-    fn connected(&self) -> Connected {
-        Connected::new().proxy(self.proxied)
-    }
-}
-
-impl hyper::rt::Read for OriginConn {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: hyper::rt::ReadBufCursor<'_>,
-    ) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.io).poll_read(cx, buf)
-    }
-}
-
-impl hyper::rt::Write for OriginConn {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.io).poll_write(cx, buf)
-    }
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.io).poll_flush(cx)
-    }
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.io).poll_shutdown(cx)
     }
 }
 
