@@ -47,17 +47,18 @@ impl Query<'_> {
     /// The name as a host name: labels lower-cased and joined by dots.
     /// Every byte was checked by [`parse`] to be `[A-Za-z0-9_-]`.
     pub fn host_text(&self) -> String {
-        let mut s = String::with_capacity(self.name.len());
+        let mut s = Vec::with_capacity(self.name.len());
         let mut rest = self.name;
         while let Some((&len, tail)) = rest.split_first() {
             if !s.is_empty() {
-                s.push('.');
+                s.push(b'.');
             }
             let (label, after) = tail.split_at(len as usize);
-            s.extend(label.iter().map(|b| b.to_ascii_lowercase() as char));
+            s.extend_from_slice(label);
             rest = after;
         }
-        s
+        s.make_ascii_lowercase();
+        String::from_utf8(s).expect("parse admits ASCII label bytes only")
     }
 
     /// The largest UDP answer the client takes, as hickory reckons it.
@@ -174,44 +175,45 @@ pub(super) fn encode(
     }
     let flags = QR | (q.flags & (RD | CD)) | RA | code;
     let mut buf = Vec::with_capacity(512);
-    let mut enc = BinEncoder::new(&mut buf);
-    enc.set_max_size(max_size);
-    let header = [
+    for word in [
         q.id,
         flags,
         1,
         u16::try_from(answers.len()).ok()?,
         u16::try_from(authority.len()).ok()?,
         u16::from(q.edns.is_some()),
-    ];
-    for word in header {
-        enc.emit_u16(word).ok()?;
+    ] {
+        buf.extend_from_slice(&word.to_be_bytes());
     }
-    enc.emit_vec(q.question).ok()?;
-    for r in answers.iter().chain(authority) {
-        r.emit(&mut enc).ok()?;
+    buf.extend_from_slice(q.question);
+    if !answers.is_empty() || !authority.is_empty() {
+        let at = buf.len();
+        let mut enc = BinEncoder::with_offset(&mut buf, at as u32);
+        enc.set_max_size(max_size);
+        for r in answers.iter().chain(authority) {
+            r.emit(&mut enc).ok()?;
+        }
     }
     if q.edns.is_some() {
         // Root name, type OPT, class = our payload size, TTL = extended
         // rcode 0, version 0, no flags; then the options.
-        enc.emit(0).ok()?;
-        enc.emit_u16(TYPE_OPT).ok()?;
-        enc.emit_u16(edns_payload.max(512)).ok()?;
-        enc.emit_u16(0).ok()?;
-        enc.emit_u16(0).ok()?;
+        buf.push(0);
+        buf.extend_from_slice(&TYPE_OPT.to_be_bytes());
+        buf.extend_from_slice(&edns_payload.max(512).to_be_bytes());
+        buf.extend_from_slice(&[0, 0, 0, 0]);
         match ede {
             Some((info, text)) => {
                 let olen = u16::try_from(2 + text.len()).ok()?;
-                enc.emit_u16(4 + olen).ok()?;
-                enc.emit_u16(super::server::EDNS_EDE).ok()?;
-                enc.emit_u16(olen).ok()?;
-                enc.emit_u16(info).ok()?;
-                enc.emit_vec(text.as_bytes()).ok()?;
+                buf.extend_from_slice(&(4 + olen).to_be_bytes());
+                buf.extend_from_slice(&super::server::EDNS_EDE.to_be_bytes());
+                buf.extend_from_slice(&olen.to_be_bytes());
+                buf.extend_from_slice(&info.to_be_bytes());
+                buf.extend_from_slice(text.as_bytes());
             }
-            None => enc.emit_u16(0).ok()?,
+            None => buf.extend_from_slice(&[0, 0]),
         }
     }
-    Some(buf)
+    (buf.len() <= usize::from(max_size)).then_some(buf)
 }
 
 #[cfg(test)]

@@ -292,10 +292,10 @@ impl Limiter {
 impl Drop for Permit {
     fn drop(&mut self) {
         let mut map = lock(&self.limiter.per_client);
-        if let Some(n) = map.get_mut(&self.key) {
-            *n -= 1;
-            if *n == 0 {
-                map.remove(&self.key);
+        if let std::collections::hash_map::Entry::Occupied(mut n) = map.entry(self.key) {
+            *n.get_mut() -= 1;
+            if *n.get() == 0 {
+                n.remove();
             }
         }
     }
