@@ -524,18 +524,20 @@ async fn pump(
     let mut can_splice = true;
     loop {
         src.readable().await?;
+        // The bursts are boxed: their state exists only while data flows,
+        // so an idle tunnel's task stays small.
         let lease = if can_splice { pool.take().ok() } else { None };
         let burst = match lease {
-            Some(lease) => match splice_burst(src, dst, lease, count, &tick).await? {
+            Some(lease) => match Box::pin(splice_burst(src, dst, lease, count, &tick)).await? {
                 Burst::Unsupported => {
                     can_splice = false;
-                    copy_burst(src, dst, count, &tick).await?
+                    Box::pin(copy_burst(src, dst, count, &tick)).await?
                 }
                 b => b,
             },
             // No pipe to be had (EMFILE, ENFILE): copy this burst, and try
             // for a pipe again on the next.
-            None => copy_burst(src, dst, count, &tick).await?,
+            None => Box::pin(copy_burst(src, dst, count, &tick)).await?,
         };
         if let Burst::End = burst {
             dst.shutdown().await?;
