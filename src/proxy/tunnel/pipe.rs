@@ -19,13 +19,17 @@ use std::sync::Mutex;
 use libc::c_int;
 
 /// Capacity asked for each pipe (F_SETPIPE_SZ). Bigger pipes move more per
-/// system call; the pages are taken only while bytes sit in the pipe. 256
-/// free pipes of this size would reach Linux's default per-user soft limit
-/// (`pipe-user-pages-soft`, 64 MiB); beyond it the kernel refuses to
-/// enlarge and the pipe keeps its default size, which still works.
-pub(crate) const PIPE_SIZE: usize = 256 << 10;
-/// Empty pipes kept for the next lease; the rest are closed.
-pub(crate) const MAX_FREE: usize = 64;
+/// system call and keep more in flight; the pages are taken only while
+/// bytes sit in the pipe. Measured on loopback (one bulk stream, quiet
+/// machine): 256 KiB pipes reached 0.72x direct, 1 MiB 0.90x. Linux's
+/// default `pipe-max-size` is 1 MiB; an unprivileged user's pipes count
+/// against `pipe-user-pages-soft` (64 MiB), beyond which the kernel refuses
+/// to enlarge and the pipe keeps a default size: slower, still correct.
+pub(crate) const PIPE_SIZE: usize = 1 << 20;
+/// Empty pipes kept for the next lease; the rest are closed. 32 full-size
+/// free pipes are half the default per-user soft limit, leaving the other
+/// half for pipes in use.
+pub(crate) const MAX_FREE: usize = 32;
 
 /// One pipe: both ends non-blocking and close-on-exec.
 pub(crate) struct Pipe {
