@@ -47,6 +47,8 @@ pub struct ProxyCtx {
     /// egressd's own listening addresses: never a destination.
     pub own_addrs: Vec<SocketAddr>,
     pub http: Arc<pool::OriginPool>,
+    /// Pipes for spliced tunnels, lent only while data flows.
+    pub(crate) pipes: Arc<tunnel::pipe::PipePool>,
     /// Directly, or through `--upstream-proxy`.
     pub egress: upstream::Egress,
     /// TLS interception (`--ca-dir`); `None`: CONNECTs are only tunnelled.

@@ -658,7 +658,7 @@ async fn carry(
     drop(policy);
     // The peeked bytes are still in the client's socket: the splice
     // carries them like everything after.
-    tunnel::splice_tcp(client, upstream_conn, 0, ev, rec.clone()).await;
+    tunnel::splice_tcp(client, upstream_conn, 0, ev, rec.clone(), &ctx.pipes).await;
 }
 
 /// The checked addresses with the original destination first, if it is

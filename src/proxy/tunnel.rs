@@ -11,7 +11,7 @@
 //! method/path rules or injected credentials is handed to `mitm` instead:
 //! egressd terminates TLS and decides each request inside.
 
-mod pipe;
+pub(crate) mod pipe;
 
 use std::io;
 use std::net::SocketAddr;
@@ -243,10 +243,11 @@ pub async fn handle(
         !exception_injects,
         "opaque tunnels are never allowed for exceptions needing inspection"
     );
+    let pipes = ctx.pipes.clone();
     tokio::spawn(async move {
         let _active = ActiveGuard::new(&recorder.metrics, Proto::Connect);
         match hyper::upgrade::on(req).await {
-            Ok(up) => run_tunnel(up, upstream_conn, ev, sni_rule, recorder).await,
+            Ok(up) => run_tunnel(up, upstream_conn, ev, sni_rule, recorder, &pipes).await,
             Err(e) => {
                 ev.error = Some(format!("upgrade: {e}"));
                 recorder.record(ev);
@@ -352,6 +353,7 @@ async fn run_tunnel(
     mut ev: Event,
     rule: SniRule,
     rec: Recorder,
+    pipes: &PipePool,
 ) {
     // Take the client's socket back from hyper, with whatever the client
     // sent behind its CONNECT, so the tunnel can copy socket to socket and
@@ -404,7 +406,7 @@ async fn run_tunnel(
             return;
         }
     }
-    splice_tcp(client, upstream_conn, first.len() as u64, ev, rec).await;
+    splice_tcp(client, upstream_conn, first.len() as u64, ev, rec, pipes).await;
 }
 
 /// The log line of a spliced connection, written exactly once: when the
@@ -445,6 +447,7 @@ pub(crate) async fn splice_tcp(
     already_up: u64,
     ev: Event,
     rec: Recorder,
+    pipes: &PipePool,
 ) {
     let mut line = SpliceLine {
         ev: Some(ev),
@@ -452,7 +455,7 @@ pub(crate) async fn splice_tcp(
         up: AtomicU64::new(already_up),
         down: AtomicU64::new(0),
     };
-    let result = copy_tcp(a, b, &line.up, &line.down, PipePool::shared()).await;
+    let result = copy_tcp(a, b, &line.up, &line.down, pipes).await;
     line.finish(result.err().map(|e| format!("tunnel: {e}")));
 }
 

@@ -118,10 +118,6 @@ pub(crate) struct PipePool {
     pub(crate) spliced: std::sync::atomic::AtomicU64,
 }
 
-/// The process's pool. Pipes are a process resource (they count against
-/// the file limit with every socket), so one pool serves every tunnel.
-static SHARED: PipePool = PipePool::new(MAX_FREE, PIPE_SIZE);
-
 impl PipePool {
     pub(crate) const fn new(max_free: usize, size: usize) -> PipePool {
         PipePool {
@@ -144,8 +140,10 @@ impl PipePool {
         p
     }
 
-    pub(crate) fn shared() -> &'static PipePool {
-        &SHARED
+    /// The pool a proxy shares between all its tunnels (one per
+    /// `ProxyCtx`): pipes count against the file limit with every socket.
+    pub(crate) fn standard() -> PipePool {
+        PipePool::new(MAX_FREE, PIPE_SIZE)
     }
 
     /// An empty pipe: a free one, or a new one. Fails when no pipe can be
