@@ -3,6 +3,13 @@
 //! whole request or tunnel). The watcher re-reads on file events and SIGHUP,
 //! compiles through the same `compile` as the first load, and swaps only a
 //! valid policy; an invalid one is reported and the last good one serves on.
+//!
+//! The reloader runs on its own OS thread at the idle scheduling class
+//! ([`Reloader::spawn`]): parsing and compiling a large policy takes
+//! hundreds of milliseconds of CPU, and on a proxy confined to one CPU any
+//! of it spent at normal priority is taken from requests. The policy it
+//! replaces is freed on that thread too (see [`Retired`]), never by the
+//! request that happens to release the last reference.
 
 use std::sync::Arc;
 
@@ -27,13 +34,103 @@ impl PolicyHandle {
         self.current.load_full()
     }
 
-    pub fn swap(&self, p: Policy) {
-        self.current.store(Arc::new(p));
+    /// Serves `p` from now on and hands back the policy it replaces. Every
+    /// reader that loaded the old one before the swap is counted in the
+    /// returned `Arc` (arc-swap pays its debts in `swap`), so a strong count
+    /// of 1 means no request holds it any more.
+    pub fn swap(&self, p: Policy) -> Arc<Policy> {
+        self.current.swap(Arc::new(p))
     }
 }
 
+/// How long a reload waits, right after a swap, for the requests that hold
+/// the previous policy to finish, so that it is freed on the reloader thread.
+const RETIRE_WAIT: Duration = Duration::from_millis(250);
+const RETIRE_STEP: Duration = Duration::from_millis(2);
+/// Retired policies kept waiting for long-lived holders (tunnels keep the
+/// policy they were decided with). Beyond this the oldest is let go: its
+/// last holder frees it, a cost preferred over unbounded memory.
+const MAX_RETIRED: usize = 4;
+
+/// Policies replaced by a reload, kept until the reloader holds the only
+/// reference so that freeing them (100k exceptions are ~10^6 allocations,
+/// tens of milliseconds) happens on the reloader thread, at idle priority,
+/// and not on a runtime worker in the middle of serving requests.
+#[derive(Default)]
+pub struct Retired {
+    held: Vec<Arc<Policy>>,
+}
+
+impl Retired {
+    pub fn push(&mut self, p: Arc<Policy>) {
+        self.held.push(p);
+        if self.held.len() > MAX_RETIRED {
+            self.held.remove(0);
+        }
+    }
+
+    /// Frees every retired policy no request holds any more; returns how
+    /// many were freed.
+    pub fn reap(&mut self) -> usize {
+        let before = self.held.len();
+        self.held.retain(|p| Arc::strong_count(p) > 1);
+        before - self.held.len()
+    }
+
+    /// `reap` until nothing is left or `limit` has passed.
+    pub fn reap_within(&mut self, limit: Duration) -> usize {
+        let deadline = Instant::now() + limit;
+        let mut freed = self.reap();
+        while !self.held.is_empty() && Instant::now() < deadline {
+            std::thread::sleep(RETIRE_STEP);
+            freed += self.reap();
+        }
+        freed
+    }
+
+    pub fn len(&self) -> usize {
+        self.held.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.held.is_empty()
+    }
+}
+
+/// The scheduling class the reloader thread got.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ThreadClass {
+    /// `SCHED_IDLE`: runs only when no normal thread wants the CPU.
+    Idle,
+    /// `SCHED_IDLE` was refused: nice 19 instead.
+    Nice19,
+    /// Both were refused; normal priority.
+    Normal,
+}
+
+/// Lowers the calling thread (not the process) to `SCHED_IDLE`, or to nice
+/// 19 if that is refused (seccomp profiles, some container runtimes).
+pub fn lower_this_thread() -> ThreadClass {
+    #[cfg(target_os = "linux")]
+    {
+        // SAFETY: plain syscalls on the calling thread (pid 0 / its tid)
+        // with a valid, initialised sched_param.
+        unsafe {
+            let param = libc::sched_param { sched_priority: 0 };
+            if libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) == 0 {
+                return ThreadClass::Idle;
+            }
+            let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
+            if libc::setpriority(libc::PRIO_PROCESS, tid, 19) == 0 {
+                return ThreadClass::Nice19;
+            }
+        }
+    }
+    ThreadClass::Normal
+}
+
 use std::path::{Path, PathBuf};
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use notify::{RecursiveMode, Watcher};
 use tokio::sync::{mpsc, watch};
@@ -60,6 +157,7 @@ pub struct Reloader {
     handle: Arc<PolicyHandle>,
     metrics: Arc<Metrics>,
     last_failed: Option<[u8; 32]>,
+    retired: Retired,
 }
 
 impl Reloader {
@@ -71,12 +169,53 @@ impl Reloader {
             handle,
             metrics,
             last_failed: None,
+            retired: Retired::default(),
         }
+    }
+
+    /// Policies replaced and not yet freed (still held by requests).
+    pub fn retired(&mut self) -> &mut Retired {
+        &mut self.retired
+    }
+
+    /// Runs the reloader on its own thread, `egressd-reload`, lowered to
+    /// the idle class, with a small runtime of its own for the watcher,
+    /// the poll and the debounce timers.
+    pub fn spawn(
+        self,
+        sighup: mpsc::UnboundedReceiver<()>,
+        shutdown: watch::Receiver<bool>,
+    ) -> std::io::Result<std::thread::JoinHandle<()>> {
+        std::thread::Builder::new()
+            .name("egressd-reload".into())
+            .spawn(move || {
+                match lower_this_thread() {
+                    ThreadClass::Idle => {}
+                    ThreadClass::Nice19 => eprintln!(
+                        "egressd: SCHED_IDLE refused for the policy reloader; it runs at nice 19"
+                    ),
+                    ThreadClass::Normal => eprintln!(
+                        "egressd: cannot lower the policy reloader's priority; reloads compete with requests for CPU"
+                    ),
+                }
+                let rt = match tokio::runtime::Builder::new_current_thread()
+                    .enable_time()
+                    .build()
+                {
+                    Ok(rt) => rt,
+                    Err(e) => {
+                        eprintln!("egressd: policy reloader not started: {e}");
+                        return;
+                    }
+                };
+                rt.block_on(self.run(sighup, shutdown));
+            })
     }
 
     /// One reload: read, compare digests, compile, swap. On error the
     /// serving policy stays and the error is reported and counted.
     pub fn reload(&mut self, forced: bool) -> ReloadOutcome {
+        let t0 = Instant::now();
         let sources = match super::read_sources(&self.path) {
             Ok(s) => s,
             Err(e) => return self.failed(e.to_string(), None),
@@ -88,16 +227,29 @@ impl Reloader {
         if !forced && self.last_failed == Some(digest) {
             return ReloadOutcome::Unchanged;
         }
+        let t1 = Instant::now();
         match super::compile(&sources, &|n| std::env::var(n).ok()) {
             Ok(p) => {
+                drop(sources);
                 let n = p.exceptions.len();
+                let t2 = Instant::now();
                 self.metrics.sync_policy(&p);
-                self.handle.swap(p);
+                let t3 = Instant::now();
+                let old = self.handle.swap(p);
+                self.retired.push(old);
                 self.metrics.reloads.with_label_values(&["ok"]).inc();
                 self.last_failed = None;
+                let freed = self.retired.reap_within(RETIRE_WAIT);
+                let t4 = Instant::now();
+                let ms = |a: Instant, b: Instant| (b - a).as_secs_f64() * 1e3;
                 eprintln!(
-                    "egressd: policy reloaded from {} ({n} exceptions)",
-                    self.path.display()
+                    "egressd: policy reloaded from {} ({n} exceptions; read {:.1} ms, compile {:.1} ms, metrics {:.1} ms, retire {:.1} ms{})",
+                    self.path.display(),
+                    ms(t0, t1),
+                    ms(t1, t2),
+                    ms(t2, t3),
+                    ms(t3, t4),
+                    if freed == 0 { ", previous policy still in use" } else { "" },
                 );
                 ReloadOutcome::Swapped { exceptions: n }
             }
@@ -182,10 +334,7 @@ impl Reloader {
         let mut stamp = fingerprint(&self.path);
         // A change made between the first load and this point raised no
         // event we saw and is already in `stamp`: compare digests once now.
-        {
-            let this = &mut self;
-            tokio::task::block_in_place(|| this.reload(false));
-        }
+        self.reload(false);
         let mut poll = tokio::time::interval(POLL_EVERY);
         poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -194,6 +343,7 @@ impl Reloader {
                 Some(()) = rx.recv() => false,
                 Some(()) = sighup.recv() => true,
                 _ = poll.tick() => {
+                    self.retired.reap();
                     let now = fingerprint(&self.path);
                     if now == stamp { continue; }
                     false
@@ -204,8 +354,7 @@ impl Reloader {
             while rx.try_recv().is_ok() {}
             stamp = fingerprint(&self.path);
             let path = self.path.clone();
-            let this = &mut self;
-            let outcome = tokio::task::block_in_place(|| this.reload(forced));
+            let outcome = self.reload(forced);
             if !matches!(outcome, ReloadOutcome::Unchanged) {
                 // The directory itself may have been replaced (a symlink swap).
                 rewatch(&mut watcher, &mut watched, &path);
@@ -235,4 +384,91 @@ fn fingerprint(path: &Path) -> Vec<(PathBuf, u64, Option<SystemTime>, u64)> {
     }
     out.sort();
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn policy_text(host: &str) -> String {
+        format!("exceptions:\n  - id: a\n    owner: t\n    reason: r\n    hosts: [{host}]\n")
+    }
+
+    fn setup() -> (tempfile::TempDir, Reloader, Arc<PolicyHandle>) {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("p.yaml");
+        std::fs::write(&file, policy_text("a.test")).unwrap();
+        let handle = PolicyHandle::new(super::super::load(&file).unwrap());
+        let metrics = Metrics::new();
+        let r = Reloader::new(file, handle.clone(), metrics);
+        (dir, r, handle)
+    }
+
+    #[test]
+    fn a_policy_still_held_by_a_request_is_freed_by_the_reloader_not_the_request() {
+        let (dir, mut r, handle) = setup();
+        let held = handle.snapshot(); // a request (or tunnel) in flight
+        std::fs::write(dir.path().join("p.yaml"), policy_text("b.test")).unwrap();
+        assert!(matches!(r.reload(false), ReloadOutcome::Swapped { .. }));
+        assert_eq!(r.retired().len(), 1, "the reloader keeps the old policy");
+        let weak = Arc::downgrade(&held);
+        drop(held); // the request ends: it must not be the one that frees
+        assert!(weak.upgrade().is_some(), "freed by the request's drop");
+        assert_eq!(r.retired().reap(), 1);
+        assert!(weak.upgrade().is_none());
+    }
+
+    #[test]
+    fn an_unheld_policy_is_freed_during_the_reload() {
+        let (dir, mut r, handle) = setup();
+        let weak = Arc::downgrade(&handle.snapshot());
+        std::fs::write(dir.path().join("p.yaml"), policy_text("b.test")).unwrap();
+        assert!(matches!(r.reload(false), ReloadOutcome::Swapped { .. }));
+        assert!(r.retired().is_empty());
+        assert!(weak.upgrade().is_none());
+    }
+
+    #[test]
+    fn retired_policies_are_bounded() {
+        let (_dir, mut r, handle) = setup();
+        let mut held = Vec::new();
+        for i in 0..MAX_RETIRED + 3 {
+            held.push(handle.snapshot());
+            let p = super::super::from_yaml(&policy_text(&format!("h{i}.test"))).unwrap();
+            r.retired().push(handle.swap(p));
+        }
+        assert_eq!(r.retired().len(), MAX_RETIRED);
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn the_reloader_thread_runs_at_the_idle_class() {
+        let (_dir, r, _handle) = setup();
+        let (_hup_tx, hup_rx) = mpsc::unbounded_channel();
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let thread = r.spawn(hup_rx, stop_rx).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let policy = loop {
+            let found = std::fs::read_dir("/proc/thread-self/..")
+                .unwrap()
+                .flatten()
+                .find(|t| {
+                    std::fs::read_to_string(t.path().join("comm"))
+                        .is_ok_and(|c| c.trim_end() == "egressd-reload")
+                });
+            if let Some(t) = found {
+                let tid: libc::pid_t = t.file_name().to_string_lossy().parse().unwrap();
+                // SAFETY: a query about a thread of this process.
+                let p = unsafe { libc::sched_getscheduler(tid) };
+                if p == libc::SCHED_IDLE || Instant::now() > deadline {
+                    break p;
+                }
+            }
+            assert!(Instant::now() < deadline, "no egressd-reload thread");
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        assert_eq!(policy, libc::SCHED_IDLE);
+        stop_tx.send(true).unwrap();
+        thread.join().unwrap();
+    }
 }
