@@ -193,7 +193,7 @@ pub struct Exception {
     pub ports: Vec<u16>,
     pub methods: Option<Vec<String>>,
     /// Shared between exceptions with the same pattern list.
-    pub paths: Option<Arc<GlobSet>>,
+    pub paths: Option<Arc<path::PathSet>>,
     pub path_patterns: Vec<String>,
     pub dns_types: Vec<u16>,
     pub inject: Vec<InjectedHeader>,
@@ -787,7 +787,7 @@ pub fn compile(
     let mut ids: HashMap<String, PathBuf> = HashMap::new();
     let mut matcher = Matcher::default();
     let mut client_cache: HashMap<Vec<String>, Vec<ClientIdx>> = HashMap::new();
-    let mut path_cache: HashMap<Vec<String>, Arc<GlobSet>> = HashMap::new();
+    let mut path_cache: HashMap<Vec<String>, Arc<path::PathSet>> = HashMap::new();
     for (src, f) in &parsed {
         // One pass over the file for every `id:` entry: locating each
         // exception by scanning the whole file made loading quadratic.
@@ -870,7 +870,7 @@ pub fn compile(
             let paths = r.paths.as_ref().map(|ps| match path_cache.get(ps) {
                 Some(set) => set.clone(),
                 None => {
-                    let mut b = GlobSetBuilder::new();
+                    let mut globs = Vec::with_capacity(ps.len());
                     let mut ok = true;
                     for p in ps {
                         if !p.starts_with('/') {
@@ -883,9 +883,7 @@ pub fn compile(
                             continue;
                         }
                         match GlobBuilder::new(p).literal_separator(true).build() {
-                            Ok(g) => {
-                                b.add(g);
-                            }
+                            Ok(g) => globs.push(g),
                             Err(e) => {
                                 ok = false;
                                 err(
@@ -896,7 +894,7 @@ pub fn compile(
                             }
                         }
                     }
-                    let set = Arc::new(b.build().unwrap_or_else(|_| GlobSet::empty()));
+                    let set = Arc::new(path::PathSet::new(globs));
                     if ok {
                         path_cache.insert(ps.clone(), set.clone());
                     }
