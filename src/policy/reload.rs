@@ -228,7 +228,7 @@ impl Reloader {
             return ReloadOutcome::Unchanged;
         }
         let t1 = Instant::now();
-        match super::compile(&sources, &|n| std::env::var(n).ok()) {
+        match super::compile_digested(&sources, digest, &|n| std::env::var(n).ok()) {
             Ok(p) => {
                 drop(sources);
                 let n = p.exceptions.len();
