@@ -129,6 +129,107 @@ pub fn lower_this_thread() -> ThreadClass {
     ThreadClass::Normal
 }
 
+/// A reload still running after this long is raised from the idle class to
+/// normal priority until it ends: on a CPU that requests keep saturated an
+/// idle-class thread gets almost nothing (compiles of 6 s were seen in the
+/// load benchmark), and the promise that a change takes effect within 2 s
+/// outranks some latency on an already overloaded proxy.
+const ESCALATE_AFTER: Duration = Duration::from_millis(600);
+const DEADLINE_CHECK: Duration = Duration::from_millis(100);
+
+/// What the deadline thread knows of the reloader thread.
+struct Pace {
+    tid: std::sync::atomic::AtomicI32,
+    /// Milliseconds since `epoch` at which the running reload started, plus
+    /// one; 0 while no reload runs.
+    busy_since: std::sync::atomic::AtomicU64,
+    epoch: Instant,
+}
+
+impl Pace {
+    fn new() -> Pace {
+        Pace {
+            tid: std::sync::atomic::AtomicI32::new(0),
+            busy_since: std::sync::atomic::AtomicU64::new(0),
+            epoch: Instant::now(),
+        }
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.epoch.elapsed().as_millis() as u64 + 1
+    }
+
+    /// One look by the deadline thread: raise an overdue reload, lower the
+    /// thread again once the reload is done.
+    fn check(&self, raised: &mut bool, lowered_to: ThreadClass) {
+        use std::sync::atomic::Ordering::Relaxed;
+        let tid = self.tid.load(Relaxed);
+        if tid == 0 || lowered_to == ThreadClass::Normal {
+            return;
+        }
+        let since = self.busy_since.load(Relaxed);
+        let overdue =
+            since != 0 && self.now_ms().saturating_sub(since) >= ESCALATE_AFTER.as_millis() as u64;
+        if overdue && !*raised {
+            *raised = set_thread_class(tid, ThreadClass::Normal);
+        } else if since == 0 && *raised {
+            *raised = !set_thread_class(tid, lowered_to);
+        }
+    }
+}
+
+/// Marks a reload as running for as long as it lives.
+struct Busy<'a>(&'a Pace);
+impl<'a> Busy<'a> {
+    fn start(p: &'a Pace) -> Busy<'a> {
+        p.busy_since
+            .store(p.now_ms(), std::sync::atomic::Ordering::Relaxed);
+        Busy(p)
+    }
+}
+impl Drop for Busy<'_> {
+    fn drop(&mut self) {
+        self.0
+            .busy_since
+            .store(0, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// Sets another thread of this process (by tid) to `class`; whether it took.
+fn set_thread_class(tid: i32, class: ThreadClass) -> bool {
+    #[cfg(target_os = "linux")]
+    {
+        // SAFETY: plain syscalls on a thread of this process, with a valid
+        // sched_param.
+        unsafe {
+            let param = libc::sched_param { sched_priority: 0 };
+            return match class {
+                ThreadClass::Idle => libc::sched_setscheduler(tid, libc::SCHED_IDLE, &param) == 0,
+                ThreadClass::Nice19 | ThreadClass::Normal => {
+                    let nice = if class == ThreadClass::Nice19 { 19 } else { 0 };
+                    libc::sched_setscheduler(tid, libc::SCHED_OTHER, &param) == 0
+                        && libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, nice) == 0
+                }
+            };
+        }
+    }
+    #[allow(unreachable_code)]
+    {
+        let _ = (tid, class);
+        false
+    }
+}
+
+fn current_tid() -> i32 {
+    #[cfg(target_os = "linux")]
+    {
+        // SAFETY: gettid has no preconditions.
+        return unsafe { libc::syscall(libc::SYS_gettid) } as i32;
+    }
+    #[allow(unreachable_code)]
+    0
+}
+
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -158,6 +259,7 @@ pub struct Reloader {
     metrics: Arc<Metrics>,
     last_failed: Option<[u8; 32]>,
     retired: Retired,
+    pace: Option<Arc<Pace>>,
 }
 
 impl Reloader {
@@ -170,6 +272,7 @@ impl Reloader {
             metrics,
             last_failed: None,
             retired: Retired::default(),
+            pace: None,
         }
     }
 
@@ -181,15 +284,28 @@ impl Reloader {
     /// Runs the reloader on its own thread, `egressd-reload`, lowered to
     /// the idle class, with a small runtime of its own for the watcher,
     /// the poll and the debounce timers.
+    /// A second, normally sleeping thread raises a reload that is still
+    /// running after [`ESCALATE_AFTER`] to normal priority.
     pub fn spawn(
-        self,
+        mut self,
         sighup: mpsc::UnboundedReceiver<()>,
         shutdown: watch::Receiver<bool>,
     ) -> std::io::Result<std::thread::JoinHandle<()>> {
-        std::thread::Builder::new()
+        let pace = Arc::new(Pace::new());
+        self.pace = Some(pace.clone());
+        let (class_tx, class_rx) = std::sync::mpsc::channel();
+        let watched = Arc::downgrade(&pace);
+        drop(pace);
+        let reloader = std::thread::Builder::new()
             .name("egressd-reload".into())
             .spawn(move || {
-                match lower_this_thread() {
+                let class = lower_this_thread();
+                if let Some(p) = &self.pace {
+                    p.tid
+                        .store(current_tid(), std::sync::atomic::Ordering::Relaxed);
+                }
+                let _ = class_tx.send(class);
+                match class {
                     ThreadClass::Idle => {}
                     ThreadClass::Nice19 => eprintln!(
                         "egressd: SCHED_IDLE refused for the policy reloader; it runs at nice 19"
@@ -209,12 +325,27 @@ impl Reloader {
                     }
                 };
                 rt.block_on(self.run(sighup, shutdown));
-            })
+            })?;
+        std::thread::Builder::new()
+            .name("egressd-reload-deadline".into())
+            .spawn(move || {
+                let Ok(class) = class_rx.recv() else { return };
+                let mut raised = false;
+                loop {
+                    std::thread::sleep(DEADLINE_CHECK);
+                    // Ends with the reloader (the only strong holder).
+                    let Some(p) = watched.upgrade() else { return };
+                    p.check(&mut raised, class);
+                }
+            })?;
+        Ok(reloader)
     }
 
     /// One reload: read, compare digests, compile, swap. On error the
     /// serving policy stays and the error is reported and counted.
     pub fn reload(&mut self, forced: bool) -> ReloadOutcome {
+        let pace = self.pace.clone();
+        let _busy = pace.as_deref().map(Busy::start);
         let t0 = Instant::now();
         let sources = match super::read_sources(&self.path) {
             Ok(s) => s,
@@ -438,6 +569,45 @@ mod tests {
             r.retired().push(handle.swap(p));
         }
         assert_eq!(r.retired().len(), MAX_RETIRED);
+    }
+
+    /// An overdue reload is raised to normal priority, and lowered back
+    /// once it is done. Raising a thread needs CAP_SYS_NICE: skipped without.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn an_overdue_reload_is_raised_and_lowered_again() {
+        // SAFETY: no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("skipped: raising a thread's priority needs root");
+            return;
+        }
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+        let t = std::thread::spawn(move || {
+            assert_eq!(lower_this_thread(), ThreadClass::Idle);
+            tx.send(current_tid()).unwrap();
+            let _ = done_rx.recv();
+        });
+        let tid = rx.recv().unwrap();
+        // SAFETY: queries about a thread of this process.
+        let class = || unsafe { libc::sched_getscheduler(tid) };
+        let pace = Pace::new();
+        pace.tid.store(tid, std::sync::atomic::Ordering::Relaxed);
+        let mut raised = false;
+        {
+            let _busy = Busy::start(&pace);
+            pace.check(&mut raised, ThreadClass::Idle);
+            assert_eq!(class(), libc::SCHED_IDLE, "raised before the deadline");
+            std::thread::sleep(ESCALATE_AFTER + Duration::from_millis(20));
+            pace.check(&mut raised, ThreadClass::Idle);
+            assert!(raised);
+            assert_eq!(class(), libc::SCHED_OTHER);
+        }
+        pace.check(&mut raised, ThreadClass::Idle);
+        assert!(!raised);
+        assert_eq!(class(), libc::SCHED_IDLE);
+        done_tx.send(()).unwrap();
+        t.join().unwrap();
     }
 
     #[cfg(target_os = "linux")]
