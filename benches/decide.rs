@@ -6,6 +6,8 @@
 //! `*.suffix` wildcards, one `api-*` label glob, one CIDR (/24, /28 or /32)
 //! with a name, and one client-scoped exception with methods and paths.
 //!
+//! `compile/N` is the whole load; `yaml/N` its serde_yaml_ng part alone.
+//!
 //! `cargo bench --bench decide` (add `-- --quick` for a rough pass). Sample
 //! sizes are small so the whole run takes a few minutes on two shared cores.
 
@@ -228,6 +230,26 @@ fn compile_time(cr: &mut Criterion) {
     group.finish();
 }
 
+/// The YAML part of `compile` alone (serde_yaml_ng into the raw mirror,
+/// host patterns included), so compile's own share can be told apart.
+fn yaml_time(cr: &mut Criterion) {
+    let mut group = cr.benchmark_group("yaml");
+    group
+        .sample_size(10)
+        .warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_secs(5));
+    for &n in SIZES {
+        let text = policy_yaml(n);
+        group.bench_with_input(BenchmarkId::from_parameter(n), &text, |b, t| {
+            b.iter(|| {
+                serde_yaml_ng::from_str::<egressd::policy::raw::RawFile>(black_box(t))
+                    .expect("parses")
+            })
+        });
+    }
+    group.finish();
+}
+
 fn parse(cr: &mut Criterion) {
     let mut group = cr.benchmark_group("parse_target");
     group
@@ -249,5 +271,5 @@ fn parse(cr: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, decide, compile_time, parse);
+criterion_group!(benches, decide, compile_time, yaml_time, parse);
 criterion_main!(benches);

@@ -231,7 +231,11 @@ pub async fn start(args: &ServeArgs, listeners: Listeners) -> Result<Running> {
     }
     let (hup_tx, hup_rx) = mpsc::unbounded_channel();
     let reloader = Reloader::new(args.policy.clone(), handle.clone(), metrics.clone());
-    tokio::spawn(reloader.run(hup_rx, shutdown_rx.clone()));
+    // Its own thread at the idle class, not a runtime worker: compiling a
+    // large policy must not take CPU from requests (see policy::reload).
+    reloader
+        .spawn(hup_rx, shutdown_rx.clone())
+        .context("cannot start the policy reloader thread")?;
     metrics.set_ready();
     Ok(Running {
         proxy: proxy_addr,

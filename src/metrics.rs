@@ -299,7 +299,16 @@ impl Metrics {
                 }
             }
         }
-        self.live.store(Arc::new(next));
+        drop(old);
+        // Requests hold the map only while counting one hit: wait (bounded)
+        // until they let go, so that the old map's series are freed here,
+        // on the reloader thread, and not by a request.
+        let old = self.live.swap(Arc::new(next));
+        let deadline = std::time::Instant::now() + std::time::Duration::from_millis(50);
+        while Arc::strong_count(&old) > 1 && std::time::Instant::now() < deadline {
+            std::thread::yield_now();
+        }
+        drop(old);
         self.policy_exceptions.set(policy.exceptions.len() as i64);
         self.policy_loaded_at.set(unix_now() as f64);
     }

@@ -169,15 +169,17 @@ pub fn parse_ipv4_loose(s: &str) -> Option<Ipv4Addr> {
     if s.is_empty() || s.len() > 64 {
         return None;
     }
-    let parts: Vec<&str> = s.split('.').collect();
-    if parts.len() > 4 {
-        return None;
-    }
+    // No allocation: this runs for every request's host and every name
+    // in a policy.
     let mut nums = [0u64; 4];
-    for (i, p) in parts.iter().enumerate() {
-        nums[i] = parse_num_part(p)?;
+    let mut n = 0;
+    for p in s.split('.') {
+        if n == 4 {
+            return None;
+        }
+        nums[n] = parse_num_part(p)?;
+        n += 1;
     }
-    let n = parts.len();
     for v in &nums[..n - 1] {
         if *v > 255 {
             return None;

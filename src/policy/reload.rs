@@ -3,6 +3,13 @@
 //! whole request or tunnel). The watcher re-reads on file events and SIGHUP,
 //! compiles through the same `compile` as the first load, and swaps only a
 //! valid policy; an invalid one is reported and the last good one serves on.
+//!
+//! The reloader runs on its own OS thread at the idle scheduling class
+//! ([`Reloader::spawn`]): parsing and compiling a large policy takes
+//! hundreds of milliseconds of CPU, and on a proxy confined to one CPU any
+//! of it spent at normal priority is taken from requests. The policy it
+//! replaces is freed on that thread too (see [`Retired`]), never by the
+//! request that happens to release the last reference.
 
 use std::sync::Arc;
 
@@ -27,13 +34,204 @@ impl PolicyHandle {
         self.current.load_full()
     }
 
-    pub fn swap(&self, p: Policy) {
-        self.current.store(Arc::new(p));
+    /// Serves `p` from now on and hands back the policy it replaces. Every
+    /// reader that loaded the old one before the swap is counted in the
+    /// returned `Arc` (arc-swap pays its debts in `swap`), so a strong count
+    /// of 1 means no request holds it any more.
+    pub fn swap(&self, p: Policy) -> Arc<Policy> {
+        self.current.swap(Arc::new(p))
     }
 }
 
+/// How long a reload waits, right after a swap, for the requests that hold
+/// the previous policy to finish, so that it is freed on the reloader thread.
+const RETIRE_WAIT: Duration = Duration::from_millis(250);
+const RETIRE_STEP: Duration = Duration::from_millis(2);
+/// Retired policies kept waiting for long-lived holders (tunnels keep the
+/// policy they were decided with). Beyond this the oldest is let go: its
+/// last holder frees it, a cost preferred over unbounded memory.
+const MAX_RETIRED: usize = 4;
+
+/// Policies replaced by a reload, kept until the reloader holds the only
+/// reference so that freeing them (100k exceptions are ~10^6 allocations,
+/// tens of milliseconds) happens on the reloader thread, at idle priority,
+/// and not on a runtime worker in the middle of serving requests.
+#[derive(Default)]
+pub struct Retired {
+    held: Vec<Arc<Policy>>,
+}
+
+impl Retired {
+    pub fn push(&mut self, p: Arc<Policy>) {
+        self.held.push(p);
+        if self.held.len() > MAX_RETIRED {
+            self.held.remove(0);
+        }
+    }
+
+    /// Frees every retired policy no request holds any more; returns how
+    /// many were freed.
+    pub fn reap(&mut self) -> usize {
+        let before = self.held.len();
+        self.held.retain(|p| Arc::strong_count(p) > 1);
+        before - self.held.len()
+    }
+
+    /// `reap` until nothing is left or `limit` has passed.
+    pub fn reap_within(&mut self, limit: Duration) -> usize {
+        let deadline = Instant::now() + limit;
+        let mut freed = self.reap();
+        while !self.held.is_empty() && Instant::now() < deadline {
+            std::thread::sleep(RETIRE_STEP);
+            freed += self.reap();
+        }
+        freed
+    }
+
+    pub fn len(&self) -> usize {
+        self.held.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.held.is_empty()
+    }
+}
+
+/// The scheduling class the reloader thread got.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ThreadClass {
+    /// `SCHED_IDLE`: runs only when no normal thread wants the CPU.
+    Idle,
+    /// `SCHED_IDLE` was refused: nice 19 instead.
+    Nice19,
+    /// Both were refused; normal priority.
+    Normal,
+}
+
+/// Lowers the calling thread (not the process) to `SCHED_IDLE`, or to nice
+/// 19 if that is refused (seccomp profiles, some container runtimes).
+pub fn lower_this_thread() -> ThreadClass {
+    #[cfg(target_os = "linux")]
+    {
+        // SAFETY: plain syscalls on the calling thread (pid 0 / its tid)
+        // with a valid, initialised sched_param.
+        unsafe {
+            let param = libc::sched_param { sched_priority: 0 };
+            if libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) == 0 {
+                return ThreadClass::Idle;
+            }
+            let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
+            if libc::setpriority(libc::PRIO_PROCESS, tid, 19) == 0 {
+                return ThreadClass::Nice19;
+            }
+        }
+    }
+    ThreadClass::Normal
+}
+
+/// A reload still running after this long is raised from the idle class to
+/// normal priority until it ends: on a CPU that requests keep saturated an
+/// idle-class thread gets almost nothing (compiles of 6 s were seen in the
+/// load benchmark), and the promise that a change takes effect within 2 s
+/// outranks some latency on an already overloaded proxy.
+const ESCALATE_AFTER: Duration = Duration::from_millis(600);
+const DEADLINE_CHECK: Duration = Duration::from_millis(100);
+
+/// What the deadline thread knows of the reloader thread.
+struct Pace {
+    tid: std::sync::atomic::AtomicI32,
+    /// Milliseconds since `epoch` at which the running reload started, plus
+    /// one; 0 while no reload runs.
+    busy_since: std::sync::atomic::AtomicU64,
+    epoch: Instant,
+}
+
+impl Pace {
+    fn new() -> Pace {
+        Pace {
+            tid: std::sync::atomic::AtomicI32::new(0),
+            busy_since: std::sync::atomic::AtomicU64::new(0),
+            epoch: Instant::now(),
+        }
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.epoch.elapsed().as_millis() as u64 + 1
+    }
+
+    /// One look by the deadline thread: raise an overdue reload, lower the
+    /// thread again once the reload is done.
+    fn check(&self, raised: &mut bool, lowered_to: ThreadClass) {
+        use std::sync::atomic::Ordering::Relaxed;
+        let tid = self.tid.load(Relaxed);
+        if tid == 0 || lowered_to == ThreadClass::Normal {
+            return;
+        }
+        let since = self.busy_since.load(Relaxed);
+        let overdue =
+            since != 0 && self.now_ms().saturating_sub(since) >= ESCALATE_AFTER.as_millis() as u64;
+        if overdue && !*raised {
+            *raised = set_thread_class(tid, ThreadClass::Normal);
+        } else if since == 0 && *raised {
+            *raised = !set_thread_class(tid, lowered_to);
+        }
+    }
+}
+
+/// Marks a reload as running for as long as it lives.
+struct Busy<'a>(&'a Pace);
+impl<'a> Busy<'a> {
+    fn start(p: &'a Pace) -> Busy<'a> {
+        p.busy_since
+            .store(p.now_ms(), std::sync::atomic::Ordering::Relaxed);
+        Busy(p)
+    }
+}
+impl Drop for Busy<'_> {
+    fn drop(&mut self) {
+        self.0
+            .busy_since
+            .store(0, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// Sets another thread of this process (by tid) to `class`; whether it took.
+fn set_thread_class(tid: i32, class: ThreadClass) -> bool {
+    #[cfg(target_os = "linux")]
+    {
+        // SAFETY: plain syscalls on a thread of this process, with a valid
+        // sched_param.
+        unsafe {
+            let param = libc::sched_param { sched_priority: 0 };
+            return match class {
+                ThreadClass::Idle => libc::sched_setscheduler(tid, libc::SCHED_IDLE, &param) == 0,
+                ThreadClass::Nice19 | ThreadClass::Normal => {
+                    let nice = if class == ThreadClass::Nice19 { 19 } else { 0 };
+                    libc::sched_setscheduler(tid, libc::SCHED_OTHER, &param) == 0
+                        && libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, nice) == 0
+                }
+            };
+        }
+    }
+    #[allow(unreachable_code)]
+    {
+        let _ = (tid, class);
+        false
+    }
+}
+
+fn current_tid() -> i32 {
+    #[cfg(target_os = "linux")]
+    {
+        // SAFETY: gettid has no preconditions.
+        return unsafe { libc::syscall(libc::SYS_gettid) } as i32;
+    }
+    #[allow(unreachable_code)]
+    0
+}
+
 use std::path::{Path, PathBuf};
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use notify::{RecursiveMode, Watcher};
 use tokio::sync::{mpsc, watch};
@@ -60,6 +258,8 @@ pub struct Reloader {
     handle: Arc<PolicyHandle>,
     metrics: Arc<Metrics>,
     last_failed: Option<[u8; 32]>,
+    retired: Retired,
+    pace: Option<Arc<Pace>>,
 }
 
 impl Reloader {
@@ -71,12 +271,82 @@ impl Reloader {
             handle,
             metrics,
             last_failed: None,
+            retired: Retired::default(),
+            pace: None,
         }
+    }
+
+    /// Policies replaced and not yet freed (still held by requests).
+    pub fn retired(&mut self) -> &mut Retired {
+        &mut self.retired
+    }
+
+    /// Runs the reloader on its own thread, `egressd-reload`, lowered to
+    /// the idle class, with a small runtime of its own for the watcher,
+    /// the poll and the debounce timers.
+    /// A second, normally sleeping thread raises a reload that is still
+    /// running after [`ESCALATE_AFTER`] to normal priority.
+    pub fn spawn(
+        mut self,
+        sighup: mpsc::UnboundedReceiver<()>,
+        shutdown: watch::Receiver<bool>,
+    ) -> std::io::Result<std::thread::JoinHandle<()>> {
+        let pace = Arc::new(Pace::new());
+        self.pace = Some(pace.clone());
+        let (class_tx, class_rx) = std::sync::mpsc::channel();
+        let watched = Arc::downgrade(&pace);
+        drop(pace);
+        let reloader = std::thread::Builder::new()
+            .name("egressd-reload".into())
+            .spawn(move || {
+                let class = lower_this_thread();
+                if let Some(p) = &self.pace {
+                    p.tid
+                        .store(current_tid(), std::sync::atomic::Ordering::Relaxed);
+                }
+                let _ = class_tx.send(class);
+                match class {
+                    ThreadClass::Idle => {}
+                    ThreadClass::Nice19 => eprintln!(
+                        "egressd: SCHED_IDLE refused for the policy reloader; it runs at nice 19"
+                    ),
+                    ThreadClass::Normal => eprintln!(
+                        "egressd: cannot lower the policy reloader's priority; reloads compete with requests for CPU"
+                    ),
+                }
+                let rt = match tokio::runtime::Builder::new_current_thread()
+                    .enable_time()
+                    .build()
+                {
+                    Ok(rt) => rt,
+                    Err(e) => {
+                        eprintln!("egressd: policy reloader not started: {e}");
+                        return;
+                    }
+                };
+                rt.block_on(self.run(sighup, shutdown));
+            })?;
+        std::thread::Builder::new()
+            .name("egressd-reload-deadline".into())
+            .spawn(move || {
+                let Ok(class) = class_rx.recv() else { return };
+                let mut raised = false;
+                loop {
+                    std::thread::sleep(DEADLINE_CHECK);
+                    // Ends with the reloader (the only strong holder).
+                    let Some(p) = watched.upgrade() else { return };
+                    p.check(&mut raised, class);
+                }
+            })?;
+        Ok(reloader)
     }
 
     /// One reload: read, compare digests, compile, swap. On error the
     /// serving policy stays and the error is reported and counted.
     pub fn reload(&mut self, forced: bool) -> ReloadOutcome {
+        let pace = self.pace.clone();
+        let _busy = pace.as_deref().map(Busy::start);
+        let t0 = Instant::now();
         let sources = match super::read_sources(&self.path) {
             Ok(s) => s,
             Err(e) => return self.failed(e.to_string(), None),
@@ -88,16 +358,29 @@ impl Reloader {
         if !forced && self.last_failed == Some(digest) {
             return ReloadOutcome::Unchanged;
         }
-        match super::compile(&sources, &|n| std::env::var(n).ok()) {
+        let t1 = Instant::now();
+        match super::compile_digested(&sources, digest, &|n| std::env::var(n).ok()) {
             Ok(p) => {
+                drop(sources);
                 let n = p.exceptions.len();
+                let t2 = Instant::now();
                 self.metrics.sync_policy(&p);
-                self.handle.swap(p);
+                let t3 = Instant::now();
+                let old = self.handle.swap(p);
+                self.retired.push(old);
                 self.metrics.reloads.with_label_values(&["ok"]).inc();
                 self.last_failed = None;
+                let freed = self.retired.reap_within(RETIRE_WAIT);
+                let t4 = Instant::now();
+                let ms = |a: Instant, b: Instant| (b - a).as_secs_f64() * 1e3;
                 eprintln!(
-                    "egressd: policy reloaded from {} ({n} exceptions)",
-                    self.path.display()
+                    "egressd: policy reloaded from {} ({n} exceptions; read {:.1} ms, compile {:.1} ms, metrics {:.1} ms, retire {:.1} ms{})",
+                    self.path.display(),
+                    ms(t0, t1),
+                    ms(t1, t2),
+                    ms(t2, t3),
+                    ms(t3, t4),
+                    if freed == 0 { ", previous policy still in use" } else { "" },
                 );
                 ReloadOutcome::Swapped { exceptions: n }
             }
@@ -182,10 +465,7 @@ impl Reloader {
         let mut stamp = fingerprint(&self.path);
         // A change made between the first load and this point raised no
         // event we saw and is already in `stamp`: compare digests once now.
-        {
-            let this = &mut self;
-            tokio::task::block_in_place(|| this.reload(false));
-        }
+        self.reload(false);
         let mut poll = tokio::time::interval(POLL_EVERY);
         poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -194,6 +474,7 @@ impl Reloader {
                 Some(()) = rx.recv() => false,
                 Some(()) = sighup.recv() => true,
                 _ = poll.tick() => {
+                    self.retired.reap();
                     let now = fingerprint(&self.path);
                     if now == stamp { continue; }
                     false
@@ -204,8 +485,7 @@ impl Reloader {
             while rx.try_recv().is_ok() {}
             stamp = fingerprint(&self.path);
             let path = self.path.clone();
-            let this = &mut self;
-            let outcome = tokio::task::block_in_place(|| this.reload(forced));
+            let outcome = self.reload(forced);
             if !matches!(outcome, ReloadOutcome::Unchanged) {
                 // The directory itself may have been replaced (a symlink swap).
                 rewatch(&mut watcher, &mut watched, &path);
@@ -235,4 +515,130 @@ fn fingerprint(path: &Path) -> Vec<(PathBuf, u64, Option<SystemTime>, u64)> {
     }
     out.sort();
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn policy_text(host: &str) -> String {
+        format!("exceptions:\n  - id: a\n    owner: t\n    reason: r\n    hosts: [{host}]\n")
+    }
+
+    fn setup() -> (tempfile::TempDir, Reloader, Arc<PolicyHandle>) {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("p.yaml");
+        std::fs::write(&file, policy_text("a.test")).unwrap();
+        let handle = PolicyHandle::new(super::super::load(&file).unwrap());
+        let metrics = Metrics::new();
+        let r = Reloader::new(file, handle.clone(), metrics);
+        (dir, r, handle)
+    }
+
+    #[test]
+    fn a_policy_still_held_by_a_request_is_freed_by_the_reloader_not_the_request() {
+        let (dir, mut r, handle) = setup();
+        let held = handle.snapshot(); // a request (or tunnel) in flight
+        std::fs::write(dir.path().join("p.yaml"), policy_text("b.test")).unwrap();
+        assert!(matches!(r.reload(false), ReloadOutcome::Swapped { .. }));
+        assert_eq!(r.retired().len(), 1, "the reloader keeps the old policy");
+        let weak = Arc::downgrade(&held);
+        drop(held); // the request ends: it must not be the one that frees
+        assert!(weak.upgrade().is_some(), "freed by the request's drop");
+        assert_eq!(r.retired().reap(), 1);
+        assert!(weak.upgrade().is_none());
+    }
+
+    #[test]
+    fn an_unheld_policy_is_freed_during_the_reload() {
+        let (dir, mut r, handle) = setup();
+        let weak = Arc::downgrade(&handle.snapshot());
+        std::fs::write(dir.path().join("p.yaml"), policy_text("b.test")).unwrap();
+        assert!(matches!(r.reload(false), ReloadOutcome::Swapped { .. }));
+        assert!(r.retired().is_empty());
+        assert!(weak.upgrade().is_none());
+    }
+
+    #[test]
+    fn retired_policies_are_bounded() {
+        let (_dir, mut r, handle) = setup();
+        let mut held = Vec::new();
+        for i in 0..MAX_RETIRED + 3 {
+            held.push(handle.snapshot());
+            let p = super::super::from_yaml(&policy_text(&format!("h{i}.test"))).unwrap();
+            r.retired().push(handle.swap(p));
+        }
+        assert_eq!(r.retired().len(), MAX_RETIRED);
+    }
+
+    /// An overdue reload is raised to normal priority, and lowered back
+    /// once it is done. Raising a thread needs CAP_SYS_NICE: skipped without.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn an_overdue_reload_is_raised_and_lowered_again() {
+        // SAFETY: no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("skipped: raising a thread's priority needs root");
+            return;
+        }
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+        let t = std::thread::spawn(move || {
+            assert_eq!(lower_this_thread(), ThreadClass::Idle);
+            tx.send(current_tid()).unwrap();
+            let _ = done_rx.recv();
+        });
+        let tid = rx.recv().unwrap();
+        // SAFETY: queries about a thread of this process.
+        let class = || unsafe { libc::sched_getscheduler(tid) };
+        let pace = Pace::new();
+        pace.tid.store(tid, std::sync::atomic::Ordering::Relaxed);
+        let mut raised = false;
+        {
+            let _busy = Busy::start(&pace);
+            pace.check(&mut raised, ThreadClass::Idle);
+            assert_eq!(class(), libc::SCHED_IDLE, "raised before the deadline");
+            std::thread::sleep(ESCALATE_AFTER + Duration::from_millis(20));
+            pace.check(&mut raised, ThreadClass::Idle);
+            assert!(raised);
+            assert_eq!(class(), libc::SCHED_OTHER);
+        }
+        pace.check(&mut raised, ThreadClass::Idle);
+        assert!(!raised);
+        assert_eq!(class(), libc::SCHED_IDLE);
+        done_tx.send(()).unwrap();
+        t.join().unwrap();
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn the_reloader_thread_runs_at_the_idle_class() {
+        let (_dir, r, _handle) = setup();
+        let (_hup_tx, hup_rx) = mpsc::unbounded_channel();
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let thread = r.spawn(hup_rx, stop_rx).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let policy = loop {
+            let found = std::fs::read_dir("/proc/thread-self/..")
+                .unwrap()
+                .flatten()
+                .find(|t| {
+                    std::fs::read_to_string(t.path().join("comm"))
+                        .is_ok_and(|c| c.trim_end() == "egressd-reload")
+                });
+            if let Some(t) = found {
+                let tid: libc::pid_t = t.file_name().to_string_lossy().parse().unwrap();
+                // SAFETY: a query about a thread of this process.
+                let p = unsafe { libc::sched_getscheduler(tid) };
+                if p == libc::SCHED_IDLE || Instant::now() > deadline {
+                    break p;
+                }
+            }
+            assert!(Instant::now() < deadline, "no egressd-reload thread");
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        assert_eq!(policy, libc::SCHED_IDLE);
+        stop_tx.send(true).unwrap();
+        thread.join().unwrap();
+    }
 }
