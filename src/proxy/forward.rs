@@ -79,14 +79,18 @@ fn is_hop_by_hop(n: &HeaderName) -> bool {
     // `Transfer_Encoding` is a second framing, and on a pooled connection a
     // smuggled request (past `methods`/`paths`, into another client's turn).
     let lookalike = |of: &str| {
-        s.len() == of.len()
+        s != of
             && s.bytes()
                 .zip(of.bytes())
                 .all(|(a, b)| a == b || (a == b'_' && b == b'-'))
     };
-    s == "keep-alive"
-        || s == "proxy-connection"
-        || (s.contains('_') && (lookalike("content-length") || lookalike("transfer-encoding")))
+    match s.len() {
+        10 => s == "keep-alive",
+        16 => s == "proxy-connection",
+        14 => lookalike("content-length"),
+        17 => lookalike("transfer-encoding"),
+        _ => false,
+    }
 }
 
 /// A request target's destination, parsed at the edge.
@@ -415,12 +419,15 @@ pub(crate) async fn decide_and_forward(
     } else {
         format!("{}:{}", dest.target, dest.port)
     };
-    let pq = req
-        .uri()
-        .path_and_query()
-        .map(|p| p.as_str())
-        .unwrap_or("/")
-        .to_string();
+    // The origin form: an empty path is `/` (`http://host?q` asks for `/?q`).
+    let pq = {
+        let (path, query) = (req.uri().path(), req.uri().query());
+        let path = if path.is_empty() { "/" } else { path };
+        match query {
+            Some(q) => format!("{path}?{q}"),
+            None => path.to_string(),
+        }
+    };
     // Plain HTTP: the checked address in the URI is the pool key. HTTPS: a
     // client bound to this name and these checked addresses, so the URI
     // carries the name (it becomes h2's :authority) and no pooled
@@ -429,7 +436,12 @@ pub(crate) async fn decide_and_forward(
         Scheme::Http => {
             let addr = checked.addrs[0];
             ev.addr = Some(addr);
-            (format!("http://{addr}{pq}"), None)
+            match ctx.egress {
+                // The origin gets the origin form; the pool dials `addr`.
+                upstream::Egress::Direct => (pq, None),
+                // An upstream proxy gets the checked address, never the name.
+                upstream::Egress::Proxy(_) => (format!("http://{addr}{pq}"), None),
+            }
         }
         Scheme::Https => {
             let Some(mitm) = ctx.mitm.as_ref() else {

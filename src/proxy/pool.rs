@@ -170,11 +170,15 @@ where
         if matches!(self.egress, Egress::Direct) {
             // Origin-form to the origin; an upstream proxy takes the
             // absolute form the request carries.
-            let pq = req
-                .uri()
-                .path_and_query()
-                .cloned()
-                .unwrap_or_else(|| PathAndQuery::from_static("/"));
+            let pq = match req.uri().path_and_query() {
+                // `http://host?q` asks for `/?q`.
+                Some(pq) if pq.as_str().starts_with('?') => {
+                    PathAndQuery::try_from(format!("/{}", pq.as_str()))
+                        .map_err(|e| SendError::Connect(io::Error::other(e)))?
+                }
+                Some(pq) => pq.clone(),
+                None => PathAndQuery::from_static("/"),
+            };
             *req.uri_mut() = Uri::from(pq);
         }
         while let Some(mut sender) = self.checkout(addr) {
@@ -303,6 +307,8 @@ mod tests {
         assert_eq!(pool.idle_count(o.addr), 1);
         // Origin-form on the wire: the origin never sees the address form.
         assert_eq!(o.lines.lock().unwrap()[4], "GET /n/4?q=1 HTTP/1.1");
+        exchange(&pool, o.addr, "?only=query").await;
+        assert_eq!(o.lines.lock().unwrap()[5], "GET /?only=query HTTP/1.1");
     }
 
     #[tokio::test]
