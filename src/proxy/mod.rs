@@ -57,7 +57,24 @@ pub struct ProxyCtx {
 
 /// Serves the proxy port until `shutdown` flips; then stops accepting and
 /// lets open connections finish on their own.
-pub async fn serve(listener: TcpListener, ctx: Arc<ProxyCtx>, mut shutdown: watch::Receiver<bool>) {
+pub async fn serve(listener: TcpListener, ctx: Arc<ProxyCtx>, shutdown: watch::Receiver<bool>) {
+    accept_loop(listener, ctx, shutdown, "", serve_conn).await
+}
+
+/// Accepts connections on `listener` until `shutdown` flips, at most
+/// [`MAX_CONNECTIONS`] open at once, and runs `conn` for each on its own
+/// task. Shared by the proxy port and transparent capture; `what` names the
+/// listener in accept errors.
+pub(crate) async fn accept_loop<F, Fut>(
+    listener: TcpListener,
+    ctx: Arc<ProxyCtx>,
+    mut shutdown: watch::Receiver<bool>,
+    what: &str,
+    conn: F,
+) where
+    F: Fn(tokio::net::TcpStream, SocketAddr, Arc<ProxyCtx>) -> Fut,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
     let limit = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     loop {
         let permit = tokio::select! {
@@ -69,7 +86,7 @@ pub async fn serve(listener: TcpListener, ctx: Arc<ProxyCtx>, mut shutdown: watc
                 Ok(x) => x,
                 Err(e) => {
                     // EMFILE and friends: back off instead of spinning.
-                    eprintln!("egressd: accept failed: {e}");
+                    eprintln!("egressd: accept failed{what}: {e}");
                     tokio::time::sleep(Duration::from_millis(100)).await;
                     continue;
                 }
@@ -77,10 +94,10 @@ pub async fn serve(listener: TcpListener, ctx: Arc<ProxyCtx>, mut shutdown: watc
             _ = shutdown.changed() => return,
         };
         let _ = stream.set_nodelay(true);
-        let ctx = ctx.clone();
+        let task = conn(stream, peer, ctx.clone());
         tokio::spawn(async move {
             let _permit = permit;
-            serve_conn(stream, peer, ctx).await;
+            task.await;
         });
     }
 }

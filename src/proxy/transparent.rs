@@ -57,7 +57,7 @@ use http::{header, Method, Request, Response};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{watch, Semaphore};
+use tokio::sync::watch;
 
 use super::forward::{
     self, add_note, parse_authority, truncate_path, Denier, Dest, Inbound, Scheme,
@@ -66,7 +66,7 @@ use super::respond::ProxyBody;
 use super::sni::{self, Hello};
 use super::tunnel::{self, SniRule, HELLO_TIMEOUT};
 use super::upstream::{self, Refusal};
-use super::{mitm, ProxyCtx, HEADER_READ_TIMEOUT, MAX_CONNECTIONS, MAX_HEADER_BYTES};
+use super::{mitm, ProxyCtx, HEADER_READ_TIMEOUT, MAX_HEADER_BYTES};
 use crate::decision::{Event, Proto, Reason, Verdict};
 use crate::metrics::ActiveGuard;
 use crate::policy::host::{parse_host, Target};
@@ -92,31 +92,8 @@ const FROM_DNS: &str = "a DNS answer egressd gave";
 
 /// Serves one capture listener until `shutdown` flips; open connections
 /// finish on their own.
-pub async fn serve(listener: TcpListener, ctx: Arc<ProxyCtx>, mut shutdown: watch::Receiver<bool>) {
-    let limit = Arc::new(Semaphore::new(MAX_CONNECTIONS));
-    loop {
-        let permit = tokio::select! {
-            p = limit.clone().acquire_owned() => p.expect("semaphore never closed"),
-            _ = shutdown.changed() => return,
-        };
-        let (stream, peer) = tokio::select! {
-            r = listener.accept() => match r {
-                Ok(x) => x,
-                Err(e) => {
-                    eprintln!("egressd: accept failed on the capture listener: {e}");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                    continue;
-                }
-            },
-            _ = shutdown.changed() => return,
-        };
-        let _ = stream.set_nodelay(true);
-        let ctx = ctx.clone();
-        tokio::spawn(async move {
-            let _permit = permit;
-            handle(stream, peer, ctx).await;
-        });
-    }
+pub async fn serve(listener: TcpListener, ctx: Arc<ProxyCtx>, shutdown: watch::Receiver<bool>) {
+    super::accept_loop(listener, ctx, shutdown, " on the capture listener", handle).await
 }
 
 /// What the first bytes of a captured connection say it is.
