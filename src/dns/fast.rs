@@ -12,7 +12,7 @@
 //! the two to the same answers.
 
 use hickory_proto::op::ResponseCode;
-use hickory_proto::rr::Record;
+use hickory_proto::rr::{DNSClass, Name, RData, Record};
 use hickory_proto::serialize::binary::{BinEncodable, BinEncoder};
 
 /// The OPT record's type (RFC 6891).
@@ -186,11 +186,11 @@ pub(super) fn encode(
         buf.extend_from_slice(&word.to_be_bytes());
     }
     buf.extend_from_slice(q.question);
-    if !answers.is_empty() || !authority.is_empty() {
-        let at = buf.len();
-        let mut enc = BinEncoder::with_offset(&mut buf, at as u32);
-        enc.set_max_size(max_size);
-        for r in answers.iter().chain(authority) {
+    for r in answers.iter().chain(authority) {
+        if !address_for_question(&mut buf, q, r) {
+            let at = buf.len();
+            let mut enc = BinEncoder::with_offset(&mut buf, at as u32);
+            enc.set_max_size(max_size);
             r.emit(&mut enc).ok()?;
         }
     }
@@ -214,6 +214,46 @@ pub(super) fn encode(
         }
     }
     (buf.len() <= usize::from(max_size)).then_some(buf)
+}
+
+/// Writes `r` when it is an A or AAAA record of the question's own name
+/// (the common answer), its owner a pointer to the question (offset 12, as
+/// RFC 1035 §4.1.4 compression allows). Anything else returns `false` and
+/// goes through hickory's encoder.
+fn address_for_question(buf: &mut Vec<u8>, q: &Query<'_>, r: &Record) -> bool {
+    let rdata: &[u8] = match &r.data {
+        RData::A(a) => &a.0.octets(),
+        RData::AAAA(a) => &a.0.octets(),
+        _ => return false,
+    };
+    if r.dns_class != DNSClass::IN || !same_name(q.name, &r.name) {
+        return false;
+    }
+    let rtype: u16 = if rdata.len() == 4 { 1 } else { 28 };
+    buf.extend_from_slice(&[0xc0, HEADER as u8]);
+    buf.extend_from_slice(&rtype.to_be_bytes());
+    buf.extend_from_slice(&CLASS_IN.to_be_bytes());
+    buf.extend_from_slice(&r.ttl.to_be_bytes());
+    buf.extend_from_slice(&(rdata.len() as u16).to_be_bytes());
+    buf.extend_from_slice(rdata);
+    true
+}
+
+/// Whether the wire name `wire` (length-prefixed labels) and `name` are the
+/// same name, ignoring ASCII case.
+fn same_name(wire: &[u8], name: &Name) -> bool {
+    let mut rest = wire;
+    for label in name.iter() {
+        let Some((&len, tail)) = rest.split_first() else {
+            return false;
+        };
+        let len = len as usize;
+        if len != label.len() || !tail[..len].eq_ignore_ascii_case(label) {
+            return false;
+        }
+        rest = &tail[len..];
+    }
+    rest.is_empty()
 }
 
 #[cfg(test)]
@@ -306,6 +346,58 @@ pub(super) mod tests {
         for (i, c) in cases.iter().enumerate() {
             assert!(parse(c).is_none(), "case {i}: {c:?}");
         }
+    }
+
+    #[test]
+    fn address_records_of_the_question_point_to_it_others_are_encoded() {
+        use hickory_proto::op::Message;
+        use hickory_proto::rr::rdata::{A, AAAA, CNAME};
+        let raw = query(3, RD, "WwW.Example.test", 1, None);
+        let q = parse(&raw).unwrap();
+        let name = |s: &str| Name::from_ascii(s).unwrap();
+        let records = vec![
+            Record::from_rdata(
+                name("www.example.test."),
+                60,
+                RData::A(A::new(192, 0, 2, 1)),
+            ),
+            Record::from_rdata(
+                name("WWW.EXAMPLE.TEST."),
+                61,
+                RData::AAAA(AAAA::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 1)),
+            ),
+            Record::from_rdata(
+                name("www.example.test."),
+                62,
+                RData::CNAME(CNAME(name("cdn.example.test."))),
+            ),
+            Record::from_rdata(
+                name("cdn.example.test."),
+                63,
+                RData::A(A::new(192, 0, 2, 2)),
+            ),
+            Record::from_rdata(name("example.test."), 64, RData::A(A::new(192, 0, 2, 3))),
+        ];
+        let out = encode(&q, ResponseCode::NoError, &records, &[], None, 512, 1232).unwrap();
+        let at = 12 + q.question.len();
+        assert_eq!(&out[at..at + 2], &[0xc0, 0x0c], "first owner is a pointer");
+        let m = Message::from_vec(&out).unwrap();
+        assert_eq!(m.answers.len(), records.len());
+        for (got, want) in m.answers.iter().zip(&records) {
+            assert_eq!(got.name, want.name);
+            assert_eq!(got.ttl, want.ttl);
+            assert_eq!(got.data, want.data);
+            assert_eq!(got.dns_class, DNSClass::IN);
+        }
+        assert!(!same_name(
+            b"\x03www\x07example\x04test",
+            &name("www.example.test.x.")
+        ));
+        assert!(!same_name(
+            b"\x03www\x07example",
+            &name("www.example.test.")
+        ));
+        assert!(same_name(b"\x01A", &name("a.")));
     }
 
     #[test]
