@@ -621,11 +621,14 @@ fn yaml_error(path: &Path, e: &serde_yaml_ng::Error) -> Diagnostic {
     }
 }
 
-/// SHA-256 over every file's path and contents: equal digests, equal policies.
+/// SHA-256 over every file's name and contents: equal digests, equal
+/// policies. Names, not paths: the same policy read as `policy/` at start
+/// and as its absolute path by the reloader is the same policy.
 pub fn digest_sources(sources: &[Source]) -> [u8; 32] {
     let mut ctx = ring::digest::Context::new(&ring::digest::SHA256);
     for src in sources {
-        ctx.update(src.path.to_string_lossy().as_bytes());
+        let name = src.path.file_name().unwrap_or(src.path.as_os_str());
+        ctx.update(name.to_string_lossy().as_bytes());
         ctx.update(&[0]);
         ctx.update(src.text.as_bytes());
         ctx.update(&[0]);

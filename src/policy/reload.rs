@@ -536,6 +536,28 @@ mod tests {
     }
 
     #[test]
+    fn a_policy_loaded_by_a_relative_path_is_not_reloaded_unchanged() {
+        // `serve` loads `--policy policy/` as typed; the reloader watches
+        // its absolute path. Nothing changed: nothing to reload.
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("p.yaml"), policy_text("a.test")).unwrap();
+        let sub = dir.path().join("sub");
+        std::fs::create_dir(&sub).unwrap();
+        let relative = std::path::Path::new("..").join("p.yaml");
+        let absolute = dir.path().join("p.yaml");
+        let via_relative = super::super::read_sources(&sub.join(&relative)).unwrap();
+        let via_absolute = super::super::read_sources(&absolute).unwrap();
+        assert_ne!(via_relative[0].path, via_absolute[0].path);
+        assert_eq!(
+            super::super::digest_sources(&via_relative),
+            super::super::digest_sources(&via_absolute)
+        );
+        let handle = PolicyHandle::new(super::super::load(&absolute).unwrap());
+        let mut r = Reloader::new(absolute, handle, Metrics::new());
+        assert!(matches!(r.reload(false), ReloadOutcome::Unchanged));
+    }
+
+    #[test]
     fn a_policy_still_held_by_a_request_is_freed_by_the_reloader_not_the_request() {
         let (dir, mut r, handle) = setup();
         let held = handle.snapshot(); // a request (or tunnel) in flight
