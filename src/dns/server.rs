@@ -428,14 +428,8 @@ impl Handler {
     }
 
     fn record_malformed(&self, src: SocketAddr, note: &str, rcode: Option<ResponseCode>) {
-        let policy = self.policy.snapshot();
         let mut ev = Event::new(Proto::Dns, src);
-        let client = policy.identify(src.ip(), None).unwrap_or(None);
-        ev.client = policy
-            .client_id(client)
-            .cloned()
-            .unwrap_or_else(crate::decision::anonymous);
-        ev.mode = policy.settings.mode.as_str();
+        let (_policy, _client) = self.attribute(&mut ev, src.ip());
         ev.set_denied(Reason::Malformed);
         ev.note = Some(note.to_string());
         ev.rcode = rcode.map(rcode_name);
@@ -465,13 +459,7 @@ impl Handler {
     /// Decides and resolves one query, filling in the event as it goes.
     async fn answer(&self, request: &Request, ev: &mut Event, overloaded: bool) -> Option<Reply> {
         let meta = &request.metadata;
-        let policy = self.policy.snapshot();
-        ev.mode = policy.settings.mode.as_str();
-        let client = policy.identify(request.src().ip(), None).unwrap_or(None);
-        ev.client = policy
-            .client_id(client)
-            .cloned()
-            .unwrap_or_else(crate::decision::anonymous);
+        let (policy, client) = self.attribute(ev, request.src().ip());
         let questions = request.queries.queries();
         if let Some(q) = questions.first() {
             ev.qname = Some(display_name(q.original().name()));
@@ -518,6 +506,18 @@ impl Handler {
         )
     }
 
+    /// The policy snapshot a query is decided by, and the client it comes
+    /// from (by source address), noted in `ev` with the policy's mode.
+    fn attribute(&self, ev: &mut Event, src: IpAddr) -> (Arc<Policy>, Option<ClientIdx>) {
+        let policy = self.policy.snapshot();
+        ev.mode = policy.settings.mode.as_str();
+        let client = policy.identify(src, None).unwrap_or(None);
+        if let Some(id) = policy.client_id(client) {
+            ev.client = id.clone();
+        }
+        (policy, client)
+    }
+
     /// The common shape ([`fast::parse`]): decided by the same
     /// [`Handler::answer_host`], answered without building hickory messages.
     async fn respond_fast(
@@ -530,12 +530,7 @@ impl Handler {
         overloaded: bool,
     ) -> Vec<u8> {
         let mut ev = Event::new(Proto::Dns, src);
-        let policy = self.policy.snapshot();
-        ev.mode = policy.settings.mode.as_str();
-        let client = policy.identify(src.ip(), None).unwrap_or(None);
-        if let Some(id) = policy.client_id(client) {
-            ev.client = id.clone();
-        }
+        let (policy, client) = self.attribute(&mut ev, src.ip());
         ev.qname = Some(host.to_string());
         ev.qtype = Some(qtype_mnemonic(q.qtype));
         let reply = match self.refuse_early(&mut ev, overloaded) {

@@ -103,11 +103,32 @@ pub(crate) async fn accept_loop<F, Fut>(
 }
 
 async fn serve_conn(stream: tokio::net::TcpStream, peer: SocketAddr, ctx: Arc<ProxyCtx>) {
+    serve_http1(stream, peer, ctx, None, move |req, ctx| {
+        handle(req, peer, ctx)
+    })
+    .await
+}
+
+/// Serves one client connection as HTTP/1.1 (with upgrades), each request
+/// answered by `answer`. A request hyper could not parse has already been
+/// answered 400/431 by hyper; its log line (with `note`, if any) is written
+/// here. Shared by the proxy port and transparent capture.
+pub(crate) async fn serve_http1<F, Fut>(
+    stream: tokio::net::TcpStream,
+    peer: SocketAddr,
+    ctx: Arc<ProxyCtx>,
+    note: Option<String>,
+    answer: F,
+) where
+    F: Fn(Request<Incoming>, Arc<ProxyCtx>) -> Fut + Send + Sync + 'static,
+    Fut: std::future::Future<Output = Response<respond::ProxyBody>> + Send + 'static,
+{
     let _active = ActiveGuard::new(&ctx.recorder.metrics, Proto::Http);
     let c2 = ctx.clone();
+    let answer = Arc::new(answer);
     let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
-        let ctx = c2.clone();
-        async move { Ok::<_, Infallible>(handle(req, peer, ctx).await) }
+        let (ctx, answer) = (c2.clone(), answer.clone());
+        async move { Ok::<_, Infallible>(answer(req, ctx).await) }
     });
     let res = hyper::server::conn::http1::Builder::new()
         .timer(TokioTimer::new())
@@ -118,13 +139,12 @@ async fn serve_conn(stream: tokio::net::TcpStream, peer: SocketAddr, ctx: Arc<Pr
         .with_upgrades()
         .await;
     if let Err(e) = res {
-        // hyper has already answered 400/431 for a request it could not
-        // parse; the log line is ours to write.
         if e.is_parse() || e.is_parse_too_large() || e.is_parse_status() {
             let mut ev = Event::new(Proto::Http, peer);
             ev.set_denied(Reason::Malformed);
             ev.status = Some(if e.is_parse_too_large() { 431 } else { 400 });
             ev.error = Some(e.to_string());
+            ev.note = note;
             ctx.recorder.record(ev);
         }
     }

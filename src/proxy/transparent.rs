@@ -45,7 +45,6 @@
 //! Every connection gets exactly one log line with the note `transparent:
 //! to ADDR, name from …` (plain HTTP: one per request), decided or not.
 
-use std::convert::Infallible;
 use std::io;
 use std::mem::{size_of, zeroed};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
@@ -55,7 +54,6 @@ use std::time::Duration;
 
 use http::{header, Method, Request, Response};
 use hyper::body::Incoming;
-use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
@@ -66,7 +64,7 @@ use super::respond::ProxyBody;
 use super::sni::{self, Hello};
 use super::tunnel::{self, SniRule, HELLO_TIMEOUT};
 use super::upstream::{self, Refusal};
-use super::{mitm, ProxyCtx, HEADER_READ_TIMEOUT, MAX_HEADER_BYTES};
+use super::{mitm, ProxyCtx};
 use crate::decision::{Event, Proto, Reason, Verdict};
 use crate::metrics::ActiveGuard;
 use crate::policy::host::{parse_host, Target};
@@ -301,31 +299,11 @@ fn http_request_line(b: &[u8]) -> Option<bool> {
 // ---------------------------------------------------------------- plain HTTP
 
 async fn serve_http(stream: TcpStream, peer: SocketAddr, orig: SocketAddr, ctx: Arc<ProxyCtx>) {
-    let _active = ActiveGuard::new(&ctx.recorder.metrics, Proto::Http);
-    let c2 = ctx.clone();
-    let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
-        let ctx = c2.clone();
-        async move { Ok::<_, Infallible>(request(req, peer, orig, ctx).await) }
-    });
-    let res = hyper::server::conn::http1::Builder::new()
-        .timer(TokioTimer::new())
-        .header_read_timeout(HEADER_READ_TIMEOUT)
-        .max_buf_size(MAX_HEADER_BYTES)
-        .keep_alive(true)
-        .serve_connection(TokioIo::new(stream), svc)
-        .with_upgrades()
-        .await;
-    if let Err(e) = res {
-        // hyper has answered 400/431 for what it could not parse.
-        if e.is_parse() || e.is_parse_too_large() || e.is_parse_status() {
-            let mut ev = Event::new(Proto::Http, peer);
-            ev.set_denied(Reason::Malformed);
-            ev.status = Some(if e.is_parse_too_large() { 431 } else { 400 });
-            ev.error = Some(e.to_string());
-            ev.note = Some(format!("transparent: to {orig}"));
-            ctx.recorder.record(ev);
-        }
-    }
+    let note = Some(format!("transparent: to {orig}"));
+    super::serve_http1(stream, peer, ctx, note, move |req, ctx| {
+        request(req, peer, orig, ctx)
+    })
+    .await
 }
 
 /// One request on a captured plain-HTTP connection: its `Host` names the
