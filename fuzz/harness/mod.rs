@@ -1,6 +1,6 @@
 //! What each fuzz target checks, as plain functions of the input bytes.
 //! The cargo-fuzz targets (`fuzz/fuzz_targets/`) call them under libFuzzer;
-//! `tests/fuzz_regressions.rs` calls them on every committed seed and
+//! `tests/it/fuzz_regressions.rs` calls them on every committed seed and
 //! regression input, so `cargo test` replays the corpora without cargo-fuzz.
 //!
 //! Every check panics on a broken invariant; a panic anywhere (also in a

@@ -3,7 +3,7 @@
 
 Seeds are committed; run this again only to change them. They are small on
 purpose: libFuzzer grows its own corpus (fuzz/corpus/, not committed) from
-them, and tests/fuzz_regressions.rs replays every seed under `cargo test`.
+them, and tests/it/fuzz_regressions.rs replays every seed under `cargo test`.
 """
 
 import hashlib

@@ -4,9 +4,15 @@
 mod support;
 
 mod attack;
+mod deploy;
+mod dns;
+mod examples;
 mod forward;
+mod fuzz_regressions;
 mod launcher;
 mod lifecycle;
+mod policy_files;
+mod report;
 mod tls;
 mod transparent;
 mod tunnel;

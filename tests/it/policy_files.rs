@@ -73,7 +73,7 @@ fn shipped_yaml_files() -> Vec<PathBuf> {
 }
 
 /// Policy tests (`tests.yaml`, `*.tests.yaml`) sit beside policy files but
-/// are not policy: `check` runs them (tests/report.rs covers them).
+/// are not policy: `check` runs them (tests/it/report.rs covers them).
 fn is_policy_tests(p: &Path) -> bool {
     let name = p.file_name().and_then(|n| n.to_str()).unwrap_or("");
     name == "tests.yaml" || name == "tests.yml" || name.ends_with(".tests.yaml")

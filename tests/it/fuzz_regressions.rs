@@ -7,7 +7,7 @@
 //! A divergence found by fuzzing lands in `fuzz/regressions/<target>/` with
 //! its fix, so it is replayed here for good.
 
-#[path = "../fuzz/harness/mod.rs"]
+#[path = "../../fuzz/harness/mod.rs"]
 mod harness;
 
 use std::path::{Path, PathBuf};

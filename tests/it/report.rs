@@ -2,7 +2,7 @@
 //! here — plain and gzip, with known counts — through the real binary; the
 //! HTML report rendered in a real headless browser (Debian's chromium) when
 //! one is installed; and the throughput measurement (ignored by default:
-//! `cargo test --release --test report -- --ignored --nocapture throughput`).
+//! `cargo test --release --test it -- --ignored --nocapture report::throughput`).
 
 use std::fs;
 use std::io::Write;
@@ -801,7 +801,7 @@ fn bulk_line(r: &mut Rng, now: i64, buf: &mut String) {
 /// Measures report throughput on 2,000,000 generated lines (plain and
 /// gzip). Run with `--release`; prints lines/s and peak memory.
 #[test]
-#[ignore = "measurement: cargo test --release --test report -- --ignored --nocapture throughput"]
+#[ignore = "measurement: cargo test --release --test it -- --ignored --nocapture report::throughput"]
 fn throughput() {
     let n: u64 = std::env::var("EGRESSD_REPORT_LINES")
         .ok()
