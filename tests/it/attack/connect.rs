@@ -4,63 +4,35 @@
 //! in a tunnel to port 443.
 
 use std::io::{BufReader, Read, Write};
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 
 use egressd::proxy::sni::build_client_hello;
 
 use super::*;
 
-struct Lab {
-    e: Egressd,
-    origin: Origin,
-    canary: Canary,
-    echo: SocketAddr,
-    dns: FakeDns,
-}
-
+/// `allowed.test` is the echo server (exception `tunnel`), `plain.test`
+/// the plain origin (exception `plain`), which no attack here may reach.
 fn lab() -> Lab {
-    let origin = origin();
-    let canary = canary();
-    let echo = echo_on("127.0.0.1".parse().unwrap(), 0);
-    let dns = fake_dns();
-    for n in ["allowed.test", "evil.test", "plain.test"] {
-        dns.set(n, &["127.0.0.1"]);
-    }
-    let yaml = format!(
-        r#"
-exceptions:
-  - id: tunnel
-    owner: t
-    reason: the echo server
-    hosts: [allowed.test]
-    cidrs: [127.0.0.0/8]
-    ports: [{echo}]
-  - id: plain
-    owner: t
-    reason: the plain origin
-    hosts: [plain.test]
-    cidrs: [127.0.0.0/8]
-    ports: [{o}]
-"#,
-        echo = echo.port(),
-        o = origin.addr.port()
-    );
-    let e = egressd().policy("p.yaml", &yaml).dns(dns.addr).start();
-    Lab {
-        e,
-        origin,
-        canary,
-        echo,
-        dns,
-    }
+    crate::support::lab()
+        .names(&["allowed.test", "evil.test", "plain.test"])
+        .start(|l| {
+            policy()
+                .exception("tunnel")
+                .reason("the echo server")
+                .host("allowed.test")
+                .cidr(LOOPBACK)
+                .port(l.echo_port())
+                .exception("plain")
+                .reason("the plain origin")
+                .host("plain.test")
+                .cidr(LOOPBACK)
+                .port(l.port())
+        })
 }
 
-impl Lab {
-    fn assert_clean(&self) {
-        assert_eq!(self.canary.hits(), 0, "the canary was reached");
-        assert_eq!(self.origin.count(), 0, "the plain origin was reached");
-        assert_only_asked(&self.dns, &["allowed.test"]);
-    }
+fn assert_clean(l: &Lab) {
+    assert_eq!(l.origin.count(), 0, "the plain origin was reached");
+    l.assert_clean(&["allowed.test"]);
 }
 
 #[test]
@@ -102,7 +74,7 @@ fn the_authority_and_the_host_header_must_agree() {
         assert_eq!(line["decision"], "allow");
     }
     lines.done("host");
-    l.assert_clean();
+    assert_clean(&l);
 }
 
 #[test]
@@ -151,7 +123,7 @@ fn malformed_authorities_are_refused() {
         "malformed",
     );
     lines.done("authorities");
-    l.assert_clean();
+    assert_clean(&l);
 }
 
 #[test]
@@ -176,7 +148,7 @@ fn ports_outside_the_exception_are_refused() {
         );
     }
     lines.done("ports");
-    l.assert_clean();
+    assert_clean(&l);
 }
 
 /// Whatever follows a refused CONNECT was meant for the destination: none
@@ -238,7 +210,7 @@ fn nothing_pipelined_behind_a_refused_connect_is_read() {
     assert!(rest.is_empty(), "{:?}", String::from_utf8_lossy(&rest));
     lines.one("late pipelined bytes");
     lines.done("pipelined");
-    l.assert_clean();
+    assert_clean(&l);
 }
 
 /// Bytes sent right behind an allowed CONNECT belong to the tunnel: they
@@ -260,7 +232,7 @@ fn bytes_pipelined_behind_an_allowed_connect_are_tunnel_data() {
     let line = lines.one("tunnel");
     assert_eq!(line["bytes_up"], inner.len());
     lines.done("tunnel");
-    l.assert_clean();
+    assert_clean(&l);
 }
 
 /// A TLS echo server on its own loopback address at port 443, and a canary
@@ -268,8 +240,8 @@ fn bytes_pipelined_behind_an_allowed_connect_are_tunnel_data() {
 fn tls_pair(n: u8) -> Option<(IpAddr, IpAddr, Canary)> {
     let echo_ip: IpAddr = format!("127.0.45.{n}").parse().unwrap();
     let canary_ip: IpAddr = format!("127.0.45.{}", n + 1).parse().unwrap();
-    std::panic::catch_unwind(|| echo_on(echo_ip, 443)).ok()?;
-    let c = std::panic::catch_unwind(|| canary_on(canary_ip, 443)).ok()?;
+    try_echo_on(echo_ip, 443).ok()?;
+    let c = try_canary_on(canary_ip, 443).ok()?;
     Some((echo_ip, canary_ip, c))
 }
 
@@ -299,20 +271,13 @@ fn the_server_name_must_be_the_connect_host() {
         eprintln!("skipping: cannot bind port 443");
         return;
     };
-    let dns = fake_dns();
-    dns.set("allowed.test", &[&echo_ip.to_string()]);
-    dns.set("trap.test", &[&canary_ip.to_string()]);
-    let yaml = r#"
-exceptions:
-  - id: tls
-    owner: t
-    reason: tls names
-    hosts: [allowed.test, trap.test]
-    cidrs: [127.0.45.0/24]
-    ports: [443]
-"#;
-    let e = egressd().policy("p.yaml", yaml).dns(dns.addr).start();
-    let mut lines = Lines::new(&e);
+    let l = lab_with(SocketAddr::new(echo_ip, 443))
+        .canary(tls_canary)
+        .names(&["allowed.test"])
+        .start(|_| tls_policy(&["allowed.test", "trap.test"]));
+    l.dns.set("trap.test", &[&canary_ip.to_string()]);
+    let e = &l.e;
+    let mut lines = Lines::new(e);
 
     // Controls: the CONNECT host, in any case, with or without the dot,
     // whole or one byte per write, passes and is echoed.
@@ -323,7 +288,7 @@ exceptions:
     ] {
         let hello = build_client_hello(Some(sni), false);
         assert_eq!(
-            through(&e, "allowed.test", &hello, chunk, hello.len()),
+            through(e, "allowed.test", &hello, chunk, hello.len()),
             hello,
             "{sni}"
         );
@@ -346,7 +311,7 @@ exceptions:
     for sni in fronts {
         let hello = build_client_hello(Some(sni), false);
         assert!(
-            through(&e, "trap.test", &hello, 4096, 1).is_empty(),
+            through(e, "trap.test", &hello, 4096, 1).is_empty(),
             "{sni:?}"
         );
         let line = lines.one(sni);
@@ -355,7 +320,7 @@ exceptions:
     }
     // An IP-literal CONNECT with a named SNI is fronting too.
     let hello = build_client_hello(Some("trap.test"), false);
-    assert!(through(&e, &canary_ip.to_string(), &hello, 4096, 1).is_empty());
+    assert!(through(e, &canary_ip.to_string(), &hello, 4096, 1).is_empty());
     assert_denied_line(&lines.one("ip + sni"), "sni_mismatch", None, "ip + sni");
     // Two server_name extensions, the second naming another host.
     let mut two = build_client_hello(Some("trap.test"), false);
@@ -363,36 +328,28 @@ exceptions:
     let idx = find(&ext, b"evil.test").unwrap() - 9;
     let extra = ext[idx..idx + 9 + "evil.test".len()].to_vec();
     splice_extension(&mut two, &extra);
-    assert!(through(&e, "trap.test", &two, 4096, 1).is_empty());
+    assert!(through(e, "trap.test", &two, 4096, 1).is_empty());
     assert_denied_line(&lines.one("two SNIs"), "sni_mismatch", None, "two SNIs");
     lines.done("sni");
     assert_eq!(
-        tls_canary.bytes.lock().unwrap().len(),
+        l.canary.bytes.lock().unwrap().len(),
         0,
         "bytes reached the trap's server"
     );
-    assert_only_asked(&dns, &["allowed.test", "trap.test"]);
+    assert_only_asked(&l.dns, &["allowed.test", "trap.test"]);
 }
 
 #[test]
 fn non_tls_bytes_in_a_tunnel_to_443_close_it() {
-    let Some((_, canary_ip, tls_canary)) = tls_pair(20) else {
+    let Some((_, _, trap)) = tls_pair(20) else {
         eprintln!("skipping: cannot bind port 443");
         return;
     };
-    let dns = fake_dns();
-    dns.set("trap.test", &[&canary_ip.to_string()]);
-    let yaml = r#"
-exceptions:
-  - id: tls
-    owner: t
-    reason: tls names
-    hosts: [trap.test]
-    cidrs: [127.0.45.0/24]
-    ports: [443]
-"#;
-    let e = egressd().policy("p.yaml", yaml).dns(dns.addr).start();
-    let mut lines = Lines::new(&e);
+    // The only destination is the trap: whatever reaches it got through.
+    let l = lab_with(trap)
+        .names(&["trap.test"])
+        .start(|_| tls_policy(&["trap.test"]));
+    let mut lines = Lines::new(&l.e);
     let mut truncated = build_client_hello(Some("trap.test"), false);
     truncated[4] = 0xff; // record length far beyond what follows, then EOF
     let mut wrong_type = build_client_hello(Some("trap.test"), false);
@@ -416,7 +373,7 @@ exceptions:
         ("truncated hello", truncated),
         ("server hello", wrong_type),
     ] {
-        let mut s = connect(e.proxy);
+        let mut s = connect(l.e.proxy);
         s.write_all(b"CONNECT trap.test:443 HTTP/1.1\r\n\r\n")
             .unwrap();
         let mut r = BufReader::new(s.try_clone().unwrap());
@@ -431,10 +388,20 @@ exceptions:
     }
     lines.done("non-tls");
     assert_eq!(
-        tls_canary.bytes.lock().unwrap().len(),
+        l.origin.bytes.lock().unwrap().len(),
         0,
         "bytes reached the server"
     );
+}
+
+/// `hosts` on port 443 of the TLS pairs' addresses.
+fn tls_policy(hosts: &[&str]) -> PolicyYaml {
+    policy()
+        .exception("tls")
+        .reason("tls names")
+        .hosts(hosts)
+        .cidr("127.0.45.0/24")
+        .port(443)
 }
 
 fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {

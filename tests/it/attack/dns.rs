@@ -15,74 +15,49 @@ use hickory_proto::rr::{DNSClass, RData, RecordType};
 
 use super::*;
 
-const POLICY: &str = r#"
-settings:
-  dns:
-    tunnel:
-      block_bytes: 600
-      alert_bytes: 200
-exceptions:
-  - id: exact
-    owner: t
-    reason: names the tests ask about
-    hosts: [allowed.test, victim.test, big.test, chain.test, odd.test]
-  - id: wild
-    owner: t
-    reason: a wildcard to flood under
-    hosts: ["*.wild.test"]
-"#;
+/// The names exception `exact` allows; every other name the tests ask
+/// about is denied, or below `*.wild.test`.
+const EXACT: &[&str] = &[
+    "allowed.test",
+    "victim.test",
+    "big.test",
+    "chain.test",
+    "odd.test",
+];
 
-/// Answers every A question with 93.184.216.34 (and AAAA with a public
-/// v6 address) for its own name; the hostile cases are set per test.
-fn honest(q: &Message, _tcp: bool) -> DnsAct {
-    let mut r = response_to(q);
-    let n = format!("{}.", qname(q));
-    match q.queries[0].query_type() {
-        RecordType::A => {
-            r.add_answer(addr_rr(&n, "93.184.216.34"));
-        }
-        RecordType::AAAA => {
-            r.add_answer(addr_rr(&n, "2606:2800:220:1::1"));
-        }
-        _ => {}
-    }
-    DnsAct::Answer(r)
-}
-
-struct Lab {
-    e: Egressd,
-    up: ScriptedDns,
-}
-
+/// The upstream answers every name under `.test`, A with 93.184.216.34
+/// and AAAA with a public v6 address; the hostile cases are scripted per
+/// test.
 fn lab() -> Lab {
-    let up = scripted_dns(honest);
-    let e = egressd().policy("p.yaml", POLICY).dns(up.addr).start();
-    Lab { e, up }
+    let l = crate::support::lab().start(|_| {
+        policy()
+            .setting("dns", "{ tunnel: { block_bytes: 600, alert_bytes: 200 } }")
+            .exception("exact")
+            .reason("names the tests ask about")
+            .hosts(EXACT)
+            .exception("wild")
+            .reason("a wildcard to flood under")
+            .host("*.wild.test")
+    });
+    l.dns
+        .set("*.test", &["93.184.216.34", "2606:2800:220:1::1"]);
+    l
 }
 
-impl Lab {
-    /// Only names an exception allows were ever sent upstream.
-    fn assert_upstream_clean(&self) {
-        for n in self.up.names() {
-            assert!(
-                [
-                    "allowed.test",
-                    "victim.test",
-                    "big.test",
-                    "chain.test",
-                    "odd.test"
-                ]
-                .contains(&n.as_str())
-                    || n.ends_with(".wild.test"),
-                "{n} reached upstream"
-            );
-        }
+/// Only names an exception allows were ever sent upstream.
+fn assert_upstream_clean(l: &Lab) {
+    for n in l.dns.names() {
+        assert!(
+            EXACT.contains(&n.as_str()) || n.ends_with(".wild.test"),
+            "{n} reached upstream"
+        );
     }
-    /// A reply to raw bytes over UDP, decoded.
-    fn raw(&self, bytes: &[u8]) -> Option<Message> {
-        udp_exchange(self.e.dns, bytes, Duration::from_secs(3))
-            .map(|b| Message::from_vec(&b).expect("a decodable reply"))
-    }
+}
+
+/// A reply to raw bytes over UDP, decoded.
+fn raw(l: &Lab, bytes: &[u8]) -> Option<Message> {
+    udp_exchange(l.e.dns, bytes, Duration::from_secs(3))
+        .map(|b| Message::from_vec(&b).expect("a decodable reply"))
 }
 
 /// A header: ID, flags RD, the given counts.
@@ -147,7 +122,7 @@ fn packets_with_more_or_fewer_than_one_question() {
         b.extend_from_slice(&[0, 1, 0, 1]);
         b
     }] {
-        let r = l.raw(&bytes).expect("an answer");
+        let r = raw(&l, &bytes).expect("an answer");
         assert!(
             matches!(r.metadata.response_code, ResponseCode::FormErr),
             "{:?}",
@@ -156,8 +131,8 @@ fn packets_with_more_or_fewer_than_one_question() {
         assert_denied_line(&lines.one("counts"), "malformed", None, "counts");
     }
     lines.done("questions");
-    l.assert_upstream_clean();
-    assert!(l.up.names().is_empty(), "{:?}", l.up.names());
+    assert_upstream_clean(&l);
+    assert!(l.dns.names().is_empty(), "{:?}", l.dns.names());
 }
 
 #[test]
@@ -205,7 +180,7 @@ fn compression_loops_and_bad_pointers() {
     assert_eq!(r.metadata.response_code, ResponseCode::NoError);
     lines.one("control");
     lines.done("pointers");
-    l.assert_upstream_clean();
+    assert_upstream_clean(&l);
 }
 
 #[test]
@@ -217,7 +192,7 @@ fn oversized_names() {
     let mut b = header(0x4444, 1, 0);
     b.extend_from_slice(&wire_name(&[&label, &label, &label, &label, b"test"]));
     b.extend_from_slice(&[0, 1, 0, 1]);
-    let r = l.raw(&b).expect("an answer");
+    let r = raw(&l, &b).expect("an answer");
     assert_eq!(r.metadata.response_code, ResponseCode::FormErr);
     assert_denied_line(&lines.one("> 255 octets"), "malformed", None, "> 255");
     // The longest name there is (253 characters), below no wildcard.
@@ -248,7 +223,7 @@ fn oversized_names() {
         assert_denied_line(&lines.one(&n), "dns_tunnel", None, &n);
     }
     lines.done("names");
-    assert!(l.up.names().is_empty(), "{:?}", l.up.names());
+    assert!(l.dns.names().is_empty(), "{:?}", l.dns.names());
 }
 
 #[test]
@@ -347,16 +322,16 @@ fn tcp_length_abuse() {
     drop(s);
     let got = eventually("lines for the lying frame", || {
         let all = complete_lines(&l.e);
-        (all.len() > lines.seen).then_some(all)
+        (all.len() > lines.seen()).then_some(all)
     });
     assert!(
-        got[lines.seen..].iter().all(|x| x["decision"] == "deny"),
+        got[lines.seen()..].iter().all(|x| x["decision"] == "deny"),
         "{:?}",
-        &got[lines.seen..]
+        &got[lines.seen()..]
     );
-    l.assert_upstream_clean();
+    assert_upstream_clean(&l);
     // Only allowed.test went upstream (cached after the first).
-    assert!(l.up.names().iter().all(|n| n == "allowed.test"));
+    assert!(l.dns.names().iter().all(|n| n == "allowed.test"));
 }
 
 #[test]
@@ -384,7 +359,7 @@ fn any_null_and_zone_transfers_are_never_answered() {
     assert_dns_denied(&r, "qtype_not_allowed", "AXFR over TCP");
     lines.one("axfr tcp");
     lines.done("qtypes");
-    assert!(l.up.names().is_empty(), "{:?}", l.up.names());
+    assert!(l.dns.names().is_empty(), "{:?}", l.dns.names());
 }
 
 #[test]
@@ -399,7 +374,7 @@ fn random_subdomain_floods() {
     }
     let got = lines.next_n("flood under evil.test", 300);
     assert!(got.iter().all(|x| x["decision"] == "deny"));
-    assert!(l.up.names().is_empty(), "{:?}", l.up.names());
+    assert!(l.dns.names().is_empty(), "{:?}", l.dns.names());
     // Below an allowed wildcard: the budget stops it; what reached upstream
     // is bounded by block_bytes (600 here), not by the flood.
     let mut blocked = 0;
@@ -420,16 +395,16 @@ fn random_subdomain_floods() {
         got.iter().filter(|x| x["reason"] == "dns_tunnel").count(),
         blocked
     );
-    let sent = l.up.names().len();
+    let sent = l.dns.names().len();
     assert!(sent <= 2 * (600 / 16 + 2), "{sent} names reached upstream");
-    l.assert_upstream_clean();
+    assert_upstream_clean(&l);
 }
 
 #[test]
 fn hostile_upstream_answers() {
     let l = lab();
     let mut lines = Lines::new(&l.e);
-    l.up.set_script(|q, tcp| {
+    l.dns.set_script(|q, tcp| {
         let n = qname(q);
         let t = q.queries[0].query_type();
         let mut r = response_to(q);
@@ -495,7 +470,7 @@ fn hostile_upstream_answers() {
     let r = ask_udp(l.e.dns, &dns_query("victim.test.", RecordType::A));
     assert_eq!(addrs(&r), ["93.184.216.35"]);
     assert_eq!(
-        l.up.count("victim.test"),
+        l.dns.count("victim.test"),
         1,
         "the poisoned records were cached"
     );
@@ -515,7 +490,7 @@ fn hostile_upstream_answers() {
     assert!(addrs(&r).is_empty(), "followed a chain past its cap: {r:?}");
     lines.one("chain");
     lines.done("hostile");
-    l.assert_upstream_clean();
+    assert_upstream_clean(&l);
 }
 
 /// Replies that are not the reply to egressd's query (wrong ID, another
@@ -525,7 +500,7 @@ fn hostile_upstream_answers() {
 fn forged_upstream_replies_are_ignored() {
     let l = lab();
     let mut lines = Lines::new(&l.e);
-    l.up.set_script(|q, _| {
+    l.dns.set_script(|q, _| {
         let n = qname(q);
         let mut r = response_to(q);
         r.add_answer(addr_rr(&format!("{n}."), "6.6.6.6"));
@@ -581,7 +556,7 @@ fn forged_upstream_replies_are_ignored() {
             .all(|x| x["rcode"] == "SERVFAIL" && x["error"].is_string()),
         "{got:?}"
     );
-    l.assert_upstream_clean();
+    assert_upstream_clean(&l);
 }
 
 /// More queries in flight than one client may hold: the excess is refused
@@ -590,7 +565,7 @@ fn forged_upstream_replies_are_ignored() {
 fn a_client_flooding_a_silent_upstream_gets_refused_not_queued() {
     let l = lab();
     let mut lines = Lines::new(&l.e);
-    l.up.set_script(|_, _| DnsAct::Silent);
+    l.dns.set_script(|_, _| DnsAct::Silent);
     let s = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
     s.set_read_timeout(Some(Duration::from_secs(1))).unwrap();
     let n = 100;
@@ -611,7 +586,7 @@ fn a_client_flooding_a_silent_upstream_gets_refused_not_queued() {
     let got = lines.next_n("flood", n);
     let over = got.iter().filter(|x| x["reason"] == "overloaded").count();
     assert_eq!(over, overloaded, "refusals and lines disagree");
-    l.assert_upstream_clean();
+    assert_upstream_clean(&l);
 }
 
 /// egressd asks upstream a fresh question: nothing the client put in its
@@ -621,12 +596,6 @@ fn nothing_the_client_sent_is_relayed_upstream() {
     use hickory_proto::rr::rdata::opt::{EdnsCode, EdnsOption};
     let l = lab();
     let mut lines = Lines::new(&l.e);
-    let asked: std::sync::Arc<std::sync::Mutex<Vec<Message>>> = Default::default();
-    let a2 = asked.clone();
-    l.up.set_script(move |q, tcp| {
-        a2.lock().unwrap().push(q.clone());
-        honest(q, tcp)
-    });
     let mut m = dns_query("AlLoWeD.TeSt.", RecordType::A);
     m.metadata.id = 0x4242;
     m.metadata.checking_disabled = true;
@@ -641,9 +610,9 @@ fn nothing_the_client_sent_is_relayed_upstream() {
     assert_eq!(r.metadata.response_code, ResponseCode::NoError);
     assert_eq!(r.metadata.id, 0x4242);
     lines.one("fresh question");
-    let asked = asked.lock().unwrap();
+    let asked = l.dns.queries();
     assert_eq!(asked.len(), 1, "{asked:?}");
-    let up = &asked[0];
+    let up = &asked[0].message;
     assert_eq!(up.queries[0].name().to_ascii(), "allowed.test.");
     assert!(!up.metadata.checking_disabled && !up.metadata.authentic_data);
     let codes: Vec<EdnsCode> = up

@@ -15,18 +15,14 @@ use hickory_proto::rr::RecordType;
 
 use super::*;
 
-fn policy(host: &str, port: u16, extra: &str) -> String {
-    format!(
-        r#"
-exceptions:
-  - id: origin
-    owner: t
-    reason: the test origin
-    hosts: [{host}]
-    cidrs: [127.0.0.0/8]
-    ports: [{port}]
-{extra}"#
-    )
+/// The exception these tests need: `host` on `port`.
+fn exception(host: &str, port: u16) -> PolicyYaml {
+    policy()
+        .exception("origin")
+        .reason("the test origin")
+        .host(host)
+        .cidr(LOOPBACK)
+        .port(port)
 }
 
 /// egressd wrote no panic to stderr.
@@ -54,14 +50,11 @@ fn origin_resets_at_every_stage() {
             _ => ok_reply(r),
         }
     });
-    let dns = fake_dns();
-    dns.set("origin.test", &["127.0.0.1"]);
-    let p = origin.addr.port();
-    let e = egressd()
-        .policy("p.yaml", &policy("origin.test", p, ""))
-        .dns(dns.addr)
-        .start();
-    let mut lines = Lines::new(&e);
+    let l = lab_with(origin)
+        .names(&["origin.test"])
+        .start(|l| exception("origin.test", l.port()));
+    let (e, origin, p) = (&l.e, &l.origin, l.port());
+    let mut lines = Lines::new(e);
     let get = |path: &str| {
         try_request(
             e.proxy,
@@ -119,14 +112,14 @@ fn origin_resets_at_every_stage() {
     assert_eq!(get("ok").unwrap().status, 200);
     lines.one("recovered");
     lines.done("resets");
-    assert_no_panic(&e);
+    assert_no_panic(e);
 }
 
 #[test]
 fn upstream_dns_down_or_silent() {
     // Down: nothing listens on the port. Silent: it reads and never answers.
     let silent = scripted_dns(|_, _| DnsAct::Silent);
-    let down: SocketAddr = {
+    let down: std::net::SocketAddr = {
         let s = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
         s.local_addr().unwrap()
     };
@@ -136,7 +129,7 @@ fn upstream_dns_down_or_silent() {
     for (what, upstream) in [("down", down), ("silent", silent.addr)] {
         handles.push(thread::spawn(move || {
             let e = egressd()
-                .policy("p.yaml", &policy("name.test", p, ""))
+                .policy("p.yaml", &exception("name.test", p).yaml())
                 .dns(upstream)
                 .start();
             let mut lines = Lines::new(&e);
@@ -191,16 +184,11 @@ fn upstream_dns_down_or_silent() {
 /// clients send requests: no request fails, every request has its line.
 #[test]
 fn reload_storm_under_load_fails_no_request() {
-    let origin = origin();
-    let dns = fake_dns();
-    dns.set("steady.test", &["127.0.0.1"]);
-    let p = origin.addr.port();
-    let e = Arc::new(
-        egressd()
-            .policy("p.yaml", &policy("steady.test", p, ""))
-            .dns(dns.addr)
-            .start(),
-    );
+    let l = crate::support::lab()
+        .names(&["steady.test"])
+        .start(|l| exception("steady.test", l.port()));
+    let p = l.port();
+    let e = Arc::new(l.e);
     let stop = Arc::new(AtomicBool::new(false));
     let sent = Arc::new(AtomicUsize::new(0));
     let failures = Arc::new(Mutex::new(Vec::new()));
@@ -234,13 +222,11 @@ fn reload_storm_under_load_fails_no_request() {
     while Instant::now() < end {
         // Two valid policies that both allow steady.test, alternating, plus
         // an unrelated exception whose id changes every time.
-        let extra = format!(
-            "  - id: churn-{i}\n    owner: t\n    reason: churn\n    hosts: [churn{i}.test]\n"
-        );
-        atomic_write(
-            &e.policy_dir.join("p.yaml"),
-            &policy("steady.test", p, &extra),
-        );
+        let churn = exception("steady.test", p)
+            .exception(&format!("churn-{i}"))
+            .reason("churn")
+            .host(&format!("churn{i}.test"));
+        atomic_write(&e.policy_dir.join("p.yaml"), &churn.yaml());
         if i % 4 == 0 {
             e.signal("HUP");
         }
@@ -270,7 +256,7 @@ fn reload_storm_under_load_fails_no_request() {
             .unwrap_or(0.0),
         0.0
     );
-    assert_eq!(origin.count(), sent);
+    assert_eq!(l.origin.count(), sent);
     assert_no_panic(&e);
 }
 
@@ -290,19 +276,18 @@ fn sigterm_drains_requests_and_tunnels_within_the_grace_period() {
             .into_bytes(),
         )
     });
-    let echo = echo_on("127.0.0.1".parse().unwrap(), 0);
-    let dns = fake_dns();
-    dns.set("slow.test", &["127.0.0.1"]);
-    dns.set("echo.test", &["127.0.0.1"]);
-    let extra = format!(
-        "  - id: echo\n    owner: t\n    reason: r\n    hosts: [echo.test]\n    cidrs: [127.0.0.0/8]\n    ports: [{}]\n",
-        echo.port()
-    );
-    let mut e = egressd()
-        .policy("p.yaml", &policy("slow.test", slow.addr.port(), &extra))
-        .dns(dns.addr)
-        .start();
-    let proxy = e.proxy;
+    let mut l = lab_with(slow)
+        .names(&["slow.test", "echo.test"])
+        .start(|l| {
+            exception("slow.test", l.port())
+                .exception("echo")
+                .reason("r")
+                .host("echo.test")
+                .cidr(LOOPBACK)
+                .port(l.echo_port())
+        });
+    let (echo, slow) = (l.echo, &l.origin);
+    let proxy = l.e.proxy;
     // A tunnel, open and working.
     let mut tunnel = connect(proxy);
     write!(tunnel, "CONNECT echo.test:{} HTTP/1.1\r\n\r\n", echo.port()).unwrap();
@@ -315,7 +300,7 @@ fn sigterm_drains_requests_and_tunnels_within_the_grace_period() {
         (!slow.requests().is_empty()).then_some(())
     });
     let t = Instant::now();
-    e.signal("TERM");
+    l.e.signal("TERM");
     // New connections are refused once the listener is gone.
     eventually("the proxy to stop accepting", || {
         TcpStream::connect(proxy).is_err().then_some(())
@@ -333,6 +318,7 @@ fn sigterm_drains_requests_and_tunnels_within_the_grace_period() {
     assert_eq!(r.text(), "/inflight");
     // The client ends its tunnel; egressd has nothing left and exits.
     drop((tunnel, tr));
+    let e = &mut l.e;
     let status = eventually("egressd to exit", || e.child.try_wait().unwrap());
     assert!(status.success(), "{status:?}");
     assert!(
@@ -340,7 +326,7 @@ fn sigterm_drains_requests_and_tunnels_within_the_grace_period() {
         "took {:?} to exit",
         t.elapsed()
     );
-    let lines = complete_lines(&e);
+    let lines = complete_lines(e);
     assert!(
         lines
             .iter()
@@ -352,20 +338,17 @@ fn sigterm_drains_requests_and_tunnels_within_the_grace_period() {
         .find(|l| l["proto"] == "connect")
         .expect("the tunnel's line");
     assert_eq!(tl["bytes_up"], 12);
-    assert_no_panic(&e);
+    assert_no_panic(e);
 }
 
 /// A tunnel still open when the grace period ends is cut, and its line
 /// must still be written: every request that reached egressd has one.
 #[test]
 fn a_tunnel_cut_at_the_end_of_the_grace_period_is_still_logged() {
-    let echo = echo_on("127.0.0.1".parse().unwrap(), 0);
-    let dns = fake_dns();
-    dns.set("echo.test", &["127.0.0.1"]);
-    let mut e = egressd()
-        .policy("p.yaml", &policy("echo.test", echo.port(), ""))
-        .dns(dns.addr)
-        .start();
+    let mut l = crate::support::lab()
+        .names(&["echo.test"])
+        .start(|l| exception("echo.test", l.echo_port()));
+    let (echo, e) = (l.echo, &mut l.e);
     let mut tunnel = connect(e.proxy);
     write!(tunnel, "CONNECT echo.test:{} HTTP/1.1\r\n\r\n", echo.port()).unwrap();
     let mut tr = BufReader::new(tunnel.try_clone().unwrap());
@@ -376,7 +359,7 @@ fn a_tunnel_cut_at_the_end_of_the_grace_period_is_still_logged() {
     e.signal("TERM");
     let status = eventually("egressd to exit", || e.child.try_wait().unwrap());
     assert!(status.success());
-    let lines = complete_lines(&e);
+    let lines = complete_lines(e);
     assert!(
         lines.iter().any(|l| l["proto"] == "connect"),
         "the cut tunnel has no line: {lines:#?}"
@@ -387,16 +370,11 @@ fn a_tunnel_cut_at_the_end_of_the_grace_period_is_still_logged() {
 /// lines across the three files are exactly the requests sent.
 #[test]
 fn log_rotation_under_load_loses_no_line() {
-    let origin = origin();
-    let dns = fake_dns();
-    dns.set("busy.test", &["127.0.0.1"]);
-    let p = origin.addr.port();
-    let e = Arc::new(
-        egressd()
-            .policy("p.yaml", &policy("busy.test", p, ""))
-            .dns(dns.addr)
-            .start(),
-    );
+    let l = crate::support::lab()
+        .names(&["busy.test"])
+        .start(|l| exception("busy.test", l.port()));
+    let p = l.port();
+    let e = Arc::new(l.e);
     let stop = Arc::new(AtomicBool::new(false));
     let sent = Arc::new(AtomicUsize::new(0));
     let clients: Vec<_> = (0..3)
@@ -459,12 +437,8 @@ fn log_rotation_under_load_loses_no_line() {
 /// DNS; when it can again, every refusal's line is written.
 #[test]
 fn a_failing_log_sink_fails_closed_and_loses_no_line() {
-    let origin = origin();
-    let dns = fake_dns();
-    dns.set("busy.test", &["127.0.0.1"]);
-    let p = origin.addr.port();
-    let dir = tempfile::tempdir().unwrap();
-    let fifo = dir.path().join("log.fifo");
+    let dir = scratch();
+    let fifo = dir.path("log.fifo");
     assert!(std::process::Command::new("mkfifo")
         .arg(&fifo)
         .status()
@@ -474,11 +448,11 @@ fn a_failing_log_sink_fails_closed_and_loses_no_line() {
         let f = fifo.clone();
         move || std::fs::File::open(f).unwrap()
     });
-    let e = egressd()
-        .policy("p.yaml", &policy("busy.test", p, ""))
-        .dns(dns.addr)
-        .log(fifo.to_str().unwrap())
-        .start();
+    let l = crate::support::lab()
+        .names(&["busy.test"])
+        .egressd(|b| b.log(fifo.to_str().unwrap()))
+        .start(|l| exception("busy.test", l.port()));
+    let (e, origin, dns, p) = (&l.e, &l.origin, &l.dns, l.port());
     drop(first_reader.join().unwrap()); // writes now fail with EPIPE
     eventually("failing closed", || {
         let r = try_request(
@@ -544,7 +518,7 @@ fn a_failing_log_sink_fails_closed_and_loses_no_line() {
     assert!(by_proto("http") >= 3);
     assert_eq!(by_proto("connect"), 3);
     assert_eq!(by_proto("dns"), 3);
-    assert_no_panic(&e);
+    assert_no_panic(e);
 }
 
 /// A client that goes away while egressd waits for the origin's answer:
@@ -562,13 +536,10 @@ fn a_client_gone_before_the_origin_answers_still_gets_a_line() {
             .into_bytes(),
         )
     });
-    let dns = fake_dns();
-    dns.set("slow.test", &["127.0.0.1"]);
-    let p = slow.addr.port();
-    let e = egressd()
-        .policy("p.yaml", &policy("slow.test", p, ""))
-        .dns(dns.addr)
-        .start();
+    let l = lab_with(slow)
+        .names(&["slow.test"])
+        .start(|l| exception("slow.test", l.port()));
+    let (e, slow, p) = (&l.e, &l.origin, l.port());
     let mut s = connect(e.proxy);
     s.write_all(get_raw(&format!("http://slow.test:{p}/abandoned")).as_bytes())
         .unwrap();
@@ -577,12 +548,12 @@ fn a_client_gone_before_the_origin_answers_still_gets_a_line() {
     });
     drop(s);
     let line = eventually("the abandoned request's line", || {
-        complete_lines(&e)
+        complete_lines(e)
             .into_iter()
             .find(|l| l["path"] == "/abandoned")
     });
     assert_eq!(line["decision"], "allow");
-    assert_no_panic(&e);
+    assert_no_panic(e);
 }
 
 /// The same while egressd is still resolving the destination: a CONNECT
@@ -591,7 +562,7 @@ fn a_client_gone_before_the_origin_answers_still_gets_a_line() {
 fn a_client_gone_during_the_lookup_still_gets_a_line() {
     let silent = scripted_dns(|_, _| DnsAct::Silent);
     let e = egressd()
-        .policy("p.yaml", &policy("slow.test", 443, ""))
+        .policy("p.yaml", &exception("slow.test", 443).yaml())
         .dns(silent.addr)
         .start();
     for raw in [

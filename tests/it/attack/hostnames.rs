@@ -5,16 +5,9 @@
 //! allow: a name wrongly allowed would be resolved and would reach it.
 
 use hickory_proto::op::ResponseCode;
-use hickory_proto::rr::RecordType;
+use hickory_proto::rr::{Name, RecordType};
 
 use super::*;
-
-struct Lab {
-    e: Egressd,
-    origin: Origin,
-    canary: Canary,
-    dns: FakeDns,
-}
 
 /// Names the policy allows (controls), reached on the origin's port.
 const ALLOWED: &[&str] = &[
@@ -87,68 +80,50 @@ const MALFORMED: &[&str] = &[
     "allowed.test%20",
 ];
 
+/// Names listed by an exception that only mean something inside.
+const SINGLE_LABEL: &[&str] = &["localhost", "intranet", "corp"];
+
 fn lab() -> Lab {
-    let origin = origin();
-    let canary = canary();
-    let dns = fake_dns();
-    for n in ALLOWED.iter().chain(NO_EXCEPTION) {
-        let n = n.trim_end_matches('.').to_ascii_lowercase();
-        dns.set(&n, &["127.0.0.1"]);
-    }
-    for n in ["localhost", "intranet", "corp"] {
-        dns.set(n, &["127.0.0.1"]);
-    }
-    let yaml = format!(
-        r#"
-exceptions:
-  - id: exact
-    owner: t
-    reason: exact names
-    hosts: [allowed.test, "bücher.test"]
-    cidrs: [127.0.0.0/8]
-    ports: [{c}, {o}]
-  - id: wild
-    owner: t
-    reason: wildcards
-    hosts: ["*.wild.test", "api-*.glob.test"]
-    cidrs: [127.0.0.0/8]
-    ports: [{c}, {o}]
-  - id: single-label
-    owner: t
-    reason: names that only mean something inside
-    hosts: [localhost, intranet, corp]
-    ports: [{c}]
-"#,
-        c = canary.addr.port(),
-        o = origin.addr.port()
-    );
-    let e = egressd().policy("p.yaml", &yaml).dns(dns.addr).start();
-    Lab {
-        e,
-        origin,
-        canary,
-        dns,
-    }
+    crate::support::lab()
+        .names(ALLOWED)
+        .names(NO_EXCEPTION)
+        .names(SINGLE_LABEL)
+        .start(|l| {
+            let ports = [l.canary_port(), l.port()];
+            policy()
+                .exception("exact")
+                .reason("exact names")
+                .hosts(&["allowed.test", "bücher.test"])
+                .cidr(LOOPBACK)
+                .ports(&ports)
+                .exception("wild")
+                .reason("wildcards")
+                .hosts(&["*.wild.test", "api-*.glob.test"])
+                .cidr(LOOPBACK)
+                .ports(&ports)
+                .exception("single-label")
+                .reason("names that only mean something inside")
+                .hosts(SINGLE_LABEL)
+                .port(l.canary_port())
+        })
 }
 
-impl Lab {
-    fn assert_clean(&self) {
-        assert_eq!(self.canary.hits(), 0, "a name reached the canary");
-        let mut allowed: Vec<String> = ALLOWED
-            .iter()
-            .map(|n| n.trim_end_matches('.').to_ascii_lowercase())
-            .collect();
-        allowed.extend(["localhost", "intranet", "corp"].map(String::from));
-        let allowed: Vec<&str> = allowed.iter().map(String::as_str).collect();
-        assert_only_asked(&self.dns, &allowed);
-    }
+/// No name reached the canary, and only allowed names were resolved.
+fn assert_clean(l: &Lab) {
+    let mut allowed: Vec<String> = ALLOWED
+        .iter()
+        .map(|n| n.trim_end_matches('.').to_ascii_lowercase())
+        .collect();
+    allowed.extend(SINGLE_LABEL.iter().map(|n| n.to_string()));
+    let allowed: Vec<&str> = allowed.iter().map(String::as_str).collect();
+    l.assert_clean(&allowed);
 }
 
 #[test]
 fn names_that_match_no_exception_are_refused_and_never_resolved() {
     let l = lab();
     let mut lines = Lines::new(&l.e);
-    let c = l.canary.addr.port();
+    let c = l.canary_port();
     for n in NO_EXCEPTION {
         let line = refused(
             &mut lines,
@@ -169,14 +144,14 @@ fn names_that_match_no_exception_are_refused_and_never_resolved() {
         );
     }
     lines.done("names");
-    l.assert_clean();
+    assert_clean(&l);
 }
 
 #[test]
 fn spellings_that_are_not_host_names_are_malformed() {
     let l = lab();
     let mut lines = Lines::new(&l.e);
-    let c = l.canary.addr.port();
+    let c = l.canary_port();
     for n in MALFORMED {
         refused(
             &mut lines,
@@ -214,14 +189,14 @@ fn spellings_that_are_not_host_names_are_malformed() {
         );
     }
     lines.done("malformed");
-    l.assert_clean();
+    assert_clean(&l);
 }
 
 #[test]
 fn case_trailing_dots_and_a_labels_of_allowed_names_are_the_same_name() {
     let l = lab();
     let mut lines = Lines::new(&l.e);
-    let o = l.origin.addr.port();
+    let o = l.port();
     for n in ALLOWED {
         let r = try_request(l.e.proxy, get_raw(&format!("http://{n}:{o}/")).as_bytes()).unwrap();
         assert_eq!(r.status, 200, "{n}: {}", r.text());
@@ -230,7 +205,7 @@ fn case_trailing_dots_and_a_labels_of_allowed_names_are_the_same_name() {
         assert_eq!(line["host"], n.trim_end_matches('.').to_ascii_lowercase());
     }
     assert_eq!(l.origin.count(), ALLOWED.len());
-    l.assert_clean();
+    assert_clean(&l);
 }
 
 /// `localhost` and single-label names that an exception does list are still
@@ -240,7 +215,7 @@ fn case_trailing_dots_and_a_labels_of_allowed_names_are_the_same_name() {
 fn localhost_and_single_label_names_cannot_reach_local_services() {
     let l = lab();
     let mut lines = Lines::new(&l.e);
-    let c = l.canary.addr.port();
+    let c = l.canary_port();
     for n in ["localhost", "LOCALHOST.", "intranet", "corp"] {
         refused(
             &mut lines,
@@ -259,7 +234,7 @@ fn localhost_and_single_label_names_cannot_reach_local_services() {
     let r = ask_udp(l.e.dns, &dns_query("localhost.", RecordType::A));
     assert_dns_denied(&r, "private_address", "localhost A");
     lines.one("dns localhost");
-    l.assert_clean();
+    assert_clean(&l);
 }
 
 /// The same names asked of egressd's resolver: denied names are refused and
@@ -311,5 +286,5 @@ fn the_resolver_plays_the_same_name_games() {
     );
     lines.one("dotted label under a wildcard");
     lines.done("resolver");
-    l.assert_clean();
+    assert_clean(&l);
 }

@@ -4,70 +4,40 @@
 //! judged as one address but dialled as another would land on a canary.
 //! Literals are never resolved: the fake upstream DNS must see nothing.
 
-use std::net::IpAddr;
-
 use super::*;
 
-struct Lab {
-    e: Egressd,
-    origin: Origin,
-    c2: Canary,
-    c6: Option<Canary>,
-    dns: FakeDns,
-    port: u16,
-}
-
-/// Origin on 127.0.0.1:P and canaries on 127.0.0.2:P and (if IPv6 works) [::1]:P.
-fn lab(extra_settings: &str) -> Lab {
-    let (origin, c2, c6) = loop {
-        let origin = origin();
-        let p = origin.addr.port();
-        let Ok(c2) = std::panic::catch_unwind(|| canary_on("127.0.0.2".parse().unwrap(), p)) else {
-            continue;
-        };
-        let v6: IpAddr = "::1".parse().unwrap();
-        let c6 = std::panic::catch_unwind(|| canary_on(v6, p)).ok();
-        break (origin, c2, c6);
-    };
-    let port = origin.addr.port();
-    let dns = fake_dns();
-    let yaml = format!(
-        r##"
-settings:
-  contact: "#sec"
-{extra_settings}
-exceptions:
-  - id: one-loopback
-    owner: t
-    reason: the test origin, by address only
-    cidrs: [127.0.0.1/32]
-    ports: [{port}]
-"##
-    );
-    let e = egressd().policy("p.yaml", &yaml).dns(dns.addr).start();
-    Lab {
-        e,
-        origin,
-        c2,
-        c6,
-        dns,
-        port,
-    }
-}
-
-impl Lab {
-    fn assert_nothing_leaked(&self, origin_count: usize) {
-        assert_eq!(self.c2.hits(), 0, "a literal reached 127.0.0.2");
-        if let Some(c6) = &self.c6 {
-            assert_eq!(c6.hits(), 0, "a literal reached [::1]");
+/// Origin on 127.0.0.1:P, the lab's canary on 127.0.0.2:P, and (if IPv6
+/// works) a second canary on [::1]:P; `report` runs the policy in report mode.
+fn lab(report: bool) -> (Lab, Option<Canary>) {
+    let (origin, c2) = beside("127.0.0.2", origin);
+    let c6 = try_canary_on("::1".parse().unwrap(), origin.addr.port()).ok();
+    let l = lab_with(origin).canary(c2).start(|l| {
+        let p = policy()
+            .contact("#sec")
+            .exception("one-loopback")
+            .reason("the test origin, by address only")
+            .cidr("127.0.0.1/32")
+            .port(l.port());
+        if report {
+            p.mode("report")
+        } else {
+            p
         }
-        assert_eq!(self.origin.count(), origin_count, "origin requests");
-        assert!(
-            self.dns.names().is_empty(),
-            "a literal was resolved: {:?}",
-            self.dns.names()
-        );
+    });
+    (l, c6)
+}
+
+fn assert_nothing_leaked(l: &Lab, c6: &Option<Canary>, origin_count: usize) {
+    assert_eq!(l.canary.hits(), 0, "a literal reached 127.0.0.2");
+    if let Some(c6) = c6 {
+        assert_eq!(c6.hits(), 0, "a literal reached [::1]");
     }
+    assert_eq!(l.origin.count(), origin_count, "origin requests");
+    assert!(
+        l.dns.names().is_empty(),
+        "a literal was resolved: {:?}",
+        l.dns.names()
+    );
 }
 
 /// Spellings of the excepted 127.0.0.1: each is the address dialled.
@@ -169,12 +139,12 @@ const METADATA: &[&str] = &[
 
 #[test]
 fn literal_spellings_of_the_excepted_address_reach_only_it() {
-    let l = lab("");
+    let (l, c6) = lab(false);
     let mut lines = Lines::new(&l.e);
     for s in LOOPBACK_ONE {
         let r = try_request(
             l.e.proxy,
-            get_raw(&format!("http://{s}:{}/x", l.port)).as_bytes(),
+            get_raw(&format!("http://{s}:{}/x", l.port())).as_bytes(),
         )
         .unwrap();
         assert_eq!(r.status, 200, "{s}: {}", r.text());
@@ -184,21 +154,21 @@ fn literal_spellings_of_the_excepted_address_reach_only_it() {
             line["host"], "127.0.0.1",
             "{s}: logged as the address dialled"
         );
-        assert_eq!(line["addr"], format!("127.0.0.1:{}", l.port), "{s}");
+        assert_eq!(line["addr"], format!("127.0.0.1:{}", l.port()), "{s}");
     }
-    l.assert_nothing_leaked(LOOPBACK_ONE.len());
+    assert_nothing_leaked(&l, &c6, LOOPBACK_ONE.len());
 }
 
 #[test]
 fn literal_spellings_of_other_local_addresses_are_refused() {
-    let l = lab("");
+    let (l, c6) = lab(false);
     let mut lines = Lines::new(&l.e);
     let mut cases: Vec<(&str, &str)> = Vec::new();
     cases.extend(LOOPBACK_TWO.iter().map(|s| (*s, "127.0.0.2")));
     cases.extend(UNSPECIFIED.iter().map(|s| (*s, "")));
     cases.extend(V6_LOOPBACKS.iter().map(|s| (*s, "")));
     for (s, canonical) in cases {
-        let url = format!("http://{s}:{}/", l.port);
+        let url = format!("http://{s}:{}/", l.port());
         let line = refused(&mut lines, &get_raw(&url), 403, "no_exception");
         if !canonical.is_empty() {
             assert_eq!(line["host"], canonical, "{s}");
@@ -207,18 +177,18 @@ fn literal_spellings_of_other_local_addresses_are_refused() {
         // And as a CONNECT authority.
         let line = refused(
             &mut lines,
-            &connect_raw(&format!("{s}:{}", l.port)),
+            &connect_raw(&format!("{s}:{}", l.port())),
             403,
             "no_exception",
         );
         assert!(line["addr"].is_null(), "{s}");
     }
-    l.assert_nothing_leaked(0);
+    assert_nothing_leaked(&l, &c6, 0);
 }
 
 #[test]
 fn metadata_addresses_are_refused_in_every_spelling() {
-    let l = lab("");
+    let (l, c6) = lab(false);
     let mut lines = Lines::new(&l.e);
     for s in METADATA {
         let line = refused(
@@ -245,14 +215,14 @@ fn metadata_addresses_are_refused_in_every_spelling() {
         );
         assert_eq!(line["host"], "169.254.169.254", "{s}");
     }
-    l.assert_nothing_leaked(0);
+    assert_nothing_leaked(&l, &c6, 0);
 }
 
 /// Numbers that are not addresses must not fall through to name resolution
 /// (a resolver or libc might still read them as addresses).
 #[test]
 fn numeric_non_addresses_are_malformed_not_resolved() {
-    let l = lab("");
+    let (l, c6) = lab(false);
     let mut lines = Lines::new(&l.e);
     for s in [
         "127.0.0.256",
@@ -271,16 +241,16 @@ fn numeric_non_addresses_are_malformed_not_resolved() {
         "[127.0.0.1]",
         "[1:2:3:4:5:6:7:8:9]",
     ] {
-        let url = format!("http://{s}:{}/", l.port);
+        let url = format!("http://{s}:{}/", l.port());
         refused(&mut lines, &get_raw(&url), 400, "malformed");
     }
-    l.assert_nothing_leaked(0);
+    assert_nothing_leaked(&l, &c6, 0);
 }
 
 /// IPv6 zone identifiers: the zone never changes the address judged.
 #[test]
 fn zone_ids_do_not_change_the_address() {
-    let l = lab("");
+    let (l, c6) = lab(false);
     let mut lines = Lines::new(&l.e);
     for s in [
         "[fe80::1%25lo]",
@@ -288,7 +258,7 @@ fn zone_ids_do_not_change_the_address() {
         "[::ffff:127.0.0.2%251]",
         "[fe80::a9fe:a9fe%25eth0]",
     ] {
-        let url = format!("http://{s}:{}/", l.port);
+        let url = format!("http://{s}:{}/", l.port());
         let r = try_request(l.e.proxy, get_raw(&url).as_bytes()).unwrap();
         let line = lines.one(s);
         assert_eq!(line["decision"], "deny", "{s}: {line}");
@@ -298,25 +268,25 @@ fn zone_ids_do_not_change_the_address() {
             "{s}: {} {line}",
             r.status
         );
-        let auth = format!("{s}:{}", l.port);
+        let auth = format!("{s}:{}", l.port());
         let r = try_request(l.e.proxy, connect_raw(&auth).as_bytes()).unwrap();
         assert!(r.status == 403 || r.status == 400, "{auth}: {}", r.status);
         lines.one(&auth);
     }
-    l.assert_nothing_leaked(0);
+    assert_nothing_leaked(&l, &c6, 0);
 }
 
 /// `mode: report` lets policy denials through, but never the address guard
 /// or malformed input: 127.0.0.2 in any spelling stays refused.
 #[test]
 fn report_mode_keeps_the_address_guard() {
-    let l = lab("  mode: report");
+    let (l, c6) = lab(true);
     let mut lines = Lines::new(&l.e);
     for s in LOOPBACK_TWO
         .iter()
         .chain(["0", "[::1]", "[64:ff9b::7f00:2]"].iter())
     {
-        let url = format!("http://{s}:{}/", l.port);
+        let url = format!("http://{s}:{}/", l.port());
         let line = refused(&mut lines, &get_raw(&url), 403, "private_address");
         assert!(line["addr"].is_null(), "{s}");
     }
@@ -330,9 +300,9 @@ fn report_mode_keeps_the_address_guard() {
     }
     refused(
         &mut lines,
-        &get_raw(&format!("http://127.0.0.256:{}/", l.port)),
+        &get_raw(&format!("http://127.0.0.256:{}/", l.port())),
         400,
         "malformed",
     );
-    l.assert_nothing_leaked(0);
+    assert_nothing_leaked(&l, &c6, 0);
 }

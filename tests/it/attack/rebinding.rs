@@ -7,30 +7,24 @@
 //! dialled would show up at the canary.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
 use hickory_proto::op::ResponseCode;
-use hickory_proto::rr::rdata::CNAME;
-use hickory_proto::rr::{RData, RecordType};
+use hickory_proto::rr::RecordType;
 
 use super::*;
 
 const ORIGIN_IP: &str = "127.0.0.2";
 const CANARY_IP: &str = "127.0.0.3";
 
-struct Lab {
-    e: Egressd,
-    origin: RawOrigin,
-    canary: Canary,
-    port: u16,
-}
-
-/// Origin and canary on one port; `dns` is the upstream egressd uses.
-fn lab(dns: SocketAddr, names: &[&str]) -> Lab {
-    let (origin, canary) = loop {
-        let o = raw_origin_on(ORIGIN_IP.parse().unwrap(), 0, |r| {
+/// An origin on ORIGIN_IP that redirects `/redirect?to=<url>` there and
+/// answers 200 otherwise, a canary beside it on CANARY_IP, and egressd
+/// allowing `names` on ORIGIN_IP only; answers are cached for a second.
+/// The fake DNS starts empty: each test says where its names point.
+fn lab(names: &[&str]) -> Lab<RawOrigin> {
+    let (origin, canary) = beside(CANARY_IP, || {
+        raw_origin_on(ORIGIN_IP.parse().unwrap(), 0, |r| {
             if r.target.starts_with("/redirect") {
                 let to = r.target.trim_start_matches("/redirect?to=");
                 Act::Reply(
@@ -42,46 +36,25 @@ fn lab(dns: SocketAddr, names: &[&str]) -> Lab {
             } else {
                 ok_reply(r)
             }
-        });
-        let p = o.addr.port();
-        if let Ok(c) = std::panic::catch_unwind(|| canary_on(CANARY_IP.parse().unwrap(), p)) {
-            break (o, c);
-        }
-    };
-    let port = origin.addr.port();
-    let yaml = format!(
-        r#"
-settings:
-  dns:
-    cache_min_ttl: 1s
-    cache_max_ttl: 1s
-exceptions:
-  - id: rebind
-    owner: t
-    reason: names that move
-    hosts: [{}]
-    cidrs: [{ORIGIN_IP}/32]
-    ports: [{port}]
-"#,
-        names.join(", ")
-    );
-    let e = egressd().policy("p.yaml", &yaml).dns(dns).start();
-    Lab {
-        e,
-        origin,
-        canary,
-        port,
-    }
+        })
+    });
+    lab_with(origin).canary(canary).start(|l| {
+        policy()
+            .setting("dns", "{ cache_min_ttl: 1s, cache_max_ttl: 1s }")
+            .exception("rebind")
+            .reason("names that move")
+            .hosts(names)
+            .cidr(&format!("{ORIGIN_IP}/32"))
+            .port(l.port())
+    })
 }
 
-impl Lab {
-    fn get(&self, host: &str, path: &str) -> Response {
-        try_request(
-            self.e.proxy,
-            get_raw(&format!("http://{host}:{}{path}", self.port)).as_bytes(),
-        )
-        .unwrap()
-    }
+fn get(l: &Lab<RawOrigin>, host: &str, path: &str) -> Response {
+    try_request(
+        l.e.proxy,
+        get_raw(&format!("http://{host}:{}{path}", l.port())).as_bytes(),
+    )
+    .unwrap()
 }
 
 /// Every non-public address class an answer for an allowed name may carry.
@@ -112,17 +85,16 @@ const INTERNAL: &[&str] = &[
 
 #[test]
 fn allowed_names_resolving_to_internal_addresses_are_refused() {
-    let dns = fake_dns();
     let names: Vec<String> = (0..INTERNAL.len())
         .map(|i| format!("n{i}.rebind.test"))
         .collect();
-    for (n, ip) in names.iter().zip(INTERNAL) {
-        dns.set(n, &[ip]);
-    }
-    dns.set("all.rebind.test", INTERNAL);
     let mut all: Vec<&str> = names.iter().map(String::as_str).collect();
     all.push("all.rebind.test");
-    let l = lab(dns.addr, &all);
+    let l = lab(&all);
+    for (n, ip) in names.iter().zip(INTERNAL) {
+        l.dns.set(n, &[ip]);
+    }
+    l.dns.set("all.rebind.test", INTERNAL);
     let mut lines = Lines::new(&l.e);
     for (n, ip) in names
         .iter()
@@ -131,7 +103,7 @@ fn allowed_names_resolving_to_internal_addresses_are_refused() {
     {
         let line = refused(
             &mut lines,
-            &get_raw(&format!("http://{n}:{}/", l.port)),
+            &get_raw(&format!("http://{n}:{}/", l.port())),
             403,
             "private_address",
         );
@@ -142,7 +114,7 @@ fn allowed_names_resolving_to_internal_addresses_are_refused() {
         );
         refused(
             &mut lines,
-            &connect_raw(&format!("{n}:{}", l.port)),
+            &connect_raw(&format!("{n}:{}", l.port())),
             403,
             "private_address",
         );
@@ -168,13 +140,13 @@ fn allowed_names_resolving_to_internal_addresses_are_refused() {
 /// decided on the address it is sent to, never a stale one.
 #[test]
 fn a_name_that_flips_between_lookups_is_checked_every_time() {
-    let dns = fake_dns();
+    let l = lab(&["flip.test"]);
+    let dns = &l.dns;
     dns.set("flip.test", &[ORIGIN_IP]);
-    let l = lab(dns.addr, &["flip.test"]);
-    assert_eq!(l.get("flip.test", "/1").status, 200);
+    assert_eq!(get(&l, "flip.test", "/1").status, 200);
     dns.set("flip.test", &[CANARY_IP]);
     eventually("the cached answer to expire", || {
-        let r = l.get("flip.test", "/2");
+        let r = get(&l, "flip.test", "/2");
         assert!(
             r.status == 200 || r.reason() == Some("private_address"),
             "{}",
@@ -185,7 +157,7 @@ fn a_name_that_flips_between_lookups_is_checked_every_time() {
     // Both addresses in one answer: only the checked one is dialled.
     dns.set("flip.test", &[CANARY_IP, ORIGIN_IP]);
     eventually("the mixed answer", || {
-        let r = l.get("flip.test", "/3");
+        let r = get(&l, "flip.test", "/3");
         (r.status == 200).then_some(())
     });
     let line = eventually("the mixed line", || {
@@ -193,13 +165,13 @@ fn a_name_that_flips_between_lookups_is_checked_every_time() {
             .into_iter()
             .find(|x| x["path"] == "/3" && x["decision"] == "allow")
     });
-    assert_eq!(line["addr"], format!("{ORIGIN_IP}:{}", l.port));
+    assert_eq!(line["addr"], format!("{ORIGIN_IP}:{}", l.port()));
     assert!(line["note"].as_str().unwrap().contains(CANARY_IP), "{line}");
     assert_eq!(l.canary.hits(), 0);
     // Every line that was allowed went to the origin.
     for x in complete_lines(&l.e) {
         if x["decision"] == "allow" {
-            assert_eq!(x["addr"], format!("{ORIGIN_IP}:{}", l.port), "{x}");
+            assert_eq!(x["addr"], format!("{ORIGIN_IP}:{}", l.port()), "{x}");
         }
     }
 }
@@ -208,13 +180,13 @@ fn a_name_that_flips_between_lookups_is_checked_every_time() {
 /// the interleaving, nothing reaches the canary.
 #[test]
 fn a_name_flipping_under_load_never_reaches_the_internal_address() {
-    let dns = Arc::new(fake_dns());
+    let l = lab(&["race.test"]);
+    let dns = &l.dns;
     dns.set("race.test", &[ORIGIN_IP]);
-    let l = lab(dns.addr, &["race.test"]);
-    let stop = Arc::new(AtomicBool::new(false));
-    let flipper = {
-        let (dns, stop) = (dns.clone(), stop.clone());
-        thread::spawn(move || {
+    let stop = AtomicBool::new(false);
+    let (mut ok, mut refused_n) = (0, 0);
+    thread::scope(|s| {
+        s.spawn(|| {
             let mut i = 0u64;
             while !stop.load(Ordering::Relaxed) {
                 let ip = if i % 2 == 0 { CANARY_IP } else { ORIGIN_IP };
@@ -222,20 +194,18 @@ fn a_name_flipping_under_load_never_reaches_the_internal_address() {
                 i += 1;
                 thread::sleep(Duration::from_millis(3));
             }
-        })
-    };
-    let end = Instant::now() + Duration::from_secs(3);
-    let (mut ok, mut refused_n) = (0, 0);
-    while Instant::now() < end {
-        let r = l.get("race.test", "/race");
-        match (r.status, r.reason()) {
-            (200, _) => ok += 1,
-            (403, Some("private_address")) => refused_n += 1,
-            other => panic!("unexpected answer {other:?}: {}", r.text()),
+        });
+        let end = Instant::now() + Duration::from_secs(3);
+        while Instant::now() < end {
+            let r = get(&l, "race.test", "/race");
+            match (r.status, r.reason()) {
+                (200, _) => ok += 1,
+                (403, Some("private_address")) => refused_n += 1,
+                other => panic!("unexpected answer {other:?}: {}", r.text()),
+            }
         }
-    }
-    stop.store(true, Ordering::Relaxed);
-    flipper.join().unwrap();
+        stop.store(true, Ordering::Relaxed);
+    });
     assert!(ok + refused_n > 0);
     assert_eq!(l.canary.hits(), 0, "a flipped answer was dialled");
     let lines = eventually("all lines", || {
@@ -257,14 +227,14 @@ fn a_name_flipping_under_load_never_reaches_the_internal_address() {
 /// own lookup decides, not what the client was told.
 #[test]
 fn what_the_client_resolved_does_not_decide_what_the_proxy_dials() {
-    let dns = fake_dns();
+    let l = lab(&["both.test"]);
+    let dns = &l.dns;
     dns.set("both.test", &["93.184.216.34"]);
-    let l = lab(dns.addr, &["both.test"]);
     let r = ask_udp(l.e.dns, &dns_query("both.test", RecordType::A));
     assert_eq!(r.metadata.response_code, ResponseCode::NoError);
     dns.set("both.test", &[CANARY_IP]);
     eventually("the proxy's lookup to see the new answer", || {
-        let r = l.get("both.test", "/");
+        let r = get(&l, "both.test", "/");
         (r.reason() == Some("private_address")).then_some(())
     });
     let r = ask_udp(l.e.dns, &dns_query("both.test", RecordType::A));
@@ -274,34 +244,20 @@ fn what_the_client_resolved_does_not_decide_what_the_proxy_dials() {
 
 #[test]
 fn cnames_into_internal_names_are_judged_by_where_they_end() {
-    let up = scripted_dns(|q, _| {
-        let n = qname(q);
-        let t = q.queries[0].query_type();
-        let mut r = response_to(q);
-        let cname = |to: &str| rr(&format!("{n}."), RData::CNAME(CNAME(name(to))));
-        match (n.as_str(), t) {
-            ("inside.test", RecordType::A) => {
-                r.add_answer(cname("db.corp.internal."));
-                r.add_answer(addr_rr("db.corp.internal.", CANARY_IP));
-            }
-            ("meta.test", RecordType::A) => {
-                r.add_answer(cname("metadata.google.internal."));
-                r.add_answer(addr_rr("metadata.google.internal.", "169.254.169.254"));
-            }
-            ("good.test", RecordType::A) => {
-                r.add_answer(cname("edge.cdn.test."));
-                r.add_answer(addr_rr("edge.cdn.test.", ORIGIN_IP));
-            }
-            _ => {}
-        }
-        DnsAct::Answer(r)
-    });
-    let l = lab(up.addr, &["inside.test", "meta.test", "good.test"]);
+    let l = lab(&["inside.test", "meta.test", "good.test"]);
+    for (n, target, ip) in [
+        ("inside.test", "db.corp.internal", CANARY_IP),
+        ("meta.test", "metadata.google.internal", "169.254.169.254"),
+        ("good.test", "edge.cdn.test", ORIGIN_IP),
+    ] {
+        l.dns.cname(n, target);
+        l.dns.set(target, &[ip]);
+    }
     let mut lines = Lines::new(&l.e);
     for n in ["inside.test", "meta.test"] {
         refused(
             &mut lines,
-            &get_raw(&format!("http://{n}:{}/", l.port)),
+            &get_raw(&format!("http://{n}:{}/", l.port())),
             403,
             "private_address",
         );
@@ -309,34 +265,30 @@ fn cnames_into_internal_names_are_judged_by_where_they_end() {
         assert_dns_denied(&r, "private_address", n);
         lines.one(n);
     }
-    assert_eq!(l.get("good.test", "/").status, 200, "control");
+    assert_eq!(get(&l, "good.test", "/").status, 200, "control");
     lines.one("good");
     lines.done("cnames");
     assert_eq!(l.canary.hits(), 0);
     // Only names the policy allowed were asked: the CNAME targets were not
     // chased with queries of their own.
-    let mut asked = up.names();
-    asked.sort();
-    asked.dedup();
-    assert_eq!(asked, ["good.test", "inside.test", "meta.test"]);
+    assert_eq!(asked(&l.dns), ["good.test", "inside.test", "meta.test"]);
 }
 
 /// A redirect to an internal address is handed to the client as it is;
 /// egressd never follows it (the client's next request is decided anew).
 #[test]
 fn redirects_are_passed_on_not_followed() {
-    let dns = fake_dns();
-    dns.set("redir.test", &[ORIGIN_IP]);
-    let l = lab(dns.addr, &["redir.test"]);
+    let l = lab(&["redir.test"]);
+    l.dns.set("redir.test", &[ORIGIN_IP]);
     let mut lines = Lines::new(&l.e);
     let targets = [
-        format!("http://{CANARY_IP}:{}/", l.port),
+        format!("http://{CANARY_IP}:{}/", l.port()),
         "http://169.254.169.254/latest/meta-data/".to_string(),
-        format!("http://[::ffff:127.0.0.3]:{}/", l.port),
+        format!("http://[::ffff:127.0.0.3]:{}/", l.port()),
         "file:///etc/passwd".to_string(),
     ];
     for to in &targets {
-        let r = l.get("redir.test", &format!("/redirect?to={to}"));
+        let r = get(&l, "redir.test", &format!("/redirect?to={to}"));
         assert_eq!(r.status, 302, "{to}");
         assert_eq!(r.header("location"), Some(to.as_str()));
         let line = lines.one(to);

@@ -11,65 +11,43 @@ use std::io::{BufReader, Write};
 
 use super::*;
 
-struct Lab {
-    e: Egressd,
-    origin: RawOrigin,
-    canary: Canary,
-    dns: FakeDns,
-    p: u16,
+fn lab() -> Lab<RawOrigin> {
+    lab_with(raw_origin(ok_reply))
+        .names(&["allowed.test", "evil.test"])
+        .start(|l| {
+            policy()
+                .exception("public")
+                .reason("the public half of the origin")
+                .host("allowed.test")
+                .cidr(LOOPBACK)
+                .port(l.port())
+                .methods(&["GET", "POST", "PUT"])
+                .path("/public/**")
+        })
 }
 
-fn lab() -> Lab {
-    let origin = raw_origin(ok_reply);
-    let canary = canary();
-    let dns = fake_dns();
-    dns.set("allowed.test", &["127.0.0.1"]);
-    dns.set("evil.test", &["127.0.0.1"]);
-    let p = origin.addr.port();
-    let yaml = format!(
-        r#"
-exceptions:
-  - id: public
-    owner: t
-    reason: the public half of the origin
-    hosts: [allowed.test]
-    cidrs: [127.0.0.0/8]
-    ports: [{p}]
-    methods: [GET, POST, PUT]
-    paths: ["/public/**"]
-"#
-    );
-    let e = egressd().policy("p.yaml", &yaml).dns(dns.addr).start();
-    Lab {
-        e,
-        origin,
-        canary,
-        dns,
-        p,
+/// The origin saw no request for anything but `/public/…`, and nothing
+/// framed two ways; nothing reached the canary; only allowed.test was
+/// resolved.
+fn assert_clean(l: &Lab<RawOrigin>) {
+    for r in l.origin.requests() {
+        assert!(r.target.starts_with("/public/"), "origin got {r:?}");
+        assert_ne!(r.body, b"<ambiguous framing>", "origin got {r:?}");
+        assert!(
+            r.count("content-length") + r.count("transfer-encoding") <= 1,
+            "two framings reached the origin: {r:?}"
+        );
     }
+    l.assert_clean(&["allowed.test"]);
 }
 
-impl Lab {
-    /// The origin saw no request for anything but `/public/…`, and nothing
-    /// framed two ways; nothing reached the canary; only allowed.test was
-    /// resolved.
-    fn assert_clean(&self) {
-        for r in self.origin.requests() {
-            assert!(r.target.starts_with("/public/"), "origin got {r:?}");
-            assert_ne!(r.body, b"<ambiguous framing>", "origin got {r:?}");
-            assert!(
-                r.count("content-length") + r.count("transfer-encoding") <= 1,
-                "two framings reached the origin: {r:?}"
-            );
-        }
-        assert_eq!(self.canary.hits(), 0);
-        assert_only_asked(&self.dns, &["allowed.test"]);
-    }
-
-    fn head(&self, method: &str, path: &str, extra: &str) -> String {
-        let p = self.p;
-        format!("{method} http://allowed.test:{p}{path} HTTP/1.1\r\nHost: allowed.test:{p}\r\n{extra}\r\n")
-    }
+/// A request for `path` on the allowed origin, `extra` header lines after
+/// the Host header, and the empty line.
+fn head(l: &Lab<RawOrigin>, method: &str, path: &str, extra: &str) -> String {
+    let p = l.port();
+    format!(
+        "{method} http://allowed.test:{p}{path} HTTP/1.1\r\nHost: allowed.test:{p}\r\n{extra}\r\n"
+    )
 }
 
 /// Content-Length and Transfer-Encoding together: chunked wins, the
@@ -79,7 +57,7 @@ impl Lab {
 fn cl_te_and_te_cl() {
     let l = lab();
     let mut lines = Lines::new(&l.e);
-    let p = l.p;
+    let p = l.port();
     // CL.TE: a front end reading Content-Length would forward the smuggled
     // request as body; one reading chunked would see it as the next request.
     for smuggled in [
@@ -87,7 +65,7 @@ fn cl_te_and_te_cl() {
         format!("GET http://allowed.test:{p}/admin HTTP/1.1\r\nHost: allowed.test:{p}\r\nConnection: close\r\n\r\n"),
     ] {
         let body = format!("0\r\n\r\n{smuggled}");
-        let raw = l.head(
+        let raw = head(&l,
             "POST",
             "/public/clte",
             &format!(
@@ -110,7 +88,8 @@ fn cl_te_and_te_cl() {
     let inner =
         format!("GPOST /admin HTTP/1.1\r\nHost: allowed.test:{p}\r\nContent-Length: 15\r\n\r\nx=1");
     let body = format!("{:x}\r\n{inner}\r\n0\r\n\r\n", inner.len());
-    let raw = l.head(
+    let raw = head(
+        &l,
         "POST",
         "/public/tecl",
         "Content-Length: 4\r\nTransfer-Encoding: chunked\r\n",
@@ -132,7 +111,7 @@ fn cl_te_and_te_cl() {
     );
     lines.done("cl/te");
     assert_eq!(l.origin.requests().len(), 3);
-    l.assert_clean();
+    assert_clean(&l);
 }
 
 #[test]
@@ -153,11 +132,12 @@ fn conflicting_or_odd_content_lengths_are_refused() {
         "Content-Length:\r\n",
         "Content-Length : 5\r\n",
     ] {
-        let raw = l.head("POST", "/public/cl", cl) + "hello";
+        let raw = head(&l, "POST", "/public/cl", cl) + "hello";
         refused(&mut lines, &raw, 400, "malformed");
     }
     // Two equal values are one length: accepted, and the origin gets one.
-    let raw = l.head(
+    let raw = head(
+        &l,
         "POST",
         "/public/cl",
         "Content-Length: 5\r\nContent-Length: 5\r\nConnection: close\r\n",
@@ -170,7 +150,7 @@ fn conflicting_or_odd_content_lengths_are_refused() {
         (1, &b"hello"[..])
     );
     lines.done("content-length");
-    l.assert_clean();
+    assert_clean(&l);
 }
 
 #[test]
@@ -195,7 +175,7 @@ fn obfuscated_transfer_encodings_are_refused_or_normalised() {
         "Transfer-Encoding: chunk\r\n",
         "Transfer-Encoding: ch\0unked\r\n",
     ] {
-        let raw = l.head("POST", "/public/te", te) + body;
+        let raw = head(&l, "POST", "/public/te", te) + body;
         refused(&mut lines, &raw, 400, "malformed");
     }
     // Spellings that do mean chunked are decoded and re-framed: the origin
@@ -206,7 +186,12 @@ fn obfuscated_transfer_encodings_are_refused_or_normalised() {
         "Transfer-Encoding: identity, chunked\r\n",
         "Transfer-Encoding: gzip\r\nTransfer-Encoding: chunked\r\n",
     ] {
-        let raw = l.head("POST", "/public/te", &format!("{te}Connection: close\r\n")) + body;
+        let raw = head(
+            &l,
+            "POST",
+            "/public/te",
+            &format!("{te}Connection: close\r\n"),
+        ) + body;
         assert_eq!(
             try_request(l.e.proxy, raw.as_bytes()).unwrap().status,
             200,
@@ -219,26 +204,26 @@ fn obfuscated_transfer_encodings_are_refused_or_normalised() {
         assert_eq!(last.header("transfer-encoding"), Some("chunked"), "{te:?}");
     }
     lines.done("transfer-encoding");
-    l.assert_clean();
+    assert_clean(&l);
 }
 
 #[test]
 fn obs_fold_bare_cr_and_bare_lf() {
     let l = lab();
     let mut lines = Lines::new(&l.e);
-    let p = l.p;
+    let p = l.port();
     for raw in [
         // obs-fold continuing a header, and folding a framing header
-        l.head("GET", "/public/f", "X-A: a\r\n b\r\n"),
-        l.head("POST", "/public/f", "Transfer-Encoding: identity\r\n chunked\r\n") + "0\r\n\r\n",
-        l.head("GET", "/public/f", "X-A: a\r\n\tHost: evil.test\r\n"),
+        head(&l, "GET", "/public/f", "X-A: a\r\n b\r\n"),
+        head(&l, "POST", "/public/f", "Transfer-Encoding: identity\r\n chunked\r\n") + "0\r\n\r\n",
+        head(&l, "GET", "/public/f", "X-A: a\r\n\tHost: evil.test\r\n"),
         // bare CR inside a header, and as a line end
-        l.head("GET", "/public/f", "X-A: a\rTransfer-Encoding: chunked\r\n"),
+        head(&l, "GET", "/public/f", "X-A: a\rTransfer-Encoding: chunked\r\n"),
         format!("GET http://allowed.test:{p}/public/f HTTP/1.1\rHost: allowed.test:{p}\r\n\r\n"),
         // NUL and DEL in a header value, control characters in a name
-        l.head("GET", "/public/f", "X-A: a\0b\r\n"),
-        l.head("GET", "/public/f", "X\x01A: a\r\n"),
-        l.head("GET", "/public/f", "X-A: a\x7fb\r\n"),
+        head(&l, "GET", "/public/f", "X-A: a\0b\r\n"),
+        head(&l, "GET", "/public/f", "X\x01A: a\r\n"),
+        head(&l, "GET", "/public/f", "X-A: a\x7fb\r\n"),
         // a request line with a bare CR in the target
         format!("GET http://allowed.test:{p}/public/\r/admin HTTP/1.1\r\nHost: allowed.test:{p}\r\n\r\n"),
     ] {
@@ -259,7 +244,7 @@ fn obs_fold_bare_cr_and_bare_lf() {
         "a bare LF reached the origin: {text:?}"
     );
     lines.done("folds");
-    l.assert_clean();
+    assert_clean(&l);
 }
 
 /// Broken chunk framing: the request fails, and nothing after the break is
@@ -268,7 +253,7 @@ fn obs_fold_bare_cr_and_bare_lf() {
 fn chunk_size_abuse() {
     let l = lab();
     let mut lines = Lines::new(&l.e);
-    let p = l.p;
+    let p = l.port();
     let smuggled = format!(
         "GET http://allowed.test:{p}/admin HTTP/1.1\r\nHost: allowed.test:{p}\r\nConnection: close\r\n\r\n"
     );
@@ -287,8 +272,12 @@ fn chunk_size_abuse() {
         "g\r\nhello\r\n0\r\n\r\n".to_string(),
         "5\r\nhello\r\n0\r\nX-Trailer: 1\r\nTransfer-Encoding: chunked\r\n\r\n".to_string(),
     ] {
-        let raw = l.head("POST", "/public/chunks", "Transfer-Encoding: chunked\r\n")
-            + &chunks
+        let raw = head(
+            &l,
+            "POST",
+            "/public/chunks",
+            "Transfer-Encoding: chunked\r\n",
+        ) + &chunks
             + &smuggled;
         let got = all_responses(l.e.proxy, raw.as_bytes());
         // Refused at the edge (400), or failed mid-body towards the origin
@@ -308,7 +297,7 @@ fn chunk_size_abuse() {
         }
     }
     lines.done("chunks");
-    l.assert_clean();
+    assert_clean(&l);
 }
 
 /// Several requests in one write: each gets its own decision, its own
@@ -317,17 +306,17 @@ fn chunk_size_abuse() {
 fn pipelined_requests_are_each_decided_on_their_own() {
     let l = lab();
     let mut lines = Lines::new(&l.e);
-    let p = l.p;
+    let p = l.port();
     let raw = [
-        l.head("GET", "/public/1", ""),
+        head(&l, "GET", "/public/1", ""),
         format!("GET http://evil.test:{p}/public/x HTTP/1.1\r\nHost: evil.test:{p}\r\n\r\n"),
-        l.head("GET", "/admin", ""),
-        l.head("DELETE", "/public/1", ""),
-        l.head("POST", "/public/2", "Content-Length: 4\r\n") + "body",
-        l.head("GET", "/public/3", "Host: evil.test\r\n"),
-        l.head("PUT", "/public/4", "Transfer-Encoding: chunked\r\n") + "3\r\nabc\r\n0\r\n\r\n",
+        head(&l, "GET", "/admin", ""),
+        head(&l, "DELETE", "/public/1", ""),
+        head(&l, "POST", "/public/2", "Content-Length: 4\r\n") + "body",
+        head(&l, "GET", "/public/3", "Host: evil.test\r\n"),
+        head(&l, "PUT", "/public/4", "Transfer-Encoding: chunked\r\n") + "3\r\nabc\r\n0\r\n\r\n",
         "GET /public/5 HTTP/1.1\r\nHost: allowed.test\r\n\r\n".to_string(),
-        l.head("GET", "/public/6", "Connection: close\r\n"),
+        head(&l, "GET", "/public/6", "Connection: close\r\n"),
     ]
     .concat();
     let got: Vec<(u16, Option<String>)> = all_responses(l.e.proxy, raw.as_bytes())
@@ -383,7 +372,7 @@ fn pipelined_requests_are_each_decided_on_their_own() {
             ("GET /public/6".into(), b"".to_vec()),
         ]
     );
-    l.assert_clean();
+    assert_clean(&l);
 }
 
 /// A refused request's body is body, not the next request: a denied POST
@@ -393,7 +382,7 @@ fn pipelined_requests_are_each_decided_on_their_own() {
 fn the_body_of_a_refused_request_is_never_a_request() {
     let l = lab();
     let mut lines = Lines::new(&l.e);
-    let p = l.p;
+    let p = l.port();
     let inner = format!(
         "GET http://allowed.test:{p}/public/from-body HTTP/1.1\r\nHost: allowed.test:{p}\r\n\r\n"
     );
@@ -403,10 +392,10 @@ fn the_body_of_a_refused_request_is_never_a_request() {
             format!("POST http://evil.test:{p}/x HTTP/1.1\r\nHost: evil.test:{p}\r\nContent-Length: {}\r\n\r\n", inner.len()),
             inner.clone(),
         ),
-        (l.head("POST", "/admin", &format!("Content-Length: {}\r\n", inner.len())), inner.clone()),
-        (l.head("POST", "/admin", "Transfer-Encoding: chunked\r\n"), chunked.clone()),
+        (head(&l, "POST", "/admin", &format!("Content-Length: {}\r\n", inner.len())), inner.clone()),
+        (head(&l, "POST", "/admin", "Transfer-Encoding: chunked\r\n"), chunked.clone()),
         (
-            l.head("POST", "/admin", &format!("Expect: 100-continue\r\nContent-Length: {}\r\n", inner.len())),
+            head(&l, "POST", "/admin", &format!("Expect: 100-continue\r\nContent-Length: {}\r\n", inner.len())),
             inner.clone(),
         ),
     ] {
@@ -427,7 +416,7 @@ fn the_body_of_a_refused_request_is_never_a_request() {
     }
     lines.done("bodies");
     assert!(l.origin.requests().is_empty(), "{:?}", l.origin.requests());
-    l.assert_clean();
+    assert_clean(&l);
 }
 
 /// Framing names spelled with `_` instead of `-` are other headers to a
@@ -443,7 +432,8 @@ fn framing_header_look_alikes_never_reach_the_origin() {
         "Content_Length: 0\r\nContent-Length: 5\r\n",
         "CONTENT_LENGTH: 0\r\nContent-Length: 5\r\n",
     ] {
-        let raw = l.head(
+        let raw = head(
+            &l,
             "POST",
             "/public/u",
             &format!("{extra}Connection: close\r\n"),
@@ -471,7 +461,7 @@ fn framing_header_look_alikes_never_reach_the_origin() {
         );
     }
     lines.done("look-alikes");
-    l.assert_clean();
+    assert_clean(&l);
 }
 
 /// Oversized heads are refused (431) and logged; nothing reaches the origin.
@@ -479,15 +469,16 @@ fn framing_header_look_alikes_never_reach_the_origin() {
 fn oversized_heads_are_refused() {
     let l = lab();
     let mut lines = Lines::new(&l.e);
-    let huge_header = l.head(
+    let huge_header = head(
+        &l,
         "GET",
         "/public/h",
         &format!("X-Big: {}\r\n", "a".repeat(256 << 10)),
     );
-    let many_headers = l.head("GET", "/public/h", &"X-N: 1\r\n".repeat(200));
+    let many_headers = head(&l, "GET", "/public/h", &"X-N: 1\r\n".repeat(200));
     let huge_target = format!(
         "GET http://allowed.test:{}/public/{} HTTP/1.1\r\nHost: allowed.test\r\n\r\n",
-        l.p,
+        l.port(),
         "a".repeat(256 << 10)
     );
     for raw in [huge_header, many_headers, huge_target] {
@@ -498,5 +489,5 @@ fn oversized_heads_are_refused() {
     }
     lines.done("oversized");
     assert!(l.origin.requests().is_empty());
-    l.assert_clean();
+    assert_clean(&l);
 }

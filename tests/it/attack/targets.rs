@@ -5,59 +5,29 @@
 
 use super::*;
 
-struct Lab {
-    e: Egressd,
-    origin: Origin,
-    canary: Canary,
-    dns: FakeDns,
-}
-
 fn lab() -> Lab {
-    let origin = origin();
-    let canary = canary();
-    let dns = fake_dns();
-    dns.set("allowed.test", &["127.0.0.1"]);
-    dns.set("evil.test", &["127.0.0.1"]);
-    let yaml = format!(
-        r#"
-exceptions:
-  - id: allowed
-    owner: t
-    reason: the test origin
-    hosts: [allowed.test]
-    cidrs: [127.0.0.0/8]
-    ports: [{o}]
-"#,
-        o = origin.addr.port()
-    );
-    let e = egressd().policy("p.yaml", &yaml).dns(dns.addr).start();
-    Lab {
-        e,
-        origin,
-        canary,
-        dns,
-    }
+    crate::support::lab()
+        .names(&["allowed.test", "evil.test"])
+        .start(|l| {
+            policy()
+                .exception("allowed")
+                .reason("the test origin")
+                .host("allowed.test")
+                .cidr(LOOPBACK)
+                .port(l.port())
+        })
 }
 
-impl Lab {
-    fn o(&self) -> u16 {
-        self.origin.addr.port()
-    }
-    fn c(&self) -> u16 {
-        self.canary.addr.port()
-    }
-    fn assert_clean(&self, origin_requests: usize) {
-        assert_eq!(self.canary.hits(), 0, "the canary was reached");
-        assert_eq!(self.origin.count(), origin_requests, "origin requests");
-        assert_only_asked(&self.dns, &["allowed.test"]);
-    }
+fn assert_clean(l: &Lab, origin_requests: usize) {
+    assert_eq!(l.origin.count(), origin_requests, "origin requests");
+    l.assert_clean(&["allowed.test"]);
 }
 
 #[test]
 fn a_host_header_naming_anything_else_is_refused() {
     let l = lab();
     let mut lines = Lines::new(&l.e);
-    let (o, c) = (l.o(), l.c());
+    let (o, c) = (l.port(), l.canary_port());
     let target = format!("http://allowed.test:{o}/");
     for host in [
         "evil.test".to_string(),
@@ -127,14 +97,14 @@ fn a_host_header_naming_anything_else_is_refused() {
         );
     }
     lines.done("host headers");
-    l.assert_clean(3);
+    assert_clean(&l, 3);
 }
 
 #[test]
 fn userinfo_fragments_and_odd_target_forms_are_malformed() {
     let l = lab();
     let mut lines = Lines::new(&l.e);
-    let (o, c) = (l.o(), l.c());
+    let (o, c) = (l.port(), l.canary_port());
     // Userinfo in any position, and separators a lax URL parser would take
     // for the end of the authority: refused before any decision.
     for url in [
@@ -192,14 +162,14 @@ fn userinfo_fragments_and_odd_target_forms_are_malformed() {
         refused(&mut lines, &raw, 400, "malformed");
     }
     lines.done("targets");
-    l.assert_clean(2);
+    assert_clean(&l, 2);
 }
 
 #[test]
 fn only_http_is_proxied() {
     let l = lab();
     let mut lines = Lines::new(&l.e);
-    let o = l.o();
+    let o = l.port();
     for url in [
         format!("https://allowed.test:{o}/"),
         format!("ftp://allowed.test:{o}/"),
@@ -232,14 +202,14 @@ fn only_http_is_proxied() {
         lines.one(&url);
     }
     lines.done("schemes");
-    l.assert_clean(2);
+    assert_clean(&l, 2);
 }
 
 #[test]
 fn port_spellings_parsers_disagree_on_are_refused() {
     let l = lab();
     let mut lines = Lines::new(&l.e);
-    let o = l.o();
+    let o = l.port();
     let o_wrapped = o as u32 + 65536;
     for port in [
         format!("0{o}"),
@@ -287,7 +257,7 @@ fn port_spellings_parsers_disagree_on_are_refused() {
     );
     assert_eq!(line["port"], 80);
     lines.done("ports");
-    l.assert_clean(0);
+    assert_clean(&l, 0);
 }
 
 /// egressd as its own destination (proxy, resolver, metrics), by name, by
@@ -295,34 +265,24 @@ fn port_spellings_parsers_disagree_on_are_refused() {
 /// line (a loop would add the inner request's line).
 #[test]
 fn requests_aimed_at_egressd_itself_are_refused() {
-    let dns = fake_dns();
-    dns.set("self.test", &["127.0.0.1"]);
-    dns.set("self6.test", &["::ffff:127.0.0.1"]);
-    let e = egressd()
-        .policy(
-            "p.yaml",
-            "exceptions:\n  - id: x\n    owner: t\n    reason: r\n    hosts: [x.test]\n",
-        )
-        .dns(dns.addr)
-        .start();
+    let l = crate::support::lab()
+        .names(&["self.test"])
+        .start(|_| policy().exception("x").reason("r").host("x.test"));
+    l.dns.set("self6.test", &["::ffff:127.0.0.1"]);
+    let e = &l.e;
     let ports = [e.proxy.port(), e.dns.port(), e.metrics.port()];
-    let own = format!(
-        r#"
-exceptions:
-  - id: self
-    owner: t
-    reason: try to loop through egressd
-    hosts: [self.test, self6.test]
-    cidrs: [127.0.0.0/8, "::ffff:127.0.0.0/104"]
-    ports: [{}, {}, {}]
-"#,
-        ports[0], ports[1], ports[2]
-    );
-    atomic_write(&e.policy_dir.join("p.yaml"), &own);
+    let own = policy()
+        .exception("self")
+        .reason("try to loop through egressd")
+        .hosts(&["self.test", "self6.test"])
+        .cidr(LOOPBACK)
+        .cidr("::ffff:127.0.0.0/104")
+        .ports(&ports);
+    atomic_write(&e.policy_dir.join("p.yaml"), &own.yaml());
     eventually("reload", || {
         (e.metric(r#"egressd_policy_reloads_total{result="ok"}"#)? >= 1.0).then_some(())
     });
-    let mut lines = Lines::new(&e);
+    let mut lines = Lines::new(e);
     for port in ports {
         for host in [
             "self.test",
@@ -356,5 +316,5 @@ exceptions:
         );
     }
     lines.done("self");
-    assert_only_asked(&dns, &["self.test", "self6.test"]);
+    assert_only_asked(&l.dns, &["self.test", "self6.test"]);
 }

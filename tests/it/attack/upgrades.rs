@@ -11,17 +11,9 @@ use std::io::{BufReader, Read, Write};
 
 use super::*;
 
-struct Lab {
-    e: Egressd,
-    origin: RawOrigin,
-    canary: Canary,
-    dns: FakeDns,
-    p: u16,
-}
-
 /// An origin that switches protocols for any Upgrade request to a path
 /// containing "switch" (then echoes), and answers 200 otherwise.
-fn lab() -> Lab {
+fn lab() -> Lab<RawOrigin> {
     let origin = raw_origin(|r| {
         match r.header("upgrade") {
         Some(proto) if r.target.contains("switch") => Act::Switch(
@@ -33,44 +25,27 @@ fn lab() -> Lab {
         _ => ok_reply(r),
     }
     });
-    let canary = canary();
-    let dns = fake_dns();
-    dns.set("allowed.test", &["127.0.0.1"]);
-    dns.set("evil.test", &["127.0.0.1"]);
-    let p = origin.addr.port();
-    let yaml = format!(
-        r#"
-exceptions:
-  - id: public
-    owner: t
-    reason: the public half of the origin
-    hosts: [allowed.test]
-    cidrs: [127.0.0.0/8]
-    ports: [{p}]
-    methods: [GET]
-    paths: ["/public/**"]
-"#
-    );
-    let e = egressd().policy("p.yaml", &yaml).dns(dns.addr).start();
-    Lab {
-        e,
-        origin,
-        canary,
-        dns,
-        p,
-    }
+    lab_with(origin)
+        .names(&["allowed.test", "evil.test"])
+        .start(|l| {
+            policy()
+                .exception("public")
+                .reason("the public half of the origin")
+                .host("allowed.test")
+                .cidr(LOOPBACK)
+                .port(l.port())
+                .method("GET")
+                .path("/public/**")
+        })
 }
 
-impl Lab {
-    fn assert_clean(&self) {
-        for r in self.origin.requests() {
-            assert!(r.target.starts_with("/public/"), "origin got {r:?}");
-        }
-        let text = self.origin.text();
-        assert!(!text.contains("/admin"), "the origin saw /admin:\n{text}");
-        assert_eq!(self.canary.hits(), 0);
-        assert_only_asked(&self.dns, &["allowed.test"]);
+fn assert_clean(l: &Lab<RawOrigin>) {
+    for r in l.origin.requests() {
+        assert!(r.target.starts_with("/public/"), "origin got {r:?}");
     }
+    let text = l.origin.text();
+    assert!(!text.contains("/admin"), "the origin saw /admin:\n{text}");
+    l.assert_clean(&["allowed.test"]);
 }
 
 /// `Upgrade: h2c` turns the connection into HTTP/2, whose streams carry
@@ -81,7 +56,7 @@ impl Lab {
 fn h2c_upgrades_are_not_passed_on() {
     let l = lab();
     let mut lines = Lines::new(&l.e);
-    let p = l.p;
+    let p = l.port();
     let preface = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
     for (upgrade, connection) in [
         ("h2c", "Upgrade, HTTP2-Settings"),
@@ -128,7 +103,7 @@ fn h2c_upgrades_are_not_passed_on() {
             "{upgrade}: {last:?}"
         );
     }
-    l.assert_clean();
+    assert_clean(&l);
 }
 
 /// HTTP/2 with prior knowledge at the proxy port: not HTTP/1.1, refused
@@ -154,7 +129,7 @@ fn http2_prior_knowledge_is_refused_at_the_proxy_port() {
     assert_denied_line(&line, "malformed", None, "h2 preface");
     lines.done("h2");
     assert!(l.origin.requests().is_empty());
-    l.assert_clean();
+    assert_clean(&l);
 }
 
 fn ws_head(p: u16, path: &str) -> String {
@@ -187,7 +162,7 @@ fn websocket_with_data_right_after_the_upgrade() {
         b'o' ^ 1,
     ];
     let mut s = connect(l.e.proxy);
-    let mut raw = ws_head(l.p, "/public/switch").into_bytes();
+    let mut raw = ws_head(l.port(), "/public/switch").into_bytes();
     raw.extend_from_slice(frame);
     s.write_all(&raw).unwrap();
     let mut r = BufReader::new(s.try_clone().unwrap());
@@ -210,7 +185,7 @@ fn websocket_with_data_right_after_the_upgrade() {
     let head_end = raw.windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 4;
     assert_eq!(&raw[head_end..], [frame, frame].concat());
     lines.done("websocket");
-    l.assert_clean();
+    assert_clean(&l);
 }
 
 /// An origin that answers an upgrade with anything but 101 has not
@@ -220,7 +195,7 @@ fn websocket_with_data_right_after_the_upgrade() {
 fn an_upgrade_the_origin_refused_does_not_open_a_tunnel() {
     let l = lab();
     let mut lines = Lines::new(&l.e);
-    let p = l.p;
+    let p = l.port();
     let mut s = connect(l.e.proxy);
     // "/public/no" makes the origin answer 200, not 101.
     s.write_all(ws_head(p, "/public/no").as_bytes()).unwrap();
@@ -239,7 +214,7 @@ fn an_upgrade_the_origin_refused_does_not_open_a_tunnel() {
         assert_eq!(line["decision"], "deny");
     }
     lines.done("refused upgrade");
-    l.assert_clean();
+    assert_clean(&l);
 }
 
 /// An upgrade to a destination or path no exception allows is refused
@@ -248,7 +223,7 @@ fn an_upgrade_the_origin_refused_does_not_open_a_tunnel() {
 fn a_denied_upgrade_is_a_denied_request() {
     let l = lab();
     let mut lines = Lines::new(&l.e);
-    let p = l.p;
+    let p = l.port();
     refused(
         &mut lines,
         &ws_head(p, "/admin/switch"),
@@ -264,5 +239,5 @@ fn a_denied_upgrade_is_a_denied_request() {
     lines.one("http/1.0 upgrade");
     lines.done("denied upgrades");
     assert_eq!(l.origin.requests().len(), 1);
-    l.assert_clean();
+    assert_clean(&l);
 }

@@ -1,0 +1,135 @@
+//! A [`Lab`]: the preamble most integration tests share, in one call. An
+//! origin, a canary and an echo server on loopback, a fake upstream DNS
+//! that answers the lab's names with the origin's address, and egressd
+//! started against that DNS with the policy the test writes:
+//!
+//! ```ignore
+//! let l = lab()
+//!     .names(&["allowed.test", "evil.test"])
+//!     .start(|l| policy().exception("origin").host("allowed.test").cidr(LOOPBACK).port(l.port()));
+//! ```
+//!
+//! Owns the wiring between the fixtures; not the fixtures themselves (see
+//! `origin.rs`, `dns.rs`, `process.rs`) nor what a test asserts about them,
+//! beyond [`Lab::assert_clean`].
+
+use std::fmt::Display;
+use std::net::{Ipv4Addr, SocketAddr};
+
+use super::{
+    assert_only_asked, canary, echo_on, egressd, fake_dns, origin, Builder, Canary, Egressd,
+    FakeDns, Listener, Origin,
+};
+
+/// The loopback range, as an exception's `cidrs` names it: names in a lab
+/// resolve to loopback addresses, which egressd refuses unless listed.
+pub const LOOPBACK: &str = "127.0.0.0/8";
+
+/// egressd and what it talks to; see the module header.
+pub struct Lab<O = Origin> {
+    pub e: Egressd,
+    pub dns: FakeDns,
+    pub origin: O,
+    /// Nothing may reach it; on 127.0.0.1 unless the test placed it.
+    pub canary: Canary,
+    /// A TCP echo server on 127.0.0.1, for tunnels.
+    pub echo: SocketAddr,
+}
+
+/// The fixtures of a [`Lab`] before egressd starts.
+pub struct LabBuilder<O> {
+    origin: O,
+    canary: Canary,
+    echo: SocketAddr,
+    dns: FakeDns,
+    names: Vec<String>,
+    egressd: Builder,
+}
+
+/// A lab whose origin is an [`Origin`] on 127.0.0.1.
+pub fn lab() -> LabBuilder<Origin> {
+    lab_with(origin())
+}
+
+/// A lab around `origin` (a raw origin, a TLS origin, one on another
+/// loopback address).
+pub fn lab_with<O: Listener>(origin: O) -> LabBuilder<O> {
+    let dns = fake_dns();
+    LabBuilder {
+        origin,
+        canary: canary(),
+        echo: echo_on(Ipv4Addr::LOCALHOST.into(), 0),
+        egressd: egressd().dns(dns.addr),
+        dns,
+        names: Vec::new(),
+    }
+}
+
+impl<O: Listener> LabBuilder<O> {
+    /// Names the fake DNS answers with the origin's address.
+    pub fn names(mut self, names: &[&str]) -> Self {
+        self.names.extend(names.iter().map(|n| n.to_string()));
+        self
+    }
+    /// This canary instead of the one on 127.0.0.1.
+    pub fn canary(mut self, c: Canary) -> Self {
+        self.canary = c;
+        self
+    }
+    /// Anything more about how egressd starts: a log path, environment,
+    /// arguments, another upstream DNS.
+    pub fn egressd(mut self, f: impl FnOnce(Builder) -> Builder) -> Self {
+        self.egressd = f(self.egressd);
+        self
+    }
+    /// The origin's port.
+    pub fn port(&self) -> u16 {
+        self.origin.addr().port()
+    }
+    /// The canary's port.
+    pub fn canary_port(&self) -> u16 {
+        self.canary.addr.port()
+    }
+    /// The echo server's port.
+    pub fn echo_port(&self) -> u16 {
+        self.echo.port()
+    }
+
+    /// Starts egressd with the policy `policy` writes (given the fixtures'
+    /// ports) as `p.yaml`.
+    pub fn start<Y: Display>(self, policy: impl FnOnce(&Self) -> Y) -> Lab<O> {
+        let yaml = policy(&self).to_string();
+        let ip = self.origin.addr().ip().to_string();
+        for n in &self.names {
+            self.dns.set(n, &[&ip]);
+        }
+        Lab {
+            e: self.egressd.policy("p.yaml", &yaml).start(),
+            dns: self.dns,
+            origin: self.origin,
+            canary: self.canary,
+            echo: self.echo,
+        }
+    }
+}
+
+impl<O: Listener> Lab<O> {
+    /// The origin's port.
+    pub fn port(&self) -> u16 {
+        self.origin.addr().port()
+    }
+    /// The canary's port.
+    pub fn canary_port(&self) -> u16 {
+        self.canary.addr.port()
+    }
+    /// The echo server's port.
+    pub fn echo_port(&self) -> u16 {
+        self.echo.port()
+    }
+    /// Nothing reached the canary, and the fake DNS was asked about no
+    /// name but `allowed` (a denied name must never be resolved).
+    pub fn assert_clean(&self, allowed: &[&str]) {
+        assert_eq!(self.canary.hits(), 0, "the canary was reached");
+        assert_only_asked(&self.dns, allowed);
+    }
+}

@@ -1,0 +1,102 @@
+//! The decision log as tests read it: a cursor that hands out one new line
+//! per attempt, so that every attempt is pinned to exactly its own line,
+//! and the assertions an attack makes about that line.
+//!
+//! Owns reading the log; not writing it (egressd's) nor the process
+//! (`process.rs`).
+
+use serde_json::Value;
+
+use super::{eventually, try_request, Egressd};
+
+/// The decision log's complete lines. A line the writer is still writing
+/// (no newline yet) is left for the next read: under load a reader can
+/// see half of one.
+pub fn complete_lines(e: &Egressd) -> Vec<Value> {
+    let text = std::fs::read_to_string(&e.log_path).unwrap_or_default();
+    let done = text.rfind('\n').map_or("", |i| &text[..=i]);
+    done.lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|err| panic!("bad log line {l:?}: {err}")))
+        .collect()
+}
+
+/// Hands out decision-log lines one attempt at a time: [`Lines::one`] waits
+/// for the next line and fails if more than one appeared, so every attempt
+/// is pinned to exactly its own line.
+pub struct Lines<'a> {
+    e: &'a Egressd,
+    seen: usize,
+}
+
+impl<'a> Lines<'a> {
+    pub fn new(e: &'a Egressd) -> Lines<'a> {
+        Lines {
+            e,
+            seen: complete_lines(e).len(),
+        }
+    }
+
+    /// The one line the last attempt produced.
+    pub fn one(&mut self, what: &str) -> Value {
+        let mut got = self.next_n(what, 1);
+        got.pop().unwrap()
+    }
+
+    /// The next `n` lines (exactly `n` new ones).
+    pub fn next_n(&mut self, what: &str, n: usize) -> Vec<Value> {
+        let seen = self.seen;
+        let all = eventually(&format!("{n} log line(s) for {what}"), || {
+            let l = complete_lines(self.e);
+            (l.len() >= seen + n).then_some(l)
+        });
+        assert_eq!(
+            all.len(),
+            seen + n,
+            "{what}: expected exactly {n} new line(s), got {:#?}",
+            &all[seen..]
+        );
+        self.seen = all.len();
+        all[seen..].to_vec()
+    }
+
+    /// How many lines were there or handed out so far.
+    pub fn seen(&self) -> usize {
+        self.seen
+    }
+
+    /// No line beyond those handed out so far.
+    pub fn done(&self, what: &str) {
+        let l = complete_lines(self.e);
+        assert_eq!(
+            l.len(),
+            self.seen,
+            "{what}: unexpected extra lines {:#?}",
+            &l[self.seen.min(l.len())..]
+        );
+    }
+}
+
+/// Asserts a line records a denial for `reason` (and `status`, when the
+/// proxy answered one).
+pub fn assert_denied_line(line: &Value, reason: &str, status: Option<u16>, what: &str) {
+    assert_eq!(line["decision"], "deny", "{what}: {line}");
+    assert_eq!(line["reason"], reason, "{what}: {line}");
+    if let Some(s) = status {
+        assert_eq!(line["status"], s, "{what}: {line}");
+    }
+}
+
+/// Sends an attack and checks the answer: `status`, and for 403 the
+/// `X-Egressd-Reason`; then its one log line and that line's reason.
+pub fn refused(lines: &mut Lines, raw: &str, status: u16, reason: &str) -> Value {
+    let what = raw.lines().next().unwrap_or(raw).to_string();
+    let r = try_request(lines.e.proxy, raw.as_bytes())
+        .unwrap_or_else(|| panic!("{what}: no response at all"));
+    assert_eq!(r.status, status, "{what}: {}", r.text());
+    if status == 403 {
+        assert_eq!(r.reason(), Some(reason), "{what}");
+    }
+    let line = lines.one(&what);
+    assert_denied_line(&line, reason, Some(status), &what);
+    line
+}

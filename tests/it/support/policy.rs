@@ -1,0 +1,204 @@
+//! Policies as tests write them: `policy().exception("origin").host("a.test")
+//! .cidr("127.0.0.0/8").port(p)`, rendered as the YAML an operator would
+//! write, so what egressd loads goes through the real parser. Every
+//! exception gets an owner and a reason unless the test names them (the
+//! parser refuses an exception without). Anything the builder has no word
+//! for is written through [`PolicyYaml::with`] and [`PolicyYaml::setting`] as YAML.
+//!
+//! Owns the text of a policy; not what it means (that is egressd's).
+
+use std::fmt;
+
+/// The owner an exception gets when the test does not say.
+pub const OWNER: &str = "t";
+/// The reason an exception gets when the test does not say.
+pub const REASON: &str = "a test exception";
+
+/// A policy being built; `Display` renders it.
+#[derive(Clone, Debug, Default)]
+pub struct PolicyYaml {
+    settings: Vec<(String, String)>,
+    clients: Vec<String>,
+    exceptions: Vec<Exception>,
+}
+
+#[derive(Clone, Debug)]
+struct Exception {
+    id: String,
+    owner: String,
+    reason: String,
+    /// Keys in the order first set; a list key gathers every value given.
+    fields: Vec<(&'static str, Field)>,
+}
+
+#[derive(Clone, Debug)]
+enum Field {
+    List(Vec<String>),
+    Yaml(String),
+}
+
+pub fn policy() -> PolicyYaml {
+    PolicyYaml::default()
+}
+
+/// A YAML double-quoted string (JSON's escapes are YAML's): host patterns
+/// such as `*.x.test` would otherwise be read as aliases.
+fn quoted(s: &str) -> String {
+    serde_json::to_string(s).unwrap()
+}
+
+impl PolicyYaml {
+    /// Starts exception `id`; the calls after it describe it.
+    pub fn exception(mut self, id: &str) -> Self {
+        self.exceptions.push(Exception {
+            id: id.to_string(),
+            owner: OWNER.to_string(),
+            reason: REASON.to_string(),
+            fields: Vec::new(),
+        });
+        self
+    }
+
+    fn last(&mut self) -> &mut Exception {
+        self.exceptions
+            .last_mut()
+            .expect("call .exception(id) before describing one")
+    }
+
+    fn push(mut self, key: &'static str, item: String) -> Self {
+        let e = self.last();
+        match e.fields.iter_mut().find(|(k, _)| *k == key) {
+            Some((_, Field::List(items))) => items.push(item),
+            Some((_, Field::Yaml(_))) => panic!("{key} was given as YAML already"),
+            None => e.fields.push((key, Field::List(vec![item]))),
+        }
+        self
+    }
+
+    pub fn owner(mut self, owner: &str) -> Self {
+        self.last().owner = owner.to_string();
+        self
+    }
+    pub fn reason(mut self, reason: &str) -> Self {
+        self.last().reason = reason.to_string();
+        self
+    }
+    pub fn ticket(self, ticket: &str) -> Self {
+        self.with("ticket", &quoted(ticket))
+    }
+    /// An RFC 3339 instant or a date, as the policy file takes it.
+    pub fn expires(self, when: &str) -> Self {
+        self.with("expires", &quoted(when))
+    }
+    pub fn host(self, pattern: &str) -> Self {
+        self.push("hosts", quoted(pattern))
+    }
+    pub fn hosts(self, patterns: &[&str]) -> Self {
+        patterns.iter().fold(self, |p, h| p.host(h))
+    }
+    pub fn cidr(self, net: &str) -> Self {
+        self.push("cidrs", quoted(net))
+    }
+    pub fn port(self, port: u16) -> Self {
+        self.push("ports", port.to_string())
+    }
+    pub fn ports(self, ports: &[u16]) -> Self {
+        ports.iter().fold(self, |p, port| p.port(*port))
+    }
+    pub fn method(self, m: &str) -> Self {
+        self.push("methods", quoted(m))
+    }
+    pub fn methods(self, ms: &[&str]) -> Self {
+        ms.iter().fold(self, |p, m| p.method(m))
+    }
+    pub fn path(self, glob: &str) -> Self {
+        self.push("paths", quoted(glob))
+    }
+    /// A client id (or pattern) the exception is limited to.
+    pub fn client(self, id: &str) -> Self {
+        self.push("clients", quoted(id))
+    }
+    pub fn dns_type(self, t: &str) -> Self {
+        self.push("dns_types", t.to_string())
+    }
+    /// Any other key of the exception, its value written as YAML (a flow
+    /// mapping or sequence, or a scalar).
+    pub fn with(mut self, key: &'static str, yaml: &str) -> Self {
+        self.last()
+            .fields
+            .push((key, Field::Yaml(yaml.to_string())));
+        self
+    }
+
+    /// One key under `settings:`, its value written as YAML
+    /// (`.setting("dns", "{ cache_min_ttl: 1s }")`).
+    pub fn setting(mut self, key: &str, yaml: &str) -> Self {
+        self.settings.push((key.to_string(), yaml.to_string()));
+        self
+    }
+    /// `settings.contact`, shown in every deny page.
+    pub fn contact(self, who: &str) -> Self {
+        self.setting("contact", &quoted(who))
+    }
+    /// `settings.mode` (`enforce` or `report`).
+    pub fn mode(self, mode: &str) -> Self {
+        self.setting("mode", mode)
+    }
+    /// A named client known by its source addresses.
+    pub fn client_from(mut self, id: &str, sources: &[&str]) -> Self {
+        let list: Vec<String> = sources.iter().map(|s| quoted(s)).collect();
+        self.clients.push(format!(
+            "{{ id: {}, sources: [{}] }}",
+            quoted(id),
+            list.join(", ")
+        ));
+        self
+    }
+    /// A named client known by the SHA-256 (hex) of its proxy token.
+    pub fn client_token(mut self, id: &str, token_sha256: &str) -> Self {
+        self.clients.push(format!(
+            "{{ id: {}, token_sha256: {} }}",
+            quoted(id),
+            quoted(token_sha256)
+        ));
+        self
+    }
+
+    /// The YAML text.
+    pub fn yaml(&self) -> String {
+        self.to_string()
+    }
+}
+
+impl fmt::Display for PolicyYaml {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if !self.settings.is_empty() || !self.clients.is_empty() {
+            writeln!(f, "settings:")?;
+            for (k, v) in &self.settings {
+                writeln!(f, "  {k}: {v}")?;
+            }
+            if !self.clients.is_empty() {
+                writeln!(f, "  clients:")?;
+                for c in &self.clients {
+                    writeln!(f, "    - {c}")?;
+                }
+            }
+        }
+        if self.exceptions.is_empty() {
+            return writeln!(f, "exceptions: []");
+        }
+        writeln!(f, "exceptions:")?;
+        for e in &self.exceptions {
+            writeln!(f, "  - id: {}", quoted(&e.id))?;
+            writeln!(f, "    owner: {}", quoted(&e.owner))?;
+            writeln!(f, "    reason: {}", quoted(&e.reason))?;
+            for (k, v) in &e.fields {
+                match v {
+                    Field::List(items) => writeln!(f, "    {k}: [{}]", items.join(", "))?,
+                    Field::Yaml(y) => writeln!(f, "    {k}: {y}")?,
+                }
+            }
+        }
+        Ok(())
+    }
+}
