@@ -5,33 +5,26 @@ use std::io::{BufReader, Write};
 
 use crate::support::*;
 
-fn policy(port: u16, extra: &str) -> String {
-    format!(
-        r##"
-settings:
-  contact: "#sec-test"
-exceptions:
-  - id: origin
-    owner: test-team
-    reason: the local origin
-    ticket: SEC-1
-    hosts: [allowed.test]
-    cidrs: [127.0.0.0/8]
-    ports: [{port}]
-{extra}"##
-    )
+/// allowed.test on `port`, owned by test-team, with a contact to name in
+/// deny pages.
+fn origin_policy(port: u16) -> PolicyYaml {
+    policy()
+        .contact("#sec-test")
+        .exception("origin")
+        .owner("test-team")
+        .reason("the local origin")
+        .ticket("SEC-1")
+        .host("allowed.test")
+        .cidr(LOOPBACK)
+        .port(port)
 }
 
 #[test]
 fn allowed_request_reaches_origin_rewritten_and_is_logged() {
-    let o = origin();
-    let dns = fake_dns();
-    dns.set("allowed.test", &["127.0.0.1"]);
-    let e = egressd()
-        .policy("p.yaml", &policy(o.addr.port(), ""))
-        .dns(dns.addr)
-        .start();
-    let port = o.addr.port();
+    let l = lab()
+        .names(&["allowed.test"])
+        .start(|l| origin_policy(l.port()));
+    let (e, o, dns, port) = (&l.e, &l.origin, &l.dns, l.port());
     let r = e.request(&format!(
         "GET http://Allowed.Test:{port}/x?q=1 HTTP/1.1\r\nHost: allowed.test:{port}\r\nProxy-Connection: keep-alive\r\nConnection: close, X-Hop\r\nX-Hop: secret\r\nKeep-Alive: 5\r\n\r\n"
     ));
@@ -76,14 +69,10 @@ fn allowed_request_reaches_origin_rewritten_and_is_logged() {
 
 #[test]
 fn keep_alive_and_pooling_and_request_bodies() {
-    let o = origin();
-    let dns = fake_dns();
-    dns.set("allowed.test", &["127.0.0.1"]);
-    let e = egressd()
-        .policy("p.yaml", &policy(o.addr.port(), ""))
-        .dns(dns.addr)
-        .start();
-    let port = o.addr.port();
+    let l = lab()
+        .names(&["allowed.test"])
+        .start(|l| origin_policy(l.port()));
+    let (e, o, port) = (&l.e, &l.origin, l.port());
     let mut s = connect(e.proxy);
     let mut r = BufReader::new(s.try_clone().unwrap());
     for i in 0..5 {
@@ -120,13 +109,10 @@ fn keep_alive_and_pooling_and_request_bodies() {
 
 #[test]
 fn denied_destination_gets_403_reason_and_log_line_and_nothing_leaves() {
-    let c = canary();
-    let dns = fake_dns();
-    dns.set("evil.test", &["127.0.0.1"]);
-    let e = egressd()
-        .policy("p.yaml", &policy(c.addr.port(), ""))
-        .dns(dns.addr)
-        .start();
+    let l = lab()
+        .names(&["evil.test"])
+        .start(|l| origin_policy(l.canary_port()));
+    let (e, c, dns) = (&l.e, &l.canary, &l.dns);
     let r = e.get(&format!("http://evil.test:{}/steal", c.addr.port()));
     assert_eq!(r.status, 403);
     assert_eq!(r.reason(), Some("no_exception"));
@@ -146,19 +132,14 @@ fn denied_destination_gets_403_reason_and_log_line_and_nothing_leaves() {
 
 #[test]
 fn label_boundaries_and_case_do_not_confuse_the_matcher() {
-    let c = canary();
-    let dns = fake_dns();
-    for n in [
-        "allowed.test.evil.test",
-        "evilallowed.test",
-        "x.allowed.test",
-    ] {
-        dns.set(n, &["127.0.0.1"]);
-    }
-    let e = egressd()
-        .policy("p.yaml", &policy(c.addr.port(), ""))
-        .dns(dns.addr)
-        .start();
+    let l = lab()
+        .names(&[
+            "allowed.test.evil.test",
+            "evilallowed.test",
+            "x.allowed.test",
+        ])
+        .start(|l| origin_policy(l.canary_port()));
+    let (e, c, dns) = (&l.e, &l.canary, &l.dns);
     for host in [
         "allowed.test.evil.test",
         "evilallowed.test",
@@ -174,29 +155,21 @@ fn label_boundaries_and_case_do_not_confuse_the_matcher() {
 
 #[test]
 fn allowed_name_resolving_to_private_or_metadata_address_is_refused() {
-    let c = canary();
-    let dns = fake_dns();
-    dns.set("rebind.test", &["127.0.0.1"]);
-    dns.set("meta.test", &["169.254.169.254"]);
-    dns.set("mixed.test", &["10.1.2.3", "127.0.0.1"]);
-    let yaml = format!(
-        r#"
-exceptions:
-  - id: no-cidrs
-    owner: t
-    reason: names without private ranges
-    hosts: [rebind.test, meta.test]
-    ports: [{p}]
-  - id: some-cidrs
-    owner: t
-    reason: only loopback
-    hosts: [mixed.test]
-    cidrs: [127.0.0.0/8]
-    ports: [{p}]
-"#,
-        p = c.addr.port()
-    );
-    let e = egressd().policy("p.yaml", &yaml).dns(dns.addr).start();
+    let l = lab().names(&["rebind.test"]).start(|l| {
+        policy()
+            .exception("no-cidrs")
+            .reason("names without private ranges")
+            .hosts(&["rebind.test", "meta.test"])
+            .port(l.canary_port())
+            .exception("some-cidrs")
+            .reason("only loopback")
+            .host("mixed.test")
+            .cidr(LOOPBACK)
+            .port(l.canary_port())
+    });
+    l.dns.set("meta.test", &["169.254.169.254"]);
+    l.dns.set("mixed.test", &["10.1.2.3", "127.0.0.1"]);
+    let (e, c) = (&l.e, &l.canary);
     for host in ["rebind.test", "meta.test"] {
         let r = e.get(&format!("http://{host}:{}/", c.addr.port()));
         assert_eq!(r.status, 403, "{host}");
@@ -220,20 +193,14 @@ exceptions:
 
 #[test]
 fn ip_literals_in_odd_spellings_are_the_address_dialled() {
-    let o = origin();
-    let c = canary();
-    let yaml = format!(
-        r#"
-exceptions:
-  - id: loopback-origin
-    owner: t
-    reason: the test origin by address
-    cidrs: [127.0.0.1/32]
-    ports: [{}]
-"#,
-        o.addr.port()
-    );
-    let e = egressd().policy("p.yaml", &yaml).start();
+    let l = lab().start(|l| {
+        policy()
+            .exception("loopback-origin")
+            .reason("the test origin by address")
+            .cidr("127.0.0.1/32")
+            .port(l.port())
+    });
+    let (e, o, c) = (&l.e, &l.origin, &l.canary);
     for spelling in [
         "127.0.0.1",
         "2130706433",
@@ -273,29 +240,22 @@ exceptions:
         assert_eq!(r.status, 403, "{spelling}");
     }
     assert_eq!(c.hits(), 0);
+    assert!(l.dns.names().is_empty(), "a literal was resolved");
 }
 
 #[test]
 fn ports_methods_and_paths_on_plain_http() {
-    let o = origin();
-    let dns = fake_dns();
-    dns.set("pkgs.test", &["127.0.0.1"]);
-    let yaml = format!(
-        r#"
-exceptions:
-  - id: pkgs-read
-    owner: t
-    reason: read-only package index
-    hosts: [pkgs.test]
-    cidrs: [127.0.0.0/8]
-    ports: [{p}]
-    methods: [GET, HEAD]
-    paths: ["/simple/**"]
-"#,
-        p = o.addr.port()
-    );
-    let e = egressd().policy("p.yaml", &yaml).dns(dns.addr).start();
-    let p = o.addr.port();
+    let l = lab().names(&["pkgs.test"]).start(|l| {
+        policy()
+            .exception("pkgs-read")
+            .reason("read-only package index")
+            .host("pkgs.test")
+            .cidr(LOOPBACK)
+            .port(l.port())
+            .methods(&["GET", "HEAD"])
+            .path("/simple/**")
+    });
+    let (e, o, p) = (&l.e, &l.origin, l.port());
     assert_eq!(
         e.get(&format!("http://pkgs.test:{p}/simple/requests/"))
             .status,
@@ -323,40 +283,24 @@ exceptions:
 
 #[test]
 fn clients_by_source_and_by_token() {
-    let o = origin();
-    let dns = fake_dns();
-    dns.set("ci.test", &["127.0.0.1"]);
-    dns.set("agent.test", &["127.0.0.1"]);
-    // sha256("agent-token")
-    let yaml = format!(
-        r#"
-settings:
-  clients:
-    - id: agent-a
-      token_sha256: "{}"
-    - id: ci-runner
-      sources: [127.0.0.0/8]
-exceptions:
-  - id: ci-only
-    owner: t
-    reason: ci
-    clients: ["ci-*"]
-    hosts: [ci.test]
-    cidrs: [127.0.0.0/8]
-    ports: [{p}]
-  - id: agent-only
-    owner: t
-    reason: agent
-    clients: [agent-a]
-    hosts: [agent.test]
-    cidrs: [127.0.0.0/8]
-    ports: [{p}]
-"#,
-        sha256_hex(b"agent-token"),
-        p = o.addr.port()
-    );
-    let e = egressd().policy("p.yaml", &yaml).dns(dns.addr).start();
-    let p = o.addr.port();
+    let l = lab().names(&["ci.test", "agent.test"]).start(|l| {
+        policy()
+            .client_token("agent-a", &sha256_hex(b"agent-token"))
+            .client_from("ci-runner", &[LOOPBACK])
+            .exception("ci-only")
+            .reason("ci")
+            .client("ci-*")
+            .host("ci.test")
+            .cidr(LOOPBACK)
+            .port(l.port())
+            .exception("agent-only")
+            .reason("agent")
+            .client("agent-a")
+            .host("agent.test")
+            .cidr(LOOPBACK)
+            .port(l.port())
+    });
+    let (e, o, p) = (&l.e, &l.origin, l.port());
     // By source: 127.0.0.1 is ci-runner.
     assert_eq!(e.get(&format!("http://ci.test:{p}/")).status, 200);
     let r = e.get(&format!("http://agent.test:{p}/"));
@@ -394,36 +338,26 @@ exceptions:
 
 #[test]
 fn expiry_takes_effect_at_the_instant_without_reload() {
-    let o = origin();
-    let dns = fake_dns();
-    dns.set("soon.test", &["127.0.0.1"]);
     let at = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .as_secs()
         + 3;
-    let yaml = format!(
-        r#"
-exceptions:
-  - id: soon-gone
-    owner: t
-    reason: expires in three seconds
-    expires: "{}"
-    hosts: [soon.test]
-    cidrs: [127.0.0.0/8]
-    ports: [{p}]
-  - id: long-gone
-    owner: t
-    reason: expired long ago
-    expires: 2020-01-01
-    hosts: [old.test]
-    ports: [{p}]
-"#,
-        rfc3339(at),
-        p = o.addr.port()
-    );
-    let e = egressd().policy("p.yaml", &yaml).dns(dns.addr).start();
-    let p = o.addr.port();
+    let l = lab().names(&["soon.test"]).start(|l| {
+        policy()
+            .exception("soon-gone")
+            .reason("expires in three seconds")
+            .expires(&rfc3339(at))
+            .host("soon.test")
+            .cidr(LOOPBACK)
+            .port(l.port())
+            .exception("long-gone")
+            .reason("expired long ago")
+            .with("expires", "2020-01-01")
+            .host("old.test")
+            .port(l.port())
+    });
+    let (e, p) = (&l.e, l.port());
     let r = e.get(&format!("http://old.test:{p}/"));
     assert_eq!((r.status, r.reason()), (403, Some("exception_expired")));
     assert_eq!(e.get(&format!("http://soon.test:{p}/")).status, 200);
@@ -445,25 +379,17 @@ exceptions:
 
 #[test]
 fn report_mode_logs_would_be_denials_and_allows_them() {
-    let o = origin();
-    let dns = fake_dns();
-    dns.set("unlisted.test", &["127.0.0.1"]);
-    let yaml = format!(
-        r#"
-settings:
-  mode: report
-  private_destinations: allow
-exceptions:
-  - id: something-else
-    owner: t
-    reason: unrelated
-    hosts: [other.test]
-    ports: [{p}]
-"#,
-        p = o.addr.port()
-    );
-    let e = egressd().policy("p.yaml", &yaml).dns(dns.addr).start();
-    let r = e.get(&format!("http://unlisted.test:{}/", o.addr.port()));
+    let l = lab().names(&["unlisted.test"]).start(|l| {
+        policy()
+            .mode("report")
+            .setting("private_destinations", "allow")
+            .exception("something-else")
+            .reason("unrelated")
+            .host("other.test")
+            .port(l.port())
+    });
+    let e = &l.e;
+    let r = e.get(&format!("http://unlisted.test:{}/", l.port()));
     assert_eq!(r.status, 200);
     let line = e.wait_line("report line", |l| l["host"] == "unlisted.test");
     assert_eq!(line["decision"], "deny");
@@ -474,10 +400,8 @@ exceptions:
 
 #[test]
 fn malformed_and_non_proxy_requests_get_400_and_a_line() {
-    let c = canary();
-    let e = egressd()
-        .policy("p.yaml", &policy(c.addr.port(), ""))
-        .start();
+    let l = lab().start(|l| origin_policy(l.canary_port()));
+    let (e, c) = (&l.e, &l.canary);
     let cases = [
         "GET / HTTP/1.1\r\nHost: allowed.test\r\nConnection: close\r\n\r\n".to_string(),
         format!("GET ftp://allowed.test:{}/ HTTP/1.1\r\nHost: allowed.test\r\nConnection: close\r\n\r\n", c.addr.port()),
@@ -504,18 +428,15 @@ fn malformed_and_non_proxy_requests_get_400_and_a_line() {
         "{lines:?}"
     );
     assert_eq!(c.hits(), 0);
+    assert!(l.dns.names().is_empty(), "{:?}", l.dns.names());
 }
 
 #[test]
 fn host_header_must_agree_with_the_target() {
-    let c = canary();
-    let dns = fake_dns();
-    dns.set("allowed.test", &["127.0.0.1"]);
-    let e = egressd()
-        .policy("p.yaml", &policy(c.addr.port(), ""))
-        .dns(dns.addr)
-        .start();
-    let p = c.addr.port();
+    let l = lab()
+        .names(&["allowed.test"])
+        .start(|l| origin_policy(l.canary_port()));
+    let (e, c, p) = (&l.e, &l.canary, l.canary_port());
     let r = e.request(&format!(
         "GET http://allowed.test:{p}/ HTTP/1.1\r\nHost: evil.test\r\nConnection: close\r\n\r\n"
     ));
@@ -529,27 +450,16 @@ fn host_header_must_agree_with_the_target() {
 
 #[test]
 fn requests_aimed_at_egressd_itself_are_refused() {
-    let dns = fake_dns();
-    dns.set("self.test", &["127.0.0.1"]);
-    let e = egressd()
-        .policy("p.yaml", &policy(1, ""))
-        .dns(dns.addr)
-        .start();
+    let l = lab().names(&["self.test"]).start(|_| origin_policy(1));
+    let e = &l.e;
     // Only now are egressd's own ports known: point an exception at them.
-    let own = format!(
-        r#"
-exceptions:
-  - id: self
-    owner: t
-    reason: try to loop
-    hosts: [self.test]
-    cidrs: [127.0.0.0/8]
-    ports: [{}, {}]
-"#,
-        e.proxy.port(),
-        e.metrics.port()
-    );
-    atomic_write(&e.policy_dir.join("p.yaml"), &own);
+    let own = policy()
+        .exception("self")
+        .reason("try to loop")
+        .host("self.test")
+        .cidr(LOOPBACK)
+        .ports(&[e.proxy.port(), e.metrics.port()]);
+    atomic_write(&e.policy_dir.join("p.yaml"), &own.yaml());
     eventually("reload", || {
         (e.metric(r#"egressd_policy_reloads_total{result="ok"}"#)? >= 1.0).then_some(())
     });

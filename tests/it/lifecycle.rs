@@ -5,21 +5,18 @@ use std::os::unix::fs::symlink;
 
 use crate::support::*;
 
-fn exc(id: &str, host: &str, port: u16) -> String {
-    format!(
-        r#"
-  - id: {id}
-    owner: team-{id}
-    reason: test {id}
-    hosts: [{host}]
-    cidrs: [127.0.0.0/8]
-    ports: [{port}]
-"#
-    )
-}
-
-fn doc(excs: &[String]) -> String {
-    format!("exceptions:\n{}", excs.concat())
+/// Exceptions `(id, host)` on `port`, each owned by `team-<id>`.
+fn doc(port: u16, excs: &[(&str, &str)]) -> String {
+    excs.iter()
+        .fold(policy(), |p, (id, host)| {
+            p.exception(id)
+                .owner(&format!("team-{id}"))
+                .reason(&format!("test {id}"))
+                .host(host)
+                .cidr(LOOPBACK)
+                .port(port)
+        })
+        .yaml()
 }
 
 fn status(e: &Egressd, host: &str, port: u16) -> u16 {
@@ -32,40 +29,35 @@ fn until_status(e: &Egressd, host: &str, port: u16, want: u16) {
     });
 }
 
-fn setup() -> (Origin, FakeDns) {
-    let o = origin();
-    let dns = fake_dns();
-    for n in ["a.test", "b.test", "c.test"] {
-        dns.set(n, &["127.0.0.1"]);
-    }
-    (o, dns)
+/// An origin that a.test, b.test and c.test resolve to; egressd is
+/// started by each test, with its own policy files.
+fn setup() -> LabBuilder<Origin> {
+    lab().names(&["a.test", "b.test", "c.test"])
 }
 
 #[test]
 fn reload_in_place_write_and_atomic_rename_and_file_removal() {
-    let (o, dns) = setup();
-    let p = o.addr.port();
-    let e = egressd()
-        .policy("a.yaml", &doc(&[exc("a", "a.test", p)]))
-        .policy("b.yaml", &doc(&[exc("b", "b.test", p)]))
-        .dns(dns.addr)
-        .start();
-    assert_eq!(status(&e, "a.test", p), 200);
-    assert_eq!(status(&e, "c.test", p), 403);
+    let l = setup().start_with(|l, b| {
+        b.policy("a.yaml", &doc(l.port(), &[("a", "a.test")]))
+            .policy("b.yaml", &doc(l.port(), &[("b", "b.test")]))
+    });
+    let (e, p) = (&l.e, l.port());
+    assert_eq!(status(e, "a.test", p), 200);
+    assert_eq!(status(e, "c.test", p), 403);
     // In-place write.
     std::fs::write(
         e.policy_dir.join("a.yaml"),
-        doc(&[exc("a", "a.test", p), exc("c", "c.test", p)]),
+        doc(p, &[("a", "a.test"), ("c", "c.test")]),
     )
     .unwrap();
-    until_status(&e, "c.test", p, 200);
+    until_status(e, "c.test", p, 200);
     // Editor-style atomic rename.
-    atomic_write(&e.policy_dir.join("a.yaml"), &doc(&[exc("c", "c.test", p)]));
-    until_status(&e, "a.test", p, 403);
-    assert_eq!(status(&e, "c.test", p), 200);
+    atomic_write(&e.policy_dir.join("a.yaml"), &doc(p, &[("c", "c.test")]));
+    until_status(e, "a.test", p, 403);
+    assert_eq!(status(e, "c.test", p), 200);
     // Removing a file from the directory is a valid change.
     std::fs::remove_file(e.policy_dir.join("b.yaml")).unwrap();
-    until_status(&e, "b.test", p, 403);
+    until_status(e, "b.test", p, 403);
     let m = e.metrics_text();
     assert!(
         metric_value(
@@ -80,41 +72,34 @@ fn reload_in_place_write_and_atomic_rename_and_file_removal() {
 
 #[test]
 fn reload_follows_a_kubernetes_style_symlink_swap() {
-    let (o, dns) = setup();
-    let p = o.addr.port();
     // ConfigMap layout: policy/a.yaml → ..data/a.yaml, ..data → ..v1
-    let e = egressd()
-        .policy("placeholder.yaml", &doc(&[exc("x", "x.test", p)]))
-        .dns(dns.addr)
-        .start();
+    let l =
+        setup().start_with(|l, b| b.policy("placeholder.yaml", &doc(l.port(), &[("x", "x.test")])));
+    let (e, p) = (&l.e, l.port());
     let dir = &e.policy_dir;
     std::fs::create_dir(dir.join("..v1")).unwrap();
-    std::fs::write(dir.join("..v1/a.yaml"), doc(&[exc("a", "a.test", p)])).unwrap();
+    std::fs::write(dir.join("..v1/a.yaml"), doc(p, &[("a", "a.test")])).unwrap();
     symlink("..v1", dir.join("..data")).unwrap();
     symlink("..data/a.yaml", dir.join("a.yaml")).unwrap();
     std::fs::remove_file(dir.join("placeholder.yaml")).unwrap();
-    until_status(&e, "a.test", p, 200);
+    until_status(e, "a.test", p, 200);
     // The swap: new version dir, then ..data replaced atomically by rename.
     std::fs::create_dir(dir.join("..v2")).unwrap();
-    std::fs::write(dir.join("..v2/a.yaml"), doc(&[exc("b", "b.test", p)])).unwrap();
+    std::fs::write(dir.join("..v2/a.yaml"), doc(p, &[("b", "b.test")])).unwrap();
     symlink("..v2", dir.join("..data_tmp")).unwrap();
     std::fs::rename(dir.join("..data_tmp"), dir.join("..data")).unwrap();
-    until_status(&e, "b.test", p, 200);
-    assert_eq!(status(&e, "a.test", p), 403);
+    until_status(e, "b.test", p, 200);
+    assert_eq!(status(e, "a.test", p), 403);
 }
 
 #[test]
 fn invalid_edit_is_rejected_with_file_line_and_old_policy_serves() {
-    let (o, dns) = setup();
-    let p = o.addr.port();
-    let e = egressd()
-        .policy("a.yaml", &doc(&[exc("a", "a.test", p)]))
-        .dns(dns.addr)
-        .start();
-    let bad = format!(
-        "{}    hosts_typo: [c.test]\n",
-        doc(&[exc("a", "a.test", p)])
-    );
+    let l = setup().start_with(|l, b| b.policy("a.yaml", &doc(l.port(), &[("a", "a.test")])));
+    let (e, p) = (&l.e, l.port());
+    let good = doc(p, &[("a", "a.test")]);
+    let bad = format!("{good}    hosts_typo: [c.test]\n");
+    // The key egressd must point at is on the line after the good ones.
+    let at = format!("a.yaml:{}:", good.lines().count() + 1);
     std::fs::write(e.policy_dir.join("a.yaml"), &bad).unwrap();
     eventually("reload error counted", || {
         (e.metric(r#"egressd_policy_reloads_total{result="error"}"#)? >= 1.0).then_some(())
@@ -122,57 +107,50 @@ fn invalid_edit_is_rejected_with_file_line_and_old_policy_serves() {
     // stderr is read by another thread: wait for the report to arrive.
     eventually("the error on stderr with file:line", || {
         let err = e.stderr_text();
-        (err.contains("a.yaml:9:") && err.contains("hosts_typo")).then_some(())
+        (err.contains(&at) && err.contains("hosts_typo")).then_some(())
     });
-    assert_eq!(status(&e, "a.test", p), 200, "old policy keeps serving");
+    assert_eq!(status(e, "a.test", p), 200, "old policy keeps serving");
     // An empty file (a half-written save) is refused too.
     std::fs::write(e.policy_dir.join("a.yaml"), "").unwrap();
     eventually("second error", || {
         (e.metric(r#"egressd_policy_reloads_total{result="error"}"#)? >= 2.0).then_some(())
     });
-    assert_eq!(status(&e, "a.test", p), 200);
+    assert_eq!(status(e, "a.test", p), 200);
     // The policy path disappearing is an error, not an empty policy.
     std::fs::remove_file(e.policy_dir.join("a.yaml")).unwrap();
     eventually("third error", || {
         (e.metric(r#"egressd_policy_reloads_total{result="error"}"#)? >= 3.0).then_some(())
     });
-    assert_eq!(status(&e, "a.test", p), 200);
+    assert_eq!(status(e, "a.test", p), 200);
     // And a good edit is picked up afterwards.
-    std::fs::write(e.policy_dir.join("a.yaml"), doc(&[exc("b", "b.test", p)])).unwrap();
-    until_status(&e, "b.test", p, 200);
+    std::fs::write(e.policy_dir.join("a.yaml"), doc(p, &[("b", "b.test")])).unwrap();
+    until_status(e, "b.test", p, 200);
 }
 
 #[test]
 fn sighup_forces_a_reload_and_a_single_file_policy_reloads() {
-    let (o, dns) = setup();
-    let p = o.addr.port();
-    let e = egressd()
-        .policy("only.yaml", &doc(&[exc("a", "a.test", p)]))
-        .policy_as_file()
-        .dns(dns.addr)
-        .start();
+    let l = setup().start_with(|l, b| {
+        b.policy("only.yaml", &doc(l.port(), &[("a", "a.test")]))
+            .policy_as_file()
+    });
+    let (e, p) = (&l.e, l.port());
     e.signal("HUP");
     eventually("forced reload", || {
         (e.metric(r#"egressd_policy_reloads_total{result="ok"}"#)? >= 1.0).then_some(())
     });
-    atomic_write(
-        &e.policy_dir.join("only.yaml"),
-        &doc(&[exc("b", "b.test", p)]),
-    );
-    until_status(&e, "b.test", p, 200);
+    atomic_write(&e.policy_dir.join("only.yaml"), &doc(p, &[("b", "b.test")]));
+    until_status(e, "b.test", p, 200);
 }
 
 #[test]
 fn log_sink_failure_fails_closed_with_503_and_counts() {
-    let (o, dns) = setup();
-    let p = o.addr.port();
-    let e = egressd()
-        .policy("a.yaml", &doc(&[exc("a", "a.test", p)]))
-        .dns(dns.addr)
-        .log("/dev/full")
-        .start();
+    let l = setup().start_with(|l, b| {
+        b.policy("a.yaml", &doc(l.port(), &[("a", "a.test")]))
+            .log("/dev/full")
+    });
+    let (e, o, p) = (&l.e, &l.origin, l.port());
     // The first request's line cannot be written; from then on egressd refuses.
-    let _ = status(&e, "a.test", p);
+    let _ = status(e, "a.test", p);
     eventually("a counted write error", || {
         (e.metric("egressd_log_write_errors_total")? >= 1.0).then_some(())
     });
@@ -206,25 +184,14 @@ fn log_sink_failure_fails_closed_with_503_and_counts() {
 
 #[test]
 fn log_sink_recovers_when_writes_work_again() {
-    let (o, dns) = setup();
-    let p = o.addr.port();
-    let dir = tempfile::tempdir().unwrap();
-    let fifo = dir.path().join("log.fifo");
-    assert!(std::process::Command::new("mkfifo")
-        .arg(&fifo)
-        .status()
-        .unwrap()
-        .success());
+    let fifo = log_fifo();
     // A reader must exist before egressd opens the FIFO for writing.
-    let reader = std::thread::spawn({
-        let f = fifo.clone();
-        move || std::fs::File::open(f).unwrap()
+    let reader = fifo.open_reader();
+    let l = setup().start_with(|l, b| {
+        b.policy("a.yaml", &doc(l.port(), &[("a", "a.test")]))
+            .log(fifo.arg())
     });
-    let e = egressd()
-        .policy("a.yaml", &doc(&[exc("a", "a.test", p)]))
-        .dns(dns.addr)
-        .log(fifo.to_str().unwrap())
-        .start();
+    let (e, p) = (&l.e, l.port());
     let r1 = reader.join().unwrap();
     drop(r1); // the pipe's reader goes away: writes now fail with EPIPE
     eventually("503 after the reader left", || {
@@ -232,23 +199,9 @@ fn log_sink_recovers_when_writes_work_again() {
         (r.status == 503).then_some(())
     });
     // A new reader appears: egressd reopens, writes what it held, serves again.
-    let f = fifo.clone();
-    // It keeps reading until egressd exits, so the pipe stays writable.
-    let got = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-    let g2 = got.clone();
-    std::thread::spawn(move || {
-        use std::io::Read;
-        let mut file = std::fs::File::open(f).unwrap();
-        let mut buf = [0u8; 4096];
-        while let Ok(n) = file.read(&mut buf) {
-            if n == 0 {
-                break;
-            }
-            g2.lock().unwrap().extend_from_slice(&buf[..n]);
-        }
-    });
+    let got = fifo.collect();
     eventually("200 again", || {
-        (status(&e, "a.test", p) == 200).then_some(())
+        (status(e, "a.test", p) == 200).then_some(())
     });
     eventually("the held lines written", || {
         String::from_utf8_lossy(&got.lock().unwrap())
@@ -259,19 +212,17 @@ fn log_sink_recovers_when_writes_work_again() {
 
 #[test]
 fn metrics_count_traffic_per_exception_with_bounded_labels() {
-    let (o, dns) = setup();
-    let p = o.addr.port();
-    let e = egressd()
-        .policy(
+    let l = setup().start_with(|l, b| {
+        b.policy(
             "a.yaml",
-            &doc(&[exc("a", "a.test", p), exc("unused", "never.test", p)]),
+            &doc(l.port(), &[("a", "a.test"), ("unused", "never.test")]),
         )
-        .dns(dns.addr)
-        .start();
+    });
+    let (e, p) = (&l.e, l.port());
     for _ in 0..3 {
-        assert_eq!(status(&e, "a.test", p), 200);
+        assert_eq!(status(e, "a.test", p), 200);
     }
-    assert_eq!(status(&e, "c.test", p), 403);
+    assert_eq!(status(e, "c.test", p), 403);
     e.wait_line("4 lines", |_| e.log_lines().len() >= 4);
     let m = e.metrics_text();
     let v = |s: &str| metric_value(&m, s).unwrap_or_else(|| panic!("no {s} in\n{m}"));
@@ -318,20 +269,16 @@ fn metrics_count_traffic_per_exception_with_bounded_labels() {
 
 #[test]
 fn sigusr1_reopens_the_log_after_rotation() {
-    let (o, dns) = setup();
-    let p = o.addr.port();
-    let e = egressd()
-        .policy("a.yaml", &doc(&[exc("a", "a.test", p)]))
-        .dns(dns.addr)
-        .start();
-    assert_eq!(status(&e, "a.test", p), 200);
+    let l = setup().start_with(|l, b| b.policy("a.yaml", &doc(l.port(), &[("a", "a.test")])));
+    let (e, p) = (&l.e, l.port());
+    assert_eq!(status(e, "a.test", p), 200);
     e.wait_line("first line", |l| l["host"] == "a.test");
     let rotated = e.log_path.with_extension("log.1");
     std::fs::rename(&e.log_path, &rotated).unwrap();
     e.signal("USR1");
     // Lines go to a fresh file at the old path once the reopen is done.
     eventually("a line in the new file", || {
-        let _ = status(&e, "c.test", p);
+        let _ = status(e, "c.test", p);
         std::fs::read_to_string(&e.log_path)
             .ok()
             .filter(|t| t.contains("c.test"))

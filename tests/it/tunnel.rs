@@ -2,42 +2,40 @@
 //! inspection_required, SNI checks on port 443.
 
 use std::io::{BufReader, Read, Write};
-use std::net::{IpAddr, Shutdown, TcpListener, TcpStream};
+use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream};
 
 use egressd::proxy::sni::build_client_hello;
 
 use crate::support::*;
 
-fn policy(port: u16) -> String {
-    format!(
-        r#"
-exceptions:
-  - id: echo
-    owner: t
-    reason: the echo server
-    hosts: [echo.test]
-    cidrs: [127.0.0.0/8]
-    ports: [{port}]
-  - id: inspected
-    owner: t
-    reason: needs path rules
-    hosts: [api.test]
-    cidrs: [127.0.0.0/8]
-    ports: [{port}]
-    paths: ["/v1/**"]
-"#
-    )
+/// echo.test on `port`, and api.test there too but only with path rules
+/// (which a tunnel cannot enforce).
+fn tunnel_policy(port: u16) -> PolicyYaml {
+    policy()
+        .exception("echo")
+        .reason("the echo server")
+        .host("echo.test")
+        .cidr(LOOPBACK)
+        .port(port)
+        .exception("inspected")
+        .reason("needs path rules")
+        .host("api.test")
+        .cidr(LOOPBACK)
+        .port(port)
+        .path("/v1/**")
+}
+
+/// A lab whose echo server is echo.test, allowed by [`tunnel_policy`].
+fn echo_lab() -> Lab {
+    lab()
+        .names(&["echo.test"])
+        .start(|l| tunnel_policy(l.echo_port()))
 }
 
 #[test]
 fn allowed_connect_tunnels_bytes_both_ways_with_half_close() {
-    let echo = echo_on("127.0.0.1".parse().unwrap(), 0);
-    let dns = fake_dns();
-    dns.set("echo.test", &["127.0.0.1"]);
-    let e = egressd()
-        .policy("p.yaml", &policy(echo.port()))
-        .dns(dns.addr)
-        .start();
+    let l = echo_lab();
+    let (e, echo) = (&l.e, l.echo);
     let mut s = connect(e.proxy);
     write!(
         s,
@@ -69,14 +67,10 @@ fn allowed_connect_tunnels_bytes_both_ways_with_half_close() {
 
 #[test]
 fn denied_connect_closes_and_never_reads_pipelined_bytes() {
-    let o = origin();
-    let c = canary();
-    let dns = fake_dns();
-    dns.set("echo.test", &["127.0.0.1"]);
-    let e = egressd()
-        .policy("p.yaml", &policy(o.addr.port()))
-        .dns(dns.addr)
-        .start();
+    let l = lab()
+        .names(&["echo.test"])
+        .start(|l| tunnel_policy(l.port()));
+    let (e, o, c) = (&l.e, &l.origin, &l.canary);
     let mut s = connect(e.proxy);
     // A refused CONNECT with an allowed plain request smuggled behind it,
     // sent in one write so both arrive together.
@@ -106,19 +100,15 @@ fn denied_connect_closes_and_never_reads_pipelined_bytes() {
     });
     assert_eq!(lines.len(), 1, "{lines:?}");
     assert_eq!(lines[0]["reason"], "no_exception");
+    assert!(l.dns.names().is_empty(), "{:?}", l.dns.names());
 }
 
 #[test]
 fn connect_port_authority_and_inspection_rules() {
-    let echo = echo_on("127.0.0.1".parse().unwrap(), 0);
-    let dns = fake_dns();
-    dns.set("echo.test", &["127.0.0.1"]);
-    dns.set("api.test", &["127.0.0.1"]);
-    let e = egressd()
-        .policy("p.yaml", &policy(echo.port()))
-        .dns(dns.addr)
-        .start();
-    let p = echo.port();
+    let l = lab()
+        .names(&["echo.test", "api.test"])
+        .start(|l| tunnel_policy(l.echo_port()));
+    let (e, p) = (&l.e, l.echo_port());
     let connect_status = |target: &str, host: Option<&str>| {
         let host = host.map(|h| format!("Host: {h}\r\n")).unwrap_or_default();
         let r = e.request(&format!("CONNECT {target} HTTP/1.1\r\n{host}\r\n"));
@@ -145,9 +135,7 @@ fn connect_port_authority_and_inspection_rules() {
 /// Each SNI test uses its own loopback address, so tests can bind :443 in parallel.
 fn tls_echo(last_octet: u8) -> Option<IpAddr> {
     let ip: IpAddr = format!("127.0.44.{last_octet}").parse().unwrap();
-    std::panic::catch_unwind(|| echo_on(ip, 443))
-        .ok()
-        .map(|_| ip)
+    try_echo_on(ip, 443).ok().map(|_| ip)
 }
 
 #[test]
@@ -156,19 +144,17 @@ fn sni_must_match_the_connect_host_on_443() {
         eprintln!("skipping: cannot bind port 443 (needs root or CAP_NET_BIND_SERVICE)");
         return;
     };
-    let dns = fake_dns();
-    dns.set("echo.test", &[&ip.to_string()]);
-    dns.set("wild.echo.test", &[&ip.to_string()]);
-    let yaml = r#"
-exceptions:
-  - id: echo443
-    owner: t
-    reason: tls echo
-    hosts: [echo.test, "*.echo.test"]
-    cidrs: [127.0.0.0/8]
-    ports: [443]
-"#;
-    let e = egressd().policy("p.yaml", yaml).dns(dns.addr).start();
+    let l = lab_with(SocketAddr::new(ip, 443))
+        .names(&["echo.test", "wild.echo.test"])
+        .start(|_| {
+            policy()
+                .exception("echo443")
+                .reason("tls echo")
+                .hosts(&["echo.test", "*.echo.test"])
+                .cidr(LOOPBACK)
+                .port(443)
+        });
+    let e = &l.e;
     let try_hello = |host: &str, hello: &[u8]| -> Vec<u8> {
         let mut s = connect(e.proxy);
         write!(s, "CONNECT {host}:443 HTTP/1.1\r\n\r\n").unwrap();
@@ -220,13 +206,8 @@ exceptions:
 
 #[test]
 fn open_tunnels_keep_their_decision_across_a_reload() {
-    let echo = echo_on("127.0.0.1".parse().unwrap(), 0);
-    let dns = fake_dns();
-    dns.set("echo.test", &["127.0.0.1"]);
-    let e = egressd()
-        .policy("p.yaml", &policy(echo.port()))
-        .dns(dns.addr)
-        .start();
+    let l = echo_lab();
+    let (e, echo) = (&l.e, l.echo);
     let mut s = connect(e.proxy);
     write!(s, "CONNECT echo.test:{} HTTP/1.1\r\n\r\n", echo.port()).unwrap();
     let mut r = BufReader::new(s.try_clone().unwrap());
@@ -234,7 +215,11 @@ fn open_tunnels_keep_their_decision_across_a_reload() {
     // Remove the exception.
     atomic_write(
         &e.policy_dir.join("p.yaml"),
-        "exceptions:\n  - id: other\n    owner: t\n    reason: r\n    hosts: [other.test]\n",
+        &policy()
+            .exception("other")
+            .reason("r")
+            .host("other.test")
+            .yaml(),
     );
     eventually("the new policy denies new tunnels", || {
         let r = e.request(&format!(
@@ -252,13 +237,8 @@ fn open_tunnels_keep_their_decision_across_a_reload() {
 
 #[test]
 fn bytes_sent_right_behind_an_allowed_connect_are_not_lost() {
-    let echo = echo_on("127.0.0.1".parse().unwrap(), 0);
-    let dns = fake_dns();
-    dns.set("echo.test", &["127.0.0.1"]);
-    let e = egressd()
-        .policy("p.yaml", &policy(echo.port()))
-        .dns(dns.addr)
-        .start();
+    let l = echo_lab();
+    let (e, echo) = (&l.e, l.echo);
     let mut s = connect(e.proxy);
     // The client does not wait for the 200 (as TLS False Start style clients
     // and pipelining tools may): the bytes ride in hyper's read buffer.
@@ -325,12 +305,8 @@ fn large_transfers_both_ways_at_once_arrive_byte_exact_across_a_half_close() {
         w.shutdown(Shutdown::Write).unwrap();
         got.len()
     });
-    let dns = fake_dns();
-    dns.set("echo.test", &["127.0.0.1"]);
-    let e = egressd()
-        .policy("p.yaml", &policy(port))
-        .dns(dns.addr)
-        .start();
+    let l = lab().names(&["echo.test"]).start(|_| tunnel_policy(port));
+    let e = &l.e;
     let (s, mut r) = open_tunnel(e.proxy, port);
     let sent = pattern(1, UP);
     let sent_hash = sha256(&sent);
@@ -371,13 +347,8 @@ fn pipe_fds(pid: u32) -> usize {
 #[test]
 fn idle_tunnels_hold_no_pipe_and_used_pipes_are_kept_for_reuse() {
     const TUNNELS: usize = 100;
-    let echo = echo_on("127.0.0.1".parse().unwrap(), 0);
-    let dns = fake_dns();
-    dns.set("echo.test", &["127.0.0.1"]);
-    let e = egressd()
-        .policy("p.yaml", &policy(echo.port()))
-        .dns(dns.addr)
-        .start();
+    let l = echo_lab();
+    let (e, echo) = (&l.e, l.echo);
     let pid = e.child.id();
     let before = pipe_fds(pid);
     // Every tunnel moves data both ways, then stays open and idle.

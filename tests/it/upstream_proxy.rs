@@ -12,25 +12,19 @@ use crate::support::*;
 fn plain_http_goes_to_the_upstream_proxy_in_absolute_form_with_our_credentials() {
     // A recording stand-in for the corporate proxy: it answers every request.
     let corp = origin();
-    let dns = fake_dns();
-    dns.set("allowed.test", &["127.0.0.1"]);
-    let yaml = r#"
-exceptions:
-  - id: origin
-    owner: t
-    reason: the origin behind the corporate proxy
-    hosts: [allowed.test]
-    cidrs: [127.0.0.0/8]
-    ports: [8080]
-"#;
-    let e = egressd()
-        .policy("p.yaml", yaml)
-        .dns(dns.addr)
-        .env(
-            "EGRESSD_UPSTREAM_PROXY",
-            &format!("http://egressd:c0rp%40ss@127.0.0.1:{}", corp.addr.port()),
-        )
-        .start();
+    let upstream = format!("http://egressd:c0rp%40ss@127.0.0.1:{}", corp.addr.port());
+    let l = lab_with(corp)
+        .names(&["allowed.test"])
+        .egressd(|b| b.env("EGRESSD_UPSTREAM_PROXY", &upstream))
+        .start(|_| {
+            policy()
+                .exception("origin")
+                .reason("the origin behind the corporate proxy")
+                .host("allowed.test")
+                .cidr(LOOPBACK)
+                .port(8080)
+        });
+    let (e, corp) = (&l.e, &l.origin);
     let r = e.request(
         "GET http://allowed.test:8080/x?y=1 HTTP/1.1\r\nHost: allowed.test:8080\r\nConnection: close\r\n\r\n",
     );
@@ -57,44 +51,31 @@ exceptions:
 
 #[test]
 fn tunnels_chain_through_an_upstream_proxy_that_authenticates_us() {
-    let echo = echo_on("127.0.0.1".parse().unwrap(), 0);
+    let fixtures = lab().names(&["echo.test"]);
+    let echo = fixtures.echo_port();
     // The corporate proxy is another egressd that knows us by token.
-    let corp_yaml = format!(
-        r#"
-settings:
-  clients:
-    - id: egressd-a
-      token_sha256: "{}"
-exceptions:
-  - id: from-egressd-a
-    owner: corp
-    reason: egressd-a's tunnels
-    clients: [egressd-a]
-    cidrs: [127.0.0.0/8]
-    ports: [{p}]
-"#,
-        sha256_hex(b"corp-token"),
-        p = echo.port()
-    );
-    let corp = egressd().policy("corp.yaml", &corp_yaml).start();
-    let dns = fake_dns();
-    dns.set("echo.test", &["127.0.0.1"]);
-    let yaml = format!(
-        "exceptions:\n  - id: echo\n    owner: t\n    reason: r\n    hosts: [echo.test]\n    cidrs: [127.0.0.0/8]\n    ports: [{}]\n",
-        echo.port()
-    );
-    let auth = tempfile::NamedTempFile::new().unwrap();
-    std::fs::write(auth.path(), "egressd-a:corp-token\n").unwrap();
-    let e = egressd()
-        .policy("p.yaml", &yaml)
-        .dns(dns.addr)
-        .arg("--upstream-proxy")
-        .arg(&format!("http://{}", corp.proxy))
-        .arg("--upstream-proxy-auth-file")
-        .arg(auth.path().to_str().unwrap())
-        .start();
+    let corp_policy = policy()
+        .client_token("egressd-a", &sha256_hex(b"corp-token"))
+        .exception("from-egressd-a")
+        .owner("corp")
+        .reason("egressd-a's tunnels")
+        .client("egressd-a")
+        .cidr(LOOPBACK)
+        .port(echo);
+    let corp = egressd().policy("corp.yaml", &corp_policy.yaml()).start();
+    let auth = scratch();
+    let auth_file = auth.file("auth", "egressd-a:corp-token\n");
+    let l = fixtures
+        .egressd(|b| {
+            b.arg("--upstream-proxy")
+                .arg(&format!("http://{}", corp.proxy))
+                .arg("--upstream-proxy-auth-file")
+                .arg(auth_file.to_str().unwrap())
+        })
+        .start(|_| echo_policy(echo));
+    let e = &l.e;
     let mut s = connect(e.proxy);
-    write!(s, "CONNECT echo.test:{} HTTP/1.1\r\n\r\n", echo.port()).unwrap();
+    write!(s, "CONNECT echo.test:{echo} HTTP/1.1\r\n\r\n").unwrap();
     let mut r = BufReader::new(s.try_clone().unwrap());
     assert_eq!(read_response(&mut r).unwrap().status, 200);
     s.write_all(b"through two proxies").unwrap();
@@ -118,29 +99,29 @@ exceptions:
 
 #[test]
 fn a_refusing_upstream_proxy_is_a_502_not_a_direct_route() {
-    let echo = echo_on("127.0.0.1".parse().unwrap(), 0);
     // The corporate proxy allows nothing.
     let corp = egressd()
         .policy(
             "corp.yaml",
-            "exceptions:\n  - id: x\n    owner: o\n    reason: r\n    hosts: [x.test]\n",
+            &policy()
+                .exception("x")
+                .owner("o")
+                .reason("r")
+                .host("x.test")
+                .yaml(),
         )
         .start();
-    let dns = fake_dns();
-    dns.set("echo.test", &["127.0.0.1"]);
-    let yaml = format!(
-        "exceptions:\n  - id: echo\n    owner: t\n    reason: r\n    hosts: [echo.test]\n    cidrs: [127.0.0.0/8]\n    ports: [{}]\n",
-        echo.port()
-    );
-    let e = egressd()
-        .policy("p.yaml", &yaml)
-        .dns(dns.addr)
-        .arg("--upstream-proxy")
-        .arg(&format!("http://{}", corp.proxy))
-        .start();
+    let l = lab()
+        .names(&["echo.test"])
+        .egressd(|b| {
+            b.arg("--upstream-proxy")
+                .arg(&format!("http://{}", corp.proxy))
+        })
+        .start(|l| echo_policy(l.echo_port()));
+    let e = &l.e;
     let r = e.request(&format!(
         "CONNECT echo.test:{} HTTP/1.1\r\n\r\n",
-        echo.port()
+        l.echo_port()
     ));
     assert_eq!(r.status, 502);
     let line = e.wait_line("502 line", |l| l["proto"] == "connect");
@@ -148,4 +129,14 @@ fn a_refusing_upstream_proxy_is_a_502_not_a_direct_route() {
         line["error"].as_str().unwrap().contains("refused CONNECT"),
         "{line}"
     );
+}
+
+/// echo.test on the echo server's `port`.
+fn echo_policy(port: u16) -> PolicyYaml {
+    policy()
+        .exception("echo")
+        .reason("r")
+        .host("echo.test")
+        .cidr(LOOPBACK)
+        .port(port)
 }

@@ -437,20 +437,11 @@ fn log_rotation_under_load_loses_no_line() {
 /// DNS; when it can again, every refusal's line is written.
 #[test]
 fn a_failing_log_sink_fails_closed_and_loses_no_line() {
-    let dir = scratch();
-    let fifo = dir.path("log.fifo");
-    assert!(std::process::Command::new("mkfifo")
-        .arg(&fifo)
-        .status()
-        .unwrap()
-        .success());
-    let first_reader = thread::spawn({
-        let f = fifo.clone();
-        move || std::fs::File::open(f).unwrap()
-    });
+    let fifo = log_fifo();
+    let first_reader = fifo.open_reader();
     let l = crate::support::lab()
         .names(&["busy.test"])
-        .egressd(|b| b.log(fifo.to_str().unwrap()))
+        .egressd(|b| b.log(fifo.arg()))
         .start(|l| exception("busy.test", l.port()));
     let (e, origin, dns, p) = (&l.e, &l.origin, &l.dns, l.port());
     drop(first_reader.join().unwrap()); // writes now fail with EPIPE
@@ -481,20 +472,7 @@ fn a_failing_log_sink_fails_closed_and_loses_no_line() {
     assert_eq!(dns.names().len(), before_dns, "a name was resolved");
     assert!(e.metric("egressd_log_write_errors_total").unwrap() >= 1.0);
     // A reader comes back: the held lines are written.
-    let got = Arc::new(Mutex::new(Vec::new()));
-    thread::spawn({
-        let (f, g) = (fifo.clone(), got.clone());
-        move || {
-            let mut file = std::fs::File::open(f).unwrap();
-            let mut buf = [0u8; 4096];
-            while let Ok(n) = file.read(&mut buf) {
-                if n == 0 {
-                    break;
-                }
-                g.lock().unwrap().extend_from_slice(&buf[..n]);
-            }
-        }
-    });
+    let got = fifo.collect();
     let lines = eventually("the held lines", || {
         let text = String::from_utf8_lossy(&got.lock().unwrap()).into_owned();
         let lines: Vec<serde_json::Value> = text

@@ -98,13 +98,20 @@ impl<O: Listener> LabBuilder<O> {
     /// Starts egressd with the policy `policy` writes (given the fixtures'
     /// ports) as `p.yaml`.
     pub fn start<Y: Display>(self, policy: impl FnOnce(&Self) -> Y) -> Lab<O> {
-        let yaml = policy(&self).to_string();
+        self.start_with(|l, b| b.policy("p.yaml", &policy(l).to_string()))
+    }
+
+    /// Starts egressd as `f` configures it (given the fixtures' ports), for
+    /// a test that writes its own policy files.
+    pub fn start_with(mut self, f: impl FnOnce(&Self, Builder) -> Builder) -> Lab<O> {
+        let b = std::mem::take(&mut self.egressd);
+        let b = f(&self, b);
         let ip = self.origin.addr().ip().to_string();
         for n in &self.names {
             self.dns.set(n, &[&ip]);
         }
         Lab {
-            e: self.egressd.policy("p.yaml", &yaml).start(),
+            e: b.start(),
             dns: self.dns,
             origin: self.origin,
             canary: self.canary,

@@ -1,13 +1,21 @@
 //! The decision log as tests read it: a cursor that hands out one new line
 //! per attempt, so that every attempt is pinned to exactly its own line,
-//! and the assertions an attack makes about that line.
+//! and the assertions an attack makes about that line; and a FIFO to give
+//! egressd as a log that fails on demand.
 //!
 //! Owns reading the log; not writing it (egressd's) nor the process
 //! (`process.rs`).
 
+use std::fs::File;
+use std::io::Read;
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::{Arc, Mutex};
+use std::thread::{self, JoinHandle};
+
 use serde_json::Value;
 
-use super::{eventually, try_request, Egressd};
+use super::{eventually, scratch, try_request, Egressd, Scratch};
 
 /// The decision log's complete lines. A line the writer is still writing
 /// (no newline yet) is left for the next read: under load a reader can
@@ -99,4 +107,52 @@ pub fn refused(lines: &mut Lines, raw: &str, status: u16, reason: &str) -> Value
     let line = lines.one(&what);
     assert_denied_line(&line, reason, Some(status), &what);
     line
+}
+
+/// A FIFO for egressd's decision log: a sink the test can make fail
+/// (the reader goes away: writes get EPIPE) and recover (a new reader).
+pub struct LogFifo {
+    pub path: PathBuf,
+    _dir: Scratch,
+}
+
+pub fn log_fifo() -> LogFifo {
+    let dir = scratch();
+    let path = dir.path("log.fifo");
+    assert!(Command::new("mkfifo")
+        .arg(&path)
+        .status()
+        .unwrap()
+        .success());
+    LogFifo { path, _dir: dir }
+}
+
+impl LogFifo {
+    /// The path as egressd's `--log` takes it.
+    pub fn arg(&self) -> &str {
+        self.path.to_str().unwrap()
+    }
+    /// Opens the reading end in a thread (egressd's open for writing
+    /// blocks until a reader exists); join it to get the open file.
+    pub fn open_reader(&self) -> JoinHandle<File> {
+        let path = self.path.clone();
+        thread::spawn(move || File::open(path).unwrap())
+    }
+    /// A reader that keeps everything written, until egressd exits (so
+    /// the pipe stays writable).
+    pub fn collect(&self) -> Arc<Mutex<Vec<u8>>> {
+        let got = Arc::new(Mutex::new(Vec::new()));
+        let (path, g) = (self.path.clone(), got.clone());
+        thread::spawn(move || {
+            let mut file = File::open(path).unwrap();
+            let mut buf = [0u8; 4096];
+            while let Ok(n) = file.read(&mut buf) {
+                if n == 0 {
+                    break;
+                }
+                g.lock().unwrap().extend_from_slice(&buf[..n]);
+            }
+        });
+        got
+    }
 }
