@@ -1,17 +1,14 @@
-//! The DNS resolver over real sockets on 127.0.0.1: a fake upstream that
-//! counts every query it receives, egressd's `dns::serve` in-process, and
-//! the decision log read back as JSON.
+//! The DNS resolver over real sockets on 127.0.0.1: the fake upstream
+//! (`support::fake_dns`, which counts every query it receives), egressd's
+//! `dns::serve` in-process, and the decision log read back as JSON.
 
-use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use hickory_proto::op::{Edns, Message, MessageType, OpCode, Query, ResponseCode};
-use hickory_proto::rr::rdata::opt::{EdnsCode, EdnsOption};
-use hickory_proto::rr::rdata::{A, AAAA, SOA, TXT};
-use hickory_proto::rr::{Name, RData, Record, RecordType};
+use hickory_proto::rr::{Name, RData, RecordType};
 use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream, UdpSocket};
@@ -26,6 +23,8 @@ use egressd::policy::host::parse_host;
 use egressd::policy::reload::PolicyHandle;
 use egressd::policy::time::unix_now;
 use egressd::policy::{from_yaml, Policy};
+
+use crate::support::{ede, fake_dns, policy, FakeDns, PolicyYaml, LOOPBACK};
 
 const LOCAL: &str = "127.0.0.1:0";
 const WAIT: Duration = Duration::from_secs(5);
@@ -43,188 +42,6 @@ async fn bind_pair() -> (UdpSocket, TcpListener, SocketAddr) {
     panic!("no port free for both UDP and TCP on 127.0.0.1");
 }
 
-// ---------------------------------------------------------------- upstream
-
-/// How the fake upstream answers a name.
-#[derive(Clone, Debug)]
-enum Behavior {
-    Addrs(Vec<IpAddr>),
-    Txt(&'static str),
-    /// UDP: an empty answer with TC set; TCP: the addresses.
-    Truncate(Vec<IpAddr>),
-    ServFail,
-    /// Never answers.
-    Drop,
-}
-
-#[derive(Clone, Debug)]
-struct Seen {
-    name: String,
-    qtype: u16,
-    tcp: bool,
-}
-
-#[derive(Clone, Default)]
-struct Upstream {
-    names: Arc<Mutex<HashMap<String, Behavior>>>,
-    /// Any name below one of these suffixes.
-    below: Arc<Mutex<Vec<(String, Behavior)>>>,
-    seen: Arc<Mutex<Vec<Seen>>>,
-}
-
-impl Upstream {
-    fn name(self, n: &str, b: Behavior) -> Self {
-        self.names.lock().unwrap().insert(n.to_string(), b);
-        self
-    }
-    fn below(self, suffix: &str, b: Behavior) -> Self {
-        self.below.lock().unwrap().push((suffix.to_string(), b));
-        self
-    }
-    fn seen(&self) -> Vec<Seen> {
-        self.seen.lock().unwrap().clone()
-    }
-    fn count(&self) -> usize {
-        self.seen.lock().unwrap().len()
-    }
-    fn count_name(&self, name: &str) -> usize {
-        self.seen()
-            .iter()
-            .filter(|s| s.name.eq_ignore_ascii_case(name))
-            .count()
-    }
-
-    fn behavior(&self, name: &str) -> Option<Behavior> {
-        if let Some(b) = self.names.lock().unwrap().get(name) {
-            return Some(b.clone());
-        }
-        let below = self.below.lock().unwrap();
-        below
-            .iter()
-            .find(|(s, _)| name.ends_with(&format!(".{s}")))
-            .map(|(_, b)| b.clone())
-    }
-
-    /// The reply to one query, or None to stay silent.
-    fn reply(&self, bytes: &[u8], tcp: bool) -> Option<Vec<u8>> {
-        let q = Message::from_vec(bytes).ok()?;
-        let question = q.queries.first()?.clone();
-        let raw_name = question.name().to_ascii();
-        let name = raw_name.trim_end_matches('.').to_string();
-        let qtype = u16::from(question.query_type());
-        self.seen.lock().unwrap().push(Seen {
-            name: name.clone(),
-            qtype,
-            tcp,
-        });
-        let mut r = Message::response(q.metadata.id, OpCode::Query);
-        r.metadata.recursion_desired = q.metadata.recursion_desired;
-        r.metadata.recursion_available = true;
-        r.add_query(question.clone());
-        let owner = question.name().clone();
-        let addrs = |r: &mut Message, ips: &[IpAddr]| {
-            for ip in ips {
-                match (ip, question.query_type()) {
-                    (IpAddr::V4(v4), RecordType::A) => {
-                        r.add_answer(Record::from_rdata(owner.clone(), 300, RData::A(A(*v4))))
-                    }
-                    (IpAddr::V6(v6), RecordType::AAAA) => r.add_answer(Record::from_rdata(
-                        owner.clone(),
-                        300,
-                        RData::AAAA(AAAA(*v6)),
-                    )),
-                    _ => r,
-                };
-            }
-        };
-        match self.behavior(&name) {
-            Some(Behavior::Drop) => return None,
-            Some(Behavior::ServFail) => r.metadata.response_code = ResponseCode::ServFail,
-            Some(Behavior::Addrs(ips)) => addrs(&mut r, &ips),
-            Some(Behavior::Truncate(ips)) => {
-                if tcp {
-                    addrs(&mut r, &ips)
-                } else {
-                    r.metadata.truncation = true
-                }
-            }
-            Some(Behavior::Txt(t)) => {
-                if question.query_type() == RecordType::TXT {
-                    r.add_answer(Record::from_rdata(
-                        owner.clone(),
-                        300,
-                        RData::TXT(TXT::new(vec![t.to_string()])),
-                    ));
-                }
-            }
-            None => {
-                r.metadata.response_code = ResponseCode::NXDomain;
-                let soa = SOA::new(
-                    Name::from_ascii("ns.test.").unwrap(),
-                    Name::from_ascii("hostmaster.test.").unwrap(),
-                    1,
-                    3600,
-                    600,
-                    86400,
-                    30,
-                );
-                r.add_authority(Record::from_rdata(
-                    Name::from_ascii("test.").unwrap(),
-                    30,
-                    RData::SOA(soa),
-                ));
-            }
-        }
-        r.to_vec().ok()
-    }
-
-    /// Serves on UDP and TCP at one 127.0.0.1 port.
-    async fn start(self) -> SocketAddr {
-        let (udp, tcp, addr) = bind_pair().await;
-        let me = self.clone();
-        tokio::spawn(async move {
-            let mut buf = vec![0u8; 4096];
-            loop {
-                let Ok((n, src)) = udp.recv_from(&mut buf).await else {
-                    continue;
-                };
-                if let Some(out) = me.reply(&buf[..n], false) {
-                    let _ = udp.send_to(&out, src).await;
-                }
-            }
-        });
-        let me = self;
-        tokio::spawn(async move {
-            loop {
-                let Ok((mut s, _)) = tcp.accept().await else {
-                    continue;
-                };
-                let me = me.clone();
-                tokio::spawn(async move {
-                    loop {
-                        let mut len = [0u8; 2];
-                        if s.read_exact(&mut len).await.is_err() {
-                            return;
-                        }
-                        let mut msg = vec![0u8; u16::from_be_bytes(len) as usize];
-                        if s.read_exact(&mut msg).await.is_err() {
-                            return;
-                        }
-                        if let Some(out) = me.reply(&msg, true) {
-                            let mut framed = (out.len() as u16).to_be_bytes().to_vec();
-                            framed.extend_from_slice(&out);
-                            if s.write_all(&framed).await.is_err() {
-                                return;
-                            }
-                        }
-                    }
-                });
-            }
-        });
-        addr
-    }
-}
-
 // ---------------------------------------------------------------- egressd
 
 struct Egressd {
@@ -238,17 +55,18 @@ struct Egressd {
     task: tokio::task::JoinHandle<anyhow::Result<()>>,
 }
 
-async fn start(yaml: &str, upstream: SocketAddr) -> Egressd {
-    start_with_log(yaml, upstream, None).await
+async fn start(policy: PolicyYaml, up: &FakeDns) -> Egressd {
+    start_with_log(policy, up, None).await
 }
 
-async fn start_with_log(yaml: &str, upstream: SocketAddr, log: Option<PathBuf>) -> Egressd {
+async fn start_with_log(policy: PolicyYaml, up: &FakeDns, log: Option<PathBuf>) -> Egressd {
+    let upstream = up.addr;
     let dir = tempfile::tempdir().unwrap();
     let log = log.unwrap_or_else(|| dir.path().join("decisions.log"));
     let metrics = Metrics::new();
     let sink = LogSink::start(LogTarget::File(log.clone()), metrics.clone()).unwrap();
     let recorder = Recorder::new(sink, metrics.clone());
-    let compiled = from_yaml(yaml).unwrap();
+    let compiled = from_yaml(&policy.yaml()).unwrap();
     metrics.sync_policy(&compiled);
     let policy = PolicyHandle::new(compiled);
     let resolver = Resolver::new(vec![upstream], metrics.clone());
@@ -386,17 +204,6 @@ async fn udp(server: SocketAddr, name: &str, qtype: RecordType) -> Message {
     ask(server, &query(name, qtype)).await
 }
 
-/// The EDE (RFC 8914) of a response: INFO-CODE and EXTRA-TEXT.
-fn ede(r: &Message) -> Option<(u16, String)> {
-    match r.edns.as_ref()?.option(EdnsCode::Unknown(15))? {
-        EdnsOption::Unknown(15, data) if data.len() >= 2 => Some((
-            u16::from_be_bytes([data[0], data[1]]),
-            String::from_utf8(data[2..].to_vec()).unwrap(),
-        )),
-        _ => None,
-    }
-}
-
 fn addrs(r: &Message) -> Vec<IpAddr> {
     r.answers.iter().filter_map(|a| a.data.ip_addr()).collect()
 }
@@ -411,21 +218,27 @@ fn ip(s: &str) -> IpAddr {
     s.parse().unwrap()
 }
 
-const BASIC: &str = r#"
-exceptions:
-  - id: allowed
-    owner: team-a
-    reason: the one name tests may resolve
-    hosts: [allowed.test]
-    cidrs: [127.0.0.0/8]
-"#;
+fn basic() -> PolicyYaml {
+    policy()
+        .exception("allowed")
+        .owner("team-a")
+        .reason("the one name tests may resolve")
+        .host("allowed.test")
+        .cidr(LOOPBACK)
+}
+
+/// Another exception, `id` for `host`, owned by `o`.
+fn and(p: PolicyYaml, id: &str, host: &str) -> PolicyYaml {
+    p.exception(id).owner("o").reason("r").host(host)
+}
 
 // ---------------------------------------------------------------- tests
 
 #[tokio::test]
 async fn denied_names_never_reach_upstream() {
-    let up = Upstream::default().name("allowed.test", Behavior::Addrs(vec![ip("127.0.0.5")]));
-    let e = start(BASIC, up.clone().start().await).await;
+    let up = fake_dns();
+    up.set("allowed.test", &["127.0.0.5"]);
+    let e = start(basic(), &up).await;
     let denied = [
         "evil.test",
         "EVIL.test",
@@ -449,17 +262,17 @@ async fn denied_names_never_reach_upstream() {
     let r = ask_tcp(e.addr, &query("Evil.Test", RecordType::AAAA)).await;
     assert_blocked(&r, ResponseCode::Refused, "no_exception");
     assert_eq!(
-        up.count(),
+        up.queries().len(),
         0,
         "denied names reached upstream: {:?}",
-        up.seen()
+        up.queries()
     );
 
     // The upstream is live: the allowed name goes through.
     let r = udp(e.addr, "allowed.test", RecordType::A).await;
     assert_eq!(r.metadata.response_code, ResponseCode::NoError);
     assert_eq!(addrs(&r), vec![ip("127.0.0.5")]);
-    assert_eq!(up.count(), 1);
+    assert_eq!(up.queries().len(), 1);
 
     let lines = e.wait_lines(denied.len() + 2).await;
     let deny = &lines[2];
@@ -500,23 +313,20 @@ async fn denied_names_never_reach_upstream() {
 
 #[tokio::test]
 async fn deny_rcode_nxdomain() {
-    let up = Upstream::default();
-    let yaml = format!("settings:\n  dns:\n    deny_rcode: nxdomain\n{BASIC}");
-    let e = start(&yaml, up.clone().start().await).await;
+    let up = fake_dns();
+    let e = start(basic().setting("dns", "{ deny_rcode: nxdomain }"), &up).await;
     let r = udp(e.addr, "evil.test", RecordType::A).await;
     assert_blocked(&r, ResponseCode::NXDomain, "no_exception");
     let lines = e.wait_lines(1).await;
     assert_eq!(lines[0]["rcode"], "NXDOMAIN");
-    assert_eq!(up.count(), 0);
+    assert_eq!(up.queries().len(), 0);
 }
 
 #[tokio::test]
 async fn allowed_names_are_answered_and_cached() {
-    let up = Upstream::default().name(
-        "allowed.test",
-        Behavior::Addrs(vec![ip("127.0.0.5"), ip("127.0.0.6")]),
-    );
-    let e = start(BASIC, up.clone().start().await).await;
+    let up = fake_dns();
+    up.set("allowed.test", &["127.0.0.5", "127.0.0.6"]);
+    let e = start(basic(), &up).await;
     let first = udp(e.addr, "allowed.test", RecordType::A).await;
     assert_eq!(addrs(&first), vec![ip("127.0.0.5"), ip("127.0.0.6")]);
     assert!(first.metadata.recursion_available);
@@ -532,7 +342,7 @@ async fn allowed_names_are_answered_and_cached() {
         assert_eq!(addrs(&r), vec![ip("127.0.0.5"), ip("127.0.0.6")]);
         assert!(r.answers.iter().all(|a| a.ttl <= 300 && a.ttl > 0));
     }
-    let seen = up.seen();
+    let seen = up.queries();
     assert_eq!(seen.len(), 1, "{seen:?}");
     assert_eq!(seen[0].name, "allowed.test", "sent lower-case");
     // Another type is another cache entry; NODATA is cached too.
@@ -542,7 +352,7 @@ async fn allowed_names_are_answered_and_cached() {
         (r.metadata.response_code, r.answers.len()),
         (ResponseCode::NoError, 0)
     );
-    assert_eq!(up.count(), 2);
+    assert_eq!(up.queries().len(), 2);
     assert_eq!(
         e.metric("egressd_dns_cache_total", &[("result", "hit")]),
         3.0
@@ -566,19 +376,15 @@ async fn allowed_names_are_answered_and_cached() {
 
 #[tokio::test]
 async fn negative_answers_are_cached() {
-    let up = Upstream::default();
-    let yaml = r#"
-exceptions:
-  - { id: wild, owner: o, reason: r, hosts: ["*.zone.test"] }
-"#;
-    let e = start(yaml, up.clone().start().await).await;
+    let up = fake_dns();
+    let e = start(and(policy(), "wild", "*.zone.test"), &up).await;
     for _ in 0..3 {
         let r = udp(e.addr, "missing.zone.test", RecordType::A).await;
         assert_eq!(r.metadata.response_code, ResponseCode::NXDomain);
         assert_eq!(r.authorities.len(), 1, "the SOA comes along");
         assert!(ede(&r).is_none(), "a real NXDOMAIN is not a block");
     }
-    assert_eq!(up.count(), 1);
+    assert_eq!(up.queries().len(), 1);
     let lines = e.wait_lines(3).await;
     assert_eq!(
         (&lines[0]["decision"], &lines[0]["rcode"]),
@@ -588,13 +394,10 @@ exceptions:
 
 #[tokio::test]
 async fn txt_needs_dns_types() {
-    let up = Upstream::default()
-        .name("allowed.test", Behavior::Txt("v=spf1 -all"))
-        .name("txt.test", Behavior::Txt("hello"));
-    let yaml = format!(
-        "{BASIC}  - {{ id: txt, owner: o, reason: r, hosts: [txt.test], dns_types: [TXT] }}\n"
-    );
-    let e = start(&yaml, up.clone().start().await).await;
+    let up = fake_dns();
+    up.txt("allowed.test", "v=spf1 -all");
+    up.txt("txt.test", "hello");
+    let e = start(and(basic(), "txt", "txt.test").dns_type("TXT"), &up).await;
     let r = udp(e.addr, "allowed.test", RecordType::TXT).await;
     assert_blocked(&r, ResponseCode::Refused, "qtype_not_allowed");
     for t in [
@@ -609,11 +412,11 @@ async fn txt_needs_dns_types() {
             "qtype_not_allowed",
         );
     }
-    assert_eq!(up.count(), 0);
+    assert_eq!(up.queries().len(), 0);
     let r = udp(e.addr, "txt.test", RecordType::TXT).await;
     assert_eq!(r.metadata.response_code, ResponseCode::NoError);
     assert!(matches!(&r.answers[0].data, RData::TXT(t) if &*t.txt_data[0] == b"hello"));
-    assert_eq!(up.count(), 1);
+    assert_eq!(up.queries().len(), 1);
     let lines = e.wait_lines(6).await;
     assert_eq!(
         (
@@ -631,9 +434,11 @@ async fn txt_needs_dns_types() {
 
 #[tokio::test]
 async fn never_allowed_types_and_reverse_zones() {
-    let up = Upstream::default();
-    let yaml = format!("{BASIC}  - {{ id: all, owner: o, reason: r, hosts: [\"*.allowed.test\"], dns_types: [TXT, PTR] }}\n");
-    let e = start(&yaml, up.clone().start().await).await;
+    let up = fake_dns();
+    let p = and(basic(), "all", "*.allowed.test")
+        .dns_type("TXT")
+        .dns_type("PTR");
+    let e = start(p, &up).await;
     for (name, t) in [
         ("allowed.test", RecordType::ANY),
         ("allowed.test", RecordType::AXFR),
@@ -658,7 +463,7 @@ async fn never_allowed_types_and_reverse_zones() {
         let r = udp(e.addr, name, t).await;
         assert_blocked(&r, ResponseCode::Refused, "no_exception");
     }
-    assert_eq!(up.count(), 0, "{:?}", up.seen());
+    assert_eq!(up.queries().len(), 0, "{:?}", up.queries());
     let lines = e.wait_lines(10).await;
     assert_eq!(lines[0]["qtype"], "ANY");
     assert_eq!(lines[1]["qtype"], "AXFR");
@@ -666,27 +471,16 @@ async fn never_allowed_types_and_reverse_zones() {
 
 #[tokio::test]
 async fn rebinding_answers_are_filtered() {
-    let up = Upstream::default()
-        .name("meta.test", Behavior::Addrs(vec![ip("169.254.169.254")]))
-        .name(
-            "mixed.test",
-            Behavior::Addrs(vec![ip("93.184.216.34"), ip("10.1.2.3"), ip("127.0.0.1")]),
-        )
-        .name("inside.test", Behavior::Addrs(vec![ip("10.1.2.3")]))
-        .name(
-            "v6.test",
-            Behavior::Addrs(vec![
-                ip("::ffff:169.254.169.254"),
-                ip("fd00::1"),
-                ip("2001:4860::1"),
-            ]),
-        );
-    let yaml = r#"
-exceptions:
-  - { id: web, owner: o, reason: r, hosts: [meta.test, mixed.test, v6.test] }
-  - { id: office, owner: o, reason: r, hosts: [inside.test], cidrs: [10.0.0.0/8] }
-"#;
-    let e = start(yaml, up.clone().start().await).await;
+    let up = fake_dns();
+    up.set("meta.test", &["169.254.169.254"]);
+    up.set("mixed.test", &["93.184.216.34", "10.1.2.3", "127.0.0.1"]);
+    up.set("inside.test", &["10.1.2.3"]);
+    up.set(
+        "v6.test",
+        &["::ffff:169.254.169.254", "fd00::1", "2001:4860::1"],
+    );
+    let p = and(policy(), "web", "meta.test").hosts(&["mixed.test", "v6.test"]);
+    let e = start(and(p, "office", "inside.test").cidr("10.0.0.0/8"), &up).await;
 
     let r = udp(e.addr, "meta.test", RecordType::A).await;
     assert_blocked(&r, ResponseCode::Refused, "private_address");
@@ -749,26 +543,32 @@ exceptions:
 
 #[tokio::test]
 async fn tcp_fallback_on_truncation() {
-    let up = Upstream::default().name("big.test", Behavior::Truncate(vec![ip("127.0.0.7")]));
-    let yaml = "exceptions:\n  - { id: big, owner: o, reason: r, hosts: [big.test], cidrs: [127.0.0.0/8] }\n";
-    let e = start(yaml, up.clone().start().await).await;
+    let up = fake_dns();
+    up.set("big.test", &["127.0.0.7"]);
+    up.truncate("big.test");
+    let e = start(and(policy(), "big", "big.test").cidr(LOOPBACK), &up).await;
     let r = udp(e.addr, "big.test", RecordType::A).await;
     assert_eq!(addrs(&r), vec![ip("127.0.0.7")]);
-    let seen = up.seen();
+    let seen = up.queries();
     assert_eq!(
         seen.iter().map(|s| s.tcp).collect::<Vec<_>>(),
         vec![false, true],
         "{seen:?}"
     );
-    assert!(seen.iter().all(|s| s.name == "big.test" && s.qtype == 1));
+    assert!(seen
+        .iter()
+        .all(|s| s.name == "big.test" && s.qtype == RecordType::A));
 }
 
 #[tokio::test]
 async fn large_answers_are_truncated_for_udp_clients() {
-    let many: Vec<IpAddr> = (1..=120).map(|i| ip(&format!("127.0.1.{i}"))).collect();
-    let up = Upstream::default().name("many.test", Behavior::Addrs(many.clone()));
-    let yaml = "exceptions:\n  - { id: many, owner: o, reason: r, hosts: [many.test], cidrs: [127.0.0.0/8] }\n";
-    let e = start(yaml, up.clone().start().await).await;
+    let many: Vec<String> = (1..=120).map(|i| format!("127.0.1.{i}")).collect();
+    let up = fake_dns();
+    up.set(
+        "many.test",
+        &many.iter().map(String::as_str).collect::<Vec<_>>(),
+    );
+    let e = start(and(policy(), "many", "many.test").cidr(LOOPBACK), &up).await;
     // A client without EDNS gets at most 512 bytes, flagged truncated.
     let mut m = query("many.test", RecordType::A);
     m.edns = None;
@@ -780,19 +580,19 @@ async fn large_answers_are_truncated_for_udp_clients() {
     let r = ask_tcp(e.addr, &m).await;
     assert_eq!(addrs(&r).len(), 120);
     assert!(!r.metadata.truncation);
-    assert_eq!(up.count_name("many.test"), 1);
+    assert_eq!(up.count("many.test"), 1);
 }
 
 #[tokio::test]
 async fn upstream_failures_are_servfail_and_logged_as_errors() {
-    let up = Upstream::default().name("fail.test", Behavior::ServFail);
-    let yaml = "exceptions:\n  - { id: f, owner: o, reason: r, hosts: [fail.test] }\n";
-    let e = start(yaml, up.clone().start().await).await;
+    let up = fake_dns();
+    up.rcode("fail.test", ResponseCode::ServFail);
+    let e = start(and(policy(), "f", "fail.test"), &up).await;
     let r = udp(e.addr, "fail.test", RecordType::A).await;
     assert_eq!(r.metadata.response_code, ResponseCode::ServFail);
     assert!(ede(&r).is_none());
     // Both rounds asked the (only) upstream.
-    assert_eq!(up.count_name("fail.test"), 2);
+    assert_eq!(up.count("fail.test"), 2);
     let lines = e.wait_lines(1).await;
     assert_eq!(
         (
@@ -814,8 +614,9 @@ async fn upstream_failures_are_servfail_and_logged_as_errors() {
 
 #[tokio::test]
 async fn malformed_packets_get_an_error_and_no_crash() {
-    let up = Upstream::default().name("allowed.test", Behavior::Addrs(vec![ip("127.0.0.5")]));
-    let e = start(BASIC, up.clone().start().await).await;
+    let up = fake_dns();
+    up.set("allowed.test", &["127.0.0.5"]);
+    let e = start(basic(), &up).await;
 
     // Too short for a header: logged, not answered.
     e.assert_unanswered(&[0x12, 0x34, 0x01], 1).await;
@@ -888,7 +689,7 @@ async fn malformed_packets_get_an_error_and_no_crash() {
         addrs(&udp(e.addr, "allowed.test", RecordType::A).await),
         vec![ip("127.0.0.5")]
     );
-    assert_eq!(up.count(), 1, "{:?}", up.seen());
+    assert_eq!(up.queries().len(), 1, "{:?}", up.queries());
     let lines = e.wait_lines(10).await;
     let malformed = lines.iter().filter(|l| l["reason"] == "malformed").count();
     assert_eq!((lines.len(), malformed), (10, 9), "{lines:#?}");
@@ -935,25 +736,25 @@ fn tunnel_name(i: u32, suffix: &str) -> (String, usize) {
     )
 }
 
-const TUNNEL: &str = r#"
-settings:
-  clients:
-    - { id: agent, sources: [127.0.0.1/32] }
-exceptions:
-  - id: cdn
-    owner: platform
-    reason: a CDN wildcard
-    hosts: ["*.cdn.test"]
-    cidrs: [127.0.0.0/8]
-  - { id: other, owner: o, reason: r, hosts: [exact.test], cidrs: [127.0.0.0/8] }
-"#;
+/// A CDN wildcard a tunnel could hide under, an exact host beside it, and
+/// 127.0.0.1 as the named client `agent`.
+fn tunnel() -> PolicyYaml {
+    let p = policy()
+        .client_from("agent", &["127.0.0.1/32"])
+        .exception("cdn")
+        .owner("platform")
+        .reason("a CDN wildcard")
+        .host("*.cdn.test")
+        .cidr(LOOPBACK);
+    and(p, "other", "exact.test").cidr(LOOPBACK)
+}
 
 #[tokio::test]
 async fn a_tunnel_under_an_allowed_wildcard_is_blocked_within_the_budget() {
-    let up = Upstream::default()
-        .below("cdn.test", Behavior::Addrs(vec![ip("127.0.0.9")]))
-        .name("exact.test", Behavior::Addrs(vec![ip("127.0.0.10")]));
-    let e = start(TUNNEL, up.clone().start().await).await;
+    let up = fake_dns();
+    up.set("*.cdn.test", &["127.0.0.9"]);
+    up.set("exact.test", &["127.0.0.10"]);
+    let e = start(tunnel(), &up).await;
     let block_bytes = e.policy.snapshot().settings.dns.tunnel.block_bytes;
 
     // An ordinary name first: cached, and later refused in the cool-down.
@@ -986,12 +787,12 @@ async fn a_tunnel_under_an_allowed_wildcard_is_blocked_within_the_budget() {
     assert!(leaked_payload <= 4096);
     // Exactly the allowed tunnel names reached upstream; the blocked one did not.
     let below = up
-        .seen()
+        .queries()
         .iter()
         .filter(|s| s.name.ends_with(".cdn.test"))
         .count();
     assert_eq!(below, 1 + blocked_at as usize);
-    assert_eq!(up.count_name(&tunnel_name(blocked_at, "cdn.test").0), 0);
+    assert_eq!(up.count(&tunnel_name(blocked_at, "cdn.test").0), 0);
 
     // Cool-down: the whole wildcard is refused for this client now, cached
     // names included; exact hosts are not affected.
@@ -1036,13 +837,11 @@ async fn a_tunnel_under_an_allowed_wildcard_is_blocked_within_the_budget() {
 
 #[tokio::test]
 async fn names_that_break_the_caps_or_syntax_under_a_wildcard_are_tunnels() {
-    let up = Upstream::default().below("cdn.test", Behavior::Addrs(vec![ip("127.0.0.9")]));
+    let up = fake_dns();
+    up.set("*.cdn.test", &["127.0.0.9"]);
     // The default label cap is DNS's own 63; a policy can lower it.
-    let capped = TUNNEL.replace(
-        "settings:\n",
-        "settings:\n  dns:\n    tunnel: { max_label_len: 40 }\n",
-    );
-    let e = start(&capped, up.clone().start().await).await;
+    let capped = tunnel().setting("dns", "{ tunnel: { max_label_len: 40 } }");
+    let e = start(capped, &up).await;
     let long_label = format!("{}.cdn.test", "a".repeat(50));
     assert_blocked(
         &udp(e.addr, &long_label, RecordType::A).await,
@@ -1081,7 +880,7 @@ async fn names_that_break_the_caps_or_syntax_under_a_wildcard_are_tunnels() {
     )
     .await;
     assert_blocked(&r, ResponseCode::Refused, "malformed");
-    assert_eq!(up.count(), 0);
+    assert_eq!(up.queries().len(), 0);
     let lines = e.wait_lines(4).await;
     assert_eq!(
         (&lines[2]["reason"], &lines[2]["exception"]),
@@ -1095,14 +894,11 @@ async fn names_that_break_the_caps_or_syntax_under_a_wildcard_are_tunnels() {
 
 #[tokio::test]
 async fn proxy_lookups_share_the_clients_budget() {
-    let up = Upstream::default()
-        .below("cdn.test", Behavior::Addrs(vec![ip("127.0.0.9")]))
-        .name(
-            "www.cdn.test",
-            Behavior::Addrs(vec![ip("127.0.0.9"), ip("::1")]),
-        )
-        .name("gone.cdn.test", Behavior::ServFail);
-    let e = start(TUNNEL, up.clone().start().await).await;
+    let up = fake_dns();
+    up.set("*.cdn.test", &["127.0.0.9"]);
+    up.set("www.cdn.test", &["127.0.0.9", "::1"]);
+    up.rcode("gone.cdn.test", ResponseCode::ServFail);
+    let e = start(tunnel(), &up).await;
     let policy: Arc<Policy> = e.policy.snapshot();
     let client = policy.identify(ip("127.0.0.1"), None).unwrap();
     assert!(client.is_some(), "127.0.0.1 is the named client");
@@ -1116,7 +912,7 @@ async fn proxy_lookups_share_the_clients_budget() {
     );
     assert_eq!(e.resolver.lookup_ip(&www, &policy).await.unwrap().len(), 2);
     assert_eq!(
-        up.count_name("www.cdn.test"),
+        up.count("www.cdn.test"),
         2,
         "one A and one AAAA, then cached"
     );
@@ -1164,10 +960,10 @@ async fn proxy_lookups_share_the_clients_budget() {
 
 #[tokio::test]
 async fn lookup_ip_times_out_on_a_silent_upstream() {
-    let up = Upstream::default().name("slow.test", Behavior::Drop);
-    let addr = up.clone().start().await;
-    let resolver = Resolver::new(vec![addr], Metrics::new());
-    let policy = from_yaml(BASIC).unwrap();
+    let up = fake_dns();
+    up.silent("slow.test");
+    let resolver = Resolver::new(vec![up.addr], Metrics::new());
+    let policy = from_yaml(&basic().yaml()).unwrap();
     let started = Instant::now();
     let r = resolver
         .lookup_ip(&parse_host("slow.test").unwrap(), &policy)
@@ -1178,16 +974,15 @@ async fn lookup_ip_times_out_on_a_silent_upstream() {
         "bounded by our own deadline"
     );
     // A and AAAA, each tried once per round.
-    assert_eq!(up.count_name("slow.test"), 4);
+    assert_eq!(up.count("slow.test"), 4);
 }
 
 #[tokio::test]
 async fn one_client_cannot_hold_every_slot() {
-    let up = Upstream::default()
-        .name("slow.test", Behavior::Drop)
-        .name("allowed.test", Behavior::Addrs(vec![ip("127.0.0.5")]));
-    let yaml = format!("{BASIC}  - {{ id: slow, owner: o, reason: r, hosts: [slow.test] }}\n");
-    let e = start(&yaml, up.clone().start().await).await;
+    let up = fake_dns();
+    up.silent("slow.test");
+    up.set("allowed.test", &["127.0.0.5"]);
+    let e = start(and(basic(), "slow", "slow.test"), &up).await;
     let sock = UdpSocket::bind(LOCAL).await.unwrap();
     let n = 100;
     for _ in 0..n {
@@ -1234,13 +1029,9 @@ async fn log_failure_fails_closed() {
         eprintln!("skipped: no /dev/full");
         return;
     }
-    let up = Upstream::default().name("allowed.test", Behavior::Addrs(vec![ip("127.0.0.5")]));
-    let e = start_with_log(
-        BASIC,
-        up.clone().start().await,
-        Some(PathBuf::from("/dev/full")),
-    )
-    .await;
+    let up = fake_dns();
+    up.set("allowed.test", &["127.0.0.5"]);
+    let e = start_with_log(basic(), &up, Some(PathBuf::from("/dev/full"))).await;
     // The first line cannot be written; from then on queries are refused
     // without going upstream.
     let deadline = Instant::now() + WAIT;
@@ -1253,9 +1044,9 @@ async fn log_failure_fails_closed() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
     assert_eq!(ede(&r), Some((14, "egressd: log_unavailable".into())));
-    let before = up.count();
+    let before = up.queries().len();
     udp(e.addr, "allowed.test", RecordType::AAAA).await;
-    assert_eq!(up.count(), before);
+    assert_eq!(up.queries().len(), before);
     assert!(e.metric("egressd_log_write_errors_total", &[]) >= 1.0);
 }
 
@@ -1266,7 +1057,7 @@ async fn refuses_itself_as_upstream() {
     let dir = tempfile::tempdir().unwrap();
     let sink = LogSink::start(LogTarget::File(dir.path().join("log")), metrics.clone()).unwrap();
     let resolver = Resolver::new(vec![addr], metrics.clone());
-    let policy = PolicyHandle::new(from_yaml(BASIC).unwrap());
+    let policy = PolicyHandle::new(from_yaml(&basic().yaml()).unwrap());
     let (_tx, rx) = watch::channel(false);
     let r = timeout(
         WAIT,
@@ -1279,8 +1070,9 @@ async fn refuses_itself_as_upstream() {
 
 #[tokio::test]
 async fn shutdown_stops_serving() {
-    let up = Upstream::default().name("allowed.test", Behavior::Addrs(vec![ip("127.0.0.5")]));
-    let e = start(BASIC, up.clone().start().await).await;
+    let up = fake_dns();
+    up.set("allowed.test", &["127.0.0.5"]);
+    let e = start(basic(), &up).await;
     assert_eq!(
         addrs(&udp(e.addr, "allowed.test", RecordType::A).await),
         vec![ip("127.0.0.5")]

@@ -19,6 +19,7 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair, KeyUsagePurpose};
+use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer, ServerName};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -115,6 +116,12 @@ impl TlsOrigin {
     }
     pub(crate) fn count(&self) -> usize {
         self.seen.lock().unwrap().len()
+    }
+}
+
+impl Listener for TlsOrigin {
+    fn addr(&self) -> SocketAddr {
+        self.addr
     }
 }
 
@@ -258,53 +265,56 @@ fn setup() -> Setup {
     let api = tls_origin(pki.leaf(&names), &[b"h2", b"http/1.1"]);
     let h1 = tls_origin(pki.leaf(&names), &[b"http/1.1"]);
     let bad = tls_origin(self_signed("bad.test"), &[b"http/1.1"]);
-    let dns = fake_dns();
-    for n in names.iter().chain(&["bad.test"]) {
-        dns.set(n, &["127.0.0.1"]);
-    }
-    let ports = format!("[{}, {}, {}]", api.port(), h1.port(), bad.port());
-    let yaml = format!(
-        r#"
-exceptions:
-  - id: gh
-    owner: platform
-    reason: stand-in for api.github.com, token injected outside the sandbox
-    hosts: [api.test, h1.test, api.github.com]
-    cidrs: [127.0.0.0/8]
-    ports: {ports}
-    methods: [GET, HEAD]
-    paths: ["/repos/**", "/ws"]
-    inject:
-      headers: {{ Authorization: "Bearer ${{env:GH_TOKEN}}" }}
-  - id: other
-    owner: platform
-    reason: a second intercepted host (for fronting attempts)
-    hosts: [other.test]
-    cidrs: [127.0.0.0/8]
-    ports: {ports}
-    paths: ["/**"]
-  - id: plain
-    owner: platform
-    reason: host-only rule, tunnelled untouched
-    hosts: [plain.test]
-    cidrs: [127.0.0.0/8]
-    ports: {ports}
-  - id: badcert
-    owner: platform
-    reason: an origin with a certificate nobody signed
-    hosts: [bad.test]
-    cidrs: [127.0.0.0/8]
-    ports: {ports}
-    paths: ["/**"]
-"#
-    );
-    let e = egressd()
-        .policy("p.yaml", &yaml)
-        .dns(dns.addr)
-        .env("EGRESSD_CA_DIR", certs.to_str().unwrap())
-        .env("EGRESSD_UPSTREAM_CA", upstream_ca.to_str().unwrap())
-        .env("GH_TOKEN", TOKEN)
-        .start();
+    let Lab {
+        e,
+        dns,
+        origin: api,
+        ..
+    } = lab_with(api)
+        .names(&names)
+        .names(&["bad.test"])
+        .egressd(|b| {
+            b.env("EGRESSD_CA_DIR", certs.to_str().unwrap())
+                .env("EGRESSD_UPSTREAM_CA", upstream_ca.to_str().unwrap())
+                .env("GH_TOKEN", TOKEN)
+        })
+        .start(|l| {
+            let ports = [l.port(), h1.port(), bad.port()];
+            policy()
+                .exception("gh")
+                .owner("platform")
+                .reason("stand-in for api.github.com, token injected outside the sandbox")
+                .hosts(&["api.test", "h1.test", "api.github.com"])
+                .cidr(LOOPBACK)
+                .ports(&ports)
+                .methods(&["GET", "HEAD"])
+                .path("/repos/**")
+                .path("/ws")
+                .with(
+                    "inject",
+                    r#"{ headers: { Authorization: "Bearer ${env:GH_TOKEN}" } }"#,
+                )
+                .exception("other")
+                .owner("platform")
+                .reason("a second intercepted host (for fronting attempts)")
+                .host("other.test")
+                .cidr(LOOPBACK)
+                .ports(&ports)
+                .path("/**")
+                .exception("plain")
+                .owner("platform")
+                .reason("host-only rule, tunnelled untouched")
+                .host("plain.test")
+                .cidr(LOOPBACK)
+                .ports(&ports)
+                .exception("badcert")
+                .owner("platform")
+                .reason("an origin with a certificate nobody signed")
+                .host("bad.test")
+                .cidr(LOOPBACK)
+                .ports(&ports)
+                .path("/**")
+        });
     Setup {
         e,
         ca: certs.join("ca.pem"),
@@ -317,11 +327,7 @@ exceptions:
 }
 
 fn have(tool: &str) -> bool {
-    let ok = Command::new("sh")
-        .arg("-c")
-        .arg(format!("command -v {tool}"))
-        .output()
-        .is_ok_and(|o| o.status.success());
+    let ok = on_path(tool).is_some();
     if !ok {
         eprintln!("skipping: {tool} is not installed (apt-get install {tool})");
     }
@@ -714,7 +720,7 @@ fn tls_through(
     connect: &str,
     sni: &str,
 ) -> rustls::StreamOwned<rustls::ClientConnection, TcpStream> {
-    let mut tcp = connect_to(s.e.proxy);
+    let mut tcp = crate::support::connect(s.e.proxy);
     write!(tcp, "CONNECT {connect} HTTP/1.1\r\nHost: {connect}\r\n\r\n").unwrap();
     let mut r = BufReader::new(tcp.try_clone().unwrap());
     let mut status = String::new();
@@ -742,14 +748,6 @@ fn tls_through(
     )
     .unwrap();
     rustls::StreamOwned::new(conn, tcp)
-}
-
-use rustls_pki_types::pem::PemObject;
-
-fn connect_to(a: SocketAddr) -> TcpStream {
-    let s = TcpStream::connect(a).unwrap();
-    s.set_read_timeout(Some(DEADLINE)).unwrap();
-    s
 }
 
 #[test]
