@@ -9,17 +9,11 @@
 
 use std::collections::BTreeSet;
 use std::fs;
-use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::{Duration, Instant};
 
 use serde_yaml_ng::Value;
 
-fn root() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-}
+use crate::support::{egressd, on_path, root, scratch};
 
 fn read(p: &str) -> String {
     fs::read_to_string(root().join(p)).unwrap_or_else(|e| panic!("{p}: {e}"))
@@ -31,32 +25,6 @@ fn yaml_docs(p: &str) -> Vec<Value> {
         .map(|d| serde::Deserialize::deserialize(d).unwrap_or_else(|e| panic!("{p}: {e}")))
         .filter(|v: &Value| !v.is_null())
         .collect()
-}
-
-fn on_path(name: &str) -> Option<PathBuf> {
-    std::env::split_paths(&std::env::var_os("PATH")?)
-        .map(|d| d.join(name))
-        .find(|p| p.is_file())
-}
-
-struct TempDir(PathBuf);
-impl TempDir {
-    fn new() -> TempDir {
-        static N: AtomicUsize = AtomicUsize::new(0);
-        let p = std::env::temp_dir().join(format!(
-            "egressd-deploy-test-{}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed)
-        ));
-        let _ = fs::remove_dir_all(&p);
-        fs::create_dir_all(&p).unwrap();
-        TempDir(p)
-    }
-}
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = fs::remove_dir_all(&self.0);
-    }
 }
 
 /// The metric names src/metrics.rs registers, and which are histograms.
@@ -228,8 +196,8 @@ fn promtool_checks_rules_and_dashboard_queries() {
             ));
         }
     }
-    let tmp = TempDir::new();
-    let f = tmp.0.join("dashboard.rules.yml");
+    let tmp = scratch();
+    let f = tmp.path("dashboard.rules.yml");
     fs::write(&f, rules).unwrap();
     run(&["check", "rules", f.to_str().unwrap()]);
 }
@@ -239,7 +207,7 @@ fn configmap_is_the_shipped_policy_and_passes_check() {
     let cm = &yaml_docs("deploy/kubernetes/policy-configmap.yaml")[0];
     assert_eq!(cm["kind"], "ConfigMap");
     let data = cm["data"].as_mapping().unwrap();
-    let tmp = TempDir::new();
+    let tmp = scratch();
     let mut keys = BTreeSet::new();
     for (k, v) in data {
         let k = k.as_str().unwrap();
@@ -249,7 +217,7 @@ fn configmap_is_the_shipped_policy_and_passes_check() {
             shipped,
             "policy-configmap.yaml key {k} differs from policy/{k}: regenerate it (see its header)"
         );
-        fs::write(tmp.0.join(k), v.as_str().unwrap()).unwrap();
+        fs::write(tmp.path(k), v.as_str().unwrap()).unwrap();
         keys.insert(k.to_string());
     }
     for f in fs::read_dir(root().join("policy")).unwrap() {
@@ -262,7 +230,7 @@ fn configmap_is_the_shipped_policy_and_passes_check() {
         }
     }
     let (mut out, mut err) = (Vec::new(), Vec::new());
-    let code = egressd::policy::lint::run_check(&tmp.0, &mut out, &mut err);
+    let code = egressd::policy::lint::run_check(tmp.dir(), &mut out, &mut err);
     assert_eq!(code, 0, "{}", String::from_utf8_lossy(&err));
 }
 
@@ -378,40 +346,12 @@ fn dockerfile_healthcheck_probes_healthz() {
         println!("SKIPPED healthcheck: no bash");
         return;
     };
-    let mut child = Command::new(env!("CARGO_BIN_EXE_egressd"))
-        .args([
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--dns-listen",
-            "127.0.0.1:0",
-            "--metrics-listen",
-            "127.0.0.1:0",
-            "--upstream-dns",
-            "127.0.0.1:9",
-            "--log",
-            "/dev/null",
-            "--policy",
-        ])
-        .arg(root().join("policy"))
-        .env_clear()
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut err = BufReader::new(child.stderr.take().unwrap());
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let mut metrics = None;
-    let mut l = String::new();
-    while Instant::now() < deadline && metrics.is_none() {
-        l.clear();
-        if err.read_line(&mut l).unwrap() == 0 {
-            break;
-        }
-        metrics = l
-            .split_whitespace()
-            .find_map(|w| w.strip_prefix("metrics="))
-            .map(str::to_string);
-    }
+    // The shipped policy, and nothing from the test's environment.
+    let e = egressd()
+        .policy_path(&root().join("policy"))
+        .log("/dev/null")
+        .clean_env()
+        .start();
     let probe = |addr: &str| {
         Command::new(&bash)
             .args(&argv[1..])
@@ -421,10 +361,9 @@ fn dockerfile_healthcheck_probes_healthz() {
             .unwrap()
             .success()
     };
-    let addr = metrics.expect("serve printed its metrics address");
+    let addr = e.metrics.to_string();
     let healthy = probe(&addr);
-    let _ = child.kill();
-    let _ = child.wait();
+    drop(e);
     assert!(
         healthy,
         "HEALTHCHECK failed against a running egressd at {addr}"
@@ -449,8 +388,8 @@ fn systemd_unit_verifies() {
         return;
     };
     // verify wants ExecStart to exist: point it at the binary under test.
-    let tmp = TempDir::new();
-    let f = tmp.0.join("egressd.service");
+    let tmp = scratch();
+    let f = tmp.path("egressd.service");
     fs::write(
         &f,
         unit.replace("/usr/local/bin/egressd", env!("CARGO_BIN_EXE_egressd")),
@@ -459,7 +398,7 @@ fn systemd_unit_verifies() {
     let o = Command::new(analyze)
         .arg("verify")
         .arg(&f)
-        .current_dir(&tmp.0)
+        .current_dir(tmp.dir())
         .output()
         .unwrap();
     let said = String::from_utf8_lossy(&o.stderr);

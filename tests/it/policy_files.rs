@@ -5,7 +5,6 @@
 
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
 
 use egressd::decision::Proto;
 use egressd::explain::{explain, run_explain};
@@ -15,39 +14,13 @@ use egressd::policy::{
     compile, load, read_sources, Diagnostic, LoadError, Policy, Request, Source,
 };
 
+use crate::support::{root, scratch};
+
 /// 2027-01-15T08:00:00Z: a fixed "now" so expiry tests do not age.
 const NOW: i64 = 1_800_000_000;
 
 fn shipped() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("policy")
-}
-
-/// A directory under the system temp dir, removed on drop.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new() -> TempDir {
-        static N: AtomicUsize = AtomicUsize::new(0);
-        let p = std::env::temp_dir().join(format!(
-            "egressd-policy-test-{}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed)
-        ));
-        let _ = fs::remove_dir_all(&p);
-        fs::create_dir_all(&p).unwrap();
-        TempDir(p)
-    }
-    fn file(&self, name: &str, text: &str) -> PathBuf {
-        let p = self.0.join(name);
-        fs::write(&p, text).unwrap();
-        p
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = fs::remove_dir_all(&self.0);
-    }
+    root().join("policy")
 }
 
 /// Every YAML file shipped under policy/, including the examples that the
@@ -265,7 +238,7 @@ fn one(id: &str, body: &str) -> String {
 
 /// (line, column) of each error for a one-file policy.
 fn errors_at(text: &str) -> Vec<(usize, usize, String)> {
-    let dir = TempDir::new();
+    let dir = scratch();
     let f = dir.file("p.yaml", text);
     load_err(&f)
         .into_iter()
@@ -378,7 +351,7 @@ fn entry_errors_point_at_the_exception() {
 
 #[test]
 fn duplicate_ids_across_files() {
-    let dir = TempDir::new();
+    let dir = scratch();
     dir.file(
         "a.yaml",
         &format!("{HEAD}{}", one("pypi", "    hosts: [pypi.org]\n")),
@@ -391,7 +364,7 @@ fn duplicate_ids_across_files() {
             one("pypi", "    hosts: [files.pythonhosted.org]\n")
         ),
     );
-    let errs = load_err(&dir.0);
+    let errs = load_err(dir.dir());
     assert_eq!(errs.len(), 1, "{errs:?}");
     assert_eq!(errs[0].file, b);
     assert_eq!((errs[0].line, errs[0].column), (7, 5));
@@ -401,7 +374,7 @@ fn duplicate_ids_across_files() {
 
 #[test]
 fn a_directory_merges_in_name_order() {
-    let dir = TempDir::new();
+    let dir = scratch();
     dir.file(
         "20-b.yaml",
         &format!("{HEAD}{}", one("b", "    hosts: [b.example]\n")),
@@ -415,24 +388,24 @@ fn a_directory_merges_in_name_order() {
     );
     dir.file("notes.txt", "not policy");
     dir.file(".hidden.yaml", "garbage: [");
-    fs::create_dir(dir.0.join("sub")).unwrap();
+    fs::create_dir(dir.path("sub")).unwrap();
     dir.file("sub/c.yaml", "garbage: [");
-    let p = load(&dir.0).unwrap_or_else(|e| panic!("{e}"));
+    let p = load(dir.dir()).unwrap_or_else(|e| panic!("{e}"));
     let ids: Vec<&str> = p.exceptions.iter().map(|e| &*e.id).collect();
     assert_eq!(ids, ["a", "b"]);
     assert_eq!(p.files.len(), 2);
     assert_eq!(p.settings.mode, egressd::policy::Mode::Report);
     assert!(p.exceptions[1].file.ends_with("20-b.yaml"));
     assert_eq!(p.exceptions[1].line, 2);
-    assert_eq!(read_sources(&dir.0).unwrap().len(), 2);
+    assert_eq!(read_sources(dir.dir()).unwrap().len(), 2);
 }
 
 #[test]
 fn settings_in_two_files_is_an_error() {
-    let dir = TempDir::new();
+    let dir = scratch();
     dir.file("a.yaml", "settings:\n  mode: enforce\n");
     let b = dir.file("b.yaml", "# more\nsettings:\n  contact: x\n");
-    let errs = load_err(&dir.0);
+    let errs = load_err(dir.dir());
     assert_eq!(errs.len(), 1, "{errs:?}");
     assert_eq!(errs[0].file, b);
     assert_eq!(errs[0].line, 2);
@@ -456,12 +429,12 @@ fn check(path: &Path) -> (i32, String, String) {
 
 #[test]
 fn check_reports_errors_and_exits_1() {
-    let dir = TempDir::new();
+    let dir = scratch();
     let f = dir.file(
         "p.yaml",
         &format!("{HEAD}{}", one("x", "    hosts: [\"*.*.x\"]\n")),
     );
-    let (code, out, err) = check(&dir.0);
+    let (code, out, err) = check(dir.dir());
     assert_eq!(code, 1);
     assert!(out.is_empty(), "{out}");
     let want = format!("error: {}:5:13: ", f.display());
@@ -491,7 +464,7 @@ fn check_on_shipped_policy() {
 
 #[test]
 fn check_warns_for_each_class_with_file_and_line() {
-    let dir = TempDir::new();
+    let dir = scratch();
     let a = dir.file(
         "a.yaml",
         &format!(
@@ -512,7 +485,7 @@ fn check_warns_for_each_class_with_file_and_line() {
             one("again", "    hosts: [x.example.net]\n    ports: [443]\n"),           // line 18
         ),
     );
-    let (code, out, err) = check(&dir.0);
+    let (code, out, err) = check(dir.dir());
     assert_eq!(code, 0, "{out}{err}");
     let lines: Vec<&str> = out.lines().collect();
     let expect = [
@@ -547,10 +520,10 @@ fn check_warns_for_each_class_with_file_and_line() {
         lines[expect.len()],
         format!(
             "{}: 8 exceptions in 2 files, 0 errors, 8 warnings",
-            dir.0.display()
+            dir.dir().display()
         )
     );
-    let p = load(&dir.0).unwrap();
+    let p = load(dir.dir()).unwrap();
     let kinds: Vec<Lint> = lint(&p, NOW).iter().map(|w| w.kind).collect();
     assert_eq!(
         kinds,
@@ -618,10 +591,10 @@ fn run_explain_loads_and_reports_errors() {
     assert_eq!(code, 0, "{out}");
     assert!(out.starts_with("policy:  "), "{out}");
 
-    let dir = TempDir::new();
+    let dir = scratch();
     dir.file("p.yaml", "exceptions: [");
     let mut out = Vec::new();
-    let code = run_explain(&dir.0, None, "https://pypi.org/", &mut out);
+    let code = run_explain(dir.dir(), None, "https://pypi.org/", &mut out);
     let out = String::from_utf8(out).unwrap();
     assert_eq!(code, 2, "{out}");
     assert!(out.contains("error: "), "{out}");

@@ -8,51 +8,18 @@ use std::fs;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
 use egressd::policy::time::{format_date, format_rfc3339_millis, unix_now};
 use flate2::write::GzEncoder;
 use flate2::Compression;
 
+use crate::support::{on_path, scratch, Scratch};
+
 const DAY: i64 = 86400;
 
 fn bin() -> &'static str {
     env!("CARGO_BIN_EXE_egressd")
-}
-
-/// A directory under the system temp dir, removed on drop.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new() -> TempDir {
-        static N: AtomicUsize = AtomicUsize::new(0);
-        let p = std::env::temp_dir().join(format!(
-            "egressd-report-test-{}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed)
-        ));
-        let _ = fs::remove_dir_all(&p);
-        fs::create_dir_all(&p).unwrap();
-        TempDir(p)
-    }
-    fn path(&self, name: &str) -> PathBuf {
-        self.0.join(name)
-    }
-    fn file(&self, name: &str, text: &str) -> PathBuf {
-        let p = self.0.join(name);
-        if let Some(d) = p.parent() {
-            fs::create_dir_all(d).unwrap();
-        }
-        fs::write(&p, text).unwrap();
-        p
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = fs::remove_dir_all(&self.0);
-    }
 }
 
 fn run(args: &[&dyn AsRef<std::ffi::OsStr>]) -> Output {
@@ -331,7 +298,7 @@ fn fixed_log(now: i64) -> Vec<String> {
 /// Writes `lines` split over a plain file and a gzip file made of two
 /// members (as `cat a.gz b.gz` leaves it), with two lines that are not
 /// decision-log lines in the plain one.
-fn write_logs(dir: &TempDir, lines: &[String]) -> (PathBuf, PathBuf) {
+fn write_logs(dir: &Scratch, lines: &[String]) -> (PathBuf, PathBuf) {
     let half = lines.len() / 2;
     let plain = dir.path("decisions.log");
     let mut f = fs::File::create(&plain).unwrap();
@@ -354,9 +321,9 @@ fn write_logs(dir: &TempDir, lines: &[String]) -> (PathBuf, PathBuf) {
     (plain, gz)
 }
 
-fn setup() -> (TempDir, PathBuf, PathBuf, PathBuf, i64) {
+fn setup() -> (Scratch, PathBuf, PathBuf, PathBuf, i64) {
     let now = unix_now();
-    let dir = TempDir::new();
+    let dir = scratch();
     let pol = dir.file("policy/policy.yaml", &policy(now));
     let _ = pol;
     let (plain, gz) = write_logs(&dir, &fixed_log(now));
@@ -599,24 +566,15 @@ const CHROMIUM_FLAGS: &[&str] = &[
 ];
 
 fn find_chromium() -> Option<PathBuf> {
-    for name in ["chromium", "chromium-browser", "google-chrome"] {
-        for d in std::env::var_os("PATH")
-            .map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
-            .unwrap_or_default()
-        {
-            let p = d.join(name);
-            if p.is_file() {
-                return Some(p);
-            }
-        }
-    }
-    None
+    ["chromium", "chromium-browser", "google-chrome"]
+        .into_iter()
+        .find_map(on_path)
 }
 
 /// Loads the page in headless Chromium and checks what rendered: the
 /// computed table rows, and the summary line that only the page's own
 /// script adds (so the script ran under the page's CSP).
-fn render_in_browser(dir: &TempDir, page: &Path) {
+fn render_in_browser(dir: &Scratch, page: &Path) {
     let Some(chromium) = find_chromium() else {
         println!("SKIPPED browser check: no chromium on PATH (apt-get install -y chromium)");
         return;
@@ -732,7 +690,7 @@ fn shipped_policy_tests_pass_and_are_strict() {
         out.contains("tests.yaml:") && out.contains(" 0 failed"),
         "{out}"
     );
-    let dir = TempDir::new();
+    let dir = scratch();
     for f in fs::read_dir(&shipped).unwrap() {
         let f = f.unwrap().path();
         if f.is_file() {
@@ -746,7 +704,7 @@ fn shipped_policy_tests_pass_and_are_strict() {
         1,
     );
     fs::write(dir.path("tests.yaml"), typo).unwrap();
-    let o = run(&[&"check", &dir.0]);
+    let o = run(&[&"check", &dir.dir()]);
     assert_eq!(o.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&o.stderr).contains("unknown field `exepction`"));
 }
@@ -808,7 +766,7 @@ fn throughput() {
         .and_then(|v| v.parse().ok())
         .unwrap_or(2_000_000);
     let now = unix_now();
-    let dir = TempDir::new();
+    let dir = scratch();
     let pol = dir.file("policy/policy.yaml", &policy(now));
     let _ = pol;
     let plain = dir.path("big.log");
