@@ -958,6 +958,40 @@ async fn proxy_lookups_share_the_clients_budget() {
     );
 }
 
+/// An upstream slow for one name holds up only that name: a query the same
+/// client sends meanwhile is answered first, and the slow answer, late but
+/// within one attempt's timeout, is waited for rather than asked again.
+#[tokio::test]
+async fn a_slow_upstream_name_holds_up_only_itself() {
+    let up = fake_dns();
+    up.set("allowed.test", &["127.0.0.5"]);
+    up.set("slow.test", &["127.0.0.6"]);
+    up.delay("slow.test", Duration::from_millis(700));
+    let e = start(and(basic(), "slow", "slow.test").cidr(LOOPBACK), &up).await;
+    let addr = e.addr;
+    let slow = tokio::spawn(async move { udp(addr, "slow.test", RecordType::A).await });
+    let deadline = Instant::now() + WAIT;
+    while up.count("slow.test") == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the slow query never went upstream"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let fast = udp(e.addr, "allowed.test", RecordType::A).await;
+    assert_eq!(addrs(&fast), vec![ip("127.0.0.5")]);
+    assert!(!slow.is_finished(), "the slow name's answer came first");
+    let r = slow.await.unwrap();
+    assert_eq!(addrs(&r), vec![ip("127.0.0.6")]);
+    assert_eq!(up.count("slow.test"), 1, "{:?}", up.queries());
+    let lines = e.wait_lines(2).await;
+    assert_eq!(lines[0]["qname"], "allowed.test");
+    assert_eq!(
+        (&lines[1]["qname"], &lines[1]["rcode"]),
+        (&"slow.test".into(), &"NOERROR".into())
+    );
+}
+
 #[tokio::test]
 async fn lookup_ip_times_out_on_a_silent_upstream() {
     let up = fake_dns();

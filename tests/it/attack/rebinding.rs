@@ -10,8 +10,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use std::net::IpAddr;
+
 use hickory_proto::op::ResponseCode;
-use hickory_proto::rr::RecordType;
+use hickory_proto::rr::rdata::svcb::{IpHint, SvcParamValue};
+use hickory_proto::rr::{RData, Record, RecordType};
 
 use super::*;
 
@@ -307,4 +310,50 @@ fn redirects_are_passed_on_not_followed() {
         "one request per redirect"
     );
     assert_eq!(l.canary.hits(), 0);
+}
+
+/// The addresses an HTTPS record hints at (ipv4hint, ipv6hint).
+fn hints(r: &Record) -> Vec<IpAddr> {
+    let RData::HTTPS(h) = &r.data else {
+        return Vec::new();
+    };
+    h.0.svc_params
+        .iter()
+        .flat_map(|(_, v)| match v {
+            SvcParamValue::Ipv4Hint(IpHint(a)) => a.iter().map(|x| IpAddr::V4(x.0)).collect(),
+            SvcParamValue::Ipv6Hint(IpHint(a)) => a.iter().map(|x| IpAddr::V6(x.0)).collect(),
+            _ => Vec::new(),
+        })
+        .collect()
+}
+
+/// A client may connect to the addresses an HTTPS record hints at, so a
+/// hint is an answer like an A record: a record hinting at an internal
+/// address outside the exception's cidrs is removed, whatever else it
+/// hints at, and the line names what was removed.
+#[test]
+fn https_record_hints_are_held_to_the_address_rule() {
+    let l = lab(&["svc.test"]);
+    let mut lines = Lines::new(&l.e);
+    l.dns.https("svc.test", &[CANARY_IP]);
+    l.dns.https("svc.test", &["93.184.216.34", "::1"]);
+    l.dns.https("svc.test", &[ORIGIN_IP]);
+    let r = ask_udp(l.e.dns, &dns_query("svc.test", RecordType::HTTPS));
+    assert_eq!(r.metadata.response_code, ResponseCode::NoError, "{r:?}");
+    let kept: Vec<Vec<IpAddr>> = r.answers.iter().map(hints).collect();
+    assert_eq!(
+        kept,
+        [vec![ORIGIN_IP.parse::<IpAddr>().unwrap()]],
+        "only the record hinting inside the exception's cidrs is kept"
+    );
+    let line = lines.one("https");
+    assert_eq!(line["decision"], "allow", "{line}");
+    let note = line["note"].as_str().unwrap_or_default();
+    assert!(
+        note.contains(CANARY_IP) && note.contains("::1") && !note.contains("93.184"),
+        "{line}"
+    );
+    lines.done("https");
+    assert_eq!(l.canary.hits(), 0);
+    assert_eq!(asked(&l.dns), ["svc.test"]);
 }
