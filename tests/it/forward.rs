@@ -23,7 +23,7 @@ fn origin_policy(port: u16) -> PolicyYaml {
 fn allowed_request_reaches_origin_rewritten_and_is_logged() {
     let l = lab()
         .names(&["allowed.test"])
-        .start(|l| origin_policy(l.port()));
+        .start(|ports| origin_policy(ports.origin));
     let (e, o, dns, port) = (&l.e, &l.origin, &l.dns, l.port());
     let r = e.request(&format!(
         "GET http://Allowed.Test:{port}/x?q=1 HTTP/1.1\r\nHost: allowed.test:{port}\r\nProxy-Connection: keep-alive\r\nConnection: close, X-Hop\r\nX-Hop: secret\r\nKeep-Alive: 5\r\n\r\n"
@@ -71,7 +71,7 @@ fn allowed_request_reaches_origin_rewritten_and_is_logged() {
 fn keep_alive_and_pooling_and_request_bodies() {
     let l = lab()
         .names(&["allowed.test"])
-        .start(|l| origin_policy(l.port()));
+        .start(|ports| origin_policy(ports.origin));
     let (e, o, port) = (&l.e, &l.origin, l.port());
     let mut s = connect(e.proxy);
     let mut r = BufReader::new(s.try_clone().unwrap());
@@ -111,7 +111,7 @@ fn keep_alive_and_pooling_and_request_bodies() {
 fn denied_destination_gets_403_reason_and_log_line_and_nothing_leaves() {
     let l = lab()
         .names(&["evil.test"])
-        .start(|l| origin_policy(l.canary_port()));
+        .start(|ports| origin_policy(ports.canary));
     let (e, c, dns) = (&l.e, &l.canary, &l.dns);
     let r = e.get(&format!("http://evil.test:{}/steal", c.addr.port()));
     assert_eq!(r.status, 403);
@@ -138,7 +138,7 @@ fn label_boundaries_and_case_do_not_confuse_the_matcher() {
             "evilallowed.test",
             "x.allowed.test",
         ])
-        .start(|l| origin_policy(l.canary_port()));
+        .start(|ports| origin_policy(ports.canary));
     let (e, c, dns) = (&l.e, &l.canary, &l.dns);
     for host in [
         "allowed.test.evil.test",
@@ -155,17 +155,17 @@ fn label_boundaries_and_case_do_not_confuse_the_matcher() {
 
 #[test]
 fn allowed_name_resolving_to_private_or_metadata_address_is_refused() {
-    let l = lab().names(&["rebind.test"]).start(|l| {
+    let l = lab().names(&["rebind.test"]).start(|ports| {
         policy()
             .exception("no-cidrs")
             .reason("names without private ranges")
             .hosts(&["rebind.test", "meta.test"])
-            .port(l.canary_port())
+            .port(ports.canary)
             .exception("some-cidrs")
             .reason("only loopback")
             .host("mixed.test")
             .cidr(LOOPBACK)
-            .port(l.canary_port())
+            .port(ports.canary)
     });
     l.dns.set("meta.test", &["169.254.169.254"]);
     l.dns.set("mixed.test", &["10.1.2.3", "127.0.0.1"]);
@@ -193,12 +193,12 @@ fn allowed_name_resolving_to_private_or_metadata_address_is_refused() {
 
 #[test]
 fn ip_literals_in_odd_spellings_are_the_address_dialled() {
-    let l = lab().start(|l| {
+    let l = lab().start(|ports| {
         policy()
             .exception("loopback-origin")
             .reason("the test origin by address")
             .cidr("127.0.0.1/32")
-            .port(l.port())
+            .port(ports.origin)
     });
     let (e, o, c) = (&l.e, &l.origin, &l.canary);
     for spelling in [
@@ -245,13 +245,13 @@ fn ip_literals_in_odd_spellings_are_the_address_dialled() {
 
 #[test]
 fn ports_methods_and_paths_on_plain_http() {
-    let l = lab().names(&["pkgs.test"]).start(|l| {
+    let l = lab().names(&["pkgs.test"]).start(|ports| {
         policy()
             .exception("pkgs-read")
             .reason("read-only package index")
             .host("pkgs.test")
             .cidr(LOOPBACK)
-            .port(l.port())
+            .port(ports.origin)
             .methods(&["GET", "HEAD"])
             .path("/simple/**")
     });
@@ -283,7 +283,7 @@ fn ports_methods_and_paths_on_plain_http() {
 
 #[test]
 fn clients_by_source_and_by_token() {
-    let l = lab().names(&["ci.test", "agent.test"]).start(|l| {
+    let l = lab().names(&["ci.test", "agent.test"]).start(|ports| {
         policy()
             .client_token("agent-a", &sha256_hex(b"agent-token"))
             .client_from("ci-runner", &[LOOPBACK])
@@ -292,13 +292,13 @@ fn clients_by_source_and_by_token() {
             .client("ci-*")
             .host("ci.test")
             .cidr(LOOPBACK)
-            .port(l.port())
+            .port(ports.origin)
             .exception("agent-only")
             .reason("agent")
             .client("agent-a")
             .host("agent.test")
             .cidr(LOOPBACK)
-            .port(l.port())
+            .port(ports.origin)
     });
     let (e, o, p) = (&l.e, &l.origin, l.port());
     // By source: 127.0.0.1 is ci-runner.
@@ -343,19 +343,19 @@ fn expiry_takes_effect_at_the_instant_without_reload() {
         .unwrap()
         .as_secs()
         + 3;
-    let l = lab().names(&["soon.test"]).start(|l| {
+    let l = lab().names(&["soon.test"]).start(|ports| {
         policy()
             .exception("soon-gone")
             .reason("expires in three seconds")
             .expires(&rfc3339(at))
             .host("soon.test")
             .cidr(LOOPBACK)
-            .port(l.port())
+            .port(ports.origin)
             .exception("long-gone")
             .reason("expired long ago")
             .with("expires", "2020-01-01")
             .host("old.test")
-            .port(l.port())
+            .port(ports.origin)
     });
     let (e, p) = (&l.e, l.port());
     let r = e.get(&format!("http://old.test:{p}/"));
@@ -379,14 +379,14 @@ fn expiry_takes_effect_at_the_instant_without_reload() {
 
 #[test]
 fn report_mode_logs_would_be_denials_and_allows_them() {
-    let l = lab().names(&["unlisted.test"]).start(|l| {
+    let l = lab().names(&["unlisted.test"]).start(|ports| {
         policy()
             .mode("report")
             .setting("private_destinations", "allow")
             .exception("something-else")
             .reason("unrelated")
             .host("other.test")
-            .port(l.port())
+            .port(ports.origin)
     });
     let e = &l.e;
     let r = e.get(&format!("http://unlisted.test:{}/", l.port()));
@@ -400,7 +400,7 @@ fn report_mode_logs_would_be_denials_and_allows_them() {
 
 #[test]
 fn malformed_and_non_proxy_requests_get_400_and_a_line() {
-    let l = lab().start(|l| origin_policy(l.canary_port()));
+    let l = lab().start(|ports| origin_policy(ports.canary));
     let (e, c) = (&l.e, &l.canary);
     let cases = [
         "GET / HTTP/1.1\r\nHost: allowed.test\r\nConnection: close\r\n\r\n".to_string(),
@@ -435,7 +435,7 @@ fn malformed_and_non_proxy_requests_get_400_and_a_line() {
 fn host_header_must_agree_with_the_target() {
     let l = lab()
         .names(&["allowed.test"])
-        .start(|l| origin_policy(l.canary_port()));
+        .start(|ports| origin_policy(ports.canary));
     let (e, c, p) = (&l.e, &l.canary, l.canary_port());
     let r = e.request(&format!(
         "GET http://allowed.test:{p}/ HTTP/1.1\r\nHost: evil.test\r\nConnection: close\r\n\r\n"

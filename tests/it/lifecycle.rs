@@ -37,9 +37,9 @@ fn setup() -> LabBuilder<Origin> {
 
 #[test]
 fn reload_in_place_write_and_atomic_rename_and_file_removal() {
-    let l = setup().start_with(|l, b| {
-        b.policy("a.yaml", &doc(l.port(), &[("a", "a.test")]))
-            .policy("b.yaml", &doc(l.port(), &[("b", "b.test")]))
+    let l = setup().start_with(|ports, b| {
+        b.policy("a.yaml", &doc(ports.origin, &[("a", "a.test")]))
+            .policy("b.yaml", &doc(ports.origin, &[("b", "b.test")]))
     });
     let (e, p) = (&l.e, l.port());
     assert_eq!(status(e, "a.test", p), 200);
@@ -73,8 +73,9 @@ fn reload_in_place_write_and_atomic_rename_and_file_removal() {
 #[test]
 fn reload_follows_a_kubernetes_style_symlink_swap() {
     // ConfigMap layout: policy/a.yaml → ..data/a.yaml, ..data → ..v1
-    let l =
-        setup().start_with(|l, b| b.policy("placeholder.yaml", &doc(l.port(), &[("x", "x.test")])));
+    let l = setup().start_with(|ports, b| {
+        b.policy("placeholder.yaml", &doc(ports.origin, &[("x", "x.test")]))
+    });
     let (e, p) = (&l.e, l.port());
     let dir = &e.policy_dir;
     std::fs::create_dir(dir.join("..v1")).unwrap();
@@ -94,7 +95,8 @@ fn reload_follows_a_kubernetes_style_symlink_swap() {
 
 #[test]
 fn invalid_edit_is_rejected_with_file_line_and_old_policy_serves() {
-    let l = setup().start_with(|l, b| b.policy("a.yaml", &doc(l.port(), &[("a", "a.test")])));
+    let l =
+        setup().start_with(|ports, b| b.policy("a.yaml", &doc(ports.origin, &[("a", "a.test")])));
     let (e, p) = (&l.e, l.port());
     let good = doc(p, &[("a", "a.test")]);
     let bad = format!("{good}    hosts_typo: [c.test]\n");
@@ -129,8 +131,8 @@ fn invalid_edit_is_rejected_with_file_line_and_old_policy_serves() {
 
 #[test]
 fn sighup_forces_a_reload_and_a_single_file_policy_reloads() {
-    let l = setup().start_with(|l, b| {
-        b.policy("only.yaml", &doc(l.port(), &[("a", "a.test")]))
+    let l = setup().start_with(|ports, b| {
+        b.policy("only.yaml", &doc(ports.origin, &[("a", "a.test")]))
             .policy_as_file()
     });
     let (e, p) = (&l.e, l.port());
@@ -144,8 +146,8 @@ fn sighup_forces_a_reload_and_a_single_file_policy_reloads() {
 
 #[test]
 fn log_sink_failure_fails_closed_with_503_and_counts() {
-    let l = setup().start_with(|l, b| {
-        b.policy("a.yaml", &doc(l.port(), &[("a", "a.test")]))
+    let l = setup().start_with(|ports, b| {
+        b.policy("a.yaml", &doc(ports.origin, &[("a", "a.test")]))
             .log("/dev/full")
     });
     let (e, o, p) = (&l.e, &l.origin, l.port());
@@ -187,8 +189,8 @@ fn log_sink_recovers_when_writes_work_again() {
     let fifo = log_fifo();
     // A reader must exist before egressd opens the FIFO for writing.
     let reader = fifo.open_reader();
-    let l = setup().start_with(|l, b| {
-        b.policy("a.yaml", &doc(l.port(), &[("a", "a.test")]))
+    let l = setup().start_with(|ports, b| {
+        b.policy("a.yaml", &doc(ports.origin, &[("a", "a.test")]))
             .log(fifo.arg())
     });
     let (e, p) = (&l.e, l.port());
@@ -212,10 +214,10 @@ fn log_sink_recovers_when_writes_work_again() {
 
 #[test]
 fn metrics_count_traffic_per_exception_with_bounded_labels() {
-    let l = setup().start_with(|l, b| {
+    let l = setup().start_with(|ports, b| {
         b.policy(
             "a.yaml",
-            &doc(l.port(), &[("a", "a.test"), ("unused", "never.test")]),
+            &doc(ports.origin, &[("a", "a.test"), ("unused", "never.test")]),
         )
     });
     let (e, p) = (&l.e, l.port());
@@ -269,7 +271,8 @@ fn metrics_count_traffic_per_exception_with_bounded_labels() {
 
 #[test]
 fn sigusr1_reopens_the_log_after_rotation() {
-    let l = setup().start_with(|l, b| b.policy("a.yaml", &doc(l.port(), &[("a", "a.test")])));
+    let l =
+        setup().start_with(|ports, b| b.policy("a.yaml", &doc(ports.origin, &[("a", "a.test")])));
     let (e, p) = (&l.e, l.port());
     assert_eq!(status(e, "a.test", p), 200);
     e.wait_line("first line", |l| l["host"] == "a.test");

@@ -278,15 +278,15 @@ fn setup() -> Setup {
                 .env("EGRESSD_UPSTREAM_CA", upstream_ca.to_str().unwrap())
                 .env("GH_TOKEN", TOKEN)
         })
-        .start(|l| {
-            let ports = [l.port(), h1.port(), bad.port()];
+        .start(|ports| {
+            let all = [ports.origin, h1.port(), bad.port()];
             policy()
                 .exception("gh")
                 .owner("platform")
                 .reason("stand-in for api.github.com, token injected outside the sandbox")
                 .hosts(&["api.test", "h1.test", "api.github.com"])
                 .cidr(LOOPBACK)
-                .ports(&ports)
+                .ports(&all)
                 .methods(&["GET", "HEAD"])
                 .path("/repos/**")
                 .path("/ws")
@@ -299,20 +299,20 @@ fn setup() -> Setup {
                 .reason("a second intercepted host (for fronting attempts)")
                 .host("other.test")
                 .cidr(LOOPBACK)
-                .ports(&ports)
+                .ports(&all)
                 .path("/**")
                 .exception("plain")
                 .owner("platform")
                 .reason("host-only rule, tunnelled untouched")
                 .host("plain.test")
                 .cidr(LOOPBACK)
-                .ports(&ports)
+                .ports(&all)
                 .exception("badcert")
                 .owner("platform")
                 .reason("an origin with a certificate nobody signed")
                 .host("bad.test")
                 .cidr(LOOPBACK)
-                .ports(&ports)
+                .ports(&all)
                 .path("/**")
         });
     Setup {

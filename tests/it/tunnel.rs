@@ -29,7 +29,7 @@ fn tunnel_policy(port: u16) -> PolicyYaml {
 fn echo_lab() -> Lab {
     lab()
         .names(&["echo.test"])
-        .start(|l| tunnel_policy(l.echo_port()))
+        .start(|ports| tunnel_policy(ports.echo))
 }
 
 #[test]
@@ -69,7 +69,7 @@ fn allowed_connect_tunnels_bytes_both_ways_with_half_close() {
 fn denied_connect_closes_and_never_reads_pipelined_bytes() {
     let l = lab()
         .names(&["echo.test"])
-        .start(|l| tunnel_policy(l.port()));
+        .start(|ports| tunnel_policy(ports.origin));
     let (e, o, c) = (&l.e, &l.origin, &l.canary);
     let mut s = connect(e.proxy);
     // A refused CONNECT with an allowed plain request smuggled behind it,
@@ -107,7 +107,7 @@ fn denied_connect_closes_and_never_reads_pipelined_bytes() {
 fn connect_port_authority_and_inspection_rules() {
     let l = lab()
         .names(&["echo.test", "api.test"])
-        .start(|l| tunnel_policy(l.echo_port()));
+        .start(|ports| tunnel_policy(ports.echo));
     let (e, p) = (&l.e, l.echo_port());
     let connect_status = |target: &str, host: Option<&str>| {
         let host = host.map(|h| format!("Host: {h}\r\n")).unwrap_or_default();

@@ -52,7 +52,7 @@ fn plain_http_goes_to_the_upstream_proxy_in_absolute_form_with_our_credentials()
 #[test]
 fn tunnels_chain_through_an_upstream_proxy_that_authenticates_us() {
     let fixtures = lab().names(&["echo.test"]);
-    let echo = fixtures.echo_port();
+    let echo = fixtures.ports().echo;
     // The corporate proxy is another egressd that knows us by token.
     let corp_policy = policy()
         .client_token("egressd-a", &sha256_hex(b"corp-token"))
@@ -117,7 +117,7 @@ fn a_refusing_upstream_proxy_is_a_502_not_a_direct_route() {
             b.arg("--upstream-proxy")
                 .arg(&format!("http://{}", corp.proxy))
         })
-        .start(|l| echo_policy(l.echo_port()));
+        .start(|ports| echo_policy(ports.echo));
     let e = &l.e;
     let r = e.request(&format!(
         "CONNECT echo.test:{} HTTP/1.1\r\n\r\n",

@@ -15,18 +15,18 @@ use super::*;
 fn lab() -> Lab {
     crate::support::lab()
         .names(&["allowed.test", "evil.test", "plain.test"])
-        .start(|l| {
+        .start(|ports| {
             policy()
                 .exception("tunnel")
                 .reason("the echo server")
                 .host("allowed.test")
                 .cidr(LOOPBACK)
-                .port(l.echo_port())
+                .port(ports.echo)
                 .exception("plain")
                 .reason("the plain origin")
                 .host("plain.test")
                 .cidr(LOOPBACK)
-                .port(l.port())
+                .port(ports.origin)
         })
 }
 

@@ -52,7 +52,7 @@ fn origin_resets_at_every_stage() {
     });
     let l = lab_with(origin)
         .names(&["origin.test"])
-        .start(|l| exception("origin.test", l.port()));
+        .start(|ports| exception("origin.test", ports.origin));
     let (e, origin, p) = (&l.e, &l.origin, l.port());
     let mut lines = Lines::new(e);
     let get = |path: &str| {
@@ -186,7 +186,7 @@ fn upstream_dns_down_or_silent() {
 fn reload_storm_under_load_fails_no_request() {
     let l = crate::support::lab()
         .names(&["steady.test"])
-        .start(|l| exception("steady.test", l.port()));
+        .start(|ports| exception("steady.test", ports.origin));
     let p = l.port();
     let e = Arc::new(l.e);
     let stop = Arc::new(AtomicBool::new(false));
@@ -278,13 +278,13 @@ fn sigterm_drains_requests_and_tunnels_within_the_grace_period() {
     });
     let mut l = lab_with(slow)
         .names(&["slow.test", "echo.test"])
-        .start(|l| {
-            exception("slow.test", l.port())
+        .start(|ports| {
+            exception("slow.test", ports.origin)
                 .exception("echo")
                 .reason("r")
                 .host("echo.test")
                 .cidr(LOOPBACK)
-                .port(l.echo_port())
+                .port(ports.echo)
         });
     let (echo, slow) = (l.echo, &l.origin);
     let proxy = l.e.proxy;
@@ -347,7 +347,7 @@ fn sigterm_drains_requests_and_tunnels_within_the_grace_period() {
 fn a_tunnel_cut_at_the_end_of_the_grace_period_is_still_logged() {
     let mut l = crate::support::lab()
         .names(&["echo.test"])
-        .start(|l| exception("echo.test", l.echo_port()));
+        .start(|ports| exception("echo.test", ports.echo));
     let (echo, e) = (l.echo, &mut l.e);
     let mut tunnel = connect(e.proxy);
     write!(tunnel, "CONNECT echo.test:{} HTTP/1.1\r\n\r\n", echo.port()).unwrap();
@@ -372,7 +372,7 @@ fn a_tunnel_cut_at_the_end_of_the_grace_period_is_still_logged() {
 fn log_rotation_under_load_loses_no_line() {
     let l = crate::support::lab()
         .names(&["busy.test"])
-        .start(|l| exception("busy.test", l.port()));
+        .start(|ports| exception("busy.test", ports.origin));
     let p = l.port();
     let e = Arc::new(l.e);
     let stop = Arc::new(AtomicBool::new(false));
@@ -442,7 +442,7 @@ fn a_failing_log_sink_fails_closed_and_loses_no_line() {
     let l = crate::support::lab()
         .names(&["busy.test"])
         .egressd(|b| b.log(fifo.arg()))
-        .start(|l| exception("busy.test", l.port()));
+        .start(|ports| exception("busy.test", ports.origin));
     let (e, origin, dns, p) = (&l.e, &l.origin, &l.dns, l.port());
     drop(first_reader.join().unwrap()); // writes now fail with EPIPE
     eventually("failing closed", || {
@@ -516,7 +516,7 @@ fn a_client_gone_before_the_origin_answers_still_gets_a_line() {
     });
     let l = lab_with(slow)
         .names(&["slow.test"])
-        .start(|l| exception("slow.test", l.port()));
+        .start(|ports| exception("slow.test", ports.origin));
     let (e, slow, p) = (&l.e, &l.origin, l.port());
     let mut s = connect(e.proxy);
     s.write_all(get_raw(&format!("http://slow.test:{p}/abandoned")).as_bytes())

@@ -88,23 +88,23 @@ fn lab() -> Lab {
         .names(ALLOWED)
         .names(NO_EXCEPTION)
         .names(SINGLE_LABEL)
-        .start(|l| {
-            let ports = [l.canary_port(), l.port()];
+        .start(|ports| {
+            let both = [ports.canary, ports.origin];
             policy()
                 .exception("exact")
                 .reason("exact names")
                 .hosts(&["allowed.test", "bücher.test"])
                 .cidr(LOOPBACK)
-                .ports(&ports)
+                .ports(&both)
                 .exception("wild")
                 .reason("wildcards")
                 .hosts(&["*.wild.test", "api-*.glob.test"])
                 .cidr(LOOPBACK)
-                .ports(&ports)
+                .ports(&both)
                 .exception("single-label")
                 .reason("names that only mean something inside")
                 .hosts(SINGLE_LABEL)
-                .port(l.canary_port())
+                .port(ports.canary)
         })
 }
 

@@ -11,13 +11,13 @@ use super::*;
 fn lab(report: bool) -> (Lab, Option<Canary>) {
     let (origin, c2) = beside("127.0.0.2", origin);
     let c6 = try_canary_on("::1".parse().unwrap(), origin.addr.port()).ok();
-    let l = lab_with(origin).canary(c2).start(|l| {
+    let l = lab_with(origin).canary(c2).start(|ports| {
         let p = policy()
             .contact("#sec")
             .exception("one-loopback")
             .reason("the test origin, by address only")
             .cidr("127.0.0.1/32")
-            .port(l.port());
+            .port(ports.origin);
         if report {
             p.mode("report")
         } else {

@@ -41,14 +41,14 @@ fn lab(names: &[&str]) -> Lab<RawOrigin> {
             }
         })
     });
-    lab_with(origin).canary(canary).start(|l| {
+    lab_with(origin).canary(canary).start(|ports| {
         policy()
             .setting("dns", "{ cache_min_ttl: 1s, cache_max_ttl: 1s }")
             .exception("rebind")
             .reason("names that move")
             .hosts(names)
             .cidr(&format!("{ORIGIN_IP}/32"))
-            .port(l.port())
+            .port(ports.origin)
     })
 }
 

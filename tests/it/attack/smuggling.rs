@@ -14,13 +14,13 @@ use super::*;
 fn lab() -> Lab<RawOrigin> {
     lab_with(raw_origin(ok_reply))
         .names(&["allowed.test", "evil.test"])
-        .start(|l| {
+        .start(|ports| {
             policy()
                 .exception("public")
                 .reason("the public half of the origin")
                 .host("allowed.test")
                 .cidr(LOOPBACK)
-                .port(l.port())
+                .port(ports.origin)
                 .methods(&["GET", "POST", "PUT"])
                 .path("/public/**")
         })

@@ -8,13 +8,13 @@ use super::*;
 fn lab() -> Lab {
     crate::support::lab()
         .names(&["allowed.test", "evil.test"])
-        .start(|l| {
+        .start(|ports| {
             policy()
                 .exception("allowed")
                 .reason("the test origin")
                 .host("allowed.test")
                 .cidr(LOOPBACK)
-                .port(l.port())
+                .port(ports.origin)
         })
 }
 

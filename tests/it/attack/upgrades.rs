@@ -27,13 +27,13 @@ fn lab() -> Lab<RawOrigin> {
     });
     lab_with(origin)
         .names(&["allowed.test", "evil.test"])
-        .start(|l| {
+        .start(|ports| {
             policy()
                 .exception("public")
                 .reason("the public half of the origin")
                 .host("allowed.test")
                 .cidr(LOOPBACK)
-                .port(l.port())
+                .port(ports.origin)
                 .method("GET")
                 .path("/public/**")
         })

@@ -319,21 +319,13 @@ impl FakeDns {
     /// Adds an HTTPS record for `name` (ServiceMode, target `.`) carrying
     /// `hints` as ipv4hint/ipv6hint.
     pub fn https(&self, name: &str, hints: &[&str]) {
-        let ips: Vec<IpAddr> = hints.iter().map(|s| s.parse().unwrap()).collect();
-        let v4: Vec<_> = ips
-            .iter()
-            .filter_map(|ip| match ip {
-                IpAddr::V4(a) => Some((*a).into()),
-                IpAddr::V6(_) => None,
-            })
-            .collect();
-        let v6: Vec<_> = ips
-            .iter()
-            .filter_map(|ip| match ip {
-                IpAddr::V6(a) => Some((*a).into()),
-                IpAddr::V4(_) => None,
-            })
-            .collect();
+        let (mut v4, mut v6) = (Vec::new(), Vec::new());
+        for h in hints {
+            match h.parse().unwrap() {
+                IpAddr::V4(a) => v4.push(a.into()),
+                IpAddr::V6(a) => v6.push(a.into()),
+            }
+        }
         let mut params = Vec::new();
         if !v4.is_empty() {
             params.push((SvcParamKey::Ipv4Hint, SvcParamValue::Ipv4Hint(IpHint(v4))));

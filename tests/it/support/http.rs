@@ -17,10 +17,7 @@ pub struct Response {
 
 impl Response {
     pub fn header(&self, name: &str) -> Option<&str> {
-        self.headers
-            .iter()
-            .find(|(k, _)| k.eq_ignore_ascii_case(name))
-            .map(|(_, v)| v.as_str())
+        header_of(&self.headers, name)
     }
     pub fn reason(&self) -> Option<&str> {
         self.header("x-egressd-reason")
@@ -51,23 +48,14 @@ pub fn read_response(r: &mut impl BufRead) -> Option<Response> {
         return None;
     }
     let status: u16 = line.split_whitespace().nth(1)?.parse().ok()?;
-    let mut headers = Vec::new();
-    loop {
-        let mut h = String::new();
-        r.read_line(&mut h).ok()?;
-        let h = h.trim_end();
-        if h.is_empty() {
-            break;
-        }
-        let (k, v) = h.split_once(':')?;
-        headers.push((k.trim().to_string(), v.trim().to_string()));
-    }
-    let get = |n: &str| {
-        headers
-            .iter()
-            .find(|(k, _)| k.eq_ignore_ascii_case(n))
-            .map(|(_, v)| v.clone())
-    };
+    let headers = read_head(r)?
+        .iter()
+        .map(|h| {
+            h.split_once(':')
+                .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
+        })
+        .collect::<Option<Vec<_>>>()?;
+    let get = |n: &str| header_of(&headers, n);
     let mut body = Vec::new();
     if (100..200).contains(&status) && status != 101 {
         return read_response(r);
@@ -77,17 +65,7 @@ pub fn read_response(r: &mut impl BufRead) -> Option<Response> {
         body.resize(cl.parse().ok()?, 0);
         r.read_exact(&mut body).ok()?;
     } else if get("transfer-encoding").is_some_and(|t| t.contains("chunked")) {
-        loop {
-            let mut sz = String::new();
-            r.read_line(&mut sz).ok()?;
-            let n = usize::from_str_radix(sz.trim().split(';').next()?, 16).ok()?;
-            let mut chunk = vec![0; n + 2];
-            r.read_exact(&mut chunk).ok()?;
-            if n == 0 {
-                break;
-            }
-            body.extend_from_slice(&chunk[..n]);
-        }
+        body = read_chunked(r)?;
     } else if status != 200 || get("connection").is_some_and(|c| c.eq_ignore_ascii_case("close")) {
         let _ = r.read_to_end(&mut body);
     }
@@ -96,6 +74,39 @@ pub fn read_response(r: &mut impl BufRead) -> Option<Response> {
         headers,
         body,
     })
+}
+
+/// The header lines of a message, up to the empty line; `None` at EOF
+/// before it.
+pub fn read_head(r: &mut impl BufRead) -> Option<Vec<String>> {
+    let mut lines = Vec::new();
+    loop {
+        let mut h = String::new();
+        if r.read_line(&mut h).ok()? == 0 {
+            return None;
+        }
+        let h = h.trim_end();
+        if h.is_empty() {
+            return Some(lines);
+        }
+        lines.push(h.to_string());
+    }
+}
+
+/// A chunked body, decoded (chunk extensions ignored, no trailers).
+pub fn read_chunked(r: &mut impl BufRead) -> Option<Vec<u8>> {
+    let mut body = Vec::new();
+    loop {
+        let mut sz = String::new();
+        r.read_line(&mut sz).ok()?;
+        let n = usize::from_str_radix(sz.trim().split(';').next()?, 16).ok()?;
+        let mut chunk = vec![0; n + 2];
+        r.read_exact(&mut chunk).ok()?;
+        if n == 0 {
+            return Some(body);
+        }
+        body.extend_from_slice(&chunk[..n]);
+    }
 }
 
 /// Sends `raw` on a new connection to `addr` and reads one response, or
@@ -146,4 +157,12 @@ pub fn connect_raw(authority: &str) -> String {
 pub fn host_of(url: &str) -> &str {
     let rest = url.split_once("://").map(|x| x.1).unwrap_or(url);
     rest.split('/').next().unwrap_or(rest)
+}
+
+/// The first value of header `name` (any case) in `headers`.
+pub fn header_of<'a>(headers: &'a [(String, String)], name: &str) -> Option<&'a str> {
+    headers
+        .iter()
+        .find(|(k, _)| k.eq_ignore_ascii_case(name))
+        .map(|(_, v)| v.as_str())
 }

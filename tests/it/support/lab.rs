@@ -6,7 +6,7 @@
 //! ```ignore
 //! let l = lab()
 //!     .names(&["allowed.test", "evil.test"])
-//!     .start(|l| policy().exception("origin").host("allowed.test").cidr(LOOPBACK).port(l.port()));
+//!     .start(|ports| policy().exception("origin").host("allowed.test").cidr(LOOPBACK).port(ports.origin));
 //! ```
 //!
 //! Owns the wiring between the fixtures; not the fixtures themselves (see
@@ -34,6 +34,14 @@ pub struct Lab<O = Origin> {
     pub canary: Canary,
     /// A TCP echo server on 127.0.0.1, for tunnels.
     pub echo: SocketAddr,
+}
+
+/// Where a lab's fixtures listen (all on loopback).
+#[derive(Clone, Copy, Debug)]
+pub struct Ports {
+    pub origin: u16,
+    pub canary: u16,
+    pub echo: u16,
 }
 
 /// The fixtures of a [`Lab`] before egressd starts.
@@ -82,30 +90,26 @@ impl<O: Listener> LabBuilder<O> {
         self.egressd = f(self.egressd);
         self
     }
-    /// The origin's port.
-    pub fn port(&self) -> u16 {
-        self.origin.addr().port()
-    }
-    /// The canary's port.
-    pub fn canary_port(&self) -> u16 {
-        self.canary.addr.port()
-    }
-    /// The echo server's port.
-    pub fn echo_port(&self) -> u16 {
-        self.echo.port()
+    /// The fixtures' ports, for a policy written before egressd starts.
+    pub fn ports(&self) -> Ports {
+        Ports {
+            origin: self.origin.addr().port(),
+            canary: self.canary.addr.port(),
+            echo: self.echo.port(),
+        }
     }
 
     /// Starts egressd with the policy `policy` writes (given the fixtures'
     /// ports) as `p.yaml`.
-    pub fn start<Y: Display>(self, policy: impl FnOnce(&Self) -> Y) -> Lab<O> {
-        self.start_with(|l, b| b.policy("p.yaml", &policy(l).to_string()))
+    pub fn start<Y: Display>(self, policy: impl FnOnce(Ports) -> Y) -> Lab<O> {
+        self.start_with(|ports, b| b.policy("p.yaml", &policy(ports).to_string()))
     }
 
     /// Starts egressd as `f` configures it (given the fixtures' ports), for
     /// a test that writes its own policy files.
-    pub fn start_with(mut self, f: impl FnOnce(&Self, Builder) -> Builder) -> Lab<O> {
+    pub fn start_with(mut self, f: impl FnOnce(Ports, Builder) -> Builder) -> Lab<O> {
         let b = std::mem::take(&mut self.egressd);
-        let b = f(&self, b);
+        let b = f(self.ports(), b);
         let ip = self.origin.addr().ip().to_string();
         for n in &self.names {
             self.dns.set(n, &[&ip]);
@@ -125,11 +129,9 @@ impl<O: Listener> Lab<O> {
     pub fn port(&self) -> u16 {
         self.origin.addr().port()
     }
-    /// The canary's port.
     pub fn canary_port(&self) -> u16 {
         self.canary.addr.port()
     }
-    /// The echo server's port.
     pub fn echo_port(&self) -> u16 {
         self.echo.port()
     }

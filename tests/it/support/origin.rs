@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::Duration;
 
-use super::Listener;
+use super::{header_of, read_chunked, read_head, Listener};
 
 /// How long an origin waits for the next byte of a request.
 const ORIGIN_READ: Duration = Duration::from_secs(30);
@@ -26,21 +26,26 @@ const CANARY_READ: Duration = Duration::from_secs(5);
 
 // ---------------------------------------------------------------- origin
 
-/// A request as the origin received it.
+/// A request as an origin received it (either kind of origin).
 #[derive(Debug, Clone)]
 pub struct Seen {
     pub method: String,
     pub target: String,
     pub headers: Vec<(String, String)>,
+    /// The body after transfer decoding.
     pub body: Vec<u8>,
 }
 
 impl Seen {
     pub fn header(&self, name: &str) -> Option<&str> {
+        header_of(&self.headers, name)
+    }
+    /// How many times header `name` appears.
+    pub fn count(&self, name: &str) -> usize {
         self.headers
             .iter()
-            .find(|(k, _)| k.eq_ignore_ascii_case(name))
-            .map(|(_, v)| v.as_str())
+            .filter(|(k, _)| k.eq_ignore_ascii_case(name))
+            .count()
     }
 }
 
@@ -98,26 +103,16 @@ fn serve_origin_conn(conn: TcpStream, seen: Arc<Mutex<Vec<Seen>>>) {
         let mut parts = line.split_whitespace();
         let method = parts.next().unwrap_or("").to_string();
         let target = parts.next().unwrap_or("").to_string();
-        let mut headers = Vec::new();
-        loop {
-            let mut h = String::new();
-            if r.read_line(&mut h).unwrap_or(0) == 0 {
-                return;
-            }
-            let h = h.trim_end();
-            if h.is_empty() {
-                break;
-            }
-            if let Some((k, v)) = h.split_once(':') {
-                headers.push((k.trim().to_string(), v.trim().to_string()));
-            }
-        }
-        let get = |n: &str| {
-            headers
-                .iter()
-                .find(|(k, _)| k.eq_ignore_ascii_case(n))
-                .map(|(_, v)| v.clone())
+        // Lenient: a line that is no header is skipped, not refused.
+        let Some(head) = read_head(&mut r) else {
+            return;
         };
+        let headers: Vec<(String, String)> = head
+            .iter()
+            .filter_map(|h| h.split_once(':'))
+            .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
+            .collect();
+        let get = |n: &str| header_of(&headers, n);
         let mut body = Vec::new();
         if let Some(cl) = get("content-length") {
             body.resize(cl.parse().unwrap_or(0), 0);
@@ -125,19 +120,10 @@ fn serve_origin_conn(conn: TcpStream, seen: Arc<Mutex<Vec<Seen>>>) {
                 return;
             }
         } else if get("transfer-encoding").is_some_and(|t| t.contains("chunked")) {
-            loop {
-                let mut sz = String::new();
-                r.read_line(&mut sz).unwrap_or(0);
-                let n = usize::from_str_radix(sz.trim(), 16).unwrap_or(0);
-                let mut chunk = vec![0; n + 2];
-                if r.read_exact(&mut chunk).is_err() {
-                    return;
-                }
-                if n == 0 {
-                    break;
-                }
-                body.extend_from_slice(&chunk[..n]);
-            }
+            let Some(b) = read_chunked(&mut r) else {
+                return;
+            };
+            body = b;
         }
         let close = get("connection").is_some_and(|c| c.eq_ignore_ascii_case("close"));
         let reply = if let Some(n) = target.strip_prefix("/big/") {
@@ -271,31 +257,6 @@ pub fn reset(s: TcpStream) {
 
 // ---------------------------------------------------------------- raw origin
 
-/// One request as a [`RawOrigin`] parsed it.
-#[derive(Debug, Clone)]
-pub struct RawReq {
-    pub method: String,
-    pub target: String,
-    pub headers: Vec<(String, String)>,
-    /// The body after transfer decoding.
-    pub body: Vec<u8>,
-}
-
-impl RawReq {
-    pub fn header(&self, name: &str) -> Option<&str> {
-        self.headers
-            .iter()
-            .find(|(k, _)| k.eq_ignore_ascii_case(name))
-            .map(|(_, v)| v.as_str())
-    }
-    pub fn count(&self, name: &str) -> usize {
-        self.headers
-            .iter()
-            .filter(|(k, _)| k.eq_ignore_ascii_case(name))
-            .count()
-    }
-}
-
 /// What a [`RawOrigin`] does with a request it parsed.
 pub enum Act {
     /// Write these bytes (a whole response) and keep the connection.
@@ -310,7 +271,7 @@ pub enum Act {
     Delay(Duration, Vec<u8>),
 }
 
-type Script = dyn Fn(&RawReq) -> Act + Send + Sync;
+type Script = dyn Fn(&Seen) -> Act + Send + Sync;
 /// The bytes one connection brought, as they arrive.
 type ConnBytes = Arc<Mutex<Vec<u8>>>;
 
@@ -321,13 +282,13 @@ type ConnBytes = Arc<Mutex<Vec<u8>>>;
 pub struct RawOrigin {
     pub addr: SocketAddr,
     pub raw: Arc<Mutex<Vec<ConnBytes>>>,
-    pub reqs: Arc<Mutex<Vec<RawReq>>>,
+    pub reqs: Arc<Mutex<Vec<Seen>>>,
     /// When set, new connections are reset as soon as they are accepted.
     pub reset_on_accept: Arc<AtomicBool>,
 }
 
 /// `200 OK` whose body is the request target.
-pub fn ok_reply(r: &RawReq) -> Act {
+pub fn ok_reply(r: &Seen) -> Act {
     Act::Reply(
         format!(
             "HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n{}",
@@ -338,19 +299,19 @@ pub fn ok_reply(r: &RawReq) -> Act {
     )
 }
 
-pub fn raw_origin(script: impl Fn(&RawReq) -> Act + Send + Sync + 'static) -> RawOrigin {
+pub fn raw_origin(script: impl Fn(&Seen) -> Act + Send + Sync + 'static) -> RawOrigin {
     raw_origin_on(Ipv4Addr::LOCALHOST.into(), 0, script)
 }
 
 pub fn raw_origin_on(
     ip: IpAddr,
     port: u16,
-    script: impl Fn(&RawReq) -> Act + Send + Sync + 'static,
+    script: impl Fn(&Seen) -> Act + Send + Sync + 'static,
 ) -> RawOrigin {
     let l = TcpListener::bind((ip, port)).expect("bind raw origin");
     let addr = l.local_addr().unwrap();
     let raw: Arc<Mutex<Vec<ConnBytes>>> = Arc::default();
-    let reqs: Arc<Mutex<Vec<RawReq>>> = Arc::default();
+    let reqs: Arc<Mutex<Vec<Seen>>> = Arc::default();
     let reset_on_accept = Arc::new(AtomicBool::new(false));
     let script: Arc<Script> = Arc::new(script);
     let (raw2, reqs2, roa) = (raw.clone(), reqs.clone(), reset_on_accept.clone());
@@ -376,7 +337,7 @@ pub fn raw_origin_on(
 }
 
 impl RawOrigin {
-    pub fn requests(&self) -> Vec<RawReq> {
+    pub fn requests(&self) -> Vec<Seen> {
         self.reqs.lock().unwrap().clone()
     }
     /// Everything received, all connections concatenated.
@@ -441,7 +402,7 @@ impl Feed {
 fn serve_raw(
     conn: TcpStream,
     record: Arc<Mutex<Vec<u8>>>,
-    reqs: Arc<Mutex<Vec<RawReq>>>,
+    reqs: Arc<Mutex<Vec<Seen>>>,
     script: Arc<Script>,
 ) {
     let _ = conn.set_read_timeout(Some(RAW_READ));
@@ -479,7 +440,7 @@ fn serve_raw(
         let cl = get("content-length");
         if !te.is_empty() && !cl.is_empty() {
             // Ambiguous framing reached the origin: record and stop.
-            reqs.lock().unwrap().push(RawReq {
+            reqs.lock().unwrap().push(Seen {
                 method,
                 target,
                 headers,
@@ -520,7 +481,7 @@ fn serve_raw(
             let Some(b) = f.take(n) else { return };
             body = b;
         }
-        let req = RawReq {
+        let req = Seen {
             method,
             target,
             headers,

@@ -65,12 +65,19 @@ impl PolicyYaml {
             .expect("call .exception(id) before describing one")
     }
 
-    fn push(mut self, key: &'static str, item: String) -> Self {
+    /// Adds `items` to list `key` of the current exception.
+    fn push(mut self, key: &'static str, items: impl IntoIterator<Item = String>) -> Self {
         let e = self.last();
-        match e.fields.iter_mut().find(|(k, _)| *k == key) {
-            Some((_, Field::List(items))) => items.push(item),
-            Some((_, Field::Yaml(_))) => panic!("{key} was given as YAML already"),
-            None => e.fields.push((key, Field::List(vec![item]))),
+        let list = match e.fields.iter().position(|(k, _)| *k == key) {
+            Some(i) => &mut e.fields[i].1,
+            None => {
+                e.fields.push((key, Field::List(Vec::new())));
+                &mut e.fields.last_mut().unwrap().1
+            }
+        };
+        match list {
+            Field::List(l) => l.extend(items),
+            Field::Yaml(_) => panic!("{key} was given as YAML already"),
         }
         self
     }
@@ -91,35 +98,35 @@ impl PolicyYaml {
         self.with("expires", &quoted(when))
     }
     pub fn host(self, pattern: &str) -> Self {
-        self.push("hosts", quoted(pattern))
+        self.hosts(&[pattern])
     }
     pub fn hosts(self, patterns: &[&str]) -> Self {
-        patterns.iter().fold(self, |p, h| p.host(h))
+        self.push("hosts", patterns.iter().map(|h| quoted(h)))
     }
     pub fn cidr(self, net: &str) -> Self {
-        self.push("cidrs", quoted(net))
+        self.push("cidrs", [quoted(net)])
     }
     pub fn port(self, port: u16) -> Self {
-        self.push("ports", port.to_string())
+        self.ports(&[port])
     }
     pub fn ports(self, ports: &[u16]) -> Self {
-        ports.iter().fold(self, |p, port| p.port(*port))
+        self.push("ports", ports.iter().map(u16::to_string))
     }
     pub fn method(self, m: &str) -> Self {
-        self.push("methods", quoted(m))
+        self.methods(&[m])
     }
     pub fn methods(self, ms: &[&str]) -> Self {
-        ms.iter().fold(self, |p, m| p.method(m))
+        self.push("methods", ms.iter().map(|m| quoted(m)))
     }
     pub fn path(self, glob: &str) -> Self {
-        self.push("paths", quoted(glob))
+        self.push("paths", [quoted(glob)])
     }
     /// A client id (or pattern) the exception is limited to.
     pub fn client(self, id: &str) -> Self {
-        self.push("clients", quoted(id))
+        self.push("clients", [quoted(id)])
     }
     pub fn dns_type(self, t: &str) -> Self {
-        self.push("dns_types", t.to_string())
+        self.push("dns_types", [t.to_string()])
     }
     /// Any other key of the exception, its value written as YAML (a flow
     /// mapping or sequence, or a scalar).
