@@ -179,7 +179,7 @@ pub async fn start(args: &ServeArgs, listeners: Listeners) -> Result<Running> {
                 "egressd: TLS interception on: {} ({}), valid until {}",
                 ca.subject,
                 ca.cert_path.display(),
-                crate::policy::time::format_date(ca.not_after)
+                crate::time::format_date(ca.not_after)
             );
             Some(Arc::new(m))
         }

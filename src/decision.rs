@@ -11,8 +11,8 @@ use std::time::Instant;
 
 use crate::log::LogSink;
 use crate::metrics::Metrics;
-use crate::policy::time::{format_rfc3339_millis, unix_now_millis};
 use crate::policy::{Exception, Mode};
+use crate::time::{format_rfc3339_millis, unix_now_millis};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Proto {

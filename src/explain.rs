@@ -13,8 +13,8 @@ use std::path::Path;
 use crate::decision::{Decision, Proto, Reason, Verdict};
 use crate::policy::host::{parse_target, Target};
 use crate::policy::path::normalize_path;
-use crate::policy::time::{format_date, unix_now};
 use crate::policy::{addr, qtype, ClientIdx, Exception, Policy, PrivateDestinations, Request};
+use crate::time::{format_date, unix_now};
 
 /// Exit status: the target is allowed.
 pub const ALLOWED: i32 = 0;

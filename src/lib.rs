@@ -24,4 +24,5 @@ pub mod metrics;
 pub mod policy;
 pub mod proxy;
 pub mod report;
+pub mod time;
 pub mod tls;

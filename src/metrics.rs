@@ -22,8 +22,8 @@ use prometheus::{
 use tokio::net::TcpListener;
 
 use crate::decision::{Event, Proto, Reason};
-use crate::policy::time::unix_now;
 use crate::policy::Policy;
+use crate::time::unix_now;
 
 /// The series of one exception: its owner label, hits and last hit.
 struct ExceptionSeries {
@@ -336,7 +336,7 @@ impl Metrics {
                 if let Some(s) = self.live.load().get(id) {
                     s.hits.inc();
                     s.last_hit
-                        .set(crate::policy::time::unix_now_millis() as f64 / 1000.0);
+                        .set(crate::time::unix_now_millis() as f64 / 1000.0);
                 }
             }
         }

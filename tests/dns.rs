@@ -24,8 +24,8 @@ use egressd::log::{LogSink, LogTarget};
 use egressd::metrics::Metrics;
 use egressd::policy::host::parse_host;
 use egressd::policy::reload::PolicyHandle;
-use egressd::policy::time::unix_now;
 use egressd::policy::{from_yaml, Policy};
+use egressd::time::unix_now;
 
 const LOCAL: &str = "127.0.0.1:0";
 const WAIT: Duration = Duration::from_secs(5);

@@ -130,7 +130,7 @@ fn shipped_policy_loads_and_is_lint_clean() {
     }
     let warnings = lint(&p, NOW);
     assert!(warnings.is_empty(), "{warnings:#?}");
-    let warnings = lint(&p, egressd::policy::time::unix_now());
+    let warnings = lint(&p, egressd::time::unix_now());
     assert!(warnings.is_empty(), "{warnings:#?}");
 }
 

@@ -11,7 +11,7 @@ use std::process::{Command, Output};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
-use egressd::policy::time::{format_date, format_rfc3339_millis, unix_now};
+use egressd::time::{format_date, format_rfc3339_millis, unix_now};
 use flate2::write::GzEncoder;
 use flate2::Compression;
 

@@ -59,10 +59,10 @@ use crate::decision::{Event, Proto, Reason, Recorder};
 use crate::policy::host::{parse_host, Host, HostError, Target};
 use crate::policy::qtype::qtype_mnemonic;
 use crate::policy::reload::PolicyHandle;
-use crate::policy::time::unix_now;
 use crate::policy::{
     ClientIdx, DenyRcode, Exception, Mode, Policy, Request as PolicyRequest, TunnelAction,
 };
+use crate::time::unix_now;
 
 /// Queries being answered at once, from all clients together.
 pub const MAX_INFLIGHT: usize = 1024;

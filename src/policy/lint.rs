@@ -23,8 +23,8 @@ use psl::Psl;
 
 use super::addr;
 use super::host::{is_strict_subdomain, HostPattern};
-use super::time::{format_date, unix_now};
 use super::{Exception, Policy};
+use crate::time::{format_date, unix_now};
 
 /// How far ahead `check` warns about an exception's expiry.
 pub const EXPIRY_WARNING_SECS: i64 = 14 * 86400;

@@ -12,7 +12,6 @@ pub mod path;
 pub mod qtype;
 pub mod raw;
 pub mod reload;
-pub mod time;
 
 use std::collections::HashMap;
 use std::fmt;

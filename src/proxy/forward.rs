@@ -31,8 +31,8 @@ use super::ProxyCtx;
 use crate::decision::{Event, Proto, Reason, Recorder};
 use crate::policy::host::{parse_target, Target};
 use crate::policy::path::normalize_path;
-use crate::policy::time::unix_now;
 use crate::policy::{self, ClientIdx, Exception, Policy};
+use crate::time::unix_now;
 
 /// Longest wait for an origin's response head after the request is sent.
 pub const RESPONSE_TIMEOUT: Duration = Duration::from_secs(60);

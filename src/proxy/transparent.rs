@@ -69,8 +69,8 @@ use crate::decision::{Event, Proto, Reason, Verdict};
 use crate::metrics::ActiveGuard;
 use crate::policy::host::{parse_host, Target};
 use crate::policy::path::normalize_path;
-use crate::policy::time::unix_now;
 use crate::policy::{self, canonical_ip};
+use crate::time::unix_now;
 
 /// How long a client that has sent nothing yet is given before it is taken
 /// for one that waits for the server to speak first.

@@ -39,8 +39,8 @@ use super::ProxyCtx;
 use crate::decision::{Event, Proto, Reason, Recorder, Verdict};
 use crate::metrics::ActiveGuard;
 use crate::policy::host::{parse_host, HostPattern, Target};
-use crate::policy::time::unix_now;
 use crate::policy::{self, Exception, MissingSni};
+use crate::time::unix_now;
 use pipe::{Lease, PipePool};
 
 /// A tunnel with no byte in either direction for this long is closed.

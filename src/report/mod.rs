@@ -28,8 +28,8 @@ use std::path::{Path, PathBuf};
 use serde::Serialize;
 
 use crate::policy::lint::EXPIRY_WARNING_SECS;
-use crate::policy::time::{format_date, format_rfc3339_millis, unix_now};
 use crate::policy::Policy;
+use crate::time::{format_date, format_rfc3339_millis, unix_now};
 use stats::{Pruned, Stats};
 
 /// Exit status: report written.

@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use flate2::read::MultiGzDecoder;
 use serde::Deserialize;
 
-use crate::policy::time::days_from_civil;
+use crate::time::days_from_civil;
 
 /// A line longer than this is not a decision-log line (egressd's longest
 /// are a few KiB); it is skipped, counted as unreadable.
@@ -305,11 +305,11 @@ mod tests {
         assert_eq!(parse_ts("1970-01-01T00:00:00Z", &mut c), Some(0));
         assert_eq!(
             parse_ts("2026-11-29T20:00:00.123Z", &mut c),
-            crate::policy::time::parse_date("2026-11-29T20:00:00Z")
+            crate::time::parse_date("2026-11-29T20:00:00Z")
         );
         assert_eq!(
             parse_ts("2026-11-29T20:00:01.999Z", &mut c),
-            crate::policy::time::parse_date("2026-11-29T20:00:01Z")
+            crate::time::parse_date("2026-11-29T20:00:01Z")
         );
         assert_eq!(parse_ts("2026-11-29 20:00:00", &mut c), None);
         assert_eq!(parse_ts("2026-13-29T20:00:00Z", &mut None), None);

@@ -272,7 +272,7 @@ pub fn run_against(
             return 1;
         }
     };
-    let now = crate::policy::time::unix_now();
+    let now = crate::time::unix_now();
     let mut r = Replay::default();
     match super::read::for_each_line(logs, |l, _| r.add(&policy, l, now)) {
         Ok(st) => {
