@@ -51,9 +51,9 @@ use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 use tokio::time::timeout;
 
+use super::budget::{under_wildcard, TunnelOutcome};
 use super::fast;
-use super::forward::{rcode_name, EDNS_PAYLOAD};
-use super::tunnel::{under_wildcard, TunnelOutcome};
+use super::resolver::{rcode_name, EDNS_PAYLOAD};
 use super::Resolver;
 use crate::decision::{Event, Proto, Reason, Recorder};
 use crate::policy::host::{parse_host, Host, HostError, Target};

@@ -31,7 +31,7 @@ use tokio::sync::OnceCell;
 use tokio::time::{timeout, Instant};
 
 use super::answers::AnswerMemory;
-use super::tunnel::TunnelDetector;
+use super::budget::TunnelDetector;
 use crate::metrics::Metrics;
 use crate::policy::host::Host;
 use crate::policy::{qtype, DnsSettings, Policy};
