@@ -11,13 +11,13 @@ use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::{mpsc, watch};
 
 use crate::cli::ServeArgs;
-use crate::decision::Recorder;
 use crate::log::{LogSink, LogTarget};
 use crate::metrics::Metrics;
 use crate::policy::reload::{PolicyHandle, Reloader};
 use crate::proxy::mitm::Interceptor;
 use crate::proxy::upstream::{Egress, UpstreamProxy};
 use crate::proxy::{self, ProxyCtx};
+use crate::record::Recorder;
 use crate::{dns, policy};
 
 /// How long open connections get to finish after SIGTERM/SIGINT.

@@ -10,10 +10,12 @@ use std::io::{self, Write};
 use std::net::IpAddr;
 use std::path::Path;
 
-use crate::decision::{Decision, Proto, Reason, Verdict};
 use crate::policy::host::{parse_target, Target};
 use crate::policy::path::normalize_path;
-use crate::policy::{addr, qtype, ClientIdx, Exception, Policy, PrivateDestinations, Request};
+use crate::policy::{
+    addr, qtype, ClientIdx, Decision, Exception, Policy, PrivateDestinations, Proto, Reason,
+    Request, Verdict,
+};
 use crate::time::{format_date, unix_now};
 
 /// Exit status: the target is allowed.

@@ -21,9 +21,8 @@ use prometheus::{
 };
 use tokio::net::TcpListener;
 
-use crate::decision::{Event, Proto, Reason};
-use crate::policy::Policy;
-use crate::time::unix_now;
+use crate::policy::{Policy, Proto, Reason};
+use crate::time::{unix_now, unix_now_millis};
 
 /// The series of one exception: its owner label, hits and last hit.
 struct ExceptionSeries {
@@ -317,34 +316,40 @@ impl Metrics {
         self.hot_duration[proto.index()].observe(secs);
     }
 
-    /// Counts one finished request (called by `Recorder::record` only).
-    pub fn count(&self, ev: &Event) {
-        let p = ev.proto.index();
-        let deny = ev.decision == "deny";
-        self.hot_requests[p][deny as usize].inc();
-        if deny {
-            match self.hot_denied[p].iter().find(|(r, _)| *r == ev.reason) {
+    /// Counts one finished request (called by `Recorder::record` only):
+    /// `denied` with its `reason`, or allowed by the exception `hit`, and
+    /// the bytes it moved.
+    pub fn count(
+        &self,
+        proto: Proto,
+        denied: bool,
+        reason: &str,
+        hit: Option<&str>,
+        bytes: (u64, u64),
+    ) {
+        let p = proto.index();
+        self.hot_requests[p][denied as usize].inc();
+        if denied {
+            match self.hot_denied[p].iter().find(|(r, _)| *r == reason) {
                 Some((_, c)) => c.inc(),
                 None => self
                     .denied
-                    .with_label_values(&[ev.proto.as_str(), ev.reason])
+                    .with_label_values(&[proto.as_str(), reason])
                     .inc(),
             }
         }
-        if ev.allowed_by_exception() && ev.decision == "allow" {
-            if let Some(id) = &ev.exception {
-                if let Some(s) = self.live.load().get(id) {
-                    s.hits.inc();
-                    s.last_hit
-                        .set(crate::time::unix_now_millis() as f64 / 1000.0);
-                }
+        if let Some(id) = hit {
+            if let Some(s) = self.live.load().get(id) {
+                s.hits.inc();
+                s.last_hit.set(unix_now_millis() as f64 / 1000.0);
             }
         }
-        if ev.bytes_up > 0 {
-            self.hot_bytes[0].inc_by(ev.bytes_up);
+        let (up, down) = bytes;
+        if up > 0 {
+            self.hot_bytes[0].inc_by(up);
         }
-        if ev.bytes_down > 0 {
-            self.hot_bytes[1].inc_by(ev.bytes_down);
+        if down > 0 {
+            self.hot_bytes[1].inc_by(down);
         }
     }
 

@@ -55,13 +55,14 @@ use super::budget::{under_wildcard, TunnelOutcome};
 use super::fast;
 use super::resolver::{rcode_name, EDNS_PAYLOAD};
 use super::Resolver;
-use crate::decision::{Event, Proto, Reason, Recorder};
 use crate::policy::host::{parse_host, Host, HostError, Target};
 use crate::policy::qtype::qtype_mnemonic;
 use crate::policy::reload::PolicyHandle;
 use crate::policy::{
-    ClientIdx, DenyRcode, Exception, Mode, Policy, Request as PolicyRequest, TunnelAction,
+    ClientIdx, DenyRcode, Exception, Mode, Policy, Proto, Reason, Request as PolicyRequest,
+    TunnelAction,
 };
+use crate::record::{Event, Recorder};
 use crate::time::unix_now;
 
 /// Queries being answered at once, from all clients together.

@@ -5,6 +5,7 @@
 
 pub mod addr;
 pub mod cases;
+pub mod decision;
 pub mod host;
 pub mod lint;
 pub mod matcher;
@@ -23,7 +24,7 @@ use globset::{Glob, GlobBuilder, GlobSet, GlobSetBuilder};
 use http::{HeaderName, HeaderValue};
 use ipnet::IpNet;
 
-use crate::decision::{Decision, Proto, Reason, Verdict};
+pub use decision::{Decision, Proto, Reason, Verdict};
 use host::{HostPattern, Target};
 use matcher::Matcher;
 pub use raw::{DenyRcode, MissingSni, Mode, PrivateDestinations, TunnelAction};

@@ -28,10 +28,10 @@ use super::pool;
 use super::respond::{self, ProxyBody};
 use super::upstream::{self, Refusal};
 use super::ProxyCtx;
-use crate::decision::{Event, Proto, Reason, Recorder};
 use crate::policy::host::{parse_target, Target};
 use crate::policy::path::normalize_path;
-use crate::policy::{self, ClientIdx, Exception, Policy};
+use crate::policy::{self, ClientIdx, Exception, Policy, Proto, Reason};
+use crate::record::{Event, Recorder};
 use crate::time::unix_now;
 
 /// Longest wait for an origin's response head after the request is sent.

@@ -45,9 +45,10 @@ use super::sni::Hello;
 use super::tunnel::{Metered, SniRule, IDLE_TIMEOUT};
 use super::upstream::{Egress, POOL_IDLE, POOL_MAX_IDLE_PER_ADDR};
 use super::{ProxyCtx, HEADER_READ_TIMEOUT, MAX_HEADER_BYTES};
-use crate::decision::{Event, Proto, Reason};
 use crate::policy::host::Target;
 use crate::policy::path::normalize_path;
+use crate::policy::{Proto, Reason};
+use crate::record::Event;
 use crate::tls::lru::Lru;
 use crate::tls::{roots, CertAuthority, LeafCache, TlsError};
 

@@ -25,11 +25,11 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpListener;
 use tokio::sync::{watch, Semaphore};
 
-use crate::decision::{Event, Proto, Reason, Recorder};
 use crate::dns::Resolver;
 use crate::metrics::ActiveGuard;
 use crate::policy::reload::PolicyHandle;
-use crate::policy::{ClientIdx, Policy, UnknownToken};
+use crate::policy::{ClientIdx, Policy, Proto, Reason, UnknownToken};
+use crate::record::{Event, Recorder};
 use respond::ProxyBody;
 
 /// Client connections served at once; further clients wait in the backlog.

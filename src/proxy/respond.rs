@@ -6,7 +6,7 @@ use bytes::Bytes;
 use http::{HeaderValue, Response, StatusCode};
 use http_body_util::{combinators::BoxBody, BodyExt, Full};
 
-use crate::decision::Reason;
+use crate::policy::Reason;
 
 pub type ProxyBody = BoxBody<Bytes, hyper::Error>;
 

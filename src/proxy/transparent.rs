@@ -65,11 +65,11 @@ use super::sni::{self, Hello};
 use super::tunnel::{self, SniRule, HELLO_TIMEOUT};
 use super::upstream::{self, Refusal};
 use super::{mitm, ProxyCtx};
-use crate::decision::{Event, Proto, Reason, Verdict};
 use crate::metrics::ActiveGuard;
 use crate::policy::host::{parse_host, Target};
 use crate::policy::path::normalize_path;
-use crate::policy::{self, canonical_ip};
+use crate::policy::{self, canonical_ip, Proto, Reason, Verdict};
+use crate::record::Event;
 use crate::time::unix_now;
 
 /// How long a client that has sent nothing yet is given before it is taken

@@ -36,10 +36,10 @@ use super::respond::{self, ProxyBody};
 use super::sni::{self, Hello};
 use super::upstream::{self, Refusal};
 use super::ProxyCtx;
-use crate::decision::{Event, Proto, Reason, Recorder, Verdict};
 use crate::metrics::ActiveGuard;
 use crate::policy::host::{parse_host, HostPattern, Target};
-use crate::policy::{self, Exception, MissingSni};
+use crate::policy::{self, Exception, MissingSni, Proto, Reason, Verdict};
+use crate::record::{Event, Recorder};
 use crate::time::unix_now;
 use pipe::{Lease, PipePool};
 

@@ -19,10 +19,9 @@ use http::HeaderValue;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use crate::decision::Reason;
 use crate::dns::{ResolveError, Resolver, TunnelOutcome};
 use crate::policy::host::Target;
-use crate::policy::{ClientIdx, Exception, Policy};
+use crate::policy::{ClientIdx, Exception, Policy, Reason};
 
 /// Longest wait for one TCP connect to a destination (or the upstream proxy).
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
