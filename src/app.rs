@@ -13,11 +13,12 @@ use tokio::sync::{mpsc, watch};
 use crate::cli::ServeArgs;
 use crate::log::{LogSink, LogTarget};
 use crate::metrics::Metrics;
-use crate::policy::reload::{PolicyHandle, Reloader};
+use crate::policy::PolicyHandle;
 use crate::proxy::mitm::Interceptor;
 use crate::proxy::upstream::{Egress, UpstreamProxy};
 use crate::proxy::{self, ProxyCtx};
 use crate::record::Recorder;
+use crate::reload::Reloader;
 use crate::{dns, policy};
 
 /// How long open connections get to finish after SIGTERM/SIGINT.

@@ -11,7 +11,7 @@
 //! [`policy::Policy::decide`] for one [`policy::Decision`], and records
 //! exactly one [`record::Event`] through [`record::Recorder::record`].
 //! Policies are compiled once per load and swapped atomically
-//! ([`policy::reload::PolicyHandle`]); readers never block.
+//! ([`policy::PolicyHandle`]); readers never block.
 
 pub mod app;
 pub mod cli;
@@ -23,6 +23,7 @@ pub mod metrics;
 pub mod policy;
 pub mod proxy;
 pub mod record;
+pub mod reload;
 pub mod report;
 pub mod time;
 pub mod tls;

@@ -22,7 +22,7 @@ use egressd::dns::{self, ResolveError, Resolver, TunnelOutcome};
 use egressd::log::{LogSink, LogTarget};
 use egressd::metrics::Metrics;
 use egressd::policy::host::parse_host;
-use egressd::policy::reload::PolicyHandle;
+use egressd::policy::PolicyHandle;
 use egressd::policy::{from_yaml, Policy};
 use egressd::record::Recorder;
 use egressd::time::unix_now;

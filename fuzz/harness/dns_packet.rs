@@ -18,7 +18,7 @@ use egressd::dns::{self, Resolver};
 use egressd::log::{LogSink, LogTarget};
 use egressd::metrics::Metrics;
 use egressd::policy::from_yaml;
-use egressd::policy::reload::PolicyHandle;
+use egressd::policy::PolicyHandle;
 use egressd::record::Recorder;
 
 const POLICY: &str = r#"

@@ -57,10 +57,9 @@ use super::resolver::{rcode_name, EDNS_PAYLOAD};
 use super::Resolver;
 use crate::policy::host::{parse_host, Host, HostError, Target};
 use crate::policy::qtype::qtype_mnemonic;
-use crate::policy::reload::PolicyHandle;
 use crate::policy::{
-    ClientIdx, DenyRcode, Exception, Mode, Policy, Proto, Reason, Request as PolicyRequest,
-    TunnelAction,
+    ClientIdx, DenyRcode, Exception, Mode, Policy, PolicyHandle, Proto, Reason,
+    Request as PolicyRequest, TunnelAction,
 };
 use crate::record::{Event, Recorder};
 use crate::time::unix_now;

@@ -6,13 +6,13 @@
 pub mod addr;
 pub mod cases;
 pub mod decision;
+mod handle;
 pub mod host;
 pub mod lint;
 pub mod matcher;
 pub mod path;
 pub mod qtype;
 pub mod raw;
-pub mod reload;
 
 use std::collections::HashMap;
 use std::fmt;
@@ -25,6 +25,7 @@ use http::{HeaderName, HeaderValue};
 use ipnet::IpNet;
 
 pub use decision::{Decision, Proto, Reason, Verdict};
+pub use handle::PolicyHandle;
 use host::{HostPattern, Target};
 use matcher::Matcher;
 pub use raw::{DenyRcode, MissingSni, Mode, PrivateDestinations, TunnelAction};

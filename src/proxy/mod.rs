@@ -27,8 +27,7 @@ use tokio::sync::{watch, Semaphore};
 
 use crate::dns::Resolver;
 use crate::metrics::ActiveGuard;
-use crate::policy::reload::PolicyHandle;
-use crate::policy::{ClientIdx, Policy, Proto, Reason, UnknownToken};
+use crate::policy::{ClientIdx, Policy, PolicyHandle, Proto, Reason, UnknownToken};
 use crate::record::{Event, Recorder};
 use respond::ProxyBody;
 
