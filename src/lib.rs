@@ -14,6 +14,7 @@
 //! ([`policy::PolicyHandle`]); readers never block.
 
 pub mod app;
+pub mod check;
 pub mod cli;
 pub mod dns;
 pub mod explain;

@@ -7,9 +7,10 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use egressd::check::check_at;
+use egressd::check::lint::{lint, Lint};
 use egressd::explain::{explain, run_explain};
 use egressd::policy::host::parse_target;
-use egressd::policy::lint::{check_at, lint, Lint};
 use egressd::policy::Proto;
 use egressd::policy::{
     compile, load, read_sources, Diagnostic, LoadError, Policy, Request, Source,

@@ -4,11 +4,9 @@
 //! the `${env:…}`/`${file:…}` values of injected headers, nothing else.
 
 pub mod addr;
-pub mod cases;
 pub mod decision;
 mod handle;
 pub mod host;
-pub mod lint;
 pub mod matcher;
 pub mod path;
 pub mod qtype;

@@ -27,7 +27,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
-use crate::policy::lint::EXPIRY_WARNING_SECS;
+use crate::check::lint::EXPIRY_WARNING_SECS;
 use crate::policy::Policy;
 use crate::time::{format_date, format_rfc3339_millis, unix_now};
 use stats::{Pruned, Stats};

@@ -19,15 +19,15 @@
 //! Cases are decided by [`crate::explain::decide_target`] as of now, so an
 //! exception that expires makes its cases fail on the day it does. Unknown
 //! keys are errors, as in policy files. A policy loaded from a directory
-//! never reads these files as policy ([`super::read_sources`] skips them).
+//! never reads these files as policy ([`crate::policy::read_sources`] skips them).
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
-use super::{ClientIdx, Policy};
 use crate::explain::decide_target;
+use crate::policy::{ClientIdx, Policy};
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
