@@ -24,11 +24,11 @@ use hyper::body::{Body, Frame, Incoming, SizeHint};
 
 use hyper_util::rt::TokioIo;
 
+use super::dest::{check_host_headers, parse_authority, Dest};
 use super::pool;
 use super::respond::{self, ProxyBody};
 use super::upstream::{self, Refusal};
 use super::ProxyCtx;
-use crate::policy::host::{parse_target, Target};
 use crate::policy::path::normalize_path;
 use crate::policy::{self, ClientIdx, Exception, Policy, Proto, Reason};
 use crate::record::{Event, Recorder};
@@ -91,54 +91,6 @@ fn is_hop_by_hop(n: &HeaderName) -> bool {
         17 => lookalike("transfer-encoding"),
         _ => false,
     }
-}
-
-/// A request target's destination, parsed at the edge.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Dest {
-    pub target: Target,
-    pub port: u16,
-}
-
-/// Parses an authority (`host`, `host:port`, `[v6]:port`). Empty ports,
-/// ports with leading zeros or signs, and userinfo are refused: spellings
-/// that parsers disagree on are attacks, not typos.
-pub fn parse_authority(auth: &str, default_port: Option<u16>) -> Result<Dest, String> {
-    if auth.contains('@') {
-        return Err("userinfo in the request target is not allowed".into());
-    }
-    let (host, port) = if let Some(rest) = auth.strip_prefix('[') {
-        let end = rest.find(']').ok_or("unterminated IPv6 literal")?;
-        let after = &rest[end + 1..];
-        let port = match after.strip_prefix(':') {
-            Some(p) => Some(p),
-            None if after.is_empty() => None,
-            None => return Err("junk after IPv6 literal".into()),
-        };
-        (&auth[..end + 2], port)
-    } else {
-        match auth.rsplit_once(':') {
-            Some((h, p)) => (h, Some(p)),
-            None => (auth, None),
-        }
-    };
-    let port = match port {
-        None => default_port.ok_or("a port is required")?,
-        Some(p) => {
-            if p.is_empty()
-                || !p.bytes().all(|b| b.is_ascii_digit())
-                || (p.len() > 1 && p.starts_with('0'))
-            {
-                return Err(format!("invalid port {p:?}"));
-            }
-            match p.parse::<u16>() {
-                Ok(n) if n > 0 => n,
-                _ => return Err(format!("port {p} is out of range")),
-            }
-        }
-    };
-    let target = parse_target(host).map_err(|e| format!("invalid host {host:?}: {e}"))?;
-    Ok(Dest { target, port })
 }
 
 pub(crate) fn truncate_path(p: &str) -> String {
@@ -293,7 +245,7 @@ pub async fn handle(
     };
     let dest = match parse_authority(authority.as_str(), Some(80)) {
         Ok(d) => d,
-        Err(e) => return deny(ev, Reason::Malformed, Some(e), false),
+        Err(e) => return deny(ev, Reason::Malformed, Some(e.to_string()), false),
     };
     ev.host = Some(dest.target.to_string());
     ev.port = Some(dest.port);
@@ -316,29 +268,6 @@ pub async fn handle(
         scheme: Scheme::Http,
     };
     decide_and_forward(&ctx, &policy, req, ev, inbound, &denier).await
-}
-
-/// At most one `Host` header, and it names `dest` (a missing port means
-/// `dest`'s). Err: the reason and detail to deny with.
-pub(crate) fn check_host_headers(
-    headers: &HeaderMap,
-    dest: &Dest,
-) -> Result<(), (Reason, Option<String>)> {
-    let hosts: Vec<&HeaderValue> = headers.get_all(header::HOST).iter().collect();
-    if hosts.len() > 1 {
-        return Err((Reason::Malformed, Some("more than one Host header".into())));
-    }
-    if let Some(h) = hosts.first() {
-        let agrees = h
-            .to_str()
-            .ok()
-            .and_then(|h| parse_authority(h, Some(dest.port)).ok())
-            .is_some_and(|hd| hd == *dest);
-        if !agrees {
-            return Err((Reason::HostMismatch, None));
-        }
-    }
-    Ok(())
 }
 
 /// The one way out for HTTP requests, plain or intercepted: decision →
@@ -760,34 +689,5 @@ mod tests {
             left,
             ["accept", "content-length", "host", "x_forwarded_for"]
         );
-    }
-
-    #[test]
-    fn authorities() {
-        let d = parse_authority("Example.COM.", Some(80)).unwrap();
-        assert_eq!(d.target.to_string(), "example.com");
-        assert_eq!(d.port, 80);
-        assert_eq!(parse_authority("[::1]:8080", None).unwrap().port, 8080);
-        assert_eq!(
-            parse_authority("0x7f.1:81", None)
-                .unwrap()
-                .target
-                .to_string(),
-            "127.0.0.1"
-        );
-        for bad in [
-            "a.test:",
-            "a.test:0080",
-            "a.test:65616",
-            "a.test:0",
-            "u@a.test",
-            "a.test:+80",
-            "[::1",
-            "[::1]x",
-            "a.test: 80",
-        ] {
-            assert!(parse_authority(bad, Some(80)).is_err(), "{bad}");
-        }
-        assert!(parse_authority("a.test", None).is_err());
     }
 }

@@ -36,10 +36,8 @@ use rustls_pki_types::ServerName;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 
-use super::forward::{
-    self, check_host_headers, parse_authority, truncate_path, Counted, Denier, Dest, Inbound,
-    Scheme,
-};
+use super::dest::{check_host_headers, parse_authority, Dest};
+use super::forward::{self, truncate_path, Counted, Denier, Inbound, Scheme};
 use super::respond::ProxyBody;
 use super::sni::Hello;
 use super::tunnel::{Metered, SniRule, IDLE_TIMEOUT};
@@ -364,7 +362,7 @@ async fn handle(
         match parse_authority(a.as_str(), Some(dest.port)) {
             Ok(d) if d == *dest => {}
             Ok(_) => return deny(ev, Reason::HostMismatch, None),
-            Err(e) => return deny(ev, Reason::Malformed, Some(&e)),
+            Err(e) => return deny(ev, Reason::Malformed, Some(&e.to_string())),
         }
     }
     if let Err((reason, detail)) = check_host_headers(req.headers(), dest) {

@@ -5,6 +5,7 @@
 //! each records exactly one `Event` per request. `transparent` serves the
 //! connections `egressd run --transparent` captures, through the same paths.
 
+pub mod dest;
 pub mod forward;
 pub mod mitm;
 pub mod pool;

@@ -57,9 +57,8 @@ use hyper::body::Incoming;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
-use super::forward::{
-    self, add_note, parse_authority, truncate_path, Denier, Dest, Inbound, Scheme,
-};
+use super::dest::{parse_authority, Dest};
+use super::forward::{self, add_note, truncate_path, Denier, Inbound, Scheme};
 use super::respond::ProxyBody;
 use super::sni::{self, Hello};
 use super::tunnel::{self, SniRule, HELLO_TIMEOUT};

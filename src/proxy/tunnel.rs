@@ -22,7 +22,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use http::{header, Request, Response, StatusCode};
+use http::{Request, Response, StatusCode};
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use tokio::io::Interest;
@@ -30,7 +30,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::tcp::{ReadHalf, WriteHalf};
 use tokio::net::TcpStream;
 
-use super::forward::{parse_authority, Dest};
+use super::dest::{check_host_headers, parse_authority, Dest};
 use super::mitm;
 use super::respond::{self, ProxyBody};
 use super::sni::{self, Hello};
@@ -108,28 +108,12 @@ pub async fn handle(
     }
     let dest = match parse_authority(&auth, None) {
         Ok(d) => d,
-        Err(e) => return deny(ev, Reason::Malformed, Some(e), false),
+        Err(e) => return deny(ev, Reason::Malformed, Some(e.to_string()), false),
     };
     ev.host = Some(dest.target.to_string());
     ev.port = Some(dest.port);
-    let hosts: Vec<_> = req.headers().get_all(header::HOST).iter().collect();
-    if hosts.len() > 1 {
-        return deny(
-            ev,
-            Reason::Malformed,
-            Some("more than one Host header".into()),
-            false,
-        );
-    }
-    if let Some(h) = hosts.first() {
-        let agrees = h
-            .to_str()
-            .ok()
-            .and_then(|h| parse_authority(h, Some(dest.port)).ok())
-            .is_some_and(|hd| hd == dest);
-        if !agrees {
-            return deny(ev, Reason::HostMismatch, None, false);
-        }
+    if let Err((reason, detail)) = check_host_headers(req.headers(), &dest) {
+        return deny(ev, reason, detail, false);
     }
 
     let now = unix_now();
