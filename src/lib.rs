@@ -19,6 +19,8 @@ pub mod cli;
 pub mod dns;
 pub mod explain;
 pub mod launcher;
+#[cfg(test)]
+mod layering;
 pub mod log;
 pub mod metrics;
 pub mod policy;
