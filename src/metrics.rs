@@ -55,7 +55,7 @@ pub struct Metrics {
     /// Series handles resolved once, so counting a request takes no label
     /// hashing and no lock: [proto][allow, deny], [proto][reason], [proto].
     hot_requests: Vec<[IntCounter; 2]>,
-    hot_denied: Vec<Vec<(&'static str, IntCounter)>>,
+    hot_denied: Vec<Vec<Option<IntCounter>>>,
     hot_duration: Vec<prometheus::Histogram>,
     hot_bytes: [IntCounter; 2],
     /// Serialises `sync_policy` (one reloader, but be explicit).
@@ -207,14 +207,13 @@ impl Metrics {
         let hot_denied = Proto::ALL
             .iter()
             .map(|p| {
+                // By `Reason::index`; an exception never denies, so it has
+                // no series made in advance.
                 Reason::ALL
                     .iter()
-                    .filter(|r| **r != Reason::Exception)
                     .map(|r| {
-                        (
-                            r.as_str(),
-                            denied.with_label_values(&[p.as_str(), r.as_str()]),
-                        )
+                        (*r != Reason::Exception)
+                            .then(|| denied.with_label_values(&[p.as_str(), r.as_str()]))
                     })
                     .collect()
             })
@@ -323,18 +322,18 @@ impl Metrics {
         &self,
         proto: Proto,
         denied: bool,
-        reason: &str,
+        reason: Reason,
         hit: Option<&str>,
         bytes: (u64, u64),
     ) {
         let p = proto.index();
         self.hot_requests[p][denied as usize].inc();
         if denied {
-            match self.hot_denied[p].iter().find(|(r, _)| *r == reason) {
-                Some((_, c)) => c.inc(),
+            match &self.hot_denied[p][reason.index()] {
+                Some(c) => c.inc(),
                 None => self
                     .denied
-                    .with_label_values(&[proto.as_str(), reason])
+                    .with_label_values(&[proto.as_str(), reason.as_str()])
                     .inc(),
             }
         }
@@ -351,6 +350,14 @@ impl Metrics {
         if down > 0 {
             self.hot_bytes[1].inc_by(down);
         }
+    }
+
+    /// Counts `n` failures of `kind` reaching upstream (called by
+    /// `Recorder::record` only).
+    pub fn count_upstream_error(&self, proto: Proto, kind: &str, n: u64) {
+        self.upstream_errors
+            .with_label_values(&[proto.as_str(), kind])
+            .inc_by(n);
     }
 
     pub fn render(&self) -> Vec<u8> {

@@ -27,7 +27,7 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 
 use crate::explain::decide_target;
-use crate::policy::{ClientIdx, Policy};
+use crate::policy::{ClientIdx, Logged, Policy};
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -180,7 +180,7 @@ fn check_case(policy: &Policy, c: &RawCase, now: i64) -> Result<(), String> {
         },
     };
     let d = decide_target(policy, client, &c.target, c.intercept, now)?;
-    let allowed = d.logged_decision() == "allow";
+    let allowed = d.logged() == Logged::Allow;
     let got_ex = d.exception.map(|e| &*e.id);
     let got = match (allowed, got_ex) {
         (true, Some(e)) => format!("allow by {e}"),

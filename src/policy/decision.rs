@@ -41,6 +41,23 @@ impl Proto {
     }
 }
 
+/// What the log line and the metrics say of a request. A report-mode pass
+/// is logged as the denial it would be.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Logged {
+    Allow,
+    Deny,
+}
+
+impl Logged {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Logged::Allow => "allow",
+            Logged::Deny => "deny",
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Verdict {
     Allow,
@@ -75,7 +92,8 @@ pub enum Reason {
 }
 
 impl Reason {
-    /// Every reason, for pre-creating metric series.
+    /// Every reason, for pre-creating metric series, in declaration order
+    /// (so that `ALL[r.index()] == r`).
     pub const ALL: [Reason; 18] = [
         Reason::Exception,
         Reason::NoException,
@@ -96,6 +114,11 @@ impl Reason {
         Reason::Overloaded,
         Reason::UpstreamError,
     ];
+
+    /// Position in [`Reason::ALL`]: metrics find a reason's series by it.
+    pub fn index(self) -> usize {
+        self as usize
+    }
 
     pub fn as_str(self) -> &'static str {
         match self {
@@ -178,11 +201,11 @@ impl<'p> Decision<'p> {
         self.verdict != Verdict::Deny
     }
     /// What the log says: a report-mode pass is logged as the denial it would be.
-    pub fn logged_decision(&self) -> &'static str {
+    pub fn logged(&self) -> Logged {
         if self.verdict == Verdict::Deny || self.report_only {
-            "deny"
+            Logged::Deny
         } else {
-            "allow"
+            Logged::Allow
         }
     }
 }
@@ -198,5 +221,8 @@ mod tests {
         }
         let names: std::collections::HashSet<_> = Reason::ALL.iter().map(|r| r.as_str()).collect();
         assert_eq!(names.len(), Reason::ALL.len(), "reason names are unique");
+        for (i, r) in Reason::ALL.iter().enumerate() {
+            assert_eq!(r.index(), i, "{r:?}");
+        }
     }
 }

@@ -22,7 +22,7 @@ use globset::{Glob, GlobBuilder, GlobSet, GlobSetBuilder};
 use http::{HeaderName, HeaderValue};
 use ipnet::IpNet;
 
-pub use decision::{Decision, Proto, Reason, Verdict};
+pub use decision::{Decision, Logged, Proto, Reason, Verdict};
 pub use handle::PolicyHandle;
 use host::{HostPattern, Target};
 use matcher::Matcher;

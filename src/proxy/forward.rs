@@ -31,7 +31,7 @@ use super::upstream::{self, Refusal};
 use super::ProxyCtx;
 use crate::policy::path::normalize_path;
 use crate::policy::{self, ClientIdx, Exception, Policy, Proto, Reason};
-use crate::record::{Event, Recorder};
+use crate::record::{Event, Recorder, UpstreamFailure};
 use crate::time::unix_now;
 
 /// Longest wait for an origin's response head after the request is sent.
@@ -309,14 +309,10 @@ pub(crate) async fn decide_and_forward(
     }
     super::Draft::publish(&req, &ev);
 
-    let upstream_error = |mut ev: Event, kind: &str, msg: String, timeout: bool| {
-        rec.metrics
-            .upstream_errors
-            .with_label_values(&[proto.as_str(), kind])
-            .inc();
+    let upstream_error = |mut ev: Event, kind: UpstreamFailure, msg: String, timeout: bool| {
         let resp = respond::upstream_error(&dest.target.to_string(), &msg, timeout, denier.close);
         ev.status = Some(resp.status().as_u16());
-        ev.error = Some(format!("{kind}: {msg}"));
+        ev.fail_upstream(kind, msg);
         rec.record(ev);
         resp
     };
@@ -330,6 +326,7 @@ pub(crate) async fn decide_and_forward(
         dest.port,
         &ctx.own_addrs,
         now,
+        &mut ev.dns_attempts,
     )
     .await
     {
@@ -338,7 +335,9 @@ pub(crate) async fn decide_and_forward(
             add_note(&mut ev, note);
             return denier.deny(ev, reason, None, false);
         }
-        Err(Refusal::Resolve(e)) => return upstream_error(ev, "resolve", e.to_string(), false),
+        Err(Refusal::Resolve(e)) => {
+            return upstream_error(ev, UpstreamFailure::Resolve, e.to_string(), false)
+        }
     };
     add_note(&mut ev, checked.note.clone());
 
@@ -374,11 +373,16 @@ pub(crate) async fn decide_and_forward(
         }
         Scheme::Https => {
             let Some(mitm) = ctx.mitm.as_ref() else {
-                return upstream_error(ev, "tls", "interception is not enabled".into(), false);
+                return upstream_error(
+                    ev,
+                    UpstreamFailure::Tls,
+                    "interception is not enabled".into(),
+                    false,
+                );
             };
             match mitm.client(dest, &checked.addrs, upgrade.is_some()) {
                 Ok(c) => (format!("https://{host_value}{pq}"), Some(c)),
-                Err(e) => return upstream_error(ev, "tls", e, false),
+                Err(e) => return upstream_error(ev, UpstreamFailure::Tls, e, false),
             }
         }
     };
@@ -450,11 +454,16 @@ pub(crate) async fn decide_and_forward(
         Ok(Ok(sent)) => sent,
         Ok(Err(e)) => {
             ev.bytes_up = up_bytes.load(Ordering::Relaxed);
-            return upstream_error(ev, "connect", e, false);
+            return upstream_error(ev, UpstreamFailure::Connect, e, false);
         }
         Err(_) => {
             ev.bytes_up = up_bytes.load(Ordering::Relaxed);
-            return upstream_error(ev, "timeout", "no response in time".into(), true);
+            return upstream_error(
+                ev,
+                UpstreamFailure::Timeout,
+                "no response in time".into(),
+                true,
+            );
         }
     };
     if let Some(a) = resp.extensions().get::<super::mitm::UpstreamAddr>() {

@@ -68,7 +68,7 @@ use crate::metrics::ActiveGuard;
 use crate::policy::host::{parse_host, Target};
 use crate::policy::path::normalize_path;
 use crate::policy::{self, canonical_ip, Proto, Reason, Verdict};
-use crate::record::Event;
+use crate::record::{Event, UpstreamFailure};
 use crate::time::unix_now;
 
 /// How long a client that has sent nothing yet is given before it is taken
@@ -455,7 +455,7 @@ async fn carry(
     if let Some(id) = policy.client_id(who) {
         ev.client = id.clone();
     }
-    ev.mode = policy.settings.mode.as_str();
+    ev.mode = policy.settings.mode;
     let deny = |mut ev: Event, reason: Reason, detail: Option<String>| {
         ev.set_denied(reason);
         add_note(&mut ev, detail);
@@ -570,17 +570,14 @@ async fn carry(
         orig.port(),
         &ctx.own_addrs,
         now,
+        &mut ev.dns_attempts,
     )
     .await
     {
         Ok(c) => c,
         Err(Refusal::Policy(reason, why)) => return deny(ev, reason, why),
         Err(Refusal::Resolve(e)) => {
-            rec.metrics
-                .upstream_errors
-                .with_label_values(&["connect", "resolve"])
-                .inc();
-            ev.error = Some(format!("resolve: {e}"));
+            ev.fail_upstream(UpstreamFailure::Resolve, e);
             rec.record(ev);
             return;
         }
@@ -599,11 +596,7 @@ async fn carry(
     let (upstream_conn, addr) = match ctx.egress.connect_first(&addrs).await {
         Ok(x) => x,
         Err(e) => {
-            rec.metrics
-                .upstream_errors
-                .with_label_values(&["connect", "connect"])
-                .inc();
-            ev.error = Some(format!("connect: {e}"));
+            ev.fail_upstream(UpstreamFailure::Connect, e);
             rec.record(ev);
             return;
         }

@@ -39,7 +39,7 @@ use super::ProxyCtx;
 use crate::metrics::ActiveGuard;
 use crate::policy::host::{parse_host, HostPattern, Target};
 use crate::policy::{self, Exception, MissingSni, Proto, Reason, Verdict};
-use crate::record::{Event, Recorder};
+use crate::record::{Event, Recorder, UpstreamFailure};
 use crate::time::unix_now;
 use pipe::{Lease, PipePool};
 
@@ -180,6 +180,7 @@ pub async fn handle(
         dest.port,
         &ctx.own_addrs,
         now,
+        &mut ev.dns_attempts,
     )
     .await
     {
@@ -189,14 +190,10 @@ pub async fn handle(
             return deny(ev, reason, None, false);
         }
         Err(Refusal::Resolve(e)) => {
-            rec.metrics
-                .upstream_errors
-                .with_label_values(&["connect", "resolve"])
-                .inc();
             let resp =
                 respond::upstream_error(&dest.target.to_string(), &e.to_string(), false, true);
             ev.status = Some(resp.status().as_u16());
-            ev.error = Some(format!("resolve: {e}"));
+            ev.fail_upstream(UpstreamFailure::Resolve, e);
             rec.record(ev);
             return resp;
         }
@@ -205,15 +202,11 @@ pub async fn handle(
     let (upstream_conn, addr) = match ctx.egress.connect_first(&checked.addrs).await {
         Ok(x) => x,
         Err(e) => {
-            rec.metrics
-                .upstream_errors
-                .with_label_values(&["connect", "connect"])
-                .inc();
             let timeout = e.kind() == io::ErrorKind::TimedOut;
             let resp =
                 respond::upstream_error(&dest.target.to_string(), &e.to_string(), timeout, true);
             ev.status = Some(resp.status().as_u16());
-            ev.error = Some(format!("connect: {e}"));
+            ev.fail_upstream(UpstreamFailure::Connect, e);
             rec.record(ev);
             return resp;
         }

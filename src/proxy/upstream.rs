@@ -22,6 +22,7 @@ use tokio::net::TcpStream;
 use crate::dns::{ResolveError, Resolver, TunnelOutcome};
 use crate::policy::host::Target;
 use crate::policy::{ClientIdx, Exception, Policy, Reason};
+use crate::record::Attempts;
 
 /// Longest wait for one TCP connect to a destination (or the upstream proxy).
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -294,7 +295,8 @@ pub struct Checked {
 
 /// Resolves (if needed) and checks a destination allowed by `exception`.
 /// IP literals are checked as they are; names are resolved once, through the
-/// cache, after the tunnel budget has had its say.
+/// cache, after the tunnel budget has had its say. Failed upstream DNS
+/// exchanges are noted in `attempts` (the request's event).
 #[allow(clippy::too_many_arguments)]
 pub async fn resolve_checked(
     policy: &Policy,
@@ -305,6 +307,7 @@ pub async fn resolve_checked(
     port: u16,
     own: &[SocketAddr],
     now: i64,
+    attempts: &mut Attempts,
 ) -> Result<Checked, Refusal> {
     let ips: Vec<IpAddr> = match target {
         Target::Ip(ip) => vec![*ip],
@@ -316,7 +319,7 @@ pub async fn resolve_checked(
                 }
             }
             resolver
-                .lookup_ip(host, policy)
+                .lookup_ip_for(host, policy, attempts)
                 .await
                 .map_err(Refusal::Resolve)?
         }

@@ -41,15 +41,15 @@ impl Event {
         out.extend_from_slice(b",\"path\":");
         opt_str(out, self.path.as_deref());
         out.extend_from_slice(b",\"decision\":");
-        word(out, self.decision);
+        word(out, self.decision.as_str());
         out.extend_from_slice(b",\"reason\":");
-        word(out, self.reason);
+        word(out, self.reason.as_str());
         out.extend_from_slice(b",\"exception\":");
         opt_str(out, self.exception.as_deref());
         out.extend_from_slice(b",\"owner\":");
         opt_str(out, self.owner.as_deref());
         out.extend_from_slice(b",\"mode\":");
-        word(out, self.mode);
+        word(out, self.mode.as_str());
         out.extend_from_slice(b",\"status\":");
         match self.status {
             Some(s) => uint(out, s.into()),
@@ -236,7 +236,7 @@ fn socket_addr(out: &mut Vec<u8>, a: SocketAddr) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy::{Proto, Reason};
+    use crate::policy::{Logged, Proto, Reason};
     use std::sync::Arc;
 
     fn line(ev: &Event) -> serde_json::Value {
@@ -341,8 +341,8 @@ mod tests {
         ev.port = Some(443);
         ev.addr = Some("151.101.0.223:443".parse().unwrap());
         ev.method = Some("CONNECT".into());
-        ev.decision = "allow";
-        ev.reason = Reason::Exception.as_str();
+        ev.decision = Logged::Allow;
+        ev.reason = Reason::Exception;
         ev.exception = Some(Arc::from("pypi"));
         ev.owner = Some(Arc::from("platform-team"));
         ev.status = Some(200);

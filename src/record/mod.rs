@@ -16,7 +16,7 @@ use std::time::Instant;
 
 use crate::log::LogSink;
 use crate::metrics::Metrics;
-use crate::policy::{Decision, Mode, Proto, Reason};
+use crate::policy::{Decision, Logged, Mode, Proto, Reason};
 use crate::time::unix_now_millis;
 
 /// One finished request or query: the decision-log line's fields, written
@@ -34,11 +34,11 @@ pub struct Event {
     pub addr: Option<SocketAddr>,
     pub method: Option<String>,
     pub path: Option<String>,
-    pub decision: &'static str,
-    pub reason: &'static str,
+    pub decision: Logged,
+    pub reason: Reason,
     pub exception: Option<Arc<str>>,
     pub owner: Option<Arc<str>>,
-    pub mode: &'static str,
+    pub mode: Mode,
     pub status: Option<u16>,
     pub bytes_up: u64,
     pub bytes_down: u64,
@@ -50,6 +50,12 @@ pub struct Event {
     /// An upstream or transport failure (not a policy decision); written
     /// only when set.
     pub error: Option<String>,
+    /// Set (with `error`, by [`Event::fail_upstream`]) when the request
+    /// failed reaching its destination: counted by kind.
+    pub upstream: Option<UpstreamFailure>,
+    /// Upstream DNS exchanges that failed while this request was served
+    /// (counted with `proto="dns"`; not written to the line).
+    pub dns_attempts: Attempts,
     /// Extra detail, e.g. which resolved addresses were refused; written
     /// only when set.
     pub note: Option<String>,
@@ -75,11 +81,11 @@ impl Event {
             addr: None,
             method: None,
             path: None,
-            decision: "deny",
-            reason: Reason::Malformed.as_str(),
+            decision: Logged::Deny,
+            reason: Reason::Malformed,
             exception: None,
             owner: None,
-            mode: Mode::Enforce.as_str(),
+            mode: Mode::Enforce,
             status: None,
             bytes_up: 0,
             bytes_down: 0,
@@ -88,30 +94,110 @@ impl Event {
             qtype: None,
             rcode: None,
             error: None,
+            upstream: None,
+            dns_attempts: Attempts::default(),
             note: None,
             started: Some(Instant::now()),
         }
     }
 
-    /// Copies a decision's outcome into the event.
+    /// Copies a decision's outcome into the event: the one setter of
+    /// `decision`, `reason`, `exception` and `owner`. A denial that comes
+    /// after the policy allowed (the tunnel budget, an answer of only
+    /// private addresses) is a `Decision::deny` naming that exception.
     pub fn set_decision(&mut self, d: &Decision<'_>, mode: Mode) {
-        self.decision = d.logged_decision();
-        self.reason = d.reason.as_str();
+        self.decision = d.logged();
+        self.reason = d.reason;
         self.exception = d.exception.map(|e| e.id.clone());
         self.owner = d.exception.map(|e| e.owner.clone());
-        self.mode = mode.as_str();
+        self.mode = mode;
     }
 
-    /// A denial made before or without the policy (malformed input, log failure).
+    /// A denial made before or without the policy (malformed input, log
+    /// failure); the mode stays what it was.
     pub fn set_denied(&mut self, reason: Reason) {
-        self.decision = "deny";
-        self.reason = reason.as_str();
-        self.exception = None;
-        self.owner = None;
+        self.set_decision(&Decision::deny(reason, None), self.mode);
     }
 
     pub fn allowed_by_exception(&self) -> bool {
-        self.reason == Reason::Exception.as_str() && self.exception.is_some()
+        self.reason == Reason::Exception && self.exception.is_some()
+    }
+
+    /// The request could not reach its destination: `error` reads
+    /// `kind: message`, and the failure is counted by kind.
+    pub fn fail_upstream(&mut self, kind: UpstreamFailure, message: impl std::fmt::Display) {
+        self.upstream = Some(kind);
+        self.error = Some(format!("{}: {message}", kind.as_str()));
+    }
+}
+
+/// How reaching a destination or an upstream DNS server failed: the `kind`
+/// of `egressd_upstream_errors_total`. Never a policy decision.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UpstreamFailure {
+    /// The destination's name did not resolve.
+    Resolve,
+    /// No checked address took the connection, or the exchange failed.
+    Connect,
+    /// The destination did not answer in time.
+    Timeout,
+    /// TLS to the origin could not be set up.
+    Tls,
+    /// An upstream DNS server could not be reached or sent garbage.
+    Io,
+    /// An upstream DNS server answered with an error (SERVFAIL, REFUSED).
+    Servfail,
+}
+
+impl UpstreamFailure {
+    pub const ALL: [UpstreamFailure; 6] = [
+        UpstreamFailure::Resolve,
+        UpstreamFailure::Connect,
+        UpstreamFailure::Timeout,
+        UpstreamFailure::Tls,
+        UpstreamFailure::Io,
+        UpstreamFailure::Servfail,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            UpstreamFailure::Resolve => "resolve",
+            UpstreamFailure::Connect => "connect",
+            UpstreamFailure::Timeout => "timeout",
+            UpstreamFailure::Tls => "tls",
+            UpstreamFailure::Io => "io",
+            UpstreamFailure::Servfail => "servfail",
+        }
+    }
+}
+
+/// Failed upstream DNS exchanges, by kind: the resolver notes each failed
+/// attempt here (several per resolution when upstreams are retried), and
+/// `Recorder::record` counts them with the request they served.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Attempts {
+    failed: [u16; UpstreamFailure::ALL.len()],
+}
+
+impl Attempts {
+    pub fn fail(&mut self, kind: UpstreamFailure) {
+        let n = &mut self.failed[kind as usize];
+        *n = n.saturating_add(1);
+    }
+
+    pub fn add(&mut self, other: &Attempts) {
+        for (n, m) in self.failed.iter_mut().zip(other.failed) {
+            *n = n.saturating_add(m);
+        }
+    }
+
+    /// Each kind that failed, with how often.
+    pub fn failed(&self) -> impl Iterator<Item = (UpstreamFailure, u64)> + '_ {
+        UpstreamFailure::ALL
+            .iter()
+            .zip(self.failed)
+            .filter(|(_, n)| *n > 0)
+            .map(|(k, n)| (*k, u64::from(n)))
     }
 }
 
@@ -132,7 +218,9 @@ impl Recorder {
         self.log.healthy()
     }
 
-    /// The one place a decision becomes a log line and metric samples.
+    /// The one place a decision becomes a log line and metric samples:
+    /// the request, its denial or exception hit, its bytes and duration,
+    /// and its upstream failures are counted here and nowhere else.
     pub fn record(&self, mut ev: Event) {
         if let Some(start) = ev.started {
             let elapsed = start.elapsed();
@@ -140,7 +228,16 @@ impl Recorder {
             self.metrics
                 .observe_duration(ev.proto, elapsed.as_secs_f64());
         }
-        let denied = ev.decision == "deny";
+        self.count(&ev);
+        // Sized for a typical line up front: growing from empty cost a
+        // handful of reallocations per line.
+        let mut line = Vec::with_capacity(512);
+        ev.write_json(&mut line);
+        self.log.write(line);
+    }
+
+    fn count(&self, ev: &Event) {
+        let denied = ev.decision == Logged::Deny;
         let hit = if !denied && ev.allowed_by_exception() {
             ev.exception.as_deref()
         } else {
@@ -153,10 +250,77 @@ impl Recorder {
             hit,
             (ev.bytes_up, ev.bytes_down),
         );
-        // Sized for a typical line up front: growing from empty cost a
-        // handful of reallocations per line.
-        let mut line = Vec::with_capacity(512);
-        ev.write_json(&mut line);
-        self.log.write(line);
+        if let Some(kind) = ev.upstream {
+            self.metrics
+                .count_upstream_error(ev.proto, kind.as_str(), 1);
+        }
+        for (kind, n) in ev.dns_attempts.failed() {
+            self.metrics
+                .count_upstream_error(Proto::Dns, kind.as_str(), n);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::log::LogTarget;
+
+    fn recorder() -> (tempfile::TempDir, Recorder) {
+        let dir = tempfile::tempdir().unwrap();
+        let target = LogTarget::File(dir.path().join("decisions.log"));
+        let metrics = Metrics::new();
+        let log = LogSink::start(target, metrics.clone()).unwrap();
+        (dir, Recorder::new(log, metrics))
+    }
+
+    fn upstream_errors(m: &Metrics, proto: &str, kind: &str) -> u64 {
+        m.upstream_errors.with_label_values(&[proto, kind]).get()
+    }
+
+    #[test]
+    fn upstream_failures_are_counted_by_record_with_their_request() {
+        let (_dir, rec) = recorder();
+        let mut ev = Event::new(Proto::Connect, "10.0.0.1:1".parse().unwrap());
+        ev.fail_upstream(UpstreamFailure::Resolve, "upstream DNS timed out");
+        ev.dns_attempts.fail(UpstreamFailure::Timeout);
+        ev.dns_attempts.fail(UpstreamFailure::Timeout);
+        ev.dns_attempts.fail(UpstreamFailure::Servfail);
+        assert_eq!(ev.error.as_deref(), Some("resolve: upstream DNS timed out"));
+        let m = rec.metrics.clone();
+        assert_eq!(upstream_errors(&m, "connect", "resolve"), 0, "not before");
+        rec.record(ev);
+        assert_eq!(upstream_errors(&m, "connect", "resolve"), 1);
+        assert_eq!(upstream_errors(&m, "dns", "timeout"), 2);
+        assert_eq!(upstream_errors(&m, "dns", "servfail"), 1);
+        assert_eq!(upstream_errors(&m, "dns", "io"), 0);
+        // An event that reached its destination counts none.
+        rec.record(Event::new(Proto::Http, "10.0.0.1:2".parse().unwrap()));
+        assert_eq!(upstream_errors(&m, "connect", "resolve"), 1);
+        assert_eq!(upstream_errors(&m, "http", "connect"), 0);
+    }
+
+    #[test]
+    fn denials_are_counted_by_reason() {
+        let (_dir, rec) = recorder();
+        for r in Reason::ALL.into_iter().filter(|r| *r != Reason::Exception) {
+            let mut ev = Event::new(Proto::Tls, "10.0.0.1:1".parse().unwrap());
+            ev.set_denied(r);
+            rec.record(ev);
+        }
+        for r in Reason::ALL.into_iter().filter(|r| *r != Reason::Exception) {
+            let n = rec
+                .metrics
+                .denied
+                .with_label_values(&["tls", r.as_str()])
+                .get();
+            assert_eq!(n, 1, "{r:?}");
+        }
+        let denied = rec
+            .metrics
+            .requests
+            .with_label_values(&["tls", "deny"])
+            .get();
+        assert_eq!(denied, Reason::ALL.len() as u64 - 1);
     }
 }
