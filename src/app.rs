@@ -196,7 +196,7 @@ pub async fn start(args: &ServeArgs, listeners: Listeners) -> Result<Running> {
         resolver: resolver.clone(),
         own_addrs,
         http: proxy::pool::OriginPool::new(egress.clone()),
-        pipes: Arc::new(proxy::tunnel::pipe::PipePool::standard()),
+        pipes: Arc::new(proxy::relay::pipe::PipePool::standard()),
         egress,
         mitm,
     });

@@ -39,6 +39,26 @@ const TOP: &[&str] = &[
     "app", "reload", "check", "explain", "report", "launcher", "cli", "main", "lib",
 ];
 
+/// The proxy's modules, lowest first: each may use only those before it
+/// (and the context in `proxy/mod.rs`). The edges (forward, tunnel, mitm,
+/// transparent) sit on the shared steps, never the other way round.
+const PROXY: &[&str] = &[
+    "dest",
+    "respond",
+    "admit",
+    "sni",
+    "relay",
+    "upstream",
+    "pool",
+    "tls_origins",
+    "exchange",
+    "mitm",
+    "tunnel",
+    "forward",
+    "accept",
+    "transparent",
+];
+
 /// The crate's own `src/`.
 fn src_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("src")
@@ -184,6 +204,53 @@ fn violations() -> Vec<String> {
         }
     }
     bad
+}
+
+/// Every (file, proxy module it uses) that breaks [`PROXY`]'s order.
+fn proxy_violations() -> Vec<String> {
+    let src = src_dir();
+    let proxy = src.join("proxy");
+    let mut files = Vec::new();
+    rust_files(&proxy, &mut files);
+    files.sort();
+    let rank = |m: &str| PROXY.iter().position(|p| *p == m);
+    let mut bad = Vec::new();
+    for file in files {
+        let rel = file.strip_prefix(&proxy).unwrap();
+        let module = module_of(&proxy, &file);
+        if module == "mod" {
+            continue; // the shared context
+        }
+        let Some(mine) = rank(&module) else {
+            bad.push(format!("proxy/{}: not in the proxy's order", rel.display()));
+            continue;
+        };
+        let code = code_of(&std::fs::read_to_string(&file).expect("readable"));
+        let mut used = uses_of(&code, "crate::proxy::");
+        // `super::` names a sibling only in a file directly below proxy/
+        // (or a folder's mod.rs); deeper, it is the folder's own.
+        let depth = rel.components().count();
+        if depth == 1 || rel.ends_with("mod.rs") && depth == 2 {
+            used.extend(uses_of(&code, "super::"));
+        }
+        let names: BTreeSet<&str> = PROXY.iter().copied().collect();
+        for dep in used.iter().filter(|d| names.contains(d.as_str())) {
+            if dep != &module && rank(dep) > Some(mine) {
+                bad.push(format!("proxy/{}: {module} uses {dep}", rel.display()));
+            }
+        }
+    }
+    bad
+}
+
+#[test]
+fn the_proxy_is_a_one_way_graph() {
+    let bad = proxy_violations();
+    assert!(
+        bad.is_empty(),
+        "proxy imports against the order:\n{}",
+        bad.join("\n")
+    );
 }
 
 #[test]

@@ -19,10 +19,13 @@ use http::HeaderValue;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
+use super::dest::Dest;
+use super::respond::Stop;
+use super::ProxyCtx;
 use crate::dns::{ResolveError, Resolver, TunnelOutcome};
 use crate::policy::host::Target;
 use crate::policy::{ClientIdx, Exception, Policy, Reason};
-use crate::record::Attempts;
+use crate::record::{Attempts, Event, UpstreamFailure};
 
 /// Longest wait for one TCP connect to a destination (or the upstream proxy).
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -351,6 +354,47 @@ pub async fn resolve_checked(
     ok.sort_by_key(|a| a.is_ipv6());
     let note = (!refused.is_empty()).then(|| format!("refused non-public {}", refused.join(",")));
     Ok(Checked { addrs: ok, note })
+}
+
+/// [`resolve_checked`] for one request through the proxy: the refused
+/// addresses noted in `ev`, failed DNS exchanges charged to it, a refusal
+/// turned into the [`Stop`] that ends the request.
+pub(crate) async fn check_destination(
+    ctx: &ProxyCtx,
+    policy: &Policy,
+    exception: Option<&Exception>,
+    client: Option<ClientIdx>,
+    dest: &Dest,
+    ev: &mut Event,
+    now: i64,
+) -> Result<Vec<SocketAddr>, Stop> {
+    let found = resolve_checked(
+        policy,
+        &ctx.resolver,
+        exception,
+        client,
+        &dest.target,
+        dest.port,
+        &ctx.own_addrs,
+        now,
+        &mut ev.dns_attempts,
+    )
+    .await;
+    match found {
+        Ok(c) => {
+            ev.add_note(c.note);
+            Ok(c.addrs)
+        }
+        Err(Refusal::Policy(reason, note)) => {
+            ev.add_note(note);
+            Err(Stop::Deny(reason, None))
+        }
+        Err(Refusal::Resolve(e)) => Err(Stop::Unreachable {
+            kind: UpstreamFailure::Resolve,
+            message: e.to_string(),
+            timeout: false,
+        }),
+    }
 }
 
 /// Whether `dest` is one of egressd's own listeners (a request looping back

@@ -123,6 +123,17 @@ impl Event {
         self.reason == Reason::Exception && self.exception.is_some()
     }
 
+    /// Adds `note` after what the event already notes (a front-end's own
+    /// note, such as transparent capture's, is kept).
+    pub fn add_note(&mut self, note: Option<String>) {
+        if let Some(n) = note {
+            self.note = Some(match self.note.take() {
+                Some(prev) => format!("{prev}; {n}"),
+                None => n,
+            });
+        }
+    }
+
     /// The request could not reach its destination: `error` reads
     /// `kind: message`, and the failure is counted by kind.
     pub fn fail_upstream(&mut self, kind: UpstreamFailure, message: impl std::fmt::Display) {
