@@ -16,8 +16,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
-use egressd::decision::Proto;
 use egressd::policy::host::{parse_target, Target};
+use egressd::policy::Proto;
 use egressd::policy::{compile, Policy, Request, Source};
 
 const SIZES: &[usize] = &[1_000, 10_000, 100_000];

@@ -17,10 +17,10 @@
 
 use std::sync::Arc;
 
-use egressd::decision::Proto;
 use egressd::dns::{Resolver, TunnelOutcome};
 use egressd::metrics::Metrics;
 use egressd::policy::host::{parse_host, Target};
+use egressd::policy::Proto;
 use egressd::policy::{from_yaml, Policy, Request};
 
 const PAYLOAD_BYTES: usize = 20 * 1024;

@@ -11,13 +11,14 @@ use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::{mpsc, watch};
 
 use crate::cli::ServeArgs;
-use crate::decision::Recorder;
 use crate::log::{LogSink, LogTarget};
 use crate::metrics::Metrics;
-use crate::policy::reload::{PolicyHandle, Reloader};
+use crate::policy::PolicyHandle;
 use crate::proxy::mitm::Interceptor;
 use crate::proxy::upstream::{Egress, UpstreamProxy};
 use crate::proxy::{self, ProxyCtx};
+use crate::record::Recorder;
+use crate::reload::Reloader;
 use crate::{dns, policy};
 
 /// How long open connections get to finish after SIGTERM/SIGINT.
@@ -179,7 +180,7 @@ pub async fn start(args: &ServeArgs, listeners: Listeners) -> Result<Running> {
                 "egressd: TLS interception on: {} ({}), valid until {}",
                 ca.subject,
                 ca.cert_path.display(),
-                crate::policy::time::format_date(ca.not_after)
+                crate::time::format_date(ca.not_after)
             );
             Some(Arc::new(m))
         }
@@ -195,7 +196,7 @@ pub async fn start(args: &ServeArgs, listeners: Listeners) -> Result<Running> {
         resolver: resolver.clone(),
         own_addrs,
         http: proxy::pool::OriginPool::new(egress.clone()),
-        pipes: Arc::new(proxy::tunnel::pipe::PipePool::standard()),
+        pipes: Arc::new(proxy::relay::pipe::PipePool::standard()),
         egress,
         mitm,
     });

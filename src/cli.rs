@@ -77,7 +77,7 @@ pub struct ReportArgs {
 }
 
 fn parse_since(s: &str) -> Result<u64, String> {
-    crate::policy::time::parse_duration(s)
+    crate::time::parse_duration(s)
         .ok_or_else(|| format!("{s:?} is not a duration: write e.g. 30d, 12h, 2w"))
 }
 

@@ -10,11 +10,14 @@ use std::io::{self, Write};
 use std::net::IpAddr;
 use std::path::Path;
 
-use crate::decision::{Decision, Proto, Reason, Verdict};
 use crate::policy::host::{parse_target, Target};
 use crate::policy::path::normalize_path;
-use crate::policy::time::{format_date, unix_now};
-use crate::policy::{addr, qtype, ClientIdx, Exception, Policy, PrivateDestinations, Request};
+use crate::policy::{
+    addr, qtype, ClientIdx, Decision, Exception, Policy, PrivateDestinations, Proto, Reason,
+    Request, Verdict,
+};
+use crate::proxy::dest::{parse_authority, AuthorityError, Dest};
+use crate::time::{format_date, unix_now};
 
 /// Exit status: the target is allowed.
 pub const ALLOWED: i32 = 0;
@@ -220,16 +223,12 @@ impl Query {
         };
         let split = rest.find(['/', '?', '#']).unwrap_or(rest.len());
         let (authority, raw_path) = rest.split_at(split);
-        if authority.contains('@') {
-            return Err("user info in the target (user@host) is refused by the proxy (400)".into());
-        }
         let default_port = match kind {
             Kind::Http => Some(80),
             Kind::Https => Some(443),
             _ => None,
         };
-        let (host, port) = split_authority(authority, default_port)?;
-        let target = parse_target(host).map_err(|e| format!("bad host {host:?}: {e}"))?;
+        let Dest { target, port } = read_authority(authority, default_port)?;
         if kind == Kind::Authority {
             if !raw_path.is_empty() {
                 return Err(format!(
@@ -308,46 +307,25 @@ impl Query {
     }
 }
 
-/// `host:port`, `[v6]:port`, or a bare host when a default port applies.
-fn split_authority(a: &str, default_port: Option<u16>) -> Result<(&str, u16), String> {
+/// `host:port`, `[v6]:port`, or a bare host when a default port applies,
+/// read by the proxy's own edge parser; its refusals are given with a hint
+/// at what to write instead.
+fn read_authority(a: &str, default_port: Option<u16>) -> Result<Dest, String> {
     if a.is_empty() {
         return Err("the target names no host".into());
     }
-    let (host, port) = if let Some(end) = a.strip_prefix('[').and_then(|r| r.find(']')) {
-        let host = &a[..end + 2];
-        match &a[end + 2..] {
-            "" => (host, None),
-            p => (
-                host,
-                Some(
-                    p.strip_prefix(':')
-                        .ok_or_else(|| format!("cannot read {a:?} as host:port"))?,
-                ),
-            ),
+    parse_authority(a, default_port).map_err(|e| match e {
+        AuthorityError::Userinfo => {
+            "user info in the target (user@host) is refused by the proxy (400)".into()
         }
-    } else if a.matches(':').count() > 1 {
-        return Err(format!(
-            "{a:?}: write IPv6 addresses in brackets, e.g. [2001:db8::1]:443"
-        ));
-    } else {
-        match a.split_once(':') {
-            Some((h, p)) => (h, Some(p)),
-            None => (a, None),
+        AuthorityError::UnbracketedIpv6 => {
+            format!("{a:?}: write IPv6 addresses in brackets, e.g. [2001:db8::1]:443")
         }
-    };
-    let port = match (port, default_port) {
-        (Some(p), _) => match p.parse::<u16>() {
-            Ok(n) if n > 0 => n,
-            _ => return Err(format!("bad port {p:?}")),
-        },
-        (None, Some(d)) => d,
-        (None, None) => {
-            return Err(format!(
-                "{a:?} has no port; write {a}:443, or https://{a}/ for a URL"
-            ))
+        AuthorityError::PortRequired => {
+            format!("{a:?} has no port; write {a}:443, or https://{a}/ for a URL")
         }
-    };
-    Ok((host, port))
+        e => e.to_string(),
+    })
 }
 
 /// The answer for egressd as it runs by default (no TLS interception).

@@ -8,20 +8,25 @@
 //! ```
 //!
 //! Every front-end turns its input into one [`policy::Request`], asks
-//! [`policy::Policy::decide`] for one [`decision::Decision`], and records
-//! exactly one [`decision::Event`] through [`decision::Recorder::record`].
+//! [`policy::Policy::decide`] for one [`policy::Decision`], and records
+//! exactly one [`record::Event`] through [`record::Recorder::record`].
 //! Policies are compiled once per load and swapped atomically
-//! ([`policy::reload::PolicyHandle`]); readers never block.
+//! ([`policy::PolicyHandle`]); readers never block.
 
 pub mod app;
+pub mod check;
 pub mod cli;
-pub mod decision;
 pub mod dns;
 pub mod explain;
 pub mod launcher;
+#[cfg(test)]
+mod layering;
 pub mod log;
 pub mod metrics;
 pub mod policy;
 pub mod proxy;
+pub mod record;
+pub mod reload;
 pub mod report;
+pub mod time;
 pub mod tls;

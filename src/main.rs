@@ -51,7 +51,7 @@ fn main() -> ExitCode {
                 .unwrap_or_else(|| "policy/".into())
             });
             let (mut out, mut err) = (std::io::stdout(), std::io::stderr());
-            let mut code = egressd::policy::lint::run_check(&policy, &mut out, &mut err);
+            let mut code = egressd::check::run_check(&policy, &mut out, &mut err);
             if !against.is_empty() {
                 code = code.max(egressd::report::replay::run_against(
                     &policy, &against, &mut out, &mut err,

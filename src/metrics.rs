@@ -21,9 +21,8 @@ use prometheus::{
 };
 use tokio::net::TcpListener;
 
-use crate::decision::{Event, Proto, Reason};
-use crate::policy::time::unix_now;
-use crate::policy::Policy;
+use crate::policy::{Policy, Proto, Reason};
+use crate::time::{unix_now, unix_now_millis};
 
 /// The series of one exception: its owner label, hits and last hit.
 struct ExceptionSeries {
@@ -56,7 +55,7 @@ pub struct Metrics {
     /// Series handles resolved once, so counting a request takes no label
     /// hashing and no lock: [proto][allow, deny], [proto][reason], [proto].
     hot_requests: Vec<[IntCounter; 2]>,
-    hot_denied: Vec<Vec<(&'static str, IntCounter)>>,
+    hot_denied: Vec<Vec<Option<IntCounter>>>,
     hot_duration: Vec<prometheus::Histogram>,
     hot_bytes: [IntCounter; 2],
     /// Serialises `sync_policy` (one reloader, but be explicit).
@@ -208,14 +207,13 @@ impl Metrics {
         let hot_denied = Proto::ALL
             .iter()
             .map(|p| {
+                // By `Reason::index`; an exception never denies, so it has
+                // no series made in advance.
                 Reason::ALL
                     .iter()
-                    .filter(|r| **r != Reason::Exception)
                     .map(|r| {
-                        (
-                            r.as_str(),
-                            denied.with_label_values(&[p.as_str(), r.as_str()]),
-                        )
+                        (*r != Reason::Exception)
+                            .then(|| denied.with_label_values(&[p.as_str(), r.as_str()]))
                     })
                     .collect()
             })
@@ -317,35 +315,49 @@ impl Metrics {
         self.hot_duration[proto.index()].observe(secs);
     }
 
-    /// Counts one finished request (called by `Recorder::record` only).
-    pub fn count(&self, ev: &Event) {
-        let p = ev.proto.index();
-        let deny = ev.decision == "deny";
-        self.hot_requests[p][deny as usize].inc();
-        if deny {
-            match self.hot_denied[p].iter().find(|(r, _)| *r == ev.reason) {
-                Some((_, c)) => c.inc(),
+    /// Counts one finished request (called by `Recorder::record` only):
+    /// `denied` with its `reason`, or allowed by the exception `hit`, and
+    /// the bytes it moved.
+    pub fn count(
+        &self,
+        proto: Proto,
+        denied: bool,
+        reason: Reason,
+        hit: Option<&str>,
+        bytes: (u64, u64),
+    ) {
+        let p = proto.index();
+        self.hot_requests[p][denied as usize].inc();
+        if denied {
+            match &self.hot_denied[p][reason.index()] {
+                Some(c) => c.inc(),
                 None => self
                     .denied
-                    .with_label_values(&[ev.proto.as_str(), ev.reason])
+                    .with_label_values(&[proto.as_str(), reason.as_str()])
                     .inc(),
             }
         }
-        if ev.allowed_by_exception() && ev.decision == "allow" {
-            if let Some(id) = &ev.exception {
-                if let Some(s) = self.live.load().get(id) {
-                    s.hits.inc();
-                    s.last_hit
-                        .set(crate::policy::time::unix_now_millis() as f64 / 1000.0);
-                }
+        if let Some(id) = hit {
+            if let Some(s) = self.live.load().get(id) {
+                s.hits.inc();
+                s.last_hit.set(unix_now_millis() as f64 / 1000.0);
             }
         }
-        if ev.bytes_up > 0 {
-            self.hot_bytes[0].inc_by(ev.bytes_up);
+        let (up, down) = bytes;
+        if up > 0 {
+            self.hot_bytes[0].inc_by(up);
         }
-        if ev.bytes_down > 0 {
-            self.hot_bytes[1].inc_by(ev.bytes_down);
+        if down > 0 {
+            self.hot_bytes[1].inc_by(down);
         }
+    }
+
+    /// Counts `n` failures of `kind` reaching upstream (called by
+    /// `Recorder::record` only).
+    pub fn count_upstream_error(&self, proto: Proto, kind: &str, n: u64) {
+        self.upstream_errors
+            .with_label_values(&[proto.as_str(), kind])
+            .inc_by(n);
     }
 
     pub fn render(&self) -> Vec<u8> {

@@ -9,9 +9,9 @@
 use std::fmt::Write as _;
 use std::net::IpAddr;
 
-use egressd::decision::{Proto, Reason, Verdict};
 use egressd::policy::host::parse_target;
 use egressd::policy::{from_yaml, Request};
+use egressd::policy::{Proto, Reason, Verdict};
 
 use super::Bytes;
 

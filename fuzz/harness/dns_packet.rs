@@ -14,12 +14,12 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::thread;
 use std::time::Duration;
 
-use egressd::decision::Recorder;
 use egressd::dns::{self, Resolver};
 use egressd::log::{LogSink, LogTarget};
 use egressd::metrics::Metrics;
 use egressd::policy::from_yaml;
-use egressd::policy::reload::PolicyHandle;
+use egressd::policy::PolicyHandle;
+use egressd::record::Recorder;
 
 const POLICY: &str = r#"
 settings:

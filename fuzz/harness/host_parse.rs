@@ -13,7 +13,7 @@ use egressd::policy::host::{
     parse_host, parse_ipv4_loose, parse_target, HostPattern, Target, MAX_LABEL_LEN, MAX_NAME_LEN,
 };
 use egressd::policy::path::normalize_path;
-use egressd::proxy::forward::parse_authority;
+use egressd::proxy::dest::parse_authority;
 
 use super::Bytes;
 

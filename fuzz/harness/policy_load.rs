@@ -5,10 +5,11 @@
 
 use std::net::IpAddr;
 
-use egressd::decision::{Proto, Verdict};
+use egressd::check::lint;
 use egressd::explain::decide_target;
 use egressd::policy::host::{parse_target, HostPattern, Target};
-use egressd::policy::{from_yaml, lint, Request};
+use egressd::policy::{from_yaml, Request};
+use egressd::policy::{Proto, Verdict};
 
 /// A fixed "now" (2033-05-18): expiry is part of what is fuzzed.
 const NOW: i64 = 2_000_000_000;

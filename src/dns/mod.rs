@@ -1,6 +1,6 @@
 //! DNS: the resolver front-end ([`serve`], in `server`), the upstream client
-//! and cache ([`Resolver`], in `forward`) that the HTTP proxy also resolves
-//! through, and the tunnel detector (`tunnel`) both share.
+//! and cache ([`Resolver`], in `resolver`) that the HTTP proxy also resolves
+//! through, and the tunnel budget (`budget`) both share.
 //!
 //! hickory types never leave this module: the public API below speaks
 //! [`Host`], [`IpAddr`], [`Policy`] and [`Exception`].
@@ -31,18 +31,18 @@
 //! ```
 
 mod answers;
+mod budget;
 mod fast;
-mod forward;
+mod resolver;
 mod server;
-mod tunnel;
 
 use std::net::{IpAddr, SocketAddr};
 
 use anyhow::{bail, Context};
 
-pub use forward::{ResolveError, Resolver};
+pub use budget::{encoded_weight, TunnelOutcome};
+pub use resolver::{ResolveError, Resolver};
 pub use server::serve;
-pub use tunnel::{encoded_weight, TunnelOutcome};
 
 use crate::policy::host::Host;
 use crate::policy::{ClientIdx, Exception, Policy, TunnelAction};
@@ -86,7 +86,7 @@ impl Resolver {
         let settings = &policy.settings.dns.tunnel;
         // Most allowed names match an exact host: decide that without the lock.
         if settings.action == TunnelAction::Off
-            || tunnel::wildcard_suffix(exception, host).is_none()
+            || budget::wildcard_suffix(exception, host).is_none()
         {
             return (TunnelOutcome::Ok, None);
         }

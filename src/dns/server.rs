@@ -51,18 +51,18 @@ use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 use tokio::time::timeout;
 
+use super::budget::{under_wildcard, TunnelOutcome};
 use super::fast;
-use super::forward::{rcode_name, EDNS_PAYLOAD};
-use super::tunnel::{under_wildcard, TunnelOutcome};
+use super::resolver::{rcode_name, EDNS_PAYLOAD};
 use super::Resolver;
-use crate::decision::{Event, Proto, Reason, Recorder};
 use crate::policy::host::{parse_host, Host, HostError, Target};
 use crate::policy::qtype::qtype_mnemonic;
-use crate::policy::reload::PolicyHandle;
-use crate::policy::time::unix_now;
 use crate::policy::{
-    ClientIdx, DenyRcode, Exception, Mode, Policy, Request as PolicyRequest, TunnelAction,
+    ClientIdx, Decision, DenyRcode, Exception, Mode, Policy, PolicyHandle, Proto, Reason,
+    Request as PolicyRequest, TunnelAction,
 };
+use crate::record::{Event, Recorder};
+use crate::time::unix_now;
 
 /// Queries being answered at once, from all clients together.
 pub const MAX_INFLIGHT: usize = 1024;
@@ -510,7 +510,7 @@ impl Handler {
     /// from (by source address), noted in `ev` with the policy's mode.
     fn attribute(&self, ev: &mut Event, src: IpAddr) -> (Arc<Policy>, Option<ClientIdx>) {
         let policy = self.policy.snapshot();
-        ev.mode = policy.settings.mode.as_str();
+        ev.mode = policy.settings.mode;
         let client = policy.identify(src, None).unwrap_or(None);
         if let Some(id) = policy.client_id(client) {
             ev.client = id.clone();
@@ -645,7 +645,8 @@ impl Handler {
         if !d.is_allowed() {
             return deny(policy, d.reason);
         }
-        let report = policy.settings.mode == Mode::Report;
+        let mode = policy.settings.mode;
+        let report = mode == Mode::Report;
 
         if let Some(e) = d.exception {
             let (outcome, note) = self.resolver.tunnel_assess(policy, client, &host, e, now);
@@ -653,8 +654,7 @@ impl Handler {
                 TunnelOutcome::Ok => {}
                 TunnelOutcome::Alert => ev.note = note,
                 TunnelOutcome::Block => {
-                    ev.decision = "deny";
-                    ev.reason = Reason::DnsTunnel.as_str();
+                    ev.set_decision(&Decision::deny(Reason::DnsTunnel, d.exception), mode);
                     ev.note = note;
                     if !report {
                         return deny(policy, Reason::DnsTunnel);
@@ -667,7 +667,10 @@ impl Handler {
         // is boxed so it costs only the queries that need it.
         let lookup = match self.resolver.cached(&host, qtype) {
             Some(hit) => Ok(hit),
-            None => Box::pin(self.resolver.resolve(&host, qtype, &policy.settings.dns)).await,
+            None => {
+                let s = &policy.settings.dns;
+                Box::pin(self.resolver.resolve(&host, qtype, s, &mut ev.dns_attempts)).await
+            }
         };
         let lookup = match lookup {
             Ok(l) => l,
@@ -687,8 +690,7 @@ impl Handler {
                 .collect::<Vec<_>>()
                 .join(", ");
             if filtered.addresses > 0 && filtered.kept_addresses == 0 {
-                ev.decision = "deny";
-                ev.reason = Reason::PrivateAddress.as_str();
+                ev.set_decision(&Decision::deny(Reason::PrivateAddress, d.exception), mode);
                 add_note(
                     ev,
                     format!(
@@ -758,10 +760,8 @@ impl Handler {
         };
         match under {
             Some(e) => {
-                ev.decision = "deny";
-                ev.reason = Reason::DnsTunnel.as_str();
-                ev.exception = Some(e.id.clone());
-                ev.owner = Some(e.owner.clone());
+                let d = Decision::deny(Reason::DnsTunnel, Some(e));
+                ev.set_decision(&d, policy.settings.mode);
                 ev.note = Some(format!(
                     "dns tunnel: name below an allowed wildcard is not a host name ({err})"
                 ));

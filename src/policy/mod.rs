@@ -4,15 +4,13 @@
 //! the `${env:…}`/`${file:…}` values of injected headers, nothing else.
 
 pub mod addr;
-pub mod cases;
+pub mod decision;
+mod handle;
 pub mod host;
-pub mod lint;
 pub mod matcher;
 pub mod path;
 pub mod qtype;
 pub mod raw;
-pub mod reload;
-pub mod time;
 
 use std::collections::HashMap;
 use std::fmt;
@@ -24,7 +22,8 @@ use globset::{Glob, GlobBuilder, GlobSet, GlobSetBuilder};
 use http::{HeaderName, HeaderValue};
 use ipnet::IpNet;
 
-use crate::decision::{Decision, Proto, Reason, Verdict};
+pub use decision::{Decision, Logged, Proto, Reason, Verdict};
+pub use handle::PolicyHandle;
 use host::{HostPattern, Target};
 use matcher::Matcher;
 pub use raw::{DenyRcode, MissingSni, Mode, PrivateDestinations, TunnelAction};

@@ -10,7 +10,7 @@ use serde::de::{self, Deserializer};
 use serde::Deserialize;
 
 use super::host::HostPattern;
-use super::time::{parse_date, parse_duration};
+use crate::time::{parse_date, parse_duration};
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -27,7 +27,7 @@ use hyper::body::Incoming;
 use hyper::client::conn::http1::{self, SendRequest};
 use hyper_util::rt::TokioIo;
 
-use super::forward::Counted;
+use super::relay::meter::Counted;
 use super::upstream::{Egress, POOL_IDLE, POOL_MAX_IDLE_PER_ADDR};
 
 /// The request body the pool's connections carry.

@@ -1,12 +1,21 @@
 //! The answers egressd gives instead of a destination's: 403 with
 //! `X-Egressd-Reason` and a one-paragraph explanation, 400 for what cannot be
 //! parsed, 502/504 for destinations that fail, 503 when the log is down.
+//!
+//! [`Responder`] is the one responder of the HTTP front-ends (forward,
+//! CONNECT, requests inside interception, captured plain HTTP): it answers
+//! a refusal or an unreachable destination and records the request's line
+//! with it, so that no answer goes out without its line. One map from
+//! reason to status ([`status_for`]); one deny body ([`deny`]).
+
+use std::fmt::Display;
 
 use bytes::Bytes;
 use http::{HeaderValue, Response, StatusCode};
 use http_body_util::{combinators::BoxBody, BodyExt, Full};
 
-use crate::decision::Reason;
+use crate::policy::Reason;
+use crate::record::{Event, Recorder, UpstreamFailure};
 
 pub type ProxyBody = BoxBody<Bytes, hyper::Error>;
 
@@ -95,4 +104,125 @@ fn build(
         h.insert(http::header::CONNECTION, HeaderValue::from_static("close"));
     }
     r
+}
+
+/// How a request ends before a destination answers it: the steps of a
+/// front-end return one, and [`Responder::stop`] turns it into the answer
+/// and the line.
+#[derive(Debug)]
+pub(crate) enum Stop {
+    /// Refused for `reason` by egressd itself (before or beside the
+    /// policy); `detail` goes into the body and after the event's note.
+    Deny(Reason, Option<String>),
+    /// Refused by the policy decision already in the event.
+    Decided,
+    /// The destination could not be reached.
+    Unreachable {
+        kind: UpstreamFailure,
+        message: String,
+        /// 504 rather than 502.
+        timeout: bool,
+    },
+}
+
+/// A captured connection that is not HTTP has no one to answer: `stop`
+/// only completes its line and records it.
+pub(crate) fn record_stop(rec: &Recorder, mut ev: Event, stop: Stop) {
+    match stop {
+        Stop::Deny(reason, detail) => {
+            ev.set_denied(reason);
+            ev.add_note(detail);
+        }
+        Stop::Decided => {}
+        Stop::Unreachable { kind, message, .. } => ev.fail_upstream(kind, message),
+    }
+    rec.record(ev);
+}
+
+impl Stop {
+    /// Refused as malformed, saying why.
+    pub fn malformed(detail: impl ToString) -> Stop {
+        Stop::Deny(Reason::Malformed, Some(detail.to_string()))
+    }
+}
+
+/// A request's refusals and failures, answered and recorded: what was
+/// asked (made only when a request is refused), whom to contact, whether
+/// the connection closes after the answer (after a CONNECT the client's
+/// next bytes were meant for the destination, never for egressd).
+pub(crate) struct Responder<'a> {
+    /// What was asked (`GET http://host/path`), for the deny body.
+    pub what: &'a (dyn Fn() -> String + Send + Sync),
+    pub contact: &'a str,
+    pub close: bool,
+    pub rec: &'a Recorder,
+}
+
+impl Responder<'_> {
+    /// Answers `stop` and records the line.
+    pub fn stop(&self, ev: Event, stop: Stop) -> Response<ProxyBody> {
+        match stop {
+            Stop::Deny(reason, detail) => self.deny(ev, reason, detail),
+            Stop::Decided => self.refuse(ev),
+            Stop::Unreachable {
+                kind,
+                message,
+                timeout,
+            } => self.unreachable(ev, kind, message, timeout),
+        }
+    }
+
+    /// A refusal egressd makes itself (malformed input, log failure).
+    pub fn deny(
+        &self,
+        mut ev: Event,
+        reason: Reason,
+        detail: Option<String>,
+    ) -> Response<ProxyBody> {
+        ev.set_denied(reason);
+        self.answer_denial(ev, reason, detail)
+    }
+
+    /// The refusal the policy decided, already in `ev`.
+    pub fn refuse(&self, ev: Event) -> Response<ProxyBody> {
+        let reason = ev.reason;
+        self.answer_denial(ev, reason, None)
+    }
+
+    fn answer_denial(
+        &self,
+        mut ev: Event,
+        reason: Reason,
+        detail: Option<String>,
+    ) -> Response<ProxyBody> {
+        let resp = deny(
+            reason,
+            &(self.what)(),
+            self.contact,
+            detail.as_deref(),
+            self.close,
+        );
+        ev.status = Some(resp.status().as_u16());
+        ev.add_note(detail);
+        self.rec.record(ev);
+        resp
+    }
+
+    /// The destination (the event's `host`) could not be reached: 502 (504
+    /// for a timeout), an upstream failure of `kind` in the line.
+    pub fn unreachable(
+        &self,
+        mut ev: Event,
+        kind: UpstreamFailure,
+        message: impl Display,
+        timeout: bool,
+    ) -> Response<ProxyBody> {
+        let message = message.to_string();
+        let host = ev.host.as_deref().unwrap_or("the destination");
+        let resp = upstream_error(host, &message, timeout, self.close);
+        ev.status = Some(resp.status().as_u16());
+        ev.fail_upstream(kind, message);
+        self.rec.record(ev);
+        resp
+    }
 }

@@ -1,9 +1,20 @@
 //! Just enough TLS to read the server name a client is about to ask for:
-//! the ClientHello's SNI and whether it carries Encrypted Client Hello.
-//! Used to refuse domain fronting through an allowed CONNECT.
+//! the ClientHello's SNI and whether it carries Encrypted Client Hello
+//! ([`parse`]), and what it must name to pass ([`SniRule`]). Used to refuse
+//! domain fronting through an allowed CONNECT, an intercepted tunnel and a
+//! captured connection alike.
+
+use std::time::Duration;
+
+use super::dest::Dest;
+use crate::policy::host::{parse_host, HostPattern, Target};
+use crate::policy::{Exception, MissingSni, Reason};
 
 /// Largest ClientHello we buffer (handshake messages may span records).
 pub const MAX_HELLO: usize = 64 << 10;
+/// Longest wait for the client's first bytes (the ClientHello) where one
+/// is due: an opaque tunnel to port 443, a captured connection to it.
+pub const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Hello {
@@ -157,6 +168,99 @@ fn parse_hello_body(r: &mut Reader<'_>) -> Option<Hello> {
         }
     }
     Some(Hello::ClientHello { sni, ech })
+}
+
+/// What a tunnel's ClientHello must name: the CONNECT host, or nothing at
+/// all when `settings.tls.missing_sni` allows it for this destination.
+pub(crate) struct SniRule {
+    /// Opaque tunnels: only port 443 is checked. Intercepted tunnels always
+    /// are (egressd reads their ClientHello itself).
+    check: bool,
+    target: Target,
+    missing: MissingSni,
+    exact_host: bool,
+}
+
+impl SniRule {
+    pub(crate) fn new(dest: &Dest, exception: Option<&Exception>, missing: MissingSni) -> SniRule {
+        // What a ClientHello without a usable server name may do.
+        let exact_host = match (&dest.target, exception) {
+            (Target::Name(h), Some(e)) => e
+                .hosts
+                .iter()
+                .any(|p| matches!(p, HostPattern::Exact(x) if x == h)),
+            _ => false,
+        };
+        SniRule {
+            check: dest.port == 443,
+            target: dest.target.clone(),
+            missing,
+            exact_host,
+        }
+    }
+
+    /// Whether the ClientHello is checked at all (an opaque tunnel to a
+    /// port other than 443 carries what it likes).
+    pub(crate) fn applies(&self) -> bool {
+        self.check
+    }
+
+    /// `None` when the hello may pass; else the reason and a note.
+    pub(crate) fn judge(&self, hello: &Hello) -> Option<(Reason, String)> {
+        match hello {
+            Hello::ClientHello { sni, ech } => {
+                let missing_ok = match self.missing {
+                    MissingSni::Allow => true,
+                    MissingSni::Deny => false,
+                    MissingSni::ExactOnly => {
+                        self.exact_host || matches!(self.target, Target::Ip(_))
+                    }
+                };
+                if *ech && !missing_ok {
+                    return Some((
+                        Reason::SniMismatch,
+                        "encrypted ClientHello hides the server name".into(),
+                    ));
+                }
+                match sni {
+                    None if missing_ok => None,
+                    None => Some((
+                        Reason::SniMismatch,
+                        "ClientHello without a server name".into(),
+                    )),
+                    Some(name) => {
+                        let ok = match (&self.target, parse_host(name)) {
+                            (Target::Name(h), Ok(s)) => *h == s,
+                            _ => false,
+                        };
+                        if ok || *ech && missing_ok {
+                            None
+                        } else {
+                            Some((
+                                Reason::SniMismatch,
+                                format!("ClientHello names {:?}", truncate(name, 255)),
+                            ))
+                        }
+                    }
+                }
+            }
+            Hello::NotTls => Some((
+                Reason::SniMismatch,
+                "the client sent non-TLS bytes to port 443".into(),
+            )),
+            Hello::Malformed | Hello::Incomplete => {
+                Some((Reason::SniMismatch, "malformed TLS ClientHello".into()))
+            }
+        }
+    }
+}
+
+fn truncate(s: &str, n: usize) -> &str {
+    let mut end = s.len().min(n);
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
 }
 
 /// Builds a minimal ClientHello (tests and benches).

@@ -57,20 +57,23 @@ use hyper::body::Incoming;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
-use super::forward::{
-    self, add_note, parse_authority, truncate_path, Denier, Dest, Inbound, Scheme,
-};
-use super::respond::ProxyBody;
-use super::sni::{self, Hello};
-use super::tunnel::{self, SniRule, HELLO_TIMEOUT};
-use super::upstream::{self, Refusal};
-use super::{mitm, ProxyCtx};
-use crate::decision::{Event, Proto, Reason, Verdict};
+use super::accept::{accept_loop, serve_http1};
+use super::admit::{accepting, client_of, identify};
+use super::dest::{parse_authority, Dest};
+use super::exchange::{decide_and_forward, truncate_path, Inbound, Scheme};
+use super::relay;
+use super::respond::{record_stop, ProxyBody, Responder, Stop};
+use super::sni::{self, Hello, SniRule, HELLO_TIMEOUT};
+use super::upstream;
+use super::{forward, mitm, tunnel, ProxyCtx};
 use crate::metrics::ActiveGuard;
 use crate::policy::host::{parse_host, Target};
 use crate::policy::path::normalize_path;
-use crate::policy::time::unix_now;
-use crate::policy::{self, canonical_ip};
+use crate::policy::{
+    self, canonical_ip, ClientIdx, Decision, Exception, Policy, Proto, Reason, Verdict,
+};
+use crate::record::{Event, UpstreamFailure};
+use crate::time::unix_now;
 
 /// How long a client that has sent nothing yet is given before it is taken
 /// for one that waits for the server to speak first.
@@ -91,7 +94,7 @@ const FROM_DNS: &str = "a DNS answer egressd gave";
 /// Serves one capture listener until `shutdown` flips; open connections
 /// finish on their own.
 pub async fn serve(listener: TcpListener, ctx: Arc<ProxyCtx>, shutdown: watch::Receiver<bool>) {
-    super::accept_loop(listener, ctx, shutdown, " on the capture listener", handle).await
+    accept_loop(listener, ctx, shutdown, " on the capture listener", handle).await
 }
 
 /// What the first bytes of a captured connection say it is.
@@ -300,7 +303,7 @@ fn http_request_line(b: &[u8]) -> Option<bool> {
 
 async fn serve_http(stream: TcpStream, peer: SocketAddr, orig: SocketAddr, ctx: Arc<ProxyCtx>) {
     let note = Some(format!("transparent: to {orig}"));
-    super::serve_http1(stream, peer, ctx, note, move |req, ctx| {
+    serve_http1(stream, peer, ctx, note, move |req, ctx| {
         request(req, peer, orig, ctx)
     })
     .await
@@ -325,91 +328,31 @@ async fn request(
     let mut ev = Event::new(Proto::Http, peer);
     ev.method = Some(req.method().as_str().to_string());
     ev.path = Some(truncate_path(req.uri().path()));
-    let hosts: Vec<&header::HeaderValue> = req.headers().get_all(header::HOST).iter().collect();
-    let shown_host = hosts
-        .first()
+    let shown_host = req
+        .headers()
+        .get(header::HOST)
         .and_then(|h| h.to_str().ok())
         .map(str::to_string)
         .unwrap_or_else(|| orig.to_string());
     let (method, uri) = (req.method().clone(), req.uri().clone());
     let what = move || format!("{method} http://{shown_host}{}", truncate_path(uri.path()));
-    let denier = Denier {
+    let responder = Responder {
         what: &what,
         contact: &policy.settings.contact,
         close: false,
         rec: &ctx.recorder,
     };
-    // Details of refusals made here go into the note (after `transparent`).
-    let deny = |mut ev: Event, reason: Reason, detail: Option<String>| {
-        add_note(&mut ev, detail.clone());
-        denier.deny(ev, reason, detail, false)
-    };
-
-    let client = match super::identify(&policy, &req, peer) {
-        Ok(c) => c,
-        Err(e) => {
-            ev.note = Some(note(orig, Some(FROM_HOST)));
-            return deny(ev, Reason::ClientNotAllowed, Some(e.to_string()));
-        }
-    };
-    if let Some(id) = policy.client_id(client) {
-        ev.client = id.clone();
-    }
-    let dest = match hosts.as_slice() {
-        [h] => {
-            ev.note = Some(note(orig, Some(FROM_HOST)));
-            match h
-                .to_str()
-                .ok()
-                .and_then(|h| parse_authority(h, Some(orig.port())).ok())
-            {
-                Some(d) => d,
-                None => {
-                    return deny(
-                        ev,
-                        Reason::Malformed,
-                        Some("the Host header is not host[:port]".into()),
-                    )
-                }
-            }
-        }
-        [] => {
-            // HTTP/1.0 without Host: decided like any other nameless connection.
-            let (target, source) = nameless_target(&ctx, peer, orig);
-            ev.note = Some(note(orig, source));
-            Dest {
-                target,
-                port: orig.port(),
-            }
-        }
-        _ => {
-            ev.note = Some(note(orig, Some(FROM_HOST)));
-            return deny(
-                ev,
-                Reason::Malformed,
-                Some("more than one Host header".into()),
-            );
-        }
-    };
-    ev.host = Some(dest.target.to_string());
-    ev.port = Some(dest.port);
-    if !ctx.recorder.accepting() {
-        return deny(ev, Reason::LogUnavailable, None);
-    }
-    if dest.port != orig.port() {
-        return deny(
-            ev,
-            Reason::HostMismatch,
-            Some(format!(
-                "the Host header names port {}, the connection was made to port {}",
-                dest.port,
-                orig.port()
-            )),
-        );
-    }
-    let path = match normalize_path(req.uri().path()) {
-        Ok(p) => p,
-        Err(e) => return deny(ev, Reason::Malformed, Some(e.to_string())),
+    // Details of refusals made here go into the note, after `transparent`'s.
+    ev.note = Some(note(orig, Some(FROM_HOST)));
+    let edge = client_of(&policy, &mut ev, &req).and_then(|client| {
+        let dest = captured_dest(&req, &ctx, peer, orig, &mut ev)?;
+        accepting(&ctx.recorder)?;
+        let path = captured_path(&req, &dest, orig)?;
+        Ok((client, dest, path))
+    });
+    let (client, dest, path) = match edge {
+        Ok(x) => x,
+        Err(stop) => return responder.stop(ev, stop),
     };
     ev.path = Some(truncate_path(&path));
     let inbound = Inbound {
@@ -418,7 +361,56 @@ async fn request(
         path: &path,
         scheme: Scheme::Http,
     };
-    forward::decide_and_forward(&ctx, &policy, req, ev, inbound, &denier).await
+    decide_and_forward(&ctx, &policy, req, ev, inbound, &responder).await
+}
+
+/// The destination a captured request names: its one `Host` header (on
+/// the port connected to, if it names none), or for an HTTP/1.0 request
+/// without one, whatever a nameless connection is decided by. Noted in
+/// `ev`, with where the name came from.
+fn captured_dest<B>(
+    req: &Request<B>,
+    ctx: &ProxyCtx,
+    peer: SocketAddr,
+    orig: SocketAddr,
+    ev: &mut Event,
+) -> Result<Dest, Stop> {
+    let mut hosts = req.headers().get_all(header::HOST).iter();
+    let dest = match (hosts.next(), hosts.next()) {
+        (Some(h), None) => h
+            .to_str()
+            .ok()
+            .and_then(|h| parse_authority(h, Some(orig.port())).ok())
+            .ok_or_else(|| Stop::malformed("the Host header is not host[:port]"))?,
+        (None, _) => {
+            let (target, source) = nameless_target(ctx, peer, orig);
+            ev.note = Some(note(orig, source));
+            Dest {
+                target,
+                port: orig.port(),
+            }
+        }
+        (Some(_), Some(_)) => return Err(Stop::malformed("more than one Host header")),
+    };
+    ev.host = Some(dest.target.to_string());
+    ev.port = Some(dest.port);
+    Ok(dest)
+}
+
+/// The request's normalised path, once its `Host` agrees with the port the
+/// connection was made to.
+fn captured_path<B>(req: &Request<B>, dest: &Dest, orig: SocketAddr) -> Result<String, Stop> {
+    if dest.port != orig.port() {
+        return Err(Stop::Deny(
+            Reason::HostMismatch,
+            Some(format!(
+                "the Host header names port {}, the connection was made to port {}",
+                dest.port,
+                orig.port()
+            )),
+        ));
+    }
+    normalize_path(req.uri().path()).map_err(Stop::malformed)
 }
 
 /// The name of a connection that names nothing itself: the most recent
@@ -438,7 +430,7 @@ fn nameless_target(
 // ---------------------------------------------------------------- everything else
 
 /// A connection that is not plain HTTP: one decision, one checked
-/// address, bytes copied both ways, one log line.
+/// address, bytes relayed both ways, one log line.
 async fn carry(
     client: TcpStream,
     peer: SocketAddr,
@@ -452,52 +444,102 @@ async fn carry(
     let policy = ctx.policy.snapshot();
     // A captured connection carries no Proxy-Authorization: the client is
     // whoever its source address names.
-    let who = policy.identify(peer.ip(), None).unwrap_or(None);
-    if let Some(id) = policy.client_id(who) {
-        ev.client = id.clone();
-    }
-    ev.mode = policy.settings.mode.as_str();
-    let deny = |mut ev: Event, reason: Reason, detail: Option<String>| {
-        ev.set_denied(reason);
-        add_note(&mut ev, detail);
-        rec.record(ev);
+    let who = identify(&policy, &mut ev, None).unwrap_or(None);
+    ev.mode = policy.settings.mode;
+    let now = unix_now();
+    let (dest, d) = match decide_captured(&ctx, &policy, &kind, who, peer, orig, &mut ev, now) {
+        Ok(x) => x,
+        Err(stop) => return record_stop(rec, ev, stop),
     };
+    let rule = SniRule::new(&dest, d.exception, policy.settings.missing_sni);
+    if d.verdict == Verdict::Intercept {
+        let Some(mitm) = ctx.mitm.clone() else {
+            return record_stop(rec, ev, Stop::Deny(Reason::InspectionRequired, None));
+        };
+        // The ClientHello is still in the socket: mitm reads it, checks it
+        // against `rule`, and decides every request inside.
+        ev.add_note(Some("intercepted".into()));
+        let tunnel = Arc::new(mitm::Tunnel {
+            peer,
+            token: None,
+            dest,
+            sni: rule,
+        });
+        let ctx2 = ctx.clone();
+        drop(policy);
+        mitm::run(client, tunnel, ev, ctx2, mitm).await;
+        return;
+    }
+    let exception = d.exception;
+    let connected = async {
+        check_hello(&kind, &rule, orig)?;
+        connect_captured(&ctx, &policy, exception, who, &dest, orig, &mut ev, now).await
+    };
+    let upstream_conn = match connected.await {
+        Ok(c) => c,
+        Err(stop) => return record_stop(rec, ev, stop),
+    };
+    drop(policy);
+    // The peeked bytes are still in the client's socket: the relay
+    // carries them like everything after.
+    relay::tcp(client, upstream_conn, 0, ev, rec.clone(), &ctx.pipes).await;
+}
 
-    // The names to decide by, in order of preference.
-    let (candidates, source): (Vec<Target>, Option<&str>) = match &kind {
-        Kind::Tls(Hello::ClientHello {
-            sni: Some(name), ..
-        }) => match parse_host(name) {
-            Ok(h) => (vec![Target::Name(h)], Some(FROM_SNI)),
-            Err(e) => {
-                ev.note = Some(note(orig, Some(FROM_SNI)));
-                return deny(
-                    ev,
-                    Reason::Malformed,
-                    Some(format!("the TLS server name is not a host name: {e}")),
-                );
-            }
-        },
-        _ => {
-            let names = ctx.resolver.recall(peer.ip(), orig.ip());
-            if names.is_empty() {
-                (vec![Target::Ip(canonical_ip(orig.ip()))], None)
-            } else {
-                (
-                    names.into_iter().map(Target::Name).collect(),
-                    Some(FROM_DNS),
-                )
-            }
+/// The names a connection may be decided by, in order of preference: the
+/// TLS server name; else the allowed names its client resolved here to
+/// this address; else the address itself.
+fn candidates(
+    kind: &Kind,
+    ctx: &ProxyCtx,
+    peer: SocketAddr,
+    orig: SocketAddr,
+) -> Result<(Vec<Target>, Option<&'static str>), Stop> {
+    if let Kind::Tls(Hello::ClientHello {
+        sni: Some(name), ..
+    }) = kind
+    {
+        return match parse_host(name) {
+            Ok(h) => Ok((vec![Target::Name(h)], Some(FROM_SNI))),
+            Err(e) => Err(Stop::malformed(format!(
+                "the TLS server name is not a host name: {e}"
+            ))),
+        };
+    }
+    let names = ctx.resolver.recall(peer.ip(), orig.ip());
+    if names.is_empty() {
+        return Ok((vec![Target::Ip(canonical_ip(orig.ip()))], None));
+    }
+    Ok((
+        names.into_iter().map(Target::Name).collect(),
+        Some(FROM_DNS),
+    ))
+}
+
+/// One decision for a captured connection: the first candidate name the
+/// policy allows, else the first one's denial (`Stop::Decided`).
+#[allow(clippy::too_many_arguments)]
+fn decide_captured<'p>(
+    ctx: &ProxyCtx,
+    policy: &'p Policy,
+    kind: &Kind,
+    who: Option<ClientIdx>,
+    peer: SocketAddr,
+    orig: SocketAddr,
+    ev: &mut Event,
+    now: i64,
+) -> Result<(Dest, Decision<'p>), Stop> {
+    let (candidates, source) = match candidates(kind, ctx, peer, orig) {
+        Ok(c) => c,
+        Err(stop) => {
+            ev.note = Some(note(orig, Some(FROM_SNI)));
+            return Err(stop);
         }
     };
     ev.note = Some(note(orig, source));
-    if !rec.accepting() {
+    if let Err(stop) = accepting(&ctx.recorder) {
         ev.host = Some(candidates[0].to_string());
-        return deny(ev, Reason::LogUnavailable, None);
+        return Err(stop);
     }
-
-    // The first candidate the policy allows; else the first one's denial.
-    let now = unix_now();
     let can_intercept = ctx.mitm.is_some() && matches!(kind, Kind::Tls(Hello::ClientHello { .. }));
     let decide = |target: &Target| {
         policy.decide(
@@ -522,98 +564,64 @@ async fn carry(
     ev.host = Some(target.to_string());
     ev.set_decision(&d, policy.settings.mode);
     if !d.is_allowed() {
-        rec.record(ev);
-        return;
+        return Err(Stop::Decided);
     }
     let dest = Dest {
         target: target.clone(),
         port: orig.port(),
     };
-    let rule = SniRule::new(&dest, d.exception, policy.settings.missing_sni);
+    Ok((dest, d))
+}
 
-    if d.verdict == Verdict::Intercept {
-        let Some(mitm) = ctx.mitm.clone() else {
-            return deny(ev, Reason::InspectionRequired, None);
-        };
-        // The ClientHello is still in the socket: mitm reads it, checks it
-        // against `rule`, and decides every request inside.
-        add_note(&mut ev, Some("intercepted".into()));
-        let tunnel = Arc::new(mitm::Tunnel {
-            peer,
-            token: None,
-            dest,
-            sni: rule,
-        });
-        let ctx2 = ctx.clone();
-        drop(policy);
-        mitm::run(client, tunnel, ev, ctx2, mitm).await;
-        return;
+/// Port 443 gets CONNECT's ClientHello rules: TLS, naming the host.
+fn check_hello(kind: &Kind, rule: &SniRule, orig: SocketAddr) -> Result<(), Stop> {
+    if orig.port() != 443 {
+        return Ok(());
     }
-
-    // Port 443 gets CONNECT's ClientHello rules: TLS, naming the host.
-    if orig.port() == 443 {
-        let verdict = match &kind {
-            Kind::Tls(h) => rule.judge(h),
-            Kind::Silent => Some((Reason::SniMismatch, "no ClientHello in time".into())),
-            Kind::Http | Kind::Opaque => rule.judge(&Hello::NotTls),
-        };
-        if let Some((reason, why)) = verdict {
-            return deny(ev, reason, Some(why));
-        }
-    }
-
-    let checked = match upstream::resolve_checked(
-        &policy,
-        &ctx.resolver,
-        d.exception,
-        who,
-        target,
-        orig.port(),
-        &ctx.own_addrs,
-        now,
-    )
-    .await
-    {
-        Ok(c) => c,
-        Err(Refusal::Policy(reason, why)) => return deny(ev, reason, why),
-        Err(Refusal::Resolve(e)) => {
-            rec.metrics
-                .upstream_errors
-                .with_label_values(&["connect", "resolve"])
-                .inc();
-            ev.error = Some(format!("resolve: {e}"));
-            rec.record(ev);
-            return;
-        }
+    let verdict = match kind {
+        Kind::Tls(h) => rule.judge(h),
+        Kind::Silent => Some((Reason::SniMismatch, "no ClientHello in time".into())),
+        Kind::Http | Kind::Opaque => rule.judge(&Hello::NotTls),
     };
-    add_note(&mut ev, checked.note);
-    let addrs = prefer_original(checked.addrs, orig);
+    match verdict {
+        Some((reason, why)) => Err(Stop::Deny(reason, Some(why))),
+        None => Ok(()),
+    }
+}
+
+/// A connection to a checked address of the decided name: the original
+/// destination when it is one of them, else another (noted).
+#[allow(clippy::too_many_arguments)]
+async fn connect_captured(
+    ctx: &ProxyCtx,
+    policy: &Policy,
+    exception: Option<&Exception>,
+    who: Option<ClientIdx>,
+    dest: &Dest,
+    orig: SocketAddr,
+    ev: &mut Event,
+    now: i64,
+) -> Result<TcpStream, Stop> {
+    let checked = upstream::check_destination(ctx, policy, exception, who, dest, ev, now).await?;
+    let addrs = prefer_original(checked, orig);
     if canonical_ip(addrs[0].ip()) != canonical_ip(orig.ip()) {
-        add_note(
-            &mut ev,
-            Some(format!(
-                "{} is not a checked address of {target}: connected to one that is",
-                orig.ip()
-            )),
-        );
+        ev.add_note(Some(format!(
+            "{} is not a checked address of {}: connected to one that is",
+            orig.ip(),
+            dest.target
+        )));
     }
-    let (upstream_conn, addr) = match ctx.egress.connect_first(&addrs).await {
-        Ok(x) => x,
-        Err(e) => {
-            rec.metrics
-                .upstream_errors
-                .with_label_values(&["connect", "connect"])
-                .inc();
-            ev.error = Some(format!("connect: {e}"));
-            rec.record(ev);
-            return;
-        }
-    };
+    let (conn, addr) = ctx
+        .egress
+        .connect_first(&addrs)
+        .await
+        .map_err(|e| Stop::Unreachable {
+            kind: UpstreamFailure::Connect,
+            message: e.to_string(),
+            timeout: false,
+        })?;
     ev.addr = Some(addr);
-    drop(policy);
-    // The peeked bytes are still in the client's socket: the splice
-    // carries them like everything after.
-    tunnel::splice_tcp(client, upstream_conn, 0, ev, rec.clone(), &ctx.pipes).await;
+    Ok(conn)
 }
 
 /// The checked addresses with the original destination first, if it is

@@ -19,10 +19,13 @@ use http::HeaderValue;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use crate::decision::Reason;
+use super::dest::Dest;
+use super::respond::Stop;
+use super::ProxyCtx;
 use crate::dns::{ResolveError, Resolver, TunnelOutcome};
 use crate::policy::host::Target;
-use crate::policy::{ClientIdx, Exception, Policy};
+use crate::policy::{ClientIdx, Exception, Policy, Reason};
+use crate::record::{Attempts, Event, UpstreamFailure};
 
 /// Longest wait for one TCP connect to a destination (or the upstream proxy).
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -295,7 +298,8 @@ pub struct Checked {
 
 /// Resolves (if needed) and checks a destination allowed by `exception`.
 /// IP literals are checked as they are; names are resolved once, through the
-/// cache, after the tunnel budget has had its say.
+/// cache, after the tunnel budget has had its say. Failed upstream DNS
+/// exchanges are noted in `attempts` (the request's event).
 #[allow(clippy::too_many_arguments)]
 pub async fn resolve_checked(
     policy: &Policy,
@@ -306,6 +310,7 @@ pub async fn resolve_checked(
     port: u16,
     own: &[SocketAddr],
     now: i64,
+    attempts: &mut Attempts,
 ) -> Result<Checked, Refusal> {
     let ips: Vec<IpAddr> = match target {
         Target::Ip(ip) => vec![*ip],
@@ -317,7 +322,7 @@ pub async fn resolve_checked(
                 }
             }
             resolver
-                .lookup_ip(host, policy)
+                .lookup_ip_for(host, policy, attempts)
                 .await
                 .map_err(Refusal::Resolve)?
         }
@@ -349,6 +354,47 @@ pub async fn resolve_checked(
     ok.sort_by_key(|a| a.is_ipv6());
     let note = (!refused.is_empty()).then(|| format!("refused non-public {}", refused.join(",")));
     Ok(Checked { addrs: ok, note })
+}
+
+/// [`resolve_checked`] for one request through the proxy: the refused
+/// addresses noted in `ev`, failed DNS exchanges charged to it, a refusal
+/// turned into the [`Stop`] that ends the request.
+pub(crate) async fn check_destination(
+    ctx: &ProxyCtx,
+    policy: &Policy,
+    exception: Option<&Exception>,
+    client: Option<ClientIdx>,
+    dest: &Dest,
+    ev: &mut Event,
+    now: i64,
+) -> Result<Vec<SocketAddr>, Stop> {
+    let found = resolve_checked(
+        policy,
+        &ctx.resolver,
+        exception,
+        client,
+        &dest.target,
+        dest.port,
+        &ctx.own_addrs,
+        now,
+        &mut ev.dns_attempts,
+    )
+    .await;
+    match found {
+        Ok(c) => {
+            ev.add_note(c.note);
+            Ok(c.addrs)
+        }
+        Err(Refusal::Policy(reason, note)) => {
+            ev.add_note(note);
+            Err(Stop::Deny(reason, None))
+        }
+        Err(Refusal::Resolve(e)) => Err(Stop::Unreachable {
+            kind: UpstreamFailure::Resolve,
+            message: e.to_string(),
+            timeout: false,
+        }),
+    }
 }
 
 /// Whether `dest` is one of egressd's own listeners (a request looping back

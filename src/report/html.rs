@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::io::{self, Write};
 
-use crate::policy::time::parse_date;
+use crate::time::parse_date;
 
 use super::text::thousands;
 use super::{ExceptionRow, Report, Status};
@@ -146,7 +146,7 @@ fn decisions_chart(r: &Report) -> String {
         let x = i as f64 * bw;
         let ha = h * a as f64 / max as f64;
         let hd = h * d as f64 / max as f64;
-        let day = crate::policy::time::format_date((start + i) * 86400);
+        let day = crate::time::format_date((start + i) * 86400);
         let _ = write!(
             s,
             "<g><title>{day}: {} allowed, {} denied</title>\
@@ -160,8 +160,8 @@ fn decisions_chart(r: &Report) -> String {
             (bw - 1.0).max(0.5),
         );
     }
-    let first = crate::policy::time::format_date(start * 86400);
-    let last = crate::policy::time::format_date((start + n as i64 - 1) * 86400);
+    let first = crate::time::format_date(start * 86400);
+    let last = crate::time::format_date((start + n as i64 - 1) * 86400);
     let _ = write!(
         s,
         "<text x=\"0\" y=\"{}\" font-size=\"11\" fill=\"#5b6475\">{first}</text>\

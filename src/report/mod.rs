@@ -27,9 +27,9 @@ use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
-use crate::policy::lint::EXPIRY_WARNING_SECS;
-use crate::policy::time::{format_date, format_rfc3339_millis, unix_now};
+use crate::check::lint::EXPIRY_WARNING_SECS;
 use crate::policy::Policy;
+use crate::time::{format_date, format_rfc3339_millis, unix_now};
 use stats::{Pruned, Stats};
 
 /// Exit status: report written.

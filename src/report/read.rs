@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use flate2::read::MultiGzDecoder;
 use serde::Deserialize;
 
-use crate::policy::time::days_from_civil;
+use crate::time::days_from_civil;
 
 /// A line longer than this is not a decision-log line (egressd's longest
 /// are a few KiB); it is skipped, counted as unreadable.
@@ -305,11 +305,11 @@ mod tests {
         assert_eq!(parse_ts("1970-01-01T00:00:00Z", &mut c), Some(0));
         assert_eq!(
             parse_ts("2026-11-29T20:00:00.123Z", &mut c),
-            crate::policy::time::parse_date("2026-11-29T20:00:00Z")
+            crate::time::parse_date("2026-11-29T20:00:00Z")
         );
         assert_eq!(
             parse_ts("2026-11-29T20:00:01.999Z", &mut c),
-            crate::policy::time::parse_date("2026-11-29T20:00:01Z")
+            crate::time::parse_date("2026-11-29T20:00:01Z")
         );
         assert_eq!(parse_ts("2026-11-29 20:00:00", &mut c), None);
         assert_eq!(parse_ts("2026-13-29T20:00:00Z", &mut None), None);
@@ -355,5 +355,144 @@ mod tests {
         assert_eq!(buf, b"last");
         buf.clear();
         assert_eq!(read_line_bounded(&mut r, &mut buf).unwrap(), None);
+    }
+}
+
+/// The writer (`record`) and this reader agree: every event egressd can
+/// write reads back with each field as it was.
+#[cfg(test)]
+mod round_trip {
+    use std::borrow::Cow;
+    use std::net::SocketAddr;
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::policy::{Logged, Mode, Proto, Reason};
+    use crate::record::Event;
+    use crate::time::format_rfc3339_millis;
+
+    /// Strings that stress the writer's escaping: quotes, backslashes,
+    /// control bytes at every offset of an eight-byte chunk, UTF-8.
+    fn awkward() -> Vec<String> {
+        let mut v: Vec<String> = [
+            "",
+            "plain",
+            "a\"b\\c",
+            "line\nbreak\r\ttab",
+            "caf\u{e9} \u{1F600} \u{7f}",
+            "\u{0}\u{1f}x\u{1b}[31m",
+            "/simple/path/of/some/length/without/escapes",
+        ]
+        .map(String::from)
+        .to_vec();
+        for at in 0..10 {
+            let mut s = vec![b'p'; 10];
+            s[at] = if at % 2 == 0 { b'"' } else { 0x01 };
+            v.push(String::from_utf8(s).unwrap());
+        }
+        v
+    }
+
+    fn events() -> Vec<Event> {
+        let mut out = Vec::new();
+        let srcs: [SocketAddr; 3] = [
+            "10.8.3.7:51234".parse().unwrap(),
+            "[2001:db8::7]:5353".parse().unwrap(),
+            "[::ffff:1.2.3.4]:80".parse().unwrap(),
+        ];
+        let protos = Proto::ALL;
+        for (i, text) in awkward().into_iter().enumerate() {
+            let proto = protos[i % protos.len()];
+            let mut ev = Event::new(proto, srcs[i % srcs.len()]);
+            ev.ts_ms = 1_795_982_400_000 + (i as i64) * 86_399_777;
+            ev.client = Arc::from(text.as_str());
+            ev.host = Some(format!("h{i}.test"));
+            ev.port = (i % 3 != 0).then_some(443 + i as u16);
+            ev.addr = Some(srcs[(i + 1) % srcs.len()]);
+            ev.method = (i % 2 == 0).then(|| "GET".to_string());
+            ev.path = Some(text.clone());
+            ev.decision = if i % 2 == 0 {
+                Logged::Allow
+            } else {
+                Logged::Deny
+            };
+            ev.reason = Reason::ALL[i % Reason::ALL.len()];
+            ev.exception = (i % 3 == 1).then(|| Arc::from(format!("exc-{text}")));
+            ev.owner = (i % 3 == 1).then(|| Arc::from("team \"x\""));
+            ev.mode = if i % 4 == 0 {
+                Mode::Report
+            } else {
+                Mode::Enforce
+            };
+            ev.status = (i % 5 != 0).then_some(200 + i as u16);
+            ev.bytes_up = i as u64 * 1000;
+            ev.bytes_down = u64::MAX - i as u64;
+            ev.duration_ms = i as u64;
+            if proto == Proto::Dns {
+                ev.qname = Some(format!("{text}.q.test"));
+                ev.qtype = Some(Cow::Borrowed("TXT"));
+                ev.rcode = Some(Cow::Borrowed("NOERROR"));
+            }
+            ev.error = (i % 2 == 1).then(|| format!("connect: {text}"));
+            ev.note = (i % 3 == 2).then(|| text.clone());
+            out.push(ev);
+        }
+        out
+    }
+
+    #[test]
+    fn every_written_field_reads_back_as_it_was() {
+        let events = events();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("decisions.log");
+        let mut bytes = Vec::new();
+        for ev in &events {
+            ev.write_json(&mut bytes);
+        }
+        std::fs::write(&path, &bytes).unwrap();
+
+        let mut read = 0;
+        let mut day_cache = None;
+        let stats = for_each_line(std::slice::from_ref(&path), |l, at| {
+            let ev = &events[at.line as usize - 1];
+            let s = |v: &Option<Cow<'_, str>>| v.as_deref().map(str::to_string);
+            assert_eq!(l.ts, format_rfc3339_millis(ev.ts_ms));
+            assert_eq!(
+                parse_ts(&l.ts, &mut day_cache),
+                Some(ev.ts_ms.div_euclid(1000))
+            );
+            assert_eq!(l.client(), &*ev.client);
+            assert_eq!(s(&l.src), Some(ev.src.to_string()));
+            assert_eq!(l.proto, ev.proto.as_str());
+            assert_eq!(s(&l.host), ev.host);
+            assert_eq!(l.port, ev.port);
+            assert_eq!(s(&l.method), ev.method);
+            assert_eq!(s(&l.path), ev.path);
+            assert_eq!(l.decision, ev.decision.as_str());
+            assert_eq!(l.allowed(), ev.decision == Logged::Allow);
+            assert_eq!(l.reason(), ev.reason.as_str());
+            assert_eq!(s(&l.exception), ev.exception.as_deref().map(str::to_string));
+            assert_eq!(s(&l.owner), ev.owner.as_deref().map(str::to_string));
+            assert_eq!(l.mode.as_deref(), Some(ev.mode.as_str()));
+            assert_eq!(s(&l.qname), ev.qname);
+            assert_eq!(s(&l.qtype), ev.qtype.as_deref().map(str::to_string));
+            assert_eq!(s(&l.note), ev.note);
+            read += 1;
+        })
+        .unwrap();
+        assert_eq!((read, stats.unreadable), (events.len(), 0));
+
+        // The fields the reader leaves alone are written as they were too.
+        for (line, ev) in bytes.split(|b| *b == b'\n').zip(&events) {
+            let v: serde_json::Value = serde_json::from_slice(line).unwrap();
+            let addr = ev.addr.map(|a| a.to_string());
+            assert_eq!(v["addr"].as_str(), addr.as_deref());
+            assert_eq!(v["status"].as_u64(), ev.status.map(u64::from));
+            assert_eq!(v["bytes_up"], ev.bytes_up);
+            assert_eq!(v["bytes_down"], ev.bytes_down);
+            assert_eq!(v["duration_ms"], ev.duration_ms);
+            assert_eq!(v.get("rcode").and_then(|r| r.as_str()), ev.rcode.as_deref());
+            assert_eq!(v.get("error").and_then(|e| e.as_str()), ev.error.as_deref());
+        }
     }
 }

@@ -16,7 +16,7 @@ use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 
 use crate::explain::decide_target;
-use crate::policy::{ClientIdx, Policy};
+use crate::policy::{ClientIdx, Logged, Policy};
 
 use super::read::{bracket, strip_port, LogLine};
 use super::text::{clean, thousands};
@@ -124,7 +124,7 @@ impl Replay {
         };
         self.replayed += 1;
         let was_allowed = l.allowed();
-        let now_allowed = d.logged_decision() == "allow";
+        let now_allowed = d.logged() == Logged::Allow;
         let before = describe(was_allowed, reason, l.exception.as_deref());
         let after = describe(now_allowed, d.reason.as_str(), d.exception.map(|e| &*e.id));
         let (map, total) = match (was_allowed, now_allowed) {
@@ -272,7 +272,7 @@ pub fn run_against(
             return 1;
         }
     };
-    let now = crate::policy::time::unix_now();
+    let now = crate::time::unix_now();
     let mut r = Replay::default();
     match super::read::for_each_line(logs, |l, _| r.add(&policy, l, now)) {
         Ok(st) => {

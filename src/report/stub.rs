@@ -7,7 +7,7 @@ use std::fmt::Write as _;
 
 use crate::policy::host::parse_host;
 use crate::policy::qtype;
-use crate::policy::time::format_date;
+use crate::time::format_date;
 
 use super::stats::DeniedUse;
 

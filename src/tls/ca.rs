@@ -30,7 +30,7 @@ use rustls_pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer, Server
 
 use super::TlsError;
 use crate::policy::host::Target;
-use crate::policy::time::{days_from_civil, unix_now};
+use crate::time::{days_from_civil, unix_now};
 
 pub const CA_CERT_FILE: &str = "ca.pem";
 pub const CA_KEY_FILE: &str = "ca.key";

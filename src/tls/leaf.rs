@@ -13,7 +13,7 @@ use super::ca::CertAuthority;
 use super::lru::Lru;
 use super::TlsError;
 use crate::policy::host::Target;
-use crate::policy::time::unix_now;
+use crate::time::unix_now;
 
 /// Destinations whose leaf is kept. One entry is a few KiB.
 pub const LEAF_CACHE_CAPACITY: usize = 1024;

@@ -15,14 +15,14 @@ use tokio::net::{TcpListener, TcpStream, UdpSocket};
 use tokio::sync::watch;
 use tokio::time::{timeout, Instant};
 
-use egressd::decision::Recorder;
 use egressd::dns::{self, ResolveError, Resolver, TunnelOutcome};
 use egressd::log::{LogSink, LogTarget};
 use egressd::metrics::Metrics;
 use egressd::policy::host::parse_host;
-use egressd::policy::reload::PolicyHandle;
-use egressd::policy::time::unix_now;
+use egressd::policy::PolicyHandle;
 use egressd::policy::{from_yaml, Policy};
+use egressd::record::Recorder;
+use egressd::time::unix_now;
 
 use crate::support::{ede, fake_dns, policy, FakeDns, PolicyYaml, LOOPBACK};
 

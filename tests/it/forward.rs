@@ -489,7 +489,7 @@ pub fn sha256_hex(b: &[u8]) -> String {
 }
 
 pub fn rfc3339(secs: u64) -> String {
-    egressd::policy::time::format_rfc3339_millis(secs as i64 * 1000)
+    egressd::time::format_rfc3339_millis(secs as i64 * 1000)
         .split('.')
         .next()
         .unwrap()

@@ -6,10 +6,11 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use egressd::decision::Proto;
+use egressd::check::check_at;
+use egressd::check::lint::{lint, Lint};
 use egressd::explain::{explain, run_explain};
 use egressd::policy::host::parse_target;
-use egressd::policy::lint::{check_at, lint, Lint};
+use egressd::policy::Proto;
 use egressd::policy::{
     compile, load, read_sources, Diagnostic, LoadError, Policy, Request, Source,
 };
@@ -103,7 +104,7 @@ fn shipped_policy_loads_and_is_lint_clean() {
     }
     let warnings = lint(&p, NOW);
     assert!(warnings.is_empty(), "{warnings:#?}");
-    let warnings = lint(&p, egressd::policy::time::unix_now());
+    let warnings = lint(&p, egressd::time::unix_now());
     assert!(warnings.is_empty(), "{warnings:#?}");
 }
 

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::Instant;
 
-use egressd::policy::time::{format_date, format_rfc3339_millis, unix_now};
+use egressd::time::{format_date, format_rfc3339_millis, unix_now};
 use flate2::write::GzEncoder;
 use flate2::Compression;
 

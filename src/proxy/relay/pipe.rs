@@ -9,7 +9,7 @@
 //! next lease must never see another tunnel's data.
 //!
 //! This file owns the pipes and the two system calls on them; the copy
-//! loop that drives them lives in `tunnel`.
+//! loop that drives them lives in `relay`.
 
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};

@@ -1,5 +1,10 @@
 //! Civil time without a calendar crate: dates in policies, RFC 3339
 //! timestamps in log lines, and short durations (`90d`, `10m`).
+//!
+//! The bottom layer: used by the policy, the log writer, the commands and
+//! the TLS certificates alike, it imports nothing of the crate. It owns
+//! reading the clock and the calendar arithmetic; it does not own any
+//! timeout (those are named constants beside the waits they bound).
 
 use std::time::{SystemTime, UNIX_EPOCH};
 

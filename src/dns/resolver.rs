@@ -31,10 +31,11 @@ use tokio::sync::OnceCell;
 use tokio::time::{timeout, Instant};
 
 use super::answers::AnswerMemory;
-use super::tunnel::TunnelDetector;
+use super::budget::TunnelDetector;
 use crate::metrics::Metrics;
 use crate::policy::host::Host;
 use crate::policy::{qtype, DnsSettings, Policy};
+use crate::record::{Attempts, UpstreamFailure};
 
 /// One UDP exchange with one upstream.
 pub const UPSTREAM_ATTEMPT_TIMEOUT: Duration = Duration::from_millis(1500);
@@ -147,17 +148,34 @@ impl Resolver {
 
     /// A + AAAA for a name, via the cache; never /etc/hosts, never search
     /// domains; our own timeout and retry. Addresses are returned unchecked:
-    /// the caller classifies each one before dialling it.
+    /// the caller classifies each one before dialling it. For callers with
+    /// no request to charge failed upstream attempts to (tools, tests); a
+    /// request resolves through [`Resolver::lookup_ip_for`].
     pub async fn lookup_ip(
         &self,
         host: &Host,
         policy: &Policy,
     ) -> Result<Vec<IpAddr>, ResolveError> {
+        self.lookup_ip_for(host, policy, &mut Attempts::default())
+            .await
+    }
+
+    /// [`Resolver::lookup_ip`], noting each failed upstream exchange in
+    /// `attempts` (the request's event, which `Recorder::record` counts).
+    pub async fn lookup_ip_for(
+        &self,
+        host: &Host,
+        policy: &Policy,
+        attempts: &mut Attempts,
+    ) -> Result<Vec<IpAddr>, ResolveError> {
         let s = &policy.settings.dns;
+        let (mut for_a, mut for_aaaa) = (Attempts::default(), Attempts::default());
         let (a, aaaa) = tokio::join!(
-            self.resolve(host, qtype::A, s),
-            self.resolve(host, qtype::AAAA, s)
+            self.resolve(host, qtype::A, s, &mut for_a),
+            self.resolve(host, qtype::AAAA, s, &mut for_aaaa)
         );
+        attempts.add(&for_a);
+        attempts.add(&for_aaaa);
         let mut out: Vec<IpAddr> = Vec::new();
         let mut err = None;
         for r in [a, aaaa] {
@@ -187,12 +205,14 @@ impl Resolver {
     }
 
     /// One (name, type) through the cache. The caller has decided the name
-    /// may be resolved.
+    /// may be resolved. The upstream exchanges that failed are noted in
+    /// `attempts` by the query that made them (not by those that joined it).
     pub(super) async fn resolve(
         &self,
         host: &Host,
         qtype: u16,
         s: &DnsSettings,
+        attempts: &mut Attempts,
     ) -> Result<Lookup, ResolveError> {
         if let Some((answer, ttl)) = self.cache_get(host, qtype) {
             self.cache_hits.inc();
@@ -207,7 +227,7 @@ impl Resolver {
                 if let Some(hit) = self.cache_get(host, qtype) {
                     return Ok(hit);
                 }
-                let msg = self.exchange(host, qtype).await?;
+                let msg = self.exchange(host, qtype, attempts).await?;
                 let (answer, ttl) = digest(&msg, host, qtype, s);
                 let answer = Arc::new(answer);
                 self.cache_put(host, qtype, answer.clone(), ttl);
@@ -266,7 +286,12 @@ impl Resolver {
 
     /// Asks the upstreams, in order and for [`UPSTREAM_ROUNDS`] rounds, until
     /// one gives a usable answer (NOERROR or NXDOMAIN).
-    async fn exchange(&self, host: &Host, qtype: u16) -> Result<Message, ResolveError> {
+    async fn exchange(
+        &self,
+        host: &Host,
+        qtype: u16,
+        attempts: &mut Attempts,
+    ) -> Result<Message, ResolveError> {
         if self.upstreams.is_empty() {
             return Err(ResolveError::Upstream(
                 "no upstream DNS server configured".into(),
@@ -284,15 +309,15 @@ impl Resolver {
                     Ok(msg) => match msg.metadata.response_code {
                         ResponseCode::NoError | ResponseCode::NXDomain => return Ok(msg),
                         rc => {
-                            self.count_error("servfail");
+                            attempts.fail(UpstreamFailure::Servfail);
                             last =
                                 ResolveError::Upstream(format!("{up} answered {}", rcode_name(rc)));
                         }
                     },
                     Err(e) => {
-                        self.count_error(match e {
-                            ResolveError::Timeout => "timeout",
-                            _ => "io",
+                        attempts.fail(match e {
+                            ResolveError::Timeout => UpstreamFailure::Timeout,
+                            _ => UpstreamFailure::Io,
                         });
                         last = e;
                     }
@@ -300,13 +325,6 @@ impl Resolver {
             }
         }
         Err(last)
-    }
-
-    fn count_error(&self, kind: &str) {
-        self.metrics
-            .upstream_errors
-            .with_label_values(&["dns", kind])
-            .inc();
     }
 
     /// One UDP exchange with `up`, and TCP when the reply is truncated.

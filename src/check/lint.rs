@@ -8,23 +8,22 @@
 //! `check` also runs the policy tests beside the policy ([`super::cases`]).
 //!
 //! Errors (anything that stops a policy from loading) are not found here but
-//! by [`super::compile`]; lint only reads a compiled [`Policy`]. Every
+//! by [`crate::policy::compile`]; lint only reads a compiled [`Policy`]. Every
 //! warning is conservative: a shadowing report means the later exception can
 //! certainly never be the one a decision names.
 
 use std::collections::HashMap;
 use std::fmt;
-use std::io::Write;
 use std::net::Ipv4Addr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use psl::Psl;
 
-use super::addr;
-use super::host::{is_strict_subdomain, HostPattern};
-use super::time::{format_date, unix_now};
-use super::{Exception, Policy};
+use crate::policy::addr;
+use crate::policy::host::{is_strict_subdomain, HostPattern};
+use crate::policy::{Exception, Policy};
+use crate::time::format_date;
 
 /// How far ahead `check` warns about an exception's expiry.
 pub const EXPIRY_WARNING_SECS: i64 = 14 * 86400;
@@ -588,59 +587,6 @@ fn shadowed(policy: &Policy, now: i64, out: &mut Vec<Warning>) {
                 ),
             });
         }
-    }
-}
-
-/// `egressd check POLICY`: prints errors (exit 1) or warnings and a summary,
-/// then runs the policy tests (exit 1 if one fails; else 0).
-pub fn run_check(path: &Path, out: &mut dyn Write, err: &mut dyn Write) -> i32 {
-    check_at(path, unix_now(), out, err)
-}
-
-/// [`run_check`] as of a given time (tests).
-pub fn check_at(path: &Path, now: i64, out: &mut dyn Write, err: &mut dyn Write) -> i32 {
-    let policy = match super::load(path) {
-        Ok(p) => p,
-        Err(e) => {
-            for d in &e.0 {
-                let _ = writeln!(err, "error: {d}");
-            }
-            let n = e.0.len();
-            let _ = writeln!(
-                err,
-                "{}: {n} error{}, policy not loaded",
-                path.display(),
-                plural(n)
-            );
-            return 1;
-        }
-    };
-    let warnings = lint(&policy, now);
-    for w in &warnings {
-        let _ = writeln!(out, "{w}");
-    }
-    let (e, f, w) = (policy.exceptions.len(), policy.files.len(), warnings.len());
-    let _ = writeln!(
-        out,
-        "{}: {e} exception{} in {f} file{}, 0 errors, {w} warning{}",
-        path.display(),
-        plural(e),
-        plural(f),
-        plural(w)
-    );
-    // Policy tests (tests.yaml) beside the policy: a failing case fails the check.
-    let t = super::cases::run(&super::cases::test_files(path), &policy, now, out, err);
-    if t.failed > 0 || t.errors > 0 {
-        return 1;
-    }
-    0
-}
-
-fn plural(n: usize) -> &'static str {
-    if n == 1 {
-        ""
-    } else {
-        "s"
     }
 }
 

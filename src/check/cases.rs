@@ -19,15 +19,15 @@
 //! Cases are decided by [`crate::explain::decide_target`] as of now, so an
 //! exception that expires makes its cases fail on the day it does. Unknown
 //! keys are errors, as in policy files. A policy loaded from a directory
-//! never reads these files as policy ([`super::read_sources`] skips them).
+//! never reads these files as policy ([`crate::policy::read_sources`] skips them).
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
-use super::{ClientIdx, Policy};
 use crate::explain::decide_target;
+use crate::policy::{ClientIdx, Logged, Policy};
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -180,7 +180,7 @@ fn check_case(policy: &Policy, c: &RawCase, now: i64) -> Result<(), String> {
         },
     };
     let d = decide_target(policy, client, &c.target, c.intercept, now)?;
-    let allowed = d.logged_decision() == "allow";
+    let allowed = d.logged() == Logged::Allow;
     let got_ex = d.exception.map(|e| &*e.id);
     let got = match (allowed, got_ex) {
         (true, Some(e)) => format!("allow by {e}"),

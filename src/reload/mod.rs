@@ -1,242 +1,35 @@
-//! Hot reload: the serving policy lives in a [`PolicyHandle`] (an atomic
-//! pointer swap: readers take a snapshot without locking and keep it for the
-//! whole request or tunnel). The watcher re-reads on file events and SIGHUP,
-//! compiles through the same `compile` as the first load, and swaps only a
-//! valid policy; an invalid one is reported and the last good one serves on.
+//! Hot reload: watch → load → swap, keeping the last good policy. The
+//! serving policy lives in a [`PolicyHandle`] (an atomic pointer swap:
+//! readers take a snapshot without locking and keep it for the whole request
+//! or tunnel). The watcher re-reads on file events and SIGHUP, compiles
+//! through the same `compile` as the first load, and swaps only a valid
+//! policy; an invalid one is reported and the last good one serves on.
 //!
 //! The reloader runs on its own OS thread at the idle scheduling class
-//! ([`Reloader::spawn`]): parsing and compiling a large policy takes
-//! hundreds of milliseconds of CPU, and on a proxy confined to one CPU any
-//! of it spent at normal priority is taken from requests. The policy it
+//! ([`Reloader::spawn`], [`priority`]): parsing and compiling a large policy
+//! takes hundreds of milliseconds of CPU, and on a proxy confined to one CPU
+//! any of it spent at normal priority is taken from requests. The policy it
 //! replaces is freed on that thread too (see [`Retired`]), never by the
 //! request that happens to release the last reference.
+//!
+//! Owns the watcher, its threads and the reload counters. Does not own
+//! compiling (`policy::compile`) or the pointer readers load (`PolicyHandle`).
 
-use std::sync::Arc;
-
-use arc_swap::ArcSwap;
-
-use super::Policy;
-
-/// The serving policy. `snapshot()` never blocks.
-pub struct PolicyHandle {
-    current: ArcSwap<Policy>,
-}
-
-impl PolicyHandle {
-    pub fn new(p: Policy) -> Arc<PolicyHandle> {
-        Arc::new(PolicyHandle {
-            current: ArcSwap::from_pointee(p),
-        })
-    }
-
-    /// The policy to decide one request (or one whole tunnel) with.
-    pub fn snapshot(&self) -> Arc<Policy> {
-        self.current.load_full()
-    }
-
-    /// Serves `p` from now on and hands back the policy it replaces. Every
-    /// reader that loaded the old one before the swap is counted in the
-    /// returned `Arc` (arc-swap pays its debts in `swap`), so a strong count
-    /// of 1 means no request holds it any more.
-    pub fn swap(&self, p: Policy) -> Arc<Policy> {
-        self.current.swap(Arc::new(p))
-    }
-}
-
-/// How long a reload waits, right after a swap, for the requests that hold
-/// the previous policy to finish, so that it is freed on the reloader thread.
-const RETIRE_WAIT: Duration = Duration::from_millis(250);
-const RETIRE_STEP: Duration = Duration::from_millis(2);
-/// Retired policies kept waiting for long-lived holders (tunnels keep the
-/// policy they were decided with). Beyond this the oldest is let go: its
-/// last holder frees it, a cost preferred over unbounded memory.
-const MAX_RETIRED: usize = 4;
-
-/// Policies replaced by a reload, kept until the reloader holds the only
-/// reference so that freeing them (100k exceptions are ~10^6 allocations,
-/// tens of milliseconds) happens on the reloader thread, at idle priority,
-/// and not on a runtime worker in the middle of serving requests.
-#[derive(Default)]
-pub struct Retired {
-    held: Vec<Arc<Policy>>,
-}
-
-impl Retired {
-    pub fn push(&mut self, p: Arc<Policy>) {
-        self.held.push(p);
-        if self.held.len() > MAX_RETIRED {
-            self.held.remove(0);
-        }
-    }
-
-    /// Frees every retired policy no request holds any more; returns how
-    /// many were freed.
-    pub fn reap(&mut self) -> usize {
-        let before = self.held.len();
-        self.held.retain(|p| Arc::strong_count(p) > 1);
-        before - self.held.len()
-    }
-
-    /// `reap` until nothing is left or `limit` has passed.
-    pub fn reap_within(&mut self, limit: Duration) -> usize {
-        let deadline = Instant::now() + limit;
-        let mut freed = self.reap();
-        while !self.held.is_empty() && Instant::now() < deadline {
-            std::thread::sleep(RETIRE_STEP);
-            freed += self.reap();
-        }
-        freed
-    }
-
-    pub fn len(&self) -> usize {
-        self.held.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.held.is_empty()
-    }
-}
-
-/// The scheduling class the reloader thread got.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ThreadClass {
-    /// `SCHED_IDLE`: runs only when no normal thread wants the CPU.
-    Idle,
-    /// `SCHED_IDLE` was refused: nice 19 instead.
-    Nice19,
-    /// Both were refused; normal priority.
-    Normal,
-}
-
-/// Lowers the calling thread (not the process) to `SCHED_IDLE`, or to nice
-/// 19 if that is refused (seccomp profiles, some container runtimes).
-pub fn lower_this_thread() -> ThreadClass {
-    #[cfg(target_os = "linux")]
-    {
-        // SAFETY: plain syscalls on the calling thread (pid 0 / its tid)
-        // with a valid, initialised sched_param.
-        unsafe {
-            let param = libc::sched_param { sched_priority: 0 };
-            if libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) == 0 {
-                return ThreadClass::Idle;
-            }
-            let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
-            if libc::setpriority(libc::PRIO_PROCESS, tid, 19) == 0 {
-                return ThreadClass::Nice19;
-            }
-        }
-    }
-    ThreadClass::Normal
-}
-
-/// A reload still running after this long is raised from the idle class to
-/// normal priority until it ends: on a CPU that requests keep saturated an
-/// idle-class thread gets almost nothing (compiles of 6 s were seen in the
-/// load benchmark), and the promise that a change takes effect within 2 s
-/// outranks some latency on an already overloaded proxy.
-const ESCALATE_AFTER: Duration = Duration::from_millis(600);
-const DEADLINE_CHECK: Duration = Duration::from_millis(100);
-
-/// What the deadline thread knows of the reloader thread.
-struct Pace {
-    tid: std::sync::atomic::AtomicI32,
-    /// Milliseconds since `epoch` at which the running reload started, plus
-    /// one; 0 while no reload runs.
-    busy_since: std::sync::atomic::AtomicU64,
-    epoch: Instant,
-}
-
-impl Pace {
-    fn new() -> Pace {
-        Pace {
-            tid: std::sync::atomic::AtomicI32::new(0),
-            busy_since: std::sync::atomic::AtomicU64::new(0),
-            epoch: Instant::now(),
-        }
-    }
-
-    fn now_ms(&self) -> u64 {
-        self.epoch.elapsed().as_millis() as u64 + 1
-    }
-
-    /// One look by the deadline thread: raise an overdue reload, lower the
-    /// thread again once the reload is done.
-    fn check(&self, raised: &mut bool, lowered_to: ThreadClass) {
-        use std::sync::atomic::Ordering::Relaxed;
-        let tid = self.tid.load(Relaxed);
-        if tid == 0 || lowered_to == ThreadClass::Normal {
-            return;
-        }
-        let since = self.busy_since.load(Relaxed);
-        let overdue =
-            since != 0 && self.now_ms().saturating_sub(since) >= ESCALATE_AFTER.as_millis() as u64;
-        if overdue && !*raised {
-            *raised = set_thread_class(tid, ThreadClass::Normal);
-        } else if since == 0 && *raised {
-            *raised = !set_thread_class(tid, lowered_to);
-        }
-    }
-}
-
-/// Marks a reload as running for as long as it lives.
-struct Busy<'a>(&'a Pace);
-impl<'a> Busy<'a> {
-    fn start(p: &'a Pace) -> Busy<'a> {
-        p.busy_since
-            .store(p.now_ms(), std::sync::atomic::Ordering::Relaxed);
-        Busy(p)
-    }
-}
-impl Drop for Busy<'_> {
-    fn drop(&mut self) {
-        self.0
-            .busy_since
-            .store(0, std::sync::atomic::Ordering::Relaxed);
-    }
-}
-
-/// Sets another thread of this process (by tid) to `class`; whether it took.
-fn set_thread_class(tid: i32, class: ThreadClass) -> bool {
-    #[cfg(target_os = "linux")]
-    {
-        // SAFETY: plain syscalls on a thread of this process, with a valid
-        // sched_param.
-        unsafe {
-            let param = libc::sched_param { sched_priority: 0 };
-            return match class {
-                ThreadClass::Idle => libc::sched_setscheduler(tid, libc::SCHED_IDLE, &param) == 0,
-                ThreadClass::Nice19 | ThreadClass::Normal => {
-                    let nice = if class == ThreadClass::Nice19 { 19 } else { 0 };
-                    libc::sched_setscheduler(tid, libc::SCHED_OTHER, &param) == 0
-                        && libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, nice) == 0
-                }
-            };
-        }
-    }
-    #[allow(unreachable_code)]
-    {
-        let _ = (tid, class);
-        false
-    }
-}
-
-fn current_tid() -> i32 {
-    #[cfg(target_os = "linux")]
-    {
-        // SAFETY: gettid has no preconditions.
-        return unsafe { libc::syscall(libc::SYS_gettid) } as i32;
-    }
-    #[allow(unreachable_code)]
-    0
-}
+pub mod priority;
+mod retired;
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use notify::{RecursiveMode, Watcher};
 use tokio::sync::{mpsc, watch};
 
 use crate::metrics::Metrics;
+use crate::policy::{self, PolicyHandle};
+use priority::{current_tid, lower_this_thread, Busy, Pace, ThreadClass, DEADLINE_CHECK};
+pub use retired::Retired;
+use retired::RETIRE_WAIT;
 
 /// Events within this window are handled as one reload.
 const DEBOUNCE: Duration = Duration::from_millis(150);
@@ -347,11 +140,11 @@ impl Reloader {
         let pace = self.pace.clone();
         let _busy = pace.as_deref().map(Busy::start);
         let t0 = Instant::now();
-        let sources = match super::read_sources(&self.path) {
+        let sources = match policy::read_sources(&self.path) {
             Ok(s) => s,
             Err(e) => return self.failed(e.to_string(), None),
         };
-        let digest = super::digest_sources(&sources);
+        let digest = policy::digest_sources(&sources);
         if !forced && digest == self.handle.snapshot().digest {
             return ReloadOutcome::Unchanged;
         }
@@ -359,7 +152,7 @@ impl Reloader {
             return ReloadOutcome::Unchanged;
         }
         let t1 = Instant::now();
-        match super::compile_digested(&sources, digest, &|n| std::env::var(n).ok()) {
+        match policy::compile_digested(&sources, digest, &|n| std::env::var(n).ok()) {
             Ok(p) => {
                 drop(sources);
                 let n = p.exceptions.len();
@@ -520,6 +313,7 @@ fn fingerprint(path: &Path) -> Vec<(PathBuf, u64, Option<SystemTime>, u64)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use retired::MAX_RETIRED;
 
     fn policy_text(host: &str) -> String {
         format!("exceptions:\n  - id: a\n    owner: t\n    reason: r\n    hosts: [{host}]\n")
@@ -529,7 +323,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("p.yaml");
         std::fs::write(&file, policy_text("a.test")).unwrap();
-        let handle = PolicyHandle::new(super::super::load(&file).unwrap());
+        let handle = PolicyHandle::new(policy::load(&file).unwrap());
         let metrics = Metrics::new();
         let r = Reloader::new(file, handle.clone(), metrics);
         (dir, r, handle)
@@ -545,14 +339,14 @@ mod tests {
         std::fs::create_dir(&sub).unwrap();
         let relative = std::path::Path::new("..").join("p.yaml");
         let absolute = dir.path().join("p.yaml");
-        let via_relative = super::super::read_sources(&sub.join(&relative)).unwrap();
-        let via_absolute = super::super::read_sources(&absolute).unwrap();
+        let via_relative = policy::read_sources(&sub.join(&relative)).unwrap();
+        let via_absolute = policy::read_sources(&absolute).unwrap();
         assert_ne!(via_relative[0].path, via_absolute[0].path);
         assert_eq!(
-            super::super::digest_sources(&via_relative),
-            super::super::digest_sources(&via_absolute)
+            policy::digest_sources(&via_relative),
+            policy::digest_sources(&via_absolute)
         );
-        let handle = PolicyHandle::new(super::super::load(&absolute).unwrap());
+        let handle = PolicyHandle::new(policy::load(&absolute).unwrap());
         let mut r = Reloader::new(absolute, handle, Metrics::new());
         assert!(matches!(r.reload(false), ReloadOutcome::Unchanged));
     }
@@ -587,49 +381,10 @@ mod tests {
         let mut held = Vec::new();
         for i in 0..MAX_RETIRED + 3 {
             held.push(handle.snapshot());
-            let p = super::super::from_yaml(&policy_text(&format!("h{i}.test"))).unwrap();
+            let p = policy::from_yaml(&policy_text(&format!("h{i}.test"))).unwrap();
             r.retired().push(handle.swap(p));
         }
         assert_eq!(r.retired().len(), MAX_RETIRED);
-    }
-
-    /// An overdue reload is raised to normal priority, and lowered back
-    /// once it is done. Raising a thread needs CAP_SYS_NICE: skipped without.
-    #[cfg(target_os = "linux")]
-    #[test]
-    fn an_overdue_reload_is_raised_and_lowered_again() {
-        // SAFETY: no preconditions.
-        if unsafe { libc::geteuid() } != 0 {
-            eprintln!("skipped: raising a thread's priority needs root");
-            return;
-        }
-        let (tx, rx) = std::sync::mpsc::channel();
-        let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
-        let t = std::thread::spawn(move || {
-            assert_eq!(lower_this_thread(), ThreadClass::Idle);
-            tx.send(current_tid()).unwrap();
-            let _ = done_rx.recv();
-        });
-        let tid = rx.recv().unwrap();
-        // SAFETY: queries about a thread of this process.
-        let class = || unsafe { libc::sched_getscheduler(tid) };
-        let pace = Pace::new();
-        pace.tid.store(tid, std::sync::atomic::Ordering::Relaxed);
-        let mut raised = false;
-        {
-            let _busy = Busy::start(&pace);
-            pace.check(&mut raised, ThreadClass::Idle);
-            assert_eq!(class(), libc::SCHED_IDLE, "raised before the deadline");
-            std::thread::sleep(ESCALATE_AFTER + Duration::from_millis(20));
-            pace.check(&mut raised, ThreadClass::Idle);
-            assert!(raised);
-            assert_eq!(class(), libc::SCHED_OTHER);
-        }
-        pace.check(&mut raised, ThreadClass::Idle);
-        assert!(!raised);
-        assert_eq!(class(), libc::SCHED_IDLE);
-        done_tx.send(()).unwrap();
-        t.join().unwrap();
     }
 
     #[cfg(target_os = "linux")]

@@ -1,0 +1,285 @@
+//! The layering rule of `lib.rs`, enforced: every `crate::…` path in a
+//! module's source must name a module its layer may use. An import that
+//! points up fails here; it is a design question, not a shortcut.
+//!
+//! Read as text (the `use` lines and inline `crate::` paths, comments
+//! skipped): no parsing of Rust, and no way for the rule to rot unnoticed.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+/// Each module and what of the crate it may use. A module not listed
+/// fails the test: a new module gets a place in the layers when it is
+/// made. Modules listed in `TOP` may also use each other.
+const RULES: &[(&str, &[&str])] = &[
+    // The bottom: the clock, used everywhere.
+    ("time", &[]),
+    // The pure leaf: no I/O, nothing above it.
+    ("policy", &["time"]),
+    // The registry and the log sink. The sink counts its own write
+    // errors, so log may use metrics (never the other way).
+    ("metrics", &["policy", "time"]),
+    ("log", &["policy", "time", "metrics"]),
+    // The one log-and-count.
+    ("record", &["policy", "time", "metrics", "log"]),
+    // Certificates for interception; below the proxy that uses them.
+    ("tls", &["policy", "time"]),
+    // The front-ends. The proxy resolves through the DNS resolver; DNS
+    // never reaches into the proxy.
+    ("dns", &["policy", "time", "metrics", "log", "record"]),
+    (
+        "proxy",
+        &["policy", "time", "metrics", "log", "record", "tls", "dns"],
+    ),
+];
+
+/// The top: wiring, reload, the commands and the launcher. They may use
+/// everything, and one another; nothing below may use them.
+const TOP: &[&str] = &[
+    "app", "reload", "check", "explain", "report", "launcher", "cli", "main", "lib",
+];
+
+/// The proxy's modules, lowest first: each may use only those before it
+/// (and the context in `proxy/mod.rs`). The edges (forward, tunnel, mitm,
+/// transparent) sit on the shared steps, never the other way round.
+const PROXY: &[&str] = &[
+    "dest",
+    "respond",
+    "admit",
+    "sni",
+    "relay",
+    "upstream",
+    "pool",
+    "tls_origins",
+    "exchange",
+    "mitm",
+    "tunnel",
+    "forward",
+    "accept",
+    "transparent",
+];
+
+/// The crate's own `src/`.
+fn src_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("src")
+}
+
+fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    for entry in std::fs::read_dir(dir).expect("src is readable") {
+        let path = entry.expect("directory entry").path();
+        if path.is_dir() {
+            rust_files(&path, out);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push(path);
+        }
+    }
+}
+
+/// The top-level module a file belongs to (`proxy/relay/pipe.rs` → `proxy`).
+fn module_of(src: &Path, file: &Path) -> String {
+    let rel = file.strip_prefix(src).expect("file below src");
+    let first = rel.components().next().expect("non-empty path");
+    let name = first.as_os_str().to_string_lossy();
+    name.strip_suffix(".rs").unwrap_or(&name).to_string()
+}
+
+/// The text of a file without its comments (line comments and doc
+/// comments: they may name modules in prose and links).
+fn code_of(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for line in text.lines() {
+        let code = match line.find("//") {
+            // `"http://…"`: a `//` after an odd number of quotes is in a string.
+            Some(i) if line[..i].matches('"').count() % 2 == 0 => &line[..i],
+            _ => line,
+        };
+        out.push_str(code);
+        out.push('\n');
+    }
+    out
+}
+
+/// Every top-level module named by a `crate::` (or, in `main.rs`,
+/// `egressd::`) path in `code`, grouped imports (`crate::{a, b::c}`)
+/// included.
+fn uses_of(code: &str, root: &str) -> BTreeSet<String> {
+    let mut found = BTreeSet::new();
+    let mut rest = code;
+    while let Some(i) = rest.find(root) {
+        let before = rest[..i].chars().next_back();
+        rest = &rest[i + root.len()..];
+        if before.is_some_and(|c| c.is_alphanumeric() || c == '_') {
+            continue; // `mycrate::`, not `crate::`
+        }
+        if let Some(group) = rest.strip_prefix('{') {
+            let mut depth = 0;
+            let end = group
+                .find(|c| match c {
+                    '{' => {
+                        depth += 1;
+                        false
+                    }
+                    '}' if depth == 0 => true,
+                    '}' => {
+                        depth -= 1;
+                        false
+                    }
+                    _ => false,
+                })
+                .unwrap_or(group.len());
+            let mut depth = 0;
+            let mut item = String::new();
+            for c in group[..end].chars().chain([',']) {
+                match c {
+                    '{' => depth += 1,
+                    '}' => depth -= 1,
+                    ',' if depth == 0 => {
+                        let name = first_ident(item.trim());
+                        if !name.is_empty() && name != "self" {
+                            found.insert(name.to_string());
+                        }
+                        item.clear();
+                        continue;
+                    }
+                    _ => {}
+                }
+                item.push(c);
+            }
+        } else {
+            let name = first_ident(rest);
+            if !name.is_empty() {
+                found.insert(name.to_string());
+            }
+        }
+    }
+    found
+}
+
+fn first_ident(s: &str) -> &str {
+    let end = s
+        .find(|c: char| !(c.is_alphanumeric() || c == '_'))
+        .unwrap_or(s.len());
+    &s[..end]
+}
+
+/// Every (file, module it uses) that breaks the rule.
+fn violations() -> Vec<String> {
+    let src = src_dir();
+    let mut files = Vec::new();
+    rust_files(&src, &mut files);
+    files.sort();
+    let rules: BTreeMap<&str, &[&str]> = RULES.iter().copied().collect();
+    let mut bad = Vec::new();
+    for file in files {
+        let module = module_of(&src, &file);
+        if module == "layering" {
+            continue;
+        }
+        let text = std::fs::read_to_string(&file).expect("source is readable");
+        let code = code_of(&text);
+        let mut used = uses_of(&code, "crate::");
+        if module == "main" {
+            used.extend(uses_of(&code, "egressd::"));
+        }
+        let rel = file.strip_prefix(&src).unwrap().display().to_string();
+        for dep in used {
+            if dep == module {
+                continue;
+            }
+            let known = rules.contains_key(dep.as_str()) || TOP.contains(&dep.as_str());
+            let ok = if TOP.contains(&module.as_str()) {
+                known
+            } else {
+                match rules.get(module.as_str()) {
+                    Some(allowed) => allowed.contains(&dep.as_str()),
+                    None => {
+                        bad.push(format!("{rel}: module {module} has no place in the layers"));
+                        break;
+                    }
+                }
+            };
+            if !ok {
+                bad.push(format!("{rel}: {module} uses {dep}"));
+            }
+        }
+    }
+    bad
+}
+
+/// Every (file, proxy module it uses) that breaks [`PROXY`]'s order.
+fn proxy_violations() -> Vec<String> {
+    let src = src_dir();
+    let proxy = src.join("proxy");
+    let mut files = Vec::new();
+    rust_files(&proxy, &mut files);
+    files.sort();
+    let rank = |m: &str| PROXY.iter().position(|p| *p == m);
+    let mut bad = Vec::new();
+    for file in files {
+        let rel = file.strip_prefix(&proxy).unwrap();
+        let module = module_of(&proxy, &file);
+        if module == "mod" {
+            continue; // the shared context
+        }
+        let Some(mine) = rank(&module) else {
+            bad.push(format!("proxy/{}: not in the proxy's order", rel.display()));
+            continue;
+        };
+        let code = code_of(&std::fs::read_to_string(&file).expect("readable"));
+        let mut used = uses_of(&code, "crate::proxy::");
+        // `super::` names a sibling only in a file directly below proxy/
+        // (or a folder's mod.rs); deeper, it is the folder's own.
+        let depth = rel.components().count();
+        if depth == 1 || rel.ends_with("mod.rs") && depth == 2 {
+            used.extend(uses_of(&code, "super::"));
+        }
+        let names: BTreeSet<&str> = PROXY.iter().copied().collect();
+        for dep in used.iter().filter(|d| names.contains(d.as_str())) {
+            if dep != &module && rank(dep) > Some(mine) {
+                bad.push(format!("proxy/{}: {module} uses {dep}", rel.display()));
+            }
+        }
+    }
+    bad
+}
+
+#[test]
+fn the_proxy_is_a_one_way_graph() {
+    let bad = proxy_violations();
+    assert!(
+        bad.is_empty(),
+        "proxy imports against the order:\n{}",
+        bad.join("\n")
+    );
+}
+
+#[test]
+fn every_import_points_down() {
+    let bad = violations();
+    assert!(
+        bad.is_empty(),
+        "imports against the layers:\n{}",
+        bad.join("\n")
+    );
+}
+
+#[test]
+fn the_reader_finds_every_form_of_path() {
+    let code = code_of(
+        "use crate::policy::{Decision, Reason};\n\
+         use crate::{dns, proxy::{self, dest}};\n\
+         let x = crate::time::unix_now(); // crate::launcher in a comment\n\
+         let u = \"http://a.test\"; crate::app::run();\n\
+         use mycrate::report;\n",
+    );
+    let got: Vec<String> = uses_of(&code, "crate::").into_iter().collect();
+    assert_eq!(got, ["app", "dns", "policy", "proxy", "time"]);
+}
+
+#[test]
+fn an_upward_import_is_caught() {
+    // The rule itself, on a made-up violation: policy may use time only.
+    let rules: BTreeMap<&str, &[&str]> = RULES.iter().copied().collect();
+    let used = uses_of(&code_of("use crate::record::Event;\n"), "crate::");
+    assert!(used.iter().any(|d| !rules["policy"].contains(&d.as_str())));
+}

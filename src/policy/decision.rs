@@ -1,0 +1,228 @@
+//! What a decision is: the value [`Policy::decide`](super::Policy::decide)
+//! returns ([`Decision`]: a [`Verdict`], the [`Reason`] and the exception
+//! that matched) and the protocol a request came by ([`Proto`]).
+//!
+//! Owns the vocabulary (the `as_str` names the log, the `X-Egressd-Reason`
+//! header and the metrics' labels use). Does not own what happens with a
+//! decision: writing it down and counting it is `record`, answering it the
+//! front-ends.
+
+use super::Exception;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Proto {
+    Http,
+    Connect,
+    Tls,
+    Dns,
+}
+
+impl Proto {
+    pub const ALL: [Proto; 4] = [Proto::Http, Proto::Connect, Proto::Tls, Proto::Dns];
+
+    /// Position in [`Proto::ALL`] (a match, so a new variant cannot be
+    /// forgotten here).
+    pub fn index(self) -> usize {
+        match self {
+            Proto::Http => 0,
+            Proto::Connect => 1,
+            Proto::Tls => 2,
+            Proto::Dns => 3,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Proto::Http => "http",
+            Proto::Connect => "connect",
+            Proto::Tls => "tls",
+            Proto::Dns => "dns",
+        }
+    }
+}
+
+/// What the log line and the metrics say of a request. A report-mode pass
+/// is logged as the denial it would be.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Logged {
+    Allow,
+    Deny,
+}
+
+impl Logged {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Logged::Allow => "allow",
+            Logged::Deny => "deny",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    Allow,
+    /// Allowed, but only through TLS interception, where each request inside
+    /// is decided again with its method and path.
+    Intercept,
+    Deny,
+}
+
+/// Why a decision went the way it did. The `as_str` names are the log's and
+/// the `X-Egressd-Reason` header's vocabulary.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Reason {
+    Exception,
+    NoException,
+    Expired,
+    PrivateAddress,
+    ClientNotAllowed,
+    PortNotAllowed,
+    MethodNotAllowed,
+    PathNotAllowed,
+    InspectionRequired,
+    HostMismatch,
+    SniMismatch,
+    QtypeNotAllowed,
+    DnsTunnel,
+    Malformed,
+    LogUnavailable,
+    LoopDetected,
+    Overloaded,
+    UpstreamError,
+}
+
+impl Reason {
+    /// Every reason, for pre-creating metric series, in declaration order
+    /// (so that `ALL[r.index()] == r`).
+    pub const ALL: [Reason; 18] = [
+        Reason::Exception,
+        Reason::NoException,
+        Reason::Expired,
+        Reason::PrivateAddress,
+        Reason::ClientNotAllowed,
+        Reason::PortNotAllowed,
+        Reason::MethodNotAllowed,
+        Reason::PathNotAllowed,
+        Reason::InspectionRequired,
+        Reason::HostMismatch,
+        Reason::SniMismatch,
+        Reason::QtypeNotAllowed,
+        Reason::DnsTunnel,
+        Reason::Malformed,
+        Reason::LogUnavailable,
+        Reason::LoopDetected,
+        Reason::Overloaded,
+        Reason::UpstreamError,
+    ];
+
+    /// Position in [`Reason::ALL`]: metrics find a reason's series by it.
+    pub fn index(self) -> usize {
+        self as usize
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reason::Exception => "exception",
+            Reason::NoException => "no_exception",
+            Reason::Expired => "exception_expired",
+            Reason::PrivateAddress => "private_address",
+            Reason::ClientNotAllowed => "client_not_allowed",
+            Reason::PortNotAllowed => "port_not_allowed",
+            Reason::MethodNotAllowed => "method_not_allowed",
+            Reason::PathNotAllowed => "path_not_allowed",
+            Reason::InspectionRequired => "inspection_required",
+            Reason::HostMismatch => "host_mismatch",
+            Reason::SniMismatch => "sni_mismatch",
+            Reason::QtypeNotAllowed => "qtype_not_allowed",
+            Reason::DnsTunnel => "dns_tunnel",
+            Reason::Malformed => "malformed",
+            Reason::LogUnavailable => "log_unavailable",
+            Reason::LoopDetected => "loop_detected",
+            Reason::Overloaded => "overloaded",
+            Reason::UpstreamError => "upstream_error",
+        }
+    }
+
+    /// One sentence for deny bodies and `explain`.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Reason::Exception => "an exception allows it",
+            Reason::NoException => "no exception allows this destination",
+            Reason::Expired => "the exception that allowed this destination has expired",
+            Reason::PrivateAddress => "the destination is a private, loopback, link-local or otherwise non-public address that no exception lists in cidrs",
+            Reason::ClientNotAllowed => "an exception names this destination, but not for this client",
+            Reason::PortNotAllowed => "an exception names this destination, but not on this port",
+            Reason::MethodNotAllowed => "an exception names this destination, but not for this method",
+            Reason::PathNotAllowed => "an exception names this destination, but not for this path",
+            Reason::InspectionRequired => "the exceptions for this destination restrict methods or paths or inject credentials, which an opaque tunnel cannot enforce, and TLS interception is not enabled",
+            Reason::HostMismatch => "the Host header does not match the request target",
+            Reason::SniMismatch => "the TLS server name does not match the CONNECT host",
+            Reason::QtypeNotAllowed => "this DNS record type is not allowed for this name",
+            Reason::DnsTunnel => "the name looks like data carried over DNS (tunnelling)",
+            Reason::Malformed => "the request is malformed",
+            Reason::LogUnavailable => "the decision log cannot be written, so egressd refuses new requests until it can",
+            Reason::LoopDetected => "the destination is egressd itself",
+            Reason::Overloaded => "too many requests from this client are in flight",
+            Reason::UpstreamError => "the destination could not be reached",
+        }
+    }
+}
+
+/// The outcome of `Policy::decide`: a pure value that carries its reason
+/// and, when one matched, the exception (borrowed from the policy snapshot
+/// the request holds).
+#[derive(Debug, Clone, Copy)]
+pub struct Decision<'p> {
+    pub verdict: Verdict,
+    pub reason: Reason,
+    pub exception: Option<&'p Exception>,
+    /// `mode: report` turned a denial into an allow; the log says deny.
+    pub report_only: bool,
+}
+
+impl<'p> Decision<'p> {
+    pub fn allow(e: &'p Exception) -> Self {
+        Decision {
+            verdict: Verdict::Allow,
+            reason: Reason::Exception,
+            exception: Some(e),
+            report_only: false,
+        }
+    }
+    pub fn deny(reason: Reason, e: Option<&'p Exception>) -> Self {
+        Decision {
+            verdict: Verdict::Deny,
+            reason,
+            exception: e,
+            report_only: false,
+        }
+    }
+    pub fn is_allowed(&self) -> bool {
+        self.verdict != Verdict::Deny
+    }
+    /// What the log says: a report-mode pass is logged as the denial it would be.
+    pub fn logged(&self) -> Logged {
+        if self.verdict == Verdict::Deny || self.report_only {
+            Logged::Deny
+        } else {
+            Logged::Allow
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn proto_and_reason_tables_are_complete() {
+        for (i, p) in Proto::ALL.iter().enumerate() {
+            assert_eq!(p.index(), i);
+        }
+        let names: std::collections::HashSet<_> = Reason::ALL.iter().map(|r| r.as_str()).collect();
+        assert_eq!(names.len(), Reason::ALL.len(), "reason names are unique");
+        for (i, r) in Reason::ALL.iter().enumerate() {
+            assert_eq!(r.index(), i, "{r:?}");
+        }
+    }
+}

@@ -1,0 +1,616 @@
+//! The one way out for HTTP requests, plain or intercepted: decision →
+//! checked address → upstream client → a body that writes the line when
+//! the response ends. Shared by the forward proxy, requests inside
+//! intercepted tunnels (`mitm`) and captured plain HTTP (`transparent`),
+//! which differ only in their edge checks ([`Inbound`]) and in how the
+//! origin is reached ([`Scheme`]).
+//!
+//! WebSocket (HTTP/1.1 `Upgrade`) requests pass only after the decision,
+//! and their line is written when the upgraded connection closes.
+//!
+//! Owns the request's rewrite on the way out (hop-by-hop headers, `Host`,
+//! `Via`, injected credentials) and the response's on the way back. Does
+//! not own the edge (parsing, `Host` agreement: the front-ends), resolving
+//! and checking addresses (`upstream`), or connections (`pool`,
+//! `tls_origins`).
+
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::{Request, Response, Uri};
+use http_body_util::BodyExt;
+use hyper::body::{Body, Frame, Incoming, SizeHint};
+use hyper::upgrade::OnUpgrade;
+use hyper_util::rt::TokioIo;
+
+use super::admit::Draft;
+use super::dest::Dest;
+use super::pool;
+use super::relay::{self, meter::Counted};
+use super::respond::{self, ProxyBody, Responder, Stop};
+use super::tls_origins::{TlsClient, UpstreamAddr};
+use super::upstream::{self, Egress};
+use super::ProxyCtx;
+use crate::policy::{self, ClientIdx, Decision, Exception, Policy, Reason};
+use crate::record::{Event, Recorder, UpstreamFailure};
+use crate::time::unix_now;
+
+/// Longest wait for an origin's response head after the request is sent.
+pub const RESPONSE_TIMEOUT: Duration = Duration::from_secs(60);
+/// Longest path kept in a log line.
+const MAX_LOGGED_PATH: usize = 2048;
+
+static VIA: HeaderValue = HeaderValue::from_static("1.1 egressd");
+
+/// Headers that describe one hop, never forwarded (RFC 9110 §7.6.1), plus
+/// the proxy's own credentials.
+const HOP_BY_HOP: &[HeaderName] = &[
+    header::CONNECTION,
+    header::PROXY_AUTHORIZATION,
+    header::PROXY_AUTHENTICATE,
+    header::TE,
+    header::TRAILER,
+    header::TRANSFER_ENCODING,
+    header::UPGRADE,
+];
+
+/// How an allowed request reaches its origin.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Scheme {
+    /// Plain HTTP to a checked address, pooled per address.
+    Http,
+    /// HTTPS from inside an intercepted tunnel, verified against the trust
+    /// store and pooled per (name, checked addresses).
+    Https,
+}
+
+impl Scheme {
+    fn default_port(self) -> u16 {
+        match self {
+            Scheme::Http => 80,
+            Scheme::Https => 443,
+        }
+    }
+}
+
+/// A request that passed its front-end's edge checks: the destination is
+/// parsed, `Host` agrees with it, the path is normalised.
+pub(crate) struct Inbound<'a> {
+    pub client: Option<ClientIdx>,
+    pub dest: &'a Dest,
+    /// Normalised path, for `paths:` rules.
+    pub path: &'a str,
+    pub scheme: Scheme,
+}
+
+/// Decides `req` and, when allowed, forwards it: the decision, then
+/// [`reach_origin`]'s steps, then the answer whose body writes the line.
+/// Every way it ends records exactly one line.
+pub(crate) async fn decide_and_forward(
+    ctx: &ProxyCtx,
+    policy: &Policy,
+    req: Request<Incoming>,
+    mut ev: Event,
+    inbound: Inbound<'_>,
+    responder: &Responder<'_>,
+) -> Response<ProxyBody> {
+    let now = unix_now();
+    let d = decide(policy, &req, &mut ev, &inbound, now);
+    if !d.is_allowed() {
+        return responder.refuse(ev);
+    }
+    Draft::publish(&req, &ev);
+    match reach_origin(ctx, policy, req, &mut ev, &inbound, &d, now).await {
+        Ok(sent) => answer(sent, ev, &ctx.recorder),
+        Err(stop) => responder.stop(ev, stop),
+    }
+}
+
+/// The one decision for the request, noted in `ev`.
+fn decide<'p>(
+    policy: &'p Policy,
+    req: &Request<Incoming>,
+    ev: &mut Event,
+    inbound: &Inbound<'_>,
+    now: i64,
+) -> Decision<'p> {
+    let preq = policy::Request {
+        proto: ev.proto,
+        client: inbound.client,
+        target: &inbound.dest.target,
+        port: inbound.dest.port,
+        method: Some(req.method().as_str()),
+        path: Some(inbound.path),
+        qtype: None,
+        can_intercept: false,
+    };
+    let d = policy.decide(&preq, now);
+    ev.set_decision(&d, policy.settings.mode);
+    d
+}
+
+/// An allowed request, on its way: checked addresses, the origin chosen,
+/// the request rewritten for it, sent.
+async fn reach_origin(
+    ctx: &ProxyCtx,
+    policy: &Policy,
+    mut req: Request<Incoming>,
+    ev: &mut Event,
+    inbound: &Inbound<'_>,
+    d: &Decision<'_>,
+    now: i64,
+) -> Result<Sent, Stop> {
+    let checked = upstream::check_destination(
+        ctx,
+        policy,
+        d.exception,
+        inbound.client,
+        inbound.dest,
+        ev,
+        now,
+    )
+    .await?;
+    let upgrade = upgrade_protocol(&req);
+    let origin = Origin::choose(ctx, &req, ev, inbound, &checked, upgrade.is_some())?;
+    let client_upgrade = rewrite(&mut req, ctx, &origin, upgrade, d.exception, inbound.scheme);
+    send(ctx, req, origin, client_upgrade, ev).await
+}
+
+fn unreachable(kind: UpstreamFailure, message: impl ToString, timeout: bool) -> Stop {
+    Stop::Unreachable {
+        kind,
+        message: message.to_string(),
+        timeout,
+    }
+}
+
+/// Where an allowed request goes and how.
+struct Origin {
+    uri: Uri,
+    /// The `Host` header it carries (`name`, or `name:port` off the
+    /// scheme's default port).
+    host: String,
+    /// Plain HTTP: the checked address the pool dials.
+    addr: Option<SocketAddr>,
+    /// HTTPS: a client bound to this name and these checked addresses.
+    tls: Option<TlsClient>,
+}
+
+impl Origin {
+    /// Plain HTTP: the checked address in the URI is the pool key. HTTPS:
+    /// a client bound to this name and these checked addresses, so the URI
+    /// carries the name (it becomes h2's :authority) and no pooled
+    /// connection is ever shared between names.
+    fn choose<B>(
+        ctx: &ProxyCtx,
+        req: &Request<B>,
+        ev: &mut Event,
+        inbound: &Inbound<'_>,
+        checked: &[SocketAddr],
+        upgrade: bool,
+    ) -> Result<Origin, Stop> {
+        let dest = inbound.dest;
+        let host = if dest.port == inbound.scheme.default_port() {
+            dest.target.to_string()
+        } else {
+            format!("{}:{}", dest.target, dest.port)
+        };
+        let pq = origin_form(req.uri());
+        let (uri, addr, tls) = match inbound.scheme {
+            Scheme::Http => {
+                let addr = checked[0];
+                ev.addr = Some(addr);
+                match ctx.egress {
+                    // The origin gets the origin form; the pool dials `addr`.
+                    Egress::Direct => (pq, Some(addr), None),
+                    // An upstream proxy gets the checked address, never the name.
+                    Egress::Proxy(_) => (format!("http://{addr}{pq}"), Some(addr), None),
+                }
+            }
+            Scheme::Https => {
+                let Some(origins) = ctx.tls_origins() else {
+                    let why = "interception is not enabled";
+                    return Err(unreachable(UpstreamFailure::Tls, why, false));
+                };
+                let client = origins
+                    .client(dest, checked, upgrade)
+                    .map_err(|e| unreachable(UpstreamFailure::Tls, e, false))?;
+                (format!("https://{host}{pq}"), None, Some(client))
+            }
+        };
+        let uri = uri
+            .parse()
+            .map_err(|_| Stop::Deny(Reason::Malformed, Some("unparsable request target".into())))?;
+        Ok(Origin {
+            uri,
+            host,
+            addr,
+            tls,
+        })
+    }
+}
+
+/// The origin form: an empty path is `/` (`http://host?q` asks for `/?q`).
+fn origin_form(uri: &Uri) -> String {
+    let path = match uri.path() {
+        "" => "/",
+        p => p,
+    };
+    match uri.query() {
+        Some(q) => format!("{path}?{q}"),
+        None => path.to_string(),
+    }
+}
+
+/// Rewrites `req` for `origin`: hop-by-hop headers out, `Host`, `Via` and
+/// the exception's credentials in, the upgrade (if any) asked for again.
+/// Returns the client side of that upgrade.
+fn rewrite(
+    req: &mut Request<Incoming>,
+    ctx: &ProxyCtx,
+    origin: &Origin,
+    upgrade: Option<HeaderValue>,
+    exception: Option<&Exception>,
+    scheme: Scheme,
+) -> Option<OnUpgrade> {
+    let h = req.headers_mut();
+    strip_hop_by_hop(h);
+    if let Some(p) = &upgrade {
+        h.insert(header::UPGRADE, p.clone());
+        h.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+    }
+    h.insert(
+        header::HOST,
+        HeaderValue::from_str(&origin.host).expect("normalised host is a valid header"),
+    );
+    h.append(header::VIA, VIA.clone());
+    if let Some(e) = exception {
+        inject(h, e);
+    }
+    // Plain HTTP through an upstream proxy goes to the proxy itself
+    // (absolute form): it gets egressd's credentials, never the client's.
+    if scheme == Scheme::Http {
+        if let Some(auth) = ctx.egress.proxy_auth() {
+            h.insert(header::PROXY_AUTHORIZATION, auth.clone());
+        }
+    }
+    *req.uri_mut() = origin.uri.clone();
+    *req.version_mut() = http::Version::HTTP_11;
+    upgrade.is_some().then(|| hyper::upgrade::on(req))
+}
+
+/// What came back from the origin.
+struct Sent {
+    resp: Response<Incoming>,
+    /// The pooled plain-HTTP connection, given back when the body ends.
+    lent: Option<pool::Lent>,
+    up_bytes: Arc<AtomicU64>,
+    client_upgrade: Option<OnUpgrade>,
+}
+
+/// Sends `req` to `origin` and waits (bounded) for the response head.
+async fn send(
+    ctx: &ProxyCtx,
+    req: Request<Incoming>,
+    origin: Origin,
+    client_upgrade: Option<OnUpgrade>,
+    ev: &mut Event,
+) -> Result<Sent, Stop> {
+    let up_bytes = Arc::new(AtomicU64::new(0));
+    let (parts, body) = req.into_parts();
+    let req = Request::from_parts(parts, Counted::new(body, up_bytes.clone()));
+    let sent = async {
+        match (&origin.tls, origin.addr) {
+            (Some(c), _) => c
+                .request(req)
+                .await
+                .map(|r| (r, None))
+                .map_err(|e| error_chain(&e)),
+            (None, Some(addr)) => ctx
+                .http
+                .send(addr, req)
+                .await
+                .map(|(r, lent)| (r, Some(lent)))
+                .map_err(|e| error_chain(&e)),
+            (None, None) => Err("no checked address to connect to".to_string()),
+        }
+    };
+    let result = tokio::time::timeout(RESPONSE_TIMEOUT, sent).await;
+    if !matches!(result, Ok(Ok(_))) {
+        ev.bytes_up = up_bytes.load(Ordering::Relaxed);
+    }
+    let (resp, lent) = match result {
+        Ok(Ok(sent)) => sent,
+        Ok(Err(e)) => return Err(unreachable(UpstreamFailure::Connect, e, false)),
+        Err(_) => {
+            let why = "no response in time";
+            return Err(unreachable(UpstreamFailure::Timeout, why, true));
+        }
+    };
+    Ok(Sent {
+        resp,
+        lent,
+        up_bytes,
+        client_upgrade,
+    })
+}
+
+/// The origin's response, on its way to the client: hop-by-hop headers
+/// out, `Via` in, and either a body that writes the line when it ends or,
+/// for a WebSocket the origin accepted, the upgraded connection relayed.
+fn answer(sent: Sent, mut ev: Event, rec: &Recorder) -> Response<ProxyBody> {
+    let Sent {
+        mut resp,
+        lent,
+        up_bytes,
+        client_upgrade,
+    } = sent;
+    if let Some(a) = resp.extensions().get::<UpstreamAddr>() {
+        ev.addr = Some(a.0);
+    }
+    ev.status = Some(resp.status().as_u16());
+    let switching = resp.status() == http::StatusCode::SWITCHING_PROTOCOLS;
+    let resp_upgrade = resp.headers().get(header::UPGRADE).cloned();
+    strip_hop_by_hop(resp.headers_mut());
+    resp.headers_mut().append(header::VIA, VIA.clone());
+    if let (true, Some(client_up), Some(p)) = (switching, client_upgrade, resp_upgrade) {
+        let origin_up = hyper::upgrade::on(&mut resp);
+        let h = resp.headers_mut();
+        h.insert(header::UPGRADE, p);
+        h.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+        tokio::spawn(relay_upgraded(client_up, origin_up, lent, ev, rec.clone()));
+        let (parts, _) = resp.into_parts();
+        return Response::from_parts(parts, respond::full(""));
+    }
+    let (parts, body) = resp.into_parts();
+    let body = Recorded {
+        inner: body,
+        up: up_bytes,
+        down: 0,
+        event: Some(ev),
+        recorder: rec.clone(),
+        lent,
+    };
+    Response::from_parts(parts, body.boxed())
+}
+
+/// Relays an upgraded (WebSocket) connection both ways and writes its line
+/// when it closes. The upgraded connection is never pooled; its sender
+/// lives until the upgrade is done with.
+async fn relay_upgraded(
+    client_up: OnUpgrade,
+    origin_up: OnUpgrade,
+    lent: Option<pool::Lent>,
+    mut ev: Event,
+    rec: Recorder,
+) {
+    let _lent = lent;
+    match tokio::try_join!(client_up, origin_up) {
+        Ok((c, o)) => {
+            let (up, down, result) = relay::streams(TokioIo::new(c), TokioIo::new(o), 0).await;
+            ev.bytes_up = up;
+            ev.bytes_down = down;
+            if let Err(e) = result {
+                ev.error = Some(format!("upgraded connection: {e}"));
+            }
+        }
+        Err(e) => ev.error = Some(format!("upgrade: {e}")),
+    }
+    rec.record(ev);
+}
+
+/// A path as the log line keeps it: no query or fragment, at most
+/// [`MAX_LOGGED_PATH`] bytes.
+pub(crate) fn truncate_path(p: &str) -> String {
+    let p = p.split(['?', '#']).next().unwrap_or("");
+    if p.len() <= MAX_LOGGED_PATH {
+        return p.to_string();
+    }
+    let mut end = MAX_LOGGED_PATH;
+    while !p.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &p[..end])
+}
+
+/// Removes hop-by-hop headers, including those the `Connection` header names.
+/// One pass over the names present: a request that carries none of them
+/// (the usual case) costs a scan, not a dozen failed lookups.
+pub fn strip_hop_by_hop(h: &mut HeaderMap) {
+    let mut doomed: Vec<HeaderName> = h
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok())
+        .collect();
+    doomed.extend(h.keys().filter(|n| is_hop_by_hop(n)).cloned());
+    for n in doomed {
+        h.remove(n);
+    }
+}
+
+fn is_hop_by_hop(n: &HeaderName) -> bool {
+    if HOP_BY_HOP.contains(n) {
+        return true;
+    }
+    let s = n.as_str();
+    // CGI-style servers read `_` as `-`: to them a `Content_Length` or
+    // `Transfer_Encoding` is a second framing, and on a pooled connection a
+    // smuggled request (past `methods`/`paths`, into another client's turn).
+    let lookalike = |of: &str| {
+        s != of
+            && s.bytes()
+                .zip(of.bytes())
+                .all(|(a, b)| a == b || (a == b'_' && b == b'-'))
+    };
+    match s.len() {
+        10 => s == "keep-alive",
+        16 => s == "proxy-connection",
+        14 => lookalike("content-length"),
+        17 => lookalike("transfer-encoding"),
+        _ => false,
+    }
+}
+
+/// The protocol an HTTP/1.1 request asks to switch to (`Connection:
+/// upgrade` plus `Upgrade: websocket`); `None` for every other request.
+/// Only WebSocket switches: after any other upgrade (h2c above all) the
+/// client would send the origin requests egressd never decides, past the
+/// exception's `methods` and `paths`. Other `Upgrade` headers are dropped
+/// with the hop-by-hop headers and the request goes on as plain HTTP/1.1.
+fn upgrade_protocol<B>(req: &Request<B>) -> Option<HeaderValue> {
+    if req.version() != http::Version::HTTP_11 {
+        return None;
+    }
+    let asks = req
+        .headers()
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|t| t.trim().eq_ignore_ascii_case("upgrade"));
+    asks.then(|| req.headers().get(header::UPGRADE).cloned())
+        .flatten()
+        .filter(|p| p.as_bytes().eq_ignore_ascii_case(b"websocket"))
+}
+
+/// Adds an exception's credentials, replacing whatever the client sent
+/// under the same names.
+pub fn inject(h: &mut HeaderMap, e: &Exception) {
+    for ih in &e.inject {
+        h.remove(&ih.name);
+        h.insert(ih.name.clone(), ih.value.clone());
+    }
+}
+
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}
+
+/// A response body that writes the request's log line once it is done
+/// (fully sent, failed, or abandoned by the client): one line, always.
+struct Recorded {
+    inner: Incoming,
+    up: Arc<AtomicU64>,
+    down: u64,
+    event: Option<Event>,
+    recorder: Recorder,
+    /// The pooled origin connection, given back once the response has
+    /// been read to its end (and dropped, closing it, otherwise).
+    lent: Option<pool::Lent>,
+}
+
+impl Recorded {
+    fn finish(&mut self, error: Option<String>) {
+        if error.is_none() && self.inner.is_end_stream() {
+            if let Some(lent) = self.lent.take() {
+                lent.give_back();
+            }
+        }
+        if let Some(mut ev) = self.event.take() {
+            ev.bytes_up = self.up.load(Ordering::Relaxed);
+            ev.bytes_down = self.down;
+            if error.is_some() {
+                ev.error = error;
+            }
+            self.recorder.record(ev);
+        }
+    }
+}
+
+impl Body for Recorded {
+    type Data = Bytes;
+    type Error = hyper::Error;
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        let r = Pin::new(&mut self.inner).poll_frame(cx);
+        match &r {
+            Poll::Ready(Some(Ok(f))) => {
+                if let Some(d) = f.data_ref() {
+                    self.down += d.len() as u64;
+                }
+            }
+            Poll::Ready(Some(Err(e))) => {
+                let msg = format!("response body: {e}");
+                self.finish(Some(msg));
+            }
+            Poll::Ready(None) => self.finish(None),
+            Poll::Pending => {}
+        }
+        r
+    }
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+impl Drop for Recorded {
+    fn drop(&mut self) {
+        let incomplete = !self.inner.is_end_stream();
+        self.finish(incomplete.then(|| "client went away before the response ended".to_string()));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hop_by_hop_headers_and_their_look_alikes_go() {
+        let mut h = HeaderMap::new();
+        for (k, v) in [
+            ("host", "a.test"),
+            ("connection", "keep-alive, X-Session"),
+            ("connection", "close"),
+            ("x-session", "1"),
+            ("keep-alive", "timeout=5"),
+            ("proxy-connection", "keep-alive"),
+            ("proxy-authorization", "Basic x"),
+            ("te", "trailers"),
+            ("trailer", "x"),
+            ("transfer-encoding", "chunked"),
+            ("upgrade", "h2c"),
+            ("transfer_encoding", "chunked"),
+            ("content_length", "5"),
+            ("content-length", "3"),
+            ("x_forwarded_for", "1.2.3.4"),
+            ("accept", "*/*"),
+        ] {
+            h.append(HeaderName::from_static(k), HeaderValue::from_static(v));
+        }
+        strip_hop_by_hop(&mut h);
+        let mut left: Vec<&str> = h.keys().map(|k| k.as_str()).collect();
+        left.sort();
+        assert_eq!(
+            left,
+            ["accept", "content-length", "host", "x_forwarded_for"]
+        );
+    }
+
+    #[test]
+    fn the_origin_form_of_an_empty_path_is_slash() {
+        let f = |u: &str| origin_form(&u.parse().unwrap());
+        assert_eq!(f("http://a.test"), "/");
+        assert_eq!(f("http://a.test?q=1"), "/?q=1");
+        assert_eq!(f("http://a.test/x/y?z"), "/x/y?z");
+    }
+}

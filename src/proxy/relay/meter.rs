@@ -1,0 +1,149 @@
+//! Meters: streams and bodies that count the bytes they carry, and the
+//! clock of a connection's last byte (for its idle timeout). Shared by
+//! tunnels, intercepted TLS connections and forwarded request bodies.
+
+use std::io;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use hyper::body::{Body, Frame, SizeHint};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::time::Instant;
+
+/// When bytes last moved on a connection, in either direction. Tokio's
+/// clock, so that idle timeouts are testable with paused time.
+pub(crate) struct Activity {
+    started: Instant,
+    /// Milliseconds after `started` of the last byte.
+    last_ms: AtomicU64,
+}
+
+impl Activity {
+    pub(crate) fn new() -> Activity {
+        Activity {
+            started: Instant::now(),
+            last_ms: AtomicU64::new(0),
+        }
+    }
+
+    /// A byte moved now.
+    pub(crate) fn touch(&self) {
+        self.last_ms
+            .store(self.started.elapsed().as_millis() as u64, Ordering::Relaxed);
+    }
+
+    /// How long nothing has moved.
+    pub(crate) fn idle_for(&self) -> Duration {
+        self.started
+            .elapsed()
+            .saturating_sub(Duration::from_millis(self.last_ms.load(Ordering::Relaxed)))
+    }
+}
+
+/// A stream that counts the bytes read from and written to it and notes
+/// when the last one moved (for the idle timeout). Used by tunnels and by
+/// intercepted TLS connections alike.
+pub(crate) struct Metered<S> {
+    inner: S,
+    read: Arc<AtomicU64>,
+    written: Arc<AtomicU64>,
+    activity: Arc<Activity>,
+}
+
+impl<S> Metered<S> {
+    /// `inner`, counting bytes read into `read` and written into `written`.
+    pub(crate) fn new(
+        inner: S,
+        read: Arc<AtomicU64>,
+        written: Arc<AtomicU64>,
+        activity: Arc<Activity>,
+    ) -> Metered<S> {
+        Metered {
+            inner,
+            read,
+            written,
+            activity,
+        }
+    }
+
+    fn touch(&self) {
+        self.activity.touch();
+    }
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Metered<S> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let before = buf.filled().len();
+        let r = Pin::new(&mut self.inner).poll_read(cx, buf);
+        let n = buf.filled().len() - before;
+        if n > 0 {
+            self.read.fetch_add(n as u64, Ordering::Relaxed);
+            self.touch();
+        }
+        r
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Metered<S> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let r = Pin::new(&mut self.inner).poll_write(cx, buf);
+        if let Poll::Ready(Ok(n)) = r {
+            self.written.fetch_add(n as u64, Ordering::Relaxed);
+            self.touch();
+        }
+        r
+    }
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+/// A request body that counts what it carries upstream.
+pub struct Counted<B> {
+    inner: B,
+    counter: Arc<AtomicU64>,
+}
+
+impl<B> Counted<B> {
+    pub(crate) fn new(inner: B, counter: Arc<AtomicU64>) -> Counted<B> {
+        Counted { inner, counter }
+    }
+}
+
+impl<B: Body<Data = Bytes> + Unpin> Body for Counted<B> {
+    type Data = Bytes;
+    type Error = B::Error;
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
+        let r = Pin::new(&mut self.inner).poll_frame(cx);
+        if let Poll::Ready(Some(Ok(f))) = &r {
+            if let Some(d) = f.data_ref() {
+                self.counter.fetch_add(d.len() as u64, Ordering::Relaxed);
+            }
+        }
+        r
+    }
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}

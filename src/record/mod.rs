@@ -1,0 +1,337 @@
+//! The record of a request: the typed [`Event`] a front-end fills in as the
+//! request goes, and [`Recorder::record`], the one function that turns it
+//! into a decision-log line and metric samples, for every protocol. A
+//! front-end that answers a request without calling `record` is a bug.
+//!
+//! Owns the event's fields and the counting that goes with a line. Does not
+//! own the decision (`policy`), the sink that writes lines (`log`), or the
+//! registry (`metrics`); the line's JSON is written in [`json`].
+
+mod json;
+
+use std::borrow::Cow;
+use std::net::SocketAddr;
+use std::sync::{Arc, LazyLock};
+use std::time::Instant;
+
+use crate::log::LogSink;
+use crate::metrics::Metrics;
+use crate::policy::{Decision, Logged, Mode, Proto, Reason};
+use crate::time::unix_now_millis;
+
+/// One finished request or query: the decision-log line's fields, written
+/// by [`Event::write_json`] in the order DESIGN.md shows.
+#[derive(Debug, Clone)]
+pub struct Event {
+    /// When the request arrived, in milliseconds since the Unix epoch
+    /// (the line's `ts`, formatted as RFC 3339 when written).
+    pub ts_ms: i64,
+    pub client: Arc<str>,
+    pub src: SocketAddr,
+    pub proto: Proto,
+    pub host: Option<String>,
+    pub port: Option<u16>,
+    pub addr: Option<SocketAddr>,
+    pub method: Option<String>,
+    pub path: Option<String>,
+    pub decision: Logged,
+    pub reason: Reason,
+    pub exception: Option<Arc<str>>,
+    pub owner: Option<Arc<str>>,
+    pub mode: Mode,
+    pub status: Option<u16>,
+    pub bytes_up: u64,
+    pub bytes_down: u64,
+    pub duration_ms: u64,
+    /// DNS only: written only when set.
+    pub qname: Option<String>,
+    pub qtype: Option<Cow<'static, str>>,
+    pub rcode: Option<Cow<'static, str>>,
+    /// An upstream or transport failure (not a policy decision); written
+    /// only when set.
+    pub error: Option<String>,
+    /// Set (with `error`, by [`Event::fail_upstream`]) when the request
+    /// failed reaching its destination: counted by kind.
+    pub upstream: Option<UpstreamFailure>,
+    /// Upstream DNS exchanges that failed while this request was served
+    /// (counted with `proto="dns"`; not written to the line).
+    pub dns_attempts: Attempts,
+    /// Extra detail, e.g. which resolved addresses were refused; written
+    /// only when set.
+    pub note: Option<String>,
+    pub started: Option<Instant>,
+}
+
+/// The `client` of a request no client entry names.
+pub fn anonymous() -> Arc<str> {
+    static DASH: LazyLock<Arc<str>> = LazyLock::new(|| Arc::from("-"));
+    DASH.clone()
+}
+
+impl Event {
+    /// A new event for a request that arrived now from `src`.
+    pub fn new(proto: Proto, src: SocketAddr) -> Event {
+        Event {
+            ts_ms: unix_now_millis(),
+            client: anonymous(),
+            src,
+            proto,
+            host: None,
+            port: None,
+            addr: None,
+            method: None,
+            path: None,
+            decision: Logged::Deny,
+            reason: Reason::Malformed,
+            exception: None,
+            owner: None,
+            mode: Mode::Enforce,
+            status: None,
+            bytes_up: 0,
+            bytes_down: 0,
+            duration_ms: 0,
+            qname: None,
+            qtype: None,
+            rcode: None,
+            error: None,
+            upstream: None,
+            dns_attempts: Attempts::default(),
+            note: None,
+            started: Some(Instant::now()),
+        }
+    }
+
+    /// Copies a decision's outcome into the event: the one setter of
+    /// `decision`, `reason`, `exception` and `owner`. A denial that comes
+    /// after the policy allowed (the tunnel budget, an answer of only
+    /// private addresses) is a `Decision::deny` naming that exception.
+    pub fn set_decision(&mut self, d: &Decision<'_>, mode: Mode) {
+        self.decision = d.logged();
+        self.reason = d.reason;
+        self.exception = d.exception.map(|e| e.id.clone());
+        self.owner = d.exception.map(|e| e.owner.clone());
+        self.mode = mode;
+    }
+
+    /// A denial made before or without the policy (malformed input, log
+    /// failure); the mode stays what it was.
+    pub fn set_denied(&mut self, reason: Reason) {
+        self.set_decision(&Decision::deny(reason, None), self.mode);
+    }
+
+    pub fn allowed_by_exception(&self) -> bool {
+        self.reason == Reason::Exception && self.exception.is_some()
+    }
+
+    /// Adds `note` after what the event already notes (a front-end's own
+    /// note, such as transparent capture's, is kept).
+    pub fn add_note(&mut self, note: Option<String>) {
+        if let Some(n) = note {
+            self.note = Some(match self.note.take() {
+                Some(prev) => format!("{prev}; {n}"),
+                None => n,
+            });
+        }
+    }
+
+    /// The request could not reach its destination: `error` reads
+    /// `kind: message`, and the failure is counted by kind.
+    pub fn fail_upstream(&mut self, kind: UpstreamFailure, message: impl std::fmt::Display) {
+        self.upstream = Some(kind);
+        self.error = Some(format!("{}: {message}", kind.as_str()));
+    }
+}
+
+/// How reaching a destination or an upstream DNS server failed: the `kind`
+/// of `egressd_upstream_errors_total`. Never a policy decision.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UpstreamFailure {
+    /// The destination's name did not resolve.
+    Resolve,
+    /// No checked address took the connection, or the exchange failed.
+    Connect,
+    /// The destination did not answer in time.
+    Timeout,
+    /// TLS to the origin could not be set up.
+    Tls,
+    /// An upstream DNS server could not be reached or sent garbage.
+    Io,
+    /// An upstream DNS server answered with an error (SERVFAIL, REFUSED).
+    Servfail,
+}
+
+impl UpstreamFailure {
+    pub const ALL: [UpstreamFailure; 6] = [
+        UpstreamFailure::Resolve,
+        UpstreamFailure::Connect,
+        UpstreamFailure::Timeout,
+        UpstreamFailure::Tls,
+        UpstreamFailure::Io,
+        UpstreamFailure::Servfail,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            UpstreamFailure::Resolve => "resolve",
+            UpstreamFailure::Connect => "connect",
+            UpstreamFailure::Timeout => "timeout",
+            UpstreamFailure::Tls => "tls",
+            UpstreamFailure::Io => "io",
+            UpstreamFailure::Servfail => "servfail",
+        }
+    }
+}
+
+/// Failed upstream DNS exchanges, by kind: the resolver notes each failed
+/// attempt here (several per resolution when upstreams are retried), and
+/// `Recorder::record` counts them with the request they served.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Attempts {
+    failed: [u16; UpstreamFailure::ALL.len()],
+}
+
+impl Attempts {
+    pub fn fail(&mut self, kind: UpstreamFailure) {
+        let n = &mut self.failed[kind as usize];
+        *n = n.saturating_add(1);
+    }
+
+    pub fn add(&mut self, other: &Attempts) {
+        for (n, m) in self.failed.iter_mut().zip(other.failed) {
+            *n = n.saturating_add(m);
+        }
+    }
+
+    /// Each kind that failed, with how often.
+    pub fn failed(&self) -> impl Iterator<Item = (UpstreamFailure, u64)> + '_ {
+        UpstreamFailure::ALL
+            .iter()
+            .zip(self.failed)
+            .filter(|(_, n)| *n > 0)
+            .map(|(k, n)| (*k, u64::from(n)))
+    }
+}
+
+/// Writes decision-log lines and counts metrics: shared by every front-end.
+#[derive(Clone)]
+pub struct Recorder {
+    pub log: LogSink,
+    pub metrics: Arc<Metrics>,
+}
+
+impl Recorder {
+    pub fn new(log: LogSink, metrics: Arc<Metrics>) -> Recorder {
+        Recorder { log, metrics }
+    }
+
+    /// Whether new requests may be served (the log is writable).
+    pub fn accepting(&self) -> bool {
+        self.log.healthy()
+    }
+
+    /// The one place a decision becomes a log line and metric samples:
+    /// the request, its denial or exception hit, its bytes and duration,
+    /// and its upstream failures are counted here and nowhere else.
+    pub fn record(&self, mut ev: Event) {
+        if let Some(start) = ev.started {
+            let elapsed = start.elapsed();
+            ev.duration_ms = elapsed.as_millis() as u64;
+            self.metrics
+                .observe_duration(ev.proto, elapsed.as_secs_f64());
+        }
+        self.count(&ev);
+        // Sized for a typical line up front: growing from empty cost a
+        // handful of reallocations per line.
+        let mut line = Vec::with_capacity(512);
+        ev.write_json(&mut line);
+        self.log.write(line);
+    }
+
+    fn count(&self, ev: &Event) {
+        let denied = ev.decision == Logged::Deny;
+        let hit = if !denied && ev.allowed_by_exception() {
+            ev.exception.as_deref()
+        } else {
+            None
+        };
+        self.metrics.count(
+            ev.proto,
+            denied,
+            ev.reason,
+            hit,
+            (ev.bytes_up, ev.bytes_down),
+        );
+        if let Some(kind) = ev.upstream {
+            self.metrics
+                .count_upstream_error(ev.proto, kind.as_str(), 1);
+        }
+        for (kind, n) in ev.dns_attempts.failed() {
+            self.metrics
+                .count_upstream_error(Proto::Dns, kind.as_str(), n);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::log::LogTarget;
+
+    fn recorder() -> (tempfile::TempDir, Recorder) {
+        let dir = tempfile::tempdir().unwrap();
+        let target = LogTarget::File(dir.path().join("decisions.log"));
+        let metrics = Metrics::new();
+        let log = LogSink::start(target, metrics.clone()).unwrap();
+        (dir, Recorder::new(log, metrics))
+    }
+
+    fn upstream_errors(m: &Metrics, proto: &str, kind: &str) -> u64 {
+        m.upstream_errors.with_label_values(&[proto, kind]).get()
+    }
+
+    #[test]
+    fn upstream_failures_are_counted_by_record_with_their_request() {
+        let (_dir, rec) = recorder();
+        let mut ev = Event::new(Proto::Connect, "10.0.0.1:1".parse().unwrap());
+        ev.fail_upstream(UpstreamFailure::Resolve, "upstream DNS timed out");
+        ev.dns_attempts.fail(UpstreamFailure::Timeout);
+        ev.dns_attempts.fail(UpstreamFailure::Timeout);
+        ev.dns_attempts.fail(UpstreamFailure::Servfail);
+        assert_eq!(ev.error.as_deref(), Some("resolve: upstream DNS timed out"));
+        let m = rec.metrics.clone();
+        assert_eq!(upstream_errors(&m, "connect", "resolve"), 0, "not before");
+        rec.record(ev);
+        assert_eq!(upstream_errors(&m, "connect", "resolve"), 1);
+        assert_eq!(upstream_errors(&m, "dns", "timeout"), 2);
+        assert_eq!(upstream_errors(&m, "dns", "servfail"), 1);
+        assert_eq!(upstream_errors(&m, "dns", "io"), 0);
+        // An event that reached its destination counts none.
+        rec.record(Event::new(Proto::Http, "10.0.0.1:2".parse().unwrap()));
+        assert_eq!(upstream_errors(&m, "connect", "resolve"), 1);
+        assert_eq!(upstream_errors(&m, "http", "connect"), 0);
+    }
+
+    #[test]
+    fn denials_are_counted_by_reason() {
+        let (_dir, rec) = recorder();
+        for r in Reason::ALL.into_iter().filter(|r| *r != Reason::Exception) {
+            let mut ev = Event::new(Proto::Tls, "10.0.0.1:1".parse().unwrap());
+            ev.set_denied(r);
+            rec.record(ev);
+        }
+        for r in Reason::ALL.into_iter().filter(|r| *r != Reason::Exception) {
+            let n = rec
+                .metrics
+                .denied
+                .with_label_values(&["tls", r.as_str()])
+                .get();
+            assert_eq!(n, 1, "{r:?}");
+        }
+        let denied = rec
+            .metrics
+            .requests
+            .with_label_values(&["tls", "deny"])
+            .get();
+        assert_eq!(denied, Reason::ALL.len() as u64 - 1);
+    }
+}
