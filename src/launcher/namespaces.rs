@@ -521,6 +521,9 @@ fn setup_capture(t: &Transparent) -> Result<Vec<TcpListener>, String> {
         &nft,
         &[c"-f".to_owned(), c"/dev/stdin".to_owned()],
         t.rules.as_bytes(),
+        // init may be a non-root uid of its namespace (started
+        // unprivileged, it has CMD's uid), whose capabilities an exec drops.
+        &[sys::CAP_NET_ADMIN],
     )
     .map_err(|e| format!("transparent mode: cannot run {}: {e}", t.nft.display()))?;
     if status != 0 {

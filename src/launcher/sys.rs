@@ -804,11 +804,53 @@ pub fn add_default_route_via_lo(src: std::net::IpAddr) -> io::Result<()> {
 
 // ---------------------------------------------------------------- helper programs
 
+/// `CAP_NET_ADMIN` (linux/capability.h): what nft needs.
+pub const CAP_NET_ADMIN: u32 = 12;
+
+/// Makes `caps` (which the caller holds) survive the next execve, as
+/// ambient capabilities: a process whose uid is not 0 in its namespace
+/// otherwise loses every capability when it runs a program.
+fn keep_across_exec(caps: &[u32]) -> io::Result<()> {
+    let header = CapHeader {
+        version: CAP_VERSION_3,
+        pid: 0,
+    };
+    let mut data = [CapData {
+        effective: 0,
+        permitted: 0,
+        inheritable: 0,
+    }; 2];
+    // SAFETY: capget/capset fill and read the two-element array the v3
+    // header announces; prctl takes integers.
+    unsafe {
+        check_long(libc::syscall(libc::SYS_capget, &header, data.as_mut_ptr()))?;
+        for &c in caps {
+            data[(c / 32) as usize].inheritable |= 1 << (c % 32);
+        }
+        check_long(libc::syscall(libc::SYS_capset, &header, data.as_ptr()))?;
+        for &c in caps {
+            check(libc::prctl(
+                libc::PR_CAP_AMBIENT,
+                libc::PR_CAP_AMBIENT_RAISE as c_ulong,
+                c as c_ulong,
+                0,
+                0,
+            ))?;
+        }
+    }
+    Ok(())
+}
+
 /// Runs `path` with `args` (and an empty environment), `input` as its
-/// standard input, and returns its exit status and what it wrote to stdout
-/// and stderr. For a single-threaded caller (it forks), such as the
-/// sandbox's init.
-pub fn run_program(path: &CStr, args: &[CString], input: &[u8]) -> io::Result<(c_int, String)> {
+/// standard input, and the capabilities `caps` of the caller's, and returns
+/// its exit status and what it wrote to stdout and stderr. For a
+/// single-threaded caller (it forks), such as the sandbox's init.
+pub fn run_program(
+    path: &CStr,
+    args: &[CString],
+    input: &[u8],
+    caps: &[u32],
+) -> io::Result<(c_int, String)> {
     let pipe = || -> io::Result<(OwnedFd, OwnedFd)> {
         let mut fds = [0 as c_int; 2];
         // SAFETY: `fds` has room for the two descriptors returned.
@@ -858,6 +900,9 @@ pub fn run_program(path: &CStr, args: &[CString], input: &[u8]) -> io::Result<(c
             }
         }
         let _ = reset_signals_for_exec();
+        if keep_across_exec(caps).is_err() {
+            exit_now(126);
+        }
         execve(path, &argv, &[]);
         exit_now(127);
     }

@@ -7,6 +7,7 @@ mod attack;
 mod forward;
 mod launcher;
 mod lifecycle;
+mod sandbox;
 mod tls;
 mod transparent;
 mod tunnel;
