@@ -381,6 +381,15 @@ pub fn build(opts: &Options, host: &HostFacts) -> Result<Plan, PlanError> {
                 "the whole host filesystem".into(),
             ));
         }
+        // Nor one inside the kernel's own trees (the sandbox has its own).
+        let kernel = ["/proc", "/sys", "/dev"].map(Path::new);
+        let inside_kernel = kernel.iter().find(|k| cwd.starts_with(k));
+        if let Some(k) = inside_kernel {
+            return Err(PlanError::CwdTooBroad(
+                cwd.clone(),
+                format!("the host's {}", k.display()),
+            ));
+        }
         if let Some((_, what)) = forbidden.iter().find(|(p, _)| covers(cwd, p)) {
             return Err(PlanError::CwdTooBroad(cwd.clone(), what.clone()));
         }
@@ -771,6 +780,8 @@ mod tests {
             ("/var", "/var/tmp"),
             ("/usr", "/usr"),
             ("/etc", "/etc"),
+            ("/dev/shm", "the host's /dev"),
+            ("/proc/self/cwd", "the host's /proc"),
         ] {
             hf.cwd = cwd.into();
             assert_eq!(
