@@ -31,6 +31,7 @@ pub mod limits;
 pub mod namespaces;
 pub mod plan;
 pub mod relay;
+pub mod seccomp;
 mod sys;
 pub mod view;
 

@@ -15,7 +15,7 @@
 //!           │     sends the sockets out (SCM_RIGHTS); on "go" forks CMD,
 //!           │     reaps, forwards signals, exits with CMD's status — which
 //!           │     kills everything left in the namespace
-//!           └─ CMD    rlimits, --uid/--gid, no capabilities, no_new_privs, exec
+//!           └─ CMD    rlimits, --uid/--gid, no capabilities, no_new_privs, seccomp, exec
 //! ```
 //!
 //! Every step either succeeds or the sandbox is not started (exit 125):
@@ -40,6 +40,7 @@ use super::limits::Limits;
 use super::plan::{
     Plan, Transparent, CAPTURE_PORT, DNS_PORT, INSIDE_IP, PROXY_PORT, SECOND_LOOPBACK,
 };
+use super::seccomp;
 use super::sys::{self, SigSet};
 use super::view::{Layer, SystemEntry, DEV_LINKS, DEV_NODES};
 
@@ -900,6 +901,9 @@ fn command_main(plan: &Plan, setup: &Setup) -> ! {
     let id = &plan.identity;
     if let Err(e) = sys::drop_privileges(id.uid, id.gid, !id.deny_setgroups()) {
         die(125, format!("cannot drop privileges: {e}"));
+    }
+    if let Err(e) = sys::install_seccomp(&seccomp::program()) {
+        die(125, format!("cannot install the seccomp filter: {e}"));
     }
     let e = exec_path(plan);
     let name = String::from_utf8_lossy(plan.argv[0].as_bytes()).into_owned();

@@ -678,6 +678,38 @@ pub fn drop_privileges(uid: u32, gid: u32, clear_groups: bool) -> io::Result<()>
     Ok(())
 }
 
+/// Installs `prog` as the calling thread's seccomp filter (after
+/// no_new_privs, which [`drop_privileges`] sets); inherited across fork
+/// and exec, never removed.
+pub fn install_seccomp(prog: &[super::seccomp::Insn]) -> io::Result<()> {
+    let filters: Vec<libc::sock_filter> = prog
+        .iter()
+        .map(|i| libc::sock_filter {
+            code: i.code,
+            jt: i.jt,
+            jf: i.jf,
+            k: i.k,
+        })
+        .collect();
+    let len = u16::try_from(filters.len()).map_err(io::Error::other)?;
+    let fprog = libc::sock_fprog {
+        len,
+        filter: filters.as_ptr() as *mut libc::sock_filter,
+    };
+    // SAFETY: `fprog` points at `len` instructions that outlive the call;
+    // the kernel copies the program.
+    check(unsafe {
+        libc::prctl(
+            libc::PR_SET_SECCOMP,
+            libc::SECCOMP_MODE_FILTER as c_ulong,
+            &fprog as *const libc::sock_fprog as c_ulong,
+            0,
+            0,
+        )
+    })
+    .map(drop)
+}
+
 // ---------------------------------------------------------------- routes (transparent mode)
 
 // Netlink and rtnetlink constants (linux/netlink.h, linux/rtnetlink.h).

@@ -312,6 +312,45 @@ fn writes_land_owned_by_the_invoking_user_and_nowhere_else() {
     }
 }
 
+#[test]
+fn cmd_cannot_make_setuid_files_or_type_into_the_terminal() {
+    // Started as root, a file CMD makes here is root's on disk: with a
+    // setuid bit it would be a setuid-root program for anyone on the host.
+    let work = tempfile::tempdir().unwrap();
+    let script = r#"
+import errno, fcntl, os, termios
+def attempt(label, f):
+    try:
+        f()
+        print(label, 'ok')
+    except OSError as e:
+        print(label, errno.errorcode[e.errno])
+open('prog', 'w').close()
+attempt('chmod 4755', lambda: os.chmod('prog', 0o4755))
+attempt('chmod 2755', lambda: os.chmod('prog', 0o2755))
+attempt('chmod 755', lambda: os.chmod('prog', 0o755))
+attempt('fchmod 4755', lambda: os.fchmod(os.open('prog', os.O_RDONLY), 0o4755))
+attempt('open 4755', lambda: os.close(os.open('made', os.O_CREAT | os.O_WRONLY, 0o4755)))
+attempt('tiocsti', lambda: fcntl.ioctl(0, termios.TIOCSTI, b'x'))
+"#;
+    let r = run().cwd(work.path()).cmd(&["python3", "-c", script]);
+    assert_eq!(r.code, 0, "{}", r.context());
+    for refused in [
+        "chmod 4755 EPERM",
+        "chmod 2755 EPERM",
+        "fchmod 4755 EPERM",
+        "open 4755 EPERM",
+        // stdin is /dev/null: without the filter this would be ENOTTY.
+        "tiocsti EPERM",
+    ] {
+        assert!(r.stdout.contains(refused), "{refused}: {}", r.context());
+    }
+    assert!(r.stdout.contains("chmod 755 ok"), "{}", r.context());
+    let m = std::fs::metadata(work.path().join("prog")).unwrap();
+    assert_eq!(m.mode() & 0o7777, 0o755);
+    assert!(!work.path().join("made").exists());
+}
+
 // ---------------------------------------------------------------- identity
 
 #[test]
