@@ -183,13 +183,16 @@ pub struct RunArgs {
     /// Kill the whole sandbox after DUR (`90`, `30s`, `5m`, `1500ms`); exit 124.
     #[arg(long, value_name = "DUR", value_parser = crate::launcher::limits::parse_duration)]
     pub timeout: Option<std::time::Duration>,
-    /// Address-space limit per process (RLIMIT_AS), e.g. 512M, 2G.
+    /// Memory for the whole sandbox, no swap (cgroup; RLIMIT_AS per process where
+    /// no cgroup can be made), e.g. 512M, 2G. Reaching it kills the sandbox.
     #[arg(long, value_name = "BYTES", value_parser = crate::launcher::limits::parse_bytes)]
     pub memory: Option<u64>,
-    /// CPU-time limit per process in seconds (RLIMIT_CPU).
+    /// CPU time for the whole sandbox in seconds, all processes together
+    /// (cgroup; RLIMIT_CPU per process where no cgroup can be made); exit 152.
     #[arg(long, value_name = "SECS", value_parser = crate::launcher::limits::parse_count)]
     pub cpu: Option<u64>,
-    /// Process limit (RLIMIT_NPROC; not enforceable when run as host root).
+    /// Processes and threads CMD and its descendants may have (cgroup; RLIMIT_NPROC
+    /// of the sandbox's uid where no cgroup can be made).
     #[arg(long, alias = "nproc", value_name = "N", value_parser = crate::launcher::limits::parse_count)]
     pub pids: Option<u64>,
     /// Largest file CMD may write (RLIMIT_FSIZE), e.g. 100M.
@@ -201,6 +204,19 @@ pub struct RunArgs {
     /// Bind a host path writable at the same place inside (repeatable).
     #[arg(long, value_name = "PATH")]
     pub rw: Vec<PathBuf>,
+    /// How the working directory is shown: rw, ro, or none (CMD starts in HOME).
+    #[arg(long, value_name = "rw|ro|none", default_value = "rw", value_parser = crate::launcher::plan::parse_cwd_mode)]
+    pub cwd: crate::launcher::plan::CwdMode,
+    /// CMD's uid inside the sandbox (never 0).
+    #[arg(long, value_name = "N", default_value_t = crate::launcher::identity::DEFAULT_ID)]
+    pub uid: u32,
+    /// CMD's gid inside the sandbox (never 0).
+    #[arg(long, value_name = "N", default_value_t = crate::launcher::identity::DEFAULT_ID)]
+    pub gid: u32,
+    /// Started as root: files CMD creates in the working directory and --rw paths
+    /// belong to USER (a name, UID or UID:GID; default: SUDO_UID, else root).
+    #[arg(long, value_name = "USER")]
+    pub owner: Option<String>,
     /// The command and its arguments.
     #[arg(
         required = true,

@@ -61,9 +61,13 @@ pub fn parse_env_spec(s: &str) -> Result<EnvSpec, String> {
 }
 
 /// Whether a variable name looks like it holds a credential: cloud and
-/// forge tokens, keys, passwords, agent sockets, connection strings.
+/// forge tokens, keys, passwords, agent sockets, connection strings. Names
+/// of public CA certificate paths are not ([`names_certificates`]).
 pub fn looks_like_credential(name: &str) -> bool {
     let n = name.to_ascii_uppercase();
+    if names_certificates(&n) {
+        return false;
+    }
     const EXACT: &[&str] = &[
         "SSH_AUTH_SOCK",
         "GPG_AGENT_INFO",
@@ -92,6 +96,16 @@ pub fn looks_like_credential(name: &str) -> bool {
         || PREFIXES.iter().any(|p| n.starts_with(p))
         || SUFFIXES.iter().any(|s| n.ends_with(s))
         || INFIXES.iter().any(|i| n.contains(i))
+}
+
+/// `*_CA_BUNDLE`, `*_CERT_FILE`, `*_CA_CERTS*`, `SSL_CERT_DIR` (an
+/// uppercase name): paths of public CA certificates, which the prefixes
+/// above would take for credentials (`AWS_CA_BUNDLE` starts with `AWS_`).
+fn names_certificates(n: &str) -> bool {
+    n.ends_with("_CA_BUNDLE")
+        || n.ends_with("_CERT_FILE")
+        || n.contains("_CA_CERTS")
+        || n == "SSL_CERT_DIR"
 }
 
 fn allowed(name: &str) -> bool {
@@ -256,6 +270,12 @@ mod tests {
             "OLDPWD",
             "KEYBOARD",
             "EDITOR",
+            "AWS_CA_BUNDLE",
+            "REQUESTS_CA_BUNDLE",
+            "SSL_CERT_FILE",
+            "SSL_CERT_DIR",
+            "NODE_EXTRA_CA_CERTS",
+            "GOOGLE_CA_CERTS_PATH",
         ] {
             assert!(!looks_like_credential(no), "{no}");
         }

@@ -1,21 +1,29 @@
 //! Resource bounds for the sandboxed command: parsing of `--memory`,
 //! `--file-size`, `--timeout` at the CLI edge, and the rlimits applied to
-//! CMD just before it is executed. Owns nothing else: the wall-clock
-//! `--timeout` is enforced by the launcher (it kills the whole PID
+//! CMD just before it is executed — `--file-size` always, `--memory`,
+//! `--cpu` and `--pids` only where no cgroup bounds the whole sandbox
+//! (`cgroup`). Owns nothing else: the wall-clock `--timeout` and the
+//! cgroup's `--cpu` are enforced by the launcher (it kills the whole PID
 //! namespace), not by an rlimit.
 
 use std::io;
 use std::time::Duration;
 
-/// The rlimits CMD (and everything it starts) runs under. `None`: inherited.
+/// The bounds asked for, and, through [`Limits::apply`], the rlimits CMD
+/// (and everything it starts) runs under where no cgroup covers them.
+/// `None`: not bounded (inherited).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Limits {
-    /// `--memory`: RLIMIT_AS, bytes of address space per process.
+    /// `--memory`: bytes for the whole sandbox (cgroup); as an rlimit,
+    /// RLIMIT_AS, bytes of address space per process.
     pub memory: Option<u64>,
-    /// `--cpu`: RLIMIT_CPU, seconds of CPU time per process (SIGXCPU, then SIGKILL).
+    /// `--cpu`: seconds of CPU time for the whole sandbox (cgroup); as an
+    /// rlimit, RLIMIT_CPU per process (SIGXCPU, then SIGKILL).
     pub cpu_secs: Option<u64>,
-    /// `--pids`: RLIMIT_NPROC, processes of the sandbox's user. The kernel
-    /// does not enforce it for host uid 0; the plan refuses that case.
+    /// `--pids`: processes (and threads) CMD and its descendants may have
+    /// (cgroup); as an rlimit, RLIMIT_NPROC, which Linux 5.14+ counts per
+    /// user namespace: the sandbox's uid's processes. CMD is never host
+    /// root, whom the kernel would exempt.
     pub pids: Option<u64>,
     /// `--file-size`: RLIMIT_FSIZE, bytes per file written.
     pub file_size: Option<u64>,

@@ -2,9 +2,9 @@
 //! PID, IPC and UTS namespaces whose only way out is egressd.
 //!
 //! ```text
-//!  gather host facts ─► plan::build (pure) ─► namespaces::create ─► serve the inside sockets ─► go ─► wait
-//!                                              (outer, init; lo up,   (embedded egressd via
-//!                                               sockets bound inside)  app::start, or relay)
+//!  gather host facts ─► plan::build (pure) ─► command::check ─► cgroup::create ─► namespaces::create
+//!       ─► serve the inside sockets ─► go ─► wait (timeout, --cpu, OOM) ─► remove the cgroup
+//!          (embedded egressd via app::start, or relay)
 //! ```
 //!
 //! Inside, 127.0.0.1:3128 (proxy) and 127.0.0.1:53 (DNS, UDP and TCP) are
@@ -12,19 +12,30 @@
 //! outside it; there is no other interface than `lo`, so there is no other
 //! route. With `--transparent`, 127.0.0.1:3129 (and [::1]:3129) join them:
 //! nftables rules inside send every other TCP connection there, and the
-//! embedded egressd decides it like a proxied one (`proxy::transparent`). Exit status: CMD's (128+n when a signal ended it), 124 when
-//! `--timeout` ended it, 125 when the sandbox could not be set up.
+//! embedded egressd decides it like a proxied one (`proxy::transparent`).
+//!
+//! Exit status: CMD's (128+n when a signal ended it), 124 when `--timeout`
+//! ended it, 152 (128 + SIGXCPU, as the per-process rlimit would) when the
+//! sandbox used up `--cpu`, 125 when the sandbox could not be set up, 127
+//! when CMD cannot be found — including when the host has it only where
+//! the sandbox does not look (with the `--ro` to pass).
 //!
 //! This module is the `run` command's wiring (its `app.rs`): errors are
 //! reported here and turned into the exit status.
 
+pub mod cgroup;
+pub mod command;
 pub mod env;
+pub mod identity;
 pub mod limits;
 pub mod namespaces;
 pub mod plan;
 pub mod relay;
+pub mod seccomp;
 mod sys;
+pub mod view;
 
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -32,25 +43,63 @@ use std::time::Duration;
 use crate::app::{self, Listeners};
 use crate::cli::RunArgs;
 
-use namespaces::{Sandbox, FORWARDED};
+use cgroup::Cgroups;
+use identity::{Account, Caller};
+use limits::Limits;
+use namespaces::{Sandbox, Setup, FORWARDED};
 use plan::{Egress, HostFacts, Options, Plan};
+use view::SystemEntry;
 
 /// Exit status when `--timeout` ended CMD (as timeout(1)).
 pub const EXIT_TIMEOUT: u8 = 124;
 /// Exit status when the sandbox could not be set up (as env(1), timeout(1)).
 pub const EXIT_SETUP: u8 = 125;
+/// Exit status when CMD cannot be found (as env(1)).
+pub const EXIT_NOT_FOUND: u8 = 127;
+/// Exit status when the sandbox used up `--cpu`: 128 + SIGXCPU, what the
+/// per-process rlimit gives a shell.
+pub const EXIT_CPU: u8 = 128 + libc::SIGXCPU as u8;
+/// The shortest wait between two looks at the sandbox's CPU time: the
+/// limit is overrun by at most this much per CPU.
+const CPU_CHECK_MIN: Duration = Duration::from_millis(10);
+/// The longest (so that a sandbox that starts using CPU late is still
+/// caught soon after it could have used its time up).
+const CPU_CHECK_MAX: Duration = Duration::from_secs(1);
 
 /// Runs `egressd run`; returns the process's exit status. Must be called
 /// while the process is single-threaded: it forks before starting threads.
 pub fn main(args: RunArgs) -> u8 {
     let plan = match prepare(&args) {
         Ok(p) => p,
-        Err(e) => {
+        Err((code, e)) => {
             eprintln!("egressd run: {e}");
-            return EXIT_SETUP;
+            return code;
         }
     };
     notes(&plan);
+
+    // The cgroup is made (and later removed) by the launcher, which stays
+    // outside it; the sandbox's outer process joins it first thing.
+    let (mut cgroups, uncovered) =
+        cgroup::create(&plan.limits, &format!("egressd-run-{}", sys::getpid()));
+    fallback_note(&plan, &uncovered);
+    let setup = Setup {
+        cgroups: cgroups.procs(),
+        rlimits: Limits {
+            file_size: plan.limits.file_size,
+            // RLIMIT_NPROC counts the sandbox uid's processes in its user
+            // namespace; started unprivileged, egressd's own two there
+            // (outer, init) have that uid too.
+            pids: uncovered
+                .limits
+                .pids
+                .map(|n| match plan.identity.privileged {
+                    true => n,
+                    false => n.saturating_add(cgroup::OWN_TASKS),
+                }),
+            ..uncovered.limits.clone()
+        },
+    };
 
     // Blocked before the fork so that every process of the tree starts with
     // them blocked (init waits for them; CMD unblocks them).
@@ -59,7 +108,7 @@ pub fn main(args: RunArgs) -> u8 {
         eprintln!("egressd run: cannot block signals: {e}");
         return EXIT_SETUP;
     }
-    let (sandbox, inside) = match namespaces::create(&plan) {
+    let (sandbox, inside) = match namespaces::create(&plan, &setup) {
         Ok(x) => x,
         Err(e) => {
             eprintln!("egressd run: cannot set up the sandbox: {e}");
@@ -79,14 +128,24 @@ pub fn main(args: RunArgs) -> u8 {
             return EXIT_SETUP;
         }
     };
-    let code = rt.block_on(supervise(&args, &plan, sandbox, inside, forwarded));
+    let code = rt.block_on(supervise(
+        &args,
+        &plan,
+        sandbox,
+        inside,
+        forwarded,
+        &mut cgroups,
+    ));
     rt.shutdown_timeout(Duration::from_secs(1));
+    drop(cgroups);
     code
 }
 
-/// Everything checked and decided before a namespace exists.
-fn prepare(args: &RunArgs) -> Result<Plan, String> {
-    let facts = gather(args)?;
+/// Everything checked and decided before a namespace exists; the exit
+/// status and the reason when the sandbox is not to be made.
+fn prepare(args: &RunArgs) -> Result<Plan, (u8, String)> {
+    let setup = |e: String| (EXIT_SETUP, e);
+    let facts = gather(args).map_err(setup)?;
     let opts = Options {
         command: args.command.clone(),
         env: args.env.clone(),
@@ -101,11 +160,61 @@ fn prepare(args: &RunArgs) -> Result<Plan, String> {
         connect_dns: args.connect_dns,
         client: args.client.clone(),
         transparent: args.transparent,
+        cwd: args.cwd,
+        uid: args.uid,
+        gid: args.gid,
     };
     if args.token_file.is_some() && args.client.is_none() {
-        return Err("--token-file needs --client".into());
+        return Err(setup("--token-file needs --client".into()));
     }
-    plan::build(&opts, &facts).map_err(|e| e.to_string())
+    let plan = plan::build(&opts, &facts).map_err(|e| setup(e.to_string()))?;
+    let found = command::lookup(
+        std::ffi::OsStr::from_bytes(plan.argv[0].as_bytes()),
+        &plan.path_var(),
+        &plan.cwd,
+        &facts.env,
+    );
+    command::check(&found, &plan.view, &plan.home).map_err(|e| (EXIT_NOT_FOUND, e.to_string()))?;
+    Ok(plan)
+}
+
+/// Whether this process is in the initial user namespace (whose uid map is
+/// the identity over every id).
+fn in_initial_userns() -> bool {
+    let map = std::fs::read_to_string("/proc/self/uid_map").unwrap_or_default();
+    let words: Vec<&str> = map.split_whitespace().collect();
+    words == ["0", "0", "4294967295"]
+}
+
+/// `--owner USER`, `--owner UID` or `--owner UID:GID`.
+fn owner_account(spec: &str) -> Result<Account, String> {
+    let number = |s: &str| s.parse::<u32>().ok();
+    if let Some((u, g)) = spec.split_once(':') {
+        if let (Some(uid), Some(gid)) = (number(u), number(g)) {
+            return Ok(Account {
+                name: spec.into(),
+                uid,
+                gid,
+            });
+        }
+        return Err(format!("--owner {spec}: use USER, UID or UID:GID"));
+    }
+    if let Some(uid) = number(spec) {
+        return Ok(Account {
+            name: spec.into(),
+            uid,
+            gid: uid,
+        });
+    }
+    match sys::account(spec) {
+        Ok(Some((uid, gid))) => Ok(Account {
+            name: spec.into(),
+            uid,
+            gid,
+        }),
+        Ok(None) => Err(format!("--owner {spec}: no such user")),
+        Err(e) => Err(format!("--owner {spec}: cannot look the user up: {e}")),
+    }
 }
 
 /// Reads what the plan needs to know about the host.
@@ -118,11 +227,36 @@ fn gather(args: &RunArgs) -> Result<HostFacts, String> {
         .filter(|h| h.is_absolute())
         .and_then(|h| h.canonicalize().ok())
         .filter(|h| h.is_dir());
-    let scratch = plan::SCRATCH
-        .iter()
-        .map(|(p, _)| PathBuf::from(p))
-        .filter(|p| std::fs::symlink_metadata(p).is_ok_and(|m| m.is_dir()))
-        .collect();
+    let mut system = Vec::new();
+    for s in view::SYSTEM {
+        let p = Path::new(s);
+        match std::fs::symlink_metadata(p) {
+            Ok(m) if m.file_type().is_symlink() => {
+                let target = std::fs::read_link(p).map_err(|e| format!("{s}: {e}"))?;
+                system.push((p.to_path_buf(), SystemEntry::Symlink(target)));
+            }
+            Ok(m) if m.is_dir() => system.push((p.to_path_buf(), SystemEntry::Dir)),
+            _ => {}
+        }
+    }
+    let mut secrets: Vec<PathBuf> = view::ETC_SECRETS.iter().map(PathBuf::from).collect();
+    if let Ok(dir) = std::fs::read_dir(view::SSH_DIR) {
+        secrets.extend(
+            dir.filter_map(|e| Some(e.ok()?.path()))
+                .filter(|p| view::is_etc_secret(p)),
+        );
+    }
+    let mut etc_secrets = Vec::new();
+    for s in secrets {
+        // A secret behind a symlink is masked where the link leads.
+        if let Ok(real) = s.canonicalize() {
+            let dir = real.is_dir();
+            if real != s {
+                etc_secrets.push((real, dir));
+            }
+            etc_secrets.push((s, dir));
+        }
+    }
     let mut binds = Vec::new();
     for (paths, writable, flag) in [(&args.ro, false, "--ro"), (&args.rw, true, "--rw")] {
         for p in paths {
@@ -164,12 +298,20 @@ fn gather(args: &RunArgs) -> Result<HostFacts, String> {
     } else {
         None
     };
+    let owner = args.owner.as_deref().map(owner_account).transpose()?;
+    let uid = sys::geteuid();
     Ok(HostFacts {
-        uid: sys::getuid(),
-        gid: sys::getgid(),
+        caller: Caller {
+            uid,
+            gid: sys::getegid(),
+            privileged: uid == 0 && in_initial_userns(),
+        },
+        owner,
         cwd,
         home,
-        scratch,
+        system,
+        etc_secrets,
+        has_tmp: Path::new("/tmp").is_dir(),
         resolv_conf: resolv_conf_target(Path::new("/etc/resolv.conf")),
         env: std::env::vars_os().collect(),
         binds,
@@ -235,18 +377,60 @@ fn notes(plan: &Plan) {
     }
 }
 
+/// One line when a limit could not be given to the whole sandbox.
+fn fallback_note(plan: &Plan, left: &cgroup::Uncovered) {
+    let mut per = Vec::new();
+    if left.limits.memory.is_some() {
+        per.push("--memory is each process's address space (RLIMIT_AS)".to_string());
+    }
+    if left.limits.cpu_secs.is_some() {
+        per.push("--cpu is each process's CPU time (RLIMIT_CPU)".to_string());
+    }
+    if left.limits.pids.is_some() {
+        per.push(format!(
+            "--pids counts the processes of uid {} in the sandbox (RLIMIT_NPROC)",
+            plan.identity.uid
+        ));
+    }
+    if per.is_empty() {
+        return;
+    }
+    let reasons = left.reasons();
+    let hint = if reasons.iter().any(|r| r.contains("denied")) {
+        " — run as root, or in a delegated cgroup"
+    } else {
+        ""
+    };
+    eprintln!(
+        "egressd run: no cgroup for the whole sandbox ({}{hint}), so limits are per process: {}",
+        reasons.join("; "),
+        per.join(", ")
+    );
+}
+
 enum Egressd {
     Embedded(app::Running),
     Relay(relay::Relay),
 }
 
-/// Serves the inside sockets, starts CMD, and waits for it (or the timeout).
+/// How the wait for the sandbox ended.
+enum End {
+    Exited(u8),
+    Timeout,
+    Cpu,
+    /// v1: the kernel reported an OOM in the sandbox's group.
+    Oom,
+}
+
+/// Serves the inside sockets, starts CMD, and waits for it (or the timeout,
+/// the CPU limit, an OOM).
 async fn supervise(
     args: &RunArgs,
     plan: &Plan,
     sandbox: Arc<Sandbox>,
     inside: namespaces::InsideSockets,
     forwarded: sys::SigSet,
+    cgroups: &mut Cgroups,
 ) -> u8 {
     let egressd = match serve(args, plan, inside).await {
         Ok(e) => e,
@@ -281,6 +465,15 @@ async fn supervise(
         }
     }
 
+    let oom_event = match cgroups.take_oom_event().map(sys::async_fd) {
+        Some(Ok(fd)) => Some(fd),
+        Some(Err(e)) => {
+            eprintln!("egressd run: cannot watch the sandbox's memory: {e}");
+            sandbox.kill();
+            return EXIT_SETUP;
+        }
+        None => None,
+    };
     if let Err(e) = sandbox.go() {
         eprintln!("egressd run: {e}");
         sandbox.kill();
@@ -291,32 +484,107 @@ async fn supervise(
         tokio::task::spawn_blocking(move || s.wait())
     };
     tokio::pin!(waiter);
-    let mut timed_out = false;
-    let status = match plan.timeout {
-        None => waiter.await,
-        Some(limit) => tokio::select! {
-            s = &mut waiter => s,
-            _ = tokio::time::sleep(limit) => {
-                timed_out = true;
-                sandbox.kill();
-                waiter.await
-            }
-        },
-    }
-    .unwrap_or(EXIT_SETUP);
+    let cpu_limit = plan
+        .limits
+        .cpu_secs
+        .filter(|_| cgroups.covers_cpu())
+        .map(Duration::from_secs);
+    let cg: &Cgroups = cgroups;
+    let end = tokio::select! {
+        s = &mut waiter => End::Exited(s.unwrap_or(EXIT_SETUP)),
+        _ = sleep_or_never(plan.timeout) => End::Timeout,
+        _ = cpu_used_up(cg, cpu_limit) => End::Cpu,
+        _ = oom_reported(oom_event.as_ref()) => End::Oom,
+    };
+    let status = match end {
+        End::Exited(s) => s,
+        _ => {
+            sandbox.kill();
+            waiter.await.unwrap_or(EXIT_SETUP)
+        }
+    };
 
     match egressd {
         Egressd::Embedded(running) => running.shutdown().await,
         Egressd::Relay(r) => r.stop(),
     }
-    if timed_out {
+    if matches!(end, End::Oom) || cg.oom_kills() > 0 {
         eprintln!(
-            "egressd run: timed out after {}; the sandbox was killed",
-            humanize(plan.timeout.unwrap_or_default())
+            "egressd run: the sandbox ran out of memory (--memory {} for the whole sandbox); \
+             it was killed",
+            plan.limits.memory.map(bytes).unwrap_or_default()
         );
-        return EXIT_TIMEOUT;
     }
-    status
+    match end {
+        End::Timeout => {
+            eprintln!(
+                "egressd run: timed out after {}; the sandbox was killed",
+                humanize(plan.timeout.unwrap_or_default())
+            );
+            EXIT_TIMEOUT
+        }
+        End::Cpu => {
+            eprintln!(
+                "egressd run: the sandbox used up its CPU time (--cpu {}s, all its processes \
+                 together); it was killed",
+                plan.limits.cpu_secs.unwrap_or_default()
+            );
+            EXIT_CPU
+        }
+        End::Exited(_) | End::Oom => status,
+    }
+}
+
+async fn sleep_or_never(d: Option<Duration>) {
+    match d {
+        Some(d) => tokio::time::sleep(d).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Returns once the sandbox has used `limit` of CPU time (never without
+/// one). It looks again when the rest could first be used up, with every
+/// CPU busy, so it wakes rarely and overruns by at most [`CPU_CHECK_MIN`]
+/// per CPU.
+async fn cpu_used_up(cg: &Cgroups, limit: Option<Duration>) {
+    let Some(limit) = limit else {
+        return std::future::pending().await;
+    };
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get()) as u32;
+    loop {
+        let used = match cg.cpu_used() {
+            Ok(u) => u,
+            // Unreadable: never a sandbox that outlives its limit unseen.
+            Err(e) => {
+                eprintln!("egressd run: cannot read the sandbox's CPU time: {e}");
+                return;
+            }
+        };
+        if used >= limit {
+            return;
+        }
+        let wait = ((limit - used) / cpus).clamp(CPU_CHECK_MIN, CPU_CHECK_MAX);
+        tokio::time::sleep(wait).await;
+    }
+}
+
+async fn oom_reported(event: Option<&tokio::io::unix::AsyncFd<std::os::fd::OwnedFd>>) {
+    match event {
+        Some(fd) => {
+            let _ = fd.readable().await;
+        }
+        None => std::future::pending().await,
+    }
+}
+
+/// `400M`, `2G`, or bytes.
+fn bytes(b: u64) -> String {
+    for (shift, unit) in [(40, "T"), (30, "G"), (20, "M"), (10, "K")] {
+        if b >= 1 << shift && b % (1 << shift) == 0 {
+            return format!("{}{unit}", b >> shift);
+        }
+    }
+    b.to_string()
 }
 
 fn humanize(d: Duration) -> String {

@@ -1,18 +1,21 @@
 //! Creating the sandbox and running CMD in it. Owns the process tree and
 //! everything done inside the namespaces; does not own what serves the
-//! sockets (the embedded egressd or the relay, outside) nor the plan.
+//! sockets (the embedded egressd or the relay, outside), the plan, or the
+//! cgroup (made before, joined here).
 //!
 //! ```text
-//!  launcher (host namespaces; serves the sockets it is handed)
-//!   └─ outer      unshare(user, mount, net, pid, ipc, uts); uid/gid maps;
-//!       │         reports init's pidfd; waits; exits with init's status
-//!       └─ init   PID 1 of the sandbox: mounts, lo up, binds 127.0.0.1:3128
-//!           │     and :53 (UDP+TCP) — with --transparent also routes through
+//!  launcher (host namespaces; writes the sandbox's id maps; serves the sockets it is handed)
+//!   └─ outer      joins the cgroup; as root, makes the idmapped binds;
+//!       │         unshare(user, mount, net, pid, ipc, uts); reports init's
+//!       │         pidfd; waits; exits with init's status
+//!       └─ init   PID 1 of the sandbox: lo up, binds 127.0.0.1:3128 and
+//!           │     :53 (UDP+TCP) — with --transparent also routes through
 //!           │     lo, nft capture rules and the :3129 listeners (127.0.0.1,
-//!           │     [::1]) — and sends them out (SCM_RIGHTS); on
-//!           │     "go" forks CMD, reaps, forwards signals, exits with CMD's
-//!           │     status — which kills everything left in the namespace
-//!           └─ CMD    rlimits, no capabilities, no_new_privs, exec
+//!           │     [::1]); builds the sandbox's root and pivots into it;
+//!           │     sends the sockets out (SCM_RIGHTS); on "go" forks CMD,
+//!           │     reaps, forwards signals, exits with CMD's status — which
+//!           │     kills everything left in the namespace
+//!           └─ CMD    rlimits, --uid/--gid, no capabilities, no_new_privs, seccomp, exec
 //! ```
 //!
 //! Every step either succeeds or the sandbox is not started (exit 125):
@@ -20,22 +23,26 @@
 //! parent (PR_SET_PDEATHSIG), so if the launcher dies, the sandbox and its
 //! sockets go with it; the sandbox never gains a route of its own.
 
-use std::ffi::CString;
+use std::ffi::{CStr, CString};
 use std::fs;
 use std::io;
 use std::net::{Ipv6Addr, TcpListener, UdpSocket};
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use libc::{c_int, pid_t};
 
+use super::identity::IdMap;
+use super::limits::Limits;
 use super::plan::{
     Plan, Transparent, CAPTURE_PORT, DNS_PORT, INSIDE_IP, PROXY_PORT, SECOND_LOOPBACK,
 };
+use super::seccomp;
 use super::sys::{self, SigSet};
+use super::view::{Layer, SystemEntry, DEV_LINKS, DEV_NODES};
 
 /// How long setting up the namespaces may take before the launcher gives up.
 const SETUP_DEADLINE: Duration = Duration::from_secs(30);
@@ -59,9 +66,17 @@ pub const FORWARDED: &[c_int] = &[
     libc::SIGUSR2,
 ];
 
-/// Where the generated resolv.conf is written before it is bound over the
-/// real one (inside the sandbox's fresh /tmp; removed once bound).
-const RESOLV_STAGING: &str = "/tmp/.egressd-resolv.conf";
+/// Where init builds the sandbox's root: a private tmpfs over the host's
+/// `/tmp` (in init's mount namespace only), holding the new root, the mask
+/// sources and the staged resolv.conf. It disappears with the old root.
+const STAGING: &str = "/tmp";
+const NEW_ROOT: &str = "/tmp/root";
+const MASK_FILE: &str = "/tmp/mask";
+const RESOLV_STAGING: &str = "/tmp/resolv.conf";
+/// Sizes of tmpfs mounts that hold only directories, links and tiny files.
+const SMALL_TMPFS: &str = "size=1m";
+/// Read-only, inaccessible and empty: what a masked directory shows.
+const MASK_DIR_OPTIONS: &CStr = c"mode=0,size=4k";
 
 /// Why the sandbox could not be set up (the launcher exits 125).
 #[derive(Debug, thiserror::Error)]
@@ -72,6 +87,16 @@ impl SetupError {
     fn io(what: impl std::fmt::Display, e: io::Error) -> SetupError {
         SetupError(format!("{what}: {e}"))
     }
+}
+
+/// What the sandbox's processes take along that is not in the plan: made
+/// by the launcher at run time.
+#[derive(Debug, Default, Clone)]
+pub struct Setup {
+    /// `cgroup.procs` files the outer process joins before anything else.
+    pub cgroups: Vec<PathBuf>,
+    /// The limits CMD gets as rlimits (those no cgroup covers).
+    pub rlimits: Limits,
 }
 
 /// The listening sockets created inside the sandbox's network namespace.
@@ -127,14 +152,14 @@ impl Sandbox {
 /// Creates the namespaces and everything in them, up to the point where CMD
 /// would start. The caller must be single-threaded, with [`FORWARDED`]
 /// blocked.
-pub fn create(plan: &Plan) -> Result<(Sandbox, InsideSockets), SetupError> {
+pub fn create(plan: &Plan, setup: &Setup) -> Result<(Sandbox, InsideSockets), SetupError> {
     let (ours, theirs) =
         sys::seqpacket_pair().map_err(|e| SetupError::io("cannot create a socket pair", e))?;
     let launcher = sys::getpid();
     let outer = sys::fork().map_err(|e| SetupError::io("cannot fork", e))?;
     if outer == 0 {
         drop(ours);
-        outer_main(plan, theirs, launcher);
+        outer_main(plan, setup, theirs, launcher);
     }
     drop(theirs);
     sys::set_recv_timeout(ours.as_fd(), SETUP_DEADLINE)
@@ -154,6 +179,14 @@ pub fn create(plan: &Plan) -> Result<(Sandbox, InsideSockets), SetupError> {
                 ))
             }
             Ok((n, mut fds)) => match buf[0] {
+                b'U' => {
+                    if let Err(e) = write_id_maps(plan, outer) {
+                        break Some(e);
+                    }
+                    if let Err(e) = sys::send(ours.as_fd(), b"M", &[]) {
+                        break Some(SetupError::io("lost contact with the sandbox", e));
+                    }
+                }
                 b'P' if fds.len() == 1 => {
                     let pid = std::str::from_utf8(&buf[1..n])
                         .ok()
@@ -205,6 +238,26 @@ pub fn create(plan: &Plan) -> Result<(Sandbox, InsideSockets), SetupError> {
     ))
 }
 
+/// The launcher writes the sandbox's id maps, from outside: CMD's non-root
+/// uid must exist in the namespace before CMD can switch to it, and neither
+/// CMD (no capabilities) nor, as root, the outer process itself (a process
+/// inside a user namespace holds no CAP_SETUID over its parent, which a
+/// map of more than its own id needs) could write them.
+fn write_id_maps(plan: &Plan, outer: pid_t) -> Result<(), SetupError> {
+    let id = &plan.identity;
+    let mut files = Vec::new();
+    if id.deny_setgroups() {
+        files.push(("setgroups", "deny".to_string()));
+    }
+    files.push(("uid_map", id.uid_map()));
+    files.push(("gid_map", id.gid_map()));
+    for (file, text) in files {
+        fs::write(format!("/proc/{outer}/{file}"), text)
+            .map_err(|e| SetupError(format!("cannot write the sandbox's {file}: {e}")))?;
+    }
+    Ok(())
+}
+
 /// Reports a setup failure to the launcher and exits.
 fn fail(chan: &OwnedFd, msg: impl std::fmt::Display) -> ! {
     let text = format!("E{msg}");
@@ -214,10 +267,30 @@ fn fail(chan: &OwnedFd, msg: impl std::fmt::Display) -> ! {
 
 // ---------------------------------------------------------------- outer
 
-fn outer_main(plan: &Plan, chan: OwnedFd, launcher: pid_t) -> ! {
+/// Detached, idmapped copies of the writable binds, in layer order
+/// (`None` for layers that are not idmapped binds).
+type IdmappedTrees = Vec<Option<OwnedFd>>;
+
+fn outer_main(plan: &Plan, setup: &Setup, chan: OwnedFd, launcher: pid_t) -> ! {
     if sys::set_parent_death_signal(libc::SIGKILL).is_err() || sys::getppid() != launcher {
         sys::exit_now(125);
     }
+    // First, so that everything the sandbox ever runs is in the group.
+    for procs in &setup.cgroups {
+        if let Err(e) = fs::write(procs, "0") {
+            fail(
+                &chan,
+                format!("cannot join the sandbox's cgroup {}: {e}", procs.display()),
+            );
+        }
+    }
+    // Idmapped mounts take CAP_SYS_ADMIN over the host's filesystems, so
+    // they are made here, before the process leaves the host's user
+    // namespace; init attaches them.
+    let idmapped = match plan.identity.bind_idmap() {
+        Some(map) => idmapped_binds(plan, &map).unwrap_or_else(|e| fail(&chan, e)),
+        None => Vec::new(),
+    };
     if let Err(e) = sys::unshare(NAMESPACES) {
         let hint = match e.raw_os_error() {
             Some(libc::EPERM) | Some(libc::ENOSPC) | Some(libc::EACCES) => {
@@ -232,24 +305,20 @@ fn outer_main(plan: &Plan, chan: OwnedFd, launcher: pid_t) -> ! {
             format!("cannot create user, mount, network and PID namespaces: {e}{hint}"),
         );
     }
-    // The caller's own uid and gid become root inside; no other id exists
-    // there. setgroups must be denied before an unprivileged gid_map.
-    for (file, text) in [
-        ("/proc/self/setgroups", "deny".to_string()),
-        ("/proc/self/uid_map", format!("0 {} 1", plan.uid)),
-        ("/proc/self/gid_map", format!("0 {} 1", plan.gid)),
-    ] {
-        if let Err(e) = fs::write(file, text) {
-            fail(&chan, format!("cannot write {file}: {e}"));
-        }
+    let _ = sys::send(chan.as_fd(), b"U", &[]);
+    let mut buf = [0u8; 8];
+    match sys::recv(chan.as_fd(), &mut buf) {
+        Ok((n, _)) if n >= 1 && buf[0] == b'M' => {}
+        _ => sys::exit_now(125),
     }
     let init = match sys::fork() {
         Ok(pid) => pid,
         Err(e) => fail(&chan, format!("cannot fork the sandbox's init: {e}")),
     };
     if init == 0 {
-        init_main(plan, chan);
+        init_main(plan, setup, chan, idmapped);
     }
+    drop(idmapped);
     let pidfd = match sys::pidfd_open(init) {
         Ok(fd) => fd,
         Err(e) => {
@@ -273,14 +342,86 @@ fn outer_main(plan: &Plan, chan: OwnedFd, launcher: pid_t) -> ! {
     }
 }
 
+/// A user namespace carrying `map`, only to lend its maps to idmapped
+/// mounts: a child unshares one and waits while its maps are written and
+/// the namespace is opened, then exits (the namespace lives on in the
+/// descriptor).
+fn idmap_userns(map: &IdMap) -> Result<OwnedFd, String> {
+    let (ours, theirs) =
+        sys::seqpacket_pair().map_err(|e| format!("cannot create a socket pair: {e}"))?;
+    let child = sys::fork().map_err(|e| format!("cannot fork: {e}"))?;
+    if child == 0 {
+        drop(ours);
+        let _ = sys::set_parent_death_signal(libc::SIGKILL);
+        let msg: &[u8] = if sys::unshare(libc::CLONE_NEWUSER).is_ok() {
+            b"u"
+        } else {
+            b"e"
+        };
+        let _ = sys::send(theirs.as_fd(), msg, &[]);
+        // Until the parent is done with us (it closes its end).
+        let _ = sys::recv(theirs.as_fd(), &mut [0u8; 1]);
+        sys::exit_now(0);
+    }
+    drop(theirs);
+    let result = (|| {
+        let mut buf = [0u8; 1];
+        match sys::recv(ours.as_fd(), &mut buf) {
+            Ok((1, _)) if buf[0] == b'u' => {}
+            _ => return Err("cannot create a user namespace for the idmap".to_string()),
+        }
+        for (file, text) in [("uid_map", &map.uid_map), ("gid_map", &map.gid_map)] {
+            fs::write(format!("/proc/{child}/{file}"), text)
+                .map_err(|e| format!("cannot write the idmap's {file}: {e}"))?;
+        }
+        fs::File::open(format!("/proc/{child}/ns/user"))
+            .map(OwnedFd::from)
+            .map_err(|e| format!("cannot open the idmap's user namespace: {e}"))
+    })();
+    drop(ours);
+    let _ = sys::wait(child, false);
+    result
+}
+
+fn idmapped_binds(plan: &Plan, map: &IdMap) -> Result<IdmappedTrees, String> {
+    let userns = idmap_userns(map)?;
+    let id = &plan.identity;
+    plan.view
+        .layers
+        .iter()
+        .map(|l| match l {
+            Layer::Bind {
+                path,
+                idmapped: true,
+                ..
+            } => {
+                let fail = |e: io::Error| {
+                    format!(
+                        "{}: cannot show it through an idmapped mount, which makes what the \
+                         sandbox writes there belong to uid {} (CMD itself runs as uid {}, never \
+                         as root): {e} — the filesystem must support idmapped mounts (Linux 5.12+; \
+                         ext4, xfs, btrfs, tmpfs since 6.3, …); or pass --owner USER, an \
+                         unprivileged user, or start egressd run through sudo",
+                        path.display(),
+                        id.owner_uid,
+                        id.host_uid
+                    )
+                };
+                let tree = sys::open_tree_clone(&cstr(path)?).map_err(fail)?;
+                sys::mount_idmap(tree.as_fd(), userns.as_fd(), sys::MOUNT_ATTR_NOSUID)
+                    .map_err(fail)?;
+                Ok(Some(tree))
+            }
+            _ => Ok(None),
+        })
+        .collect()
+}
+
 // ---------------------------------------------------------------- init (PID 1)
 
-fn init_main(plan: &Plan, chan: OwnedFd) -> ! {
+fn init_main(plan: &Plan, setup: &Setup, chan: OwnedFd, idmapped: IdmappedTrees) -> ! {
     if sys::set_parent_death_signal(libc::SIGKILL).is_err() {
         sys::exit_now(125);
-    }
-    if let Err(e) = setup_filesystem(plan) {
-        fail(&chan, e);
     }
     if let Err(e) = sys::loopback_up(SECOND_LOOPBACK) {
         fail(
@@ -298,10 +439,14 @@ fn init_main(plan: &Plan, chan: OwnedFd) -> ! {
             fail(&chan, format!("cannot listen inside the sandbox: {e}"));
         }
     };
+    // Before the filesystem is narrowed: nft is run from the host's tree.
     let capture = match &plan.transparent {
         None => Vec::new(),
         Some(t) => setup_capture(t).unwrap_or_else(|e| fail(&chan, e)),
     };
+    if let Err(e) = setup_filesystem(plan, idmapped) {
+        fail(&chan, e);
+    }
     let mut out = vec![proxy.as_fd(), dns_udp.as_fd(), dns_tcp.as_fd()];
     out.extend(capture.iter().map(|l| l.as_fd()));
     if let Err(e) = sys::send(chan.as_fd(), b"R", &out) {
@@ -325,7 +470,7 @@ fn init_main(plan: &Plan, chan: OwnedFd) -> ! {
         sys::exit_now(125);
     }
     let cmd = match sys::fork() {
-        Ok(0) => command_main(plan),
+        Ok(0) => command_main(plan, setup),
         Ok(pid) => pid,
         Err(e) => {
             eprintln!("egressd run: cannot fork CMD: {e}");
@@ -377,6 +522,9 @@ fn setup_capture(t: &Transparent) -> Result<Vec<TcpListener>, String> {
         &nft,
         &[c"-f".to_owned(), c"/dev/stdin".to_owned()],
         t.rules.as_bytes(),
+        // init may be a non-root uid of its namespace (started
+        // unprivileged, it has CMD's uid), whose capabilities an exec drops.
+        &[sys::CAP_NET_ADMIN],
     )
     .map_err(|e| format!("transparent mode: cannot run {}: {e}", t.nft.display()))?;
     if status != 0 {
@@ -422,148 +570,179 @@ fn cstr(p: &Path) -> Result<CString, String> {
         .map_err(|_| format!("{} contains a NUL byte", p.display()))
 }
 
+/// `p` (absolute, as seen inside) under the new root being built.
+fn under_root(p: &Path) -> PathBuf {
+    Path::new(NEW_ROOT).join(p.strip_prefix("/").unwrap_or(p))
+}
+
 /// Creates `path` as a directory (or, with `file`, an empty file) where it
-/// is missing, with its parents — possible only inside the fresh tmpfs
-/// mounts, since everything else is read-only by then.
+/// is missing, with its parents — possible only on the new root and the
+/// fresh tmpfs mounts: every host path shown exists already. Directories
+/// made here are 0755 whatever the umask, so that CMD can walk down to
+/// what is bound below them.
 fn ensure_mountpoint(path: &Path, file: bool) -> Result<(), String> {
     if fs::symlink_metadata(path).is_ok() {
         return Ok(());
     }
     let what = |e: io::Error| format!("cannot create the mount point {}: {e}", path.display());
-    if file {
-        if let Some(parent) = path.parent() {
-            fs::create_dir_all(parent).map_err(what)?;
+    let dir = if file { path.parent() } else { Some(path) };
+    if let Some(dir) = dir {
+        let missing: Vec<&Path> = dir
+            .ancestors()
+            .take_while(|a| fs::symlink_metadata(a).is_err())
+            .collect();
+        for d in missing.into_iter().rev() {
+            fs::create_dir(d)
+                .and_then(|()| fs::set_permissions(d, fs::Permissions::from_mode(0o755)))
+                .map_err(what)?;
         }
+    }
+    if file {
         fs::OpenOptions::new()
             .write(true)
             .create_new(true)
             .mode(0o644)
             .open(path)
             .map_err(what)?;
-    } else {
-        fs::create_dir_all(path).map_err(what)?;
     }
     Ok(())
 }
 
-fn setup_filesystem(plan: &Plan) -> Result<(), String> {
+/// A detached copy of the host tree at `path`, with attributes `set`.
+fn clone_tree(path: &Path, set: u64) -> Result<OwnedFd, String> {
+    let tree = sys::open_tree_clone(&cstr(path)?)
+        .map_err(|e| format!("cannot bind {}: {e}", path.display()))?;
+    sys::mount_setattr(Some(tree.as_fd()), c"", set, 0, true)
+        .map_err(|e| format!("cannot set the access of {}: {e}", path.display()))?;
+    Ok(tree)
+}
+
+fn attach(tree: &OwnedFd, at: &Path, file: bool) -> Result<(), String> {
+    ensure_mountpoint(at, file)?;
+    sys::move_mount(tree.as_fd(), &cstr(at)?)
+        .map_err(|e| format!("cannot mount {}: {e}", at.display()))
+}
+
+fn tmpfs(at: &Path, flags: libc::c_ulong, data: &str) -> Result<(), String> {
+    ensure_mountpoint(at, false)?;
+    let data = CString::new(data).map_err(|_| "NUL in tmpfs options".to_string())?;
+    sys::mount(c"tmpfs", &cstr(at)?, Some(c"tmpfs"), flags, Some(&data))
+        .map_err(|e| format!("cannot mount a tmpfs on {}: {e}", at.display()))
+}
+
+/// Builds the sandbox's root (the plan's [`View`](super::view::View)) and
+/// pivots into it. In init, with the namespace's capabilities.
+fn setup_filesystem(plan: &Plan, mut idmapped: IdmappedTrees) -> Result<(), String> {
     // Nothing mounted here may propagate back to the host.
     sys::mount(c"none", c"/", None, libc::MS_REC | libc::MS_PRIVATE, None)
         .map_err(|e| format!("cannot make the mount namespace private: {e}"))?;
+    let view = &plan.view;
 
-    // Take the bind sources before tmpfs mounts can hide them (a --rw under
-    // HOME, say), as detached trees with their final read-only/writable
-    // state.
-    let mut trees = Vec::new();
-    for b in &plan.binds {
-        let flag = if b.writable { "--rw" } else { "--ro" };
-        let path = cstr(&b.path)?;
-        let is_dir = fs::metadata(&b.path)
-            .map_err(|e| format!("{flag} {}: {e}", b.path.display()))?
-            .is_dir();
-        let tree = sys::open_tree_clone(&path)
-            .map_err(|e| format!("{flag} {}: cannot bind it: {e}", b.path.display()))?;
-        let (set, clear) = if b.writable {
-            (sys::MOUNT_ATTR_NOSUID, sys::MOUNT_ATTR_RDONLY)
+    // Every host tree is taken first, as a detached copy with its final
+    // access, before any mount below can hide its source (a --rw under
+    // /tmp, the CA's files).
+    let system_attrs = sys::MOUNT_ATTR_RDONLY | sys::MOUNT_ATTR_NOSUID | sys::MOUNT_ATTR_NODEV;
+    let mut system = Vec::new();
+    for (path, entry) in &view.system {
+        if *entry == SystemEntry::Dir {
+            system.push(Some(clone_tree(path, system_attrs)?));
         } else {
-            (sys::MOUNT_ATTR_NOSUID | sys::MOUNT_ATTR_RDONLY, 0)
+            system.push(None);
+        }
+    }
+    let mut layers = Vec::new();
+    for (i, l) in view.layers.iter().enumerate() {
+        let tree = match l {
+            Layer::Tmpfs { .. } => None,
+            Layer::Bind {
+                idmapped: true,
+                writable,
+                path,
+                ..
+            } => {
+                let tree = idmapped.get_mut(i).and_then(Option::take).ok_or_else(|| {
+                    format!("{}: the idmapped mount was not made", path.display())
+                })?;
+                if !writable {
+                    sys::mount_setattr(Some(tree.as_fd()), c"", sys::MOUNT_ATTR_RDONLY, 0, true)
+                        .map_err(|e| format!("cannot make {} read-only: {e}", path.display()))?;
+                }
+                Some((tree, fs::metadata(path).map(|m| m.is_dir()).unwrap_or(true)))
+            }
+            Layer::Bind { path, writable, .. } => {
+                let is_dir = fs::metadata(path)
+                    .map_err(|e| format!("{}: {e}", path.display()))?
+                    .is_dir();
+                let attrs = if *writable {
+                    sys::MOUNT_ATTR_NOSUID
+                } else {
+                    sys::MOUNT_ATTR_NOSUID | sys::MOUNT_ATTR_RDONLY
+                };
+                Some((clone_tree(path, attrs)?, is_dir))
+            }
         };
-        sys::mount_setattr(Some(tree.as_fd()), c"", set, clear)
-            .map_err(|e| format!("{flag} {}: cannot set its access: {e}", b.path.display()))?;
-        trees.push((path, tree, is_dir));
+        layers.push(tree);
     }
-
-    // The CA's public files, taken now for the same reason (the CA
-    // directory itself is masked below).
-    let mut file_trees = Vec::new();
-    for f in &plan.file_binds {
-        let tree = sys::open_tree_clone(&cstr(&f.source)?)
-            .map_err(|e| format!("cannot bind {}: {e}", f.source.display()))?;
-        sys::mount_setattr(
-            Some(tree.as_fd()),
-            c"",
+    let mut files = Vec::new();
+    for f in &view.files {
+        files.push(clone_tree(
+            &f.source,
             sys::MOUNT_ATTR_RDONLY | sys::MOUNT_ATTR_NOSUID,
-            0,
-        )
-        .map_err(|e| format!("cannot make {} read-only: {e}", f.source.display()))?;
-        file_trees.push((cstr(&f.target)?, tree));
+        )?);
     }
-
-    // The host's tree, read-only (mount_setattr: Linux 5.12 or later).
-    sys::mount_setattr(
-        None,
-        c"/",
-        sys::MOUNT_ATTR_RDONLY | sys::MOUNT_ATTR_NOSUID,
-        0,
-    )
-    .map_err(|e| {
-        format!("cannot make the host filesystem read-only (Linux 5.12 or later is needed): {e}")
-    })?;
-
-    for t in &plan.tmpfs {
-        ensure_mountpoint(&t.path, false)?;
-        let mut data = format!("mode={:o}", t.mode);
-        if let Some(size) = plan.tmpfs_size {
-            data.push_str(&format!(",size={size}"));
+    let mut dev = Vec::new();
+    for n in DEV_NODES {
+        let host = Path::new("/dev").join(n);
+        // A host without one (a container's /dev) has nothing to lend.
+        if fs::symlink_metadata(&host).is_ok() {
+            dev.push((
+                n,
+                clone_tree(&host, sys::MOUNT_ATTR_NOSUID | sys::MOUNT_ATTR_NOEXEC)?,
+            ));
         }
-        let data = CString::new(data).expect("no NUL");
-        sys::mount(
-            c"tmpfs",
-            &cstr(&t.path)?,
-            Some(c"tmpfs"),
-            libc::MS_NOSUID | libc::MS_NODEV,
-            Some(&data),
-        )
-        .map_err(|e| format!("cannot mount a tmpfs on {}: {e}", t.path.display()))?;
     }
 
-    // Staged in the fresh /tmp before any --rw bind could put the host's
-    // /tmp there.
-    if let Some(target) = &plan.resolv_conf {
-        let staging = Path::new(RESOLV_STAGING);
-        fs::write(staging, &plan.resolv_conf_text)
-            .and_then(|()| fs::set_permissions(staging, fs::Permissions::from_mode(0o644)))
-            .map_err(|e| format!("cannot write resolv.conf: {e}"))?;
-        ensure_mountpoint(target, true)?;
-        let tree = sys::open_tree_clone(&cstr(staging)?)
-            .map_err(|e| format!("cannot bind resolv.conf: {e}"))?;
-        sys::mount_setattr(Some(tree.as_fd()), c"", sys::MOUNT_ATTR_RDONLY, 0)
-            .map_err(|e| format!("cannot make resolv.conf read-only: {e}"))?;
-        sys::move_mount(tree.as_fd(), &cstr(target)?)
-            .map_err(|e| format!("cannot bind resolv.conf over {}: {e}", target.display()))?;
-        let _ = fs::remove_file(staging);
-    }
+    // The staging tmpfs, private to this mount namespace: the new root, the
+    // mask source (an empty file nobody may read) and resolv.conf.
+    tmpfs(
+        Path::new(STAGING),
+        libc::MS_NOSUID | libc::MS_NODEV,
+        &format!("mode=700,{SMALL_TMPFS}"),
+    )?;
+    fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o000)
+        .open(MASK_FILE)
+        .and_then(|f| f.set_permissions(fs::Permissions::from_mode(0o000)))
+        .map_err(|e| format!("cannot create the mask file: {e}"))?;
+    let root = Path::new(NEW_ROOT);
+    tmpfs(
+        root,
+        libc::MS_NOSUID | libc::MS_NODEV,
+        &format!("mode=755,{SMALL_TMPFS}"),
+    )?;
 
-    for ((path, tree, is_dir), b) in trees.iter().zip(&plan.binds) {
-        ensure_mountpoint(&b.path, !is_dir)?;
-        sys::move_mount(tree.as_fd(), path)
-            .map_err(|e| format!("cannot bind {}: {e}", b.path.display()))?;
-    }
-
-    for m in &plan.masks {
-        // Only where it is still visible (not already under a fresh tmpfs).
-        if !fs::metadata(m).is_ok_and(|md| md.is_dir()) {
-            continue;
+    // The system, read-only; merged-/usr links as links.
+    for ((path, entry), tree) in view.system.iter().zip(&system) {
+        match (entry, tree) {
+            (SystemEntry::Symlink(target), _) => {
+                std::os::unix::fs::symlink(target, under_root(path))
+                    .map_err(|e| format!("cannot link {}: {e}", path.display()))?;
+            }
+            (SystemEntry::Dir, Some(tree)) => attach(tree, &under_root(path), false)?,
+            (SystemEntry::Dir, None) => unreachable!("every system directory was cloned"),
         }
-        sys::mount(
-            c"tmpfs",
-            &cstr(m)?,
-            Some(c"tmpfs"),
-            libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
-            Some(c"mode=0,size=4k"),
-        )
-        .map_err(|e| format!("cannot hide {}: {e}", m.display()))?;
     }
 
-    for ((target, tree), f) in file_trees.iter().zip(&plan.file_binds) {
-        ensure_mountpoint(&f.target, true)?;
-        sys::move_mount(tree.as_fd(), target)
-            .map_err(|e| format!("cannot bind {}: {e}", f.target.display()))?;
-    }
-
+    // The sandbox's own /proc, mounted while the host's is still in this
+    // namespace (the kernel lets a user namespace mount proc only where a
+    // full proc is already visible).
+    let proc_at = under_root(Path::new("/proc"));
+    ensure_mountpoint(&proc_at, false)?;
     sys::mount(
         c"proc",
-        c"/proc",
+        &cstr(&proc_at)?,
         Some(c"proc"),
         libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
         None,
@@ -574,6 +753,117 @@ fn setup_filesystem(plan: &Plan) -> Result<(), String> {
              has paths masked by other mounts, as inside many containers)"
         )
     })?;
+
+    // A minimal /dev: the host's harmless nodes, a private devpts, fresh shm.
+    let dev_at = under_root(Path::new("/dev"));
+    tmpfs(
+        &dev_at,
+        libc::MS_NOSUID | libc::MS_NOEXEC,
+        &format!("mode=755,{SMALL_TMPFS}"),
+    )?;
+    for (n, tree) in &dev {
+        attach(tree, &dev_at.join(n), true)?;
+    }
+    for (link, target) in DEV_LINKS {
+        std::os::unix::fs::symlink(target, dev_at.join(link))
+            .map_err(|e| format!("cannot link /dev/{link}: {e}"))?;
+    }
+    let pts = dev_at.join("pts");
+    ensure_mountpoint(&pts, false)?;
+    sys::mount(
+        c"devpts",
+        &cstr(&pts)?,
+        Some(c"devpts"),
+        libc::MS_NOSUID | libc::MS_NOEXEC,
+        Some(c"newinstance,ptmxmode=0666,mode=620"),
+    )
+    .map_err(|e| format!("cannot mount /dev/pts: {e}"))?;
+    let size = plan
+        .tmpfs_size
+        .map(|s| format!(",size={s}"))
+        .unwrap_or_default();
+    tmpfs(
+        &dev_at.join("shm"),
+        libc::MS_NOSUID | libc::MS_NODEV,
+        &format!("mode=1777{size}"),
+    )?;
+
+    // Fresh scratch, HOME and the binds, shallow to deep.
+    let id = &plan.identity;
+    for (l, tree) in view.layers.iter().zip(&layers) {
+        let at = under_root(l.path());
+        match (l, tree) {
+            (
+                Layer::Tmpfs {
+                    mode, cmd_owned, ..
+                },
+                _,
+            ) => {
+                let owner = if *cmd_owned {
+                    format!(",uid={},gid={}", id.uid, id.gid)
+                } else {
+                    String::new()
+                };
+                tmpfs(
+                    &at,
+                    libc::MS_NOSUID | libc::MS_NODEV,
+                    &format!("mode={mode:o}{owner}{size}"),
+                )?;
+            }
+            (Layer::Bind { .. }, Some((tree, is_dir))) => attach(tree, &at, !is_dir)?,
+            (Layer::Bind { .. }, None) => unreachable!("every bind was cloned"),
+        }
+    }
+
+    if let Some(target) = &view.resolv_conf {
+        fs::write(RESOLV_STAGING, &plan.resolv_conf_text)
+            .and_then(|()| fs::set_permissions(RESOLV_STAGING, fs::Permissions::from_mode(0o644)))
+            .map_err(|e| format!("cannot write resolv.conf: {e}"))?;
+        let tree = clone_tree(Path::new(RESOLV_STAGING), sys::MOUNT_ATTR_RDONLY)?;
+        attach(&tree, &under_root(target), true).map_err(|e| format!("resolv.conf: {e}"))?;
+    }
+
+    // Masks last, over whatever shows a secret (only where it is visible).
+    for m in &view.masks {
+        let at = under_root(&m.path);
+        match fs::symlink_metadata(&at) {
+            Ok(md) if !md.file_type().is_symlink() => {}
+            _ => continue,
+        }
+        if m.dir {
+            sys::mount(
+                c"tmpfs",
+                &cstr(&at)?,
+                Some(c"tmpfs"),
+                libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+                Some(MASK_DIR_OPTIONS),
+            )
+            .map_err(|e| format!("cannot hide {}: {e}", m.path.display()))?;
+        } else {
+            let tree = clone_tree(
+                Path::new(MASK_FILE),
+                sys::MOUNT_ATTR_RDONLY | sys::MOUNT_ATTR_NOSUID | sys::MOUNT_ATTR_NOEXEC,
+            )?;
+            sys::move_mount(tree.as_fd(), &cstr(&at)?)
+                .map_err(|e| format!("cannot hide {}: {e}", m.path.display()))?;
+        }
+    }
+
+    for (tree, f) in files.iter().zip(&view.files) {
+        attach(tree, &under_root(&f.target), true)?;
+    }
+
+    // Into the new root; the host's tree (and the staging tmpfs) is detached.
+    sys::chdir(&cstr(root)?).map_err(|e| format!("cannot enter the new root: {e}"))?;
+    sys::pivot_root(c".", c".").map_err(|e| format!("pivot_root: {e}"))?;
+    sys::umount_detach(c".").map_err(|e| format!("cannot detach the host's root: {e}"))?;
+    sys::chdir(c"/").map_err(|e| format!("cannot enter the new root: {e}"))?;
+    // Nothing can be created beside what was put there (non-recursive: the
+    // fresh scratch mounts stay writable).
+    for p in [c"/", c"/dev"] {
+        sys::mount_setattr(None, p, sys::MOUNT_ATTR_RDONLY, 0, false)
+            .map_err(|e| format!("cannot make the sandbox's root read-only: {e}"))?;
+    }
 
     match fs::metadata(&plan.cwd) {
         Ok(m) if m.is_dir() => Ok(()),
@@ -586,7 +876,7 @@ fn setup_filesystem(plan: &Plan) -> Result<(), String> {
 
 // ---------------------------------------------------------------- CMD
 
-fn command_main(plan: &Plan) -> ! {
+fn command_main(plan: &Plan, setup: &Setup) -> ! {
     let die = |code: u8, msg: String| -> ! {
         eprintln!("egressd run: {msg}");
         sys::exit_now(code)
@@ -602,14 +892,18 @@ fn command_main(plan: &Plan) -> ! {
         }
         Err(e) => die(125, e),
     }
-    if let Err(e) = plan.limits.apply() {
+    if let Err(e) = setup.rlimits.apply() {
         die(125, format!("cannot set {e}"));
     }
     if let Err(e) = sys::cloexec_from(3) {
         die(125, format!("cannot close inherited descriptors: {e}"));
     }
-    if let Err(e) = sys::drop_all_capabilities() {
-        die(125, format!("cannot drop capabilities: {e}"));
+    let id = &plan.identity;
+    if let Err(e) = sys::drop_privileges(id.uid, id.gid, !id.deny_setgroups()) {
+        die(125, format!("cannot drop privileges: {e}"));
+    }
+    if let Err(e) = sys::install_seccomp(&seccomp::program()) {
+        die(125, format!("cannot install the seccomp filter: {e}"));
     }
     let e = exec_path(plan);
     let name = String::from_utf8_lossy(plan.argv[0].as_bytes()).into_owned();

@@ -1,15 +1,20 @@
 //! What a sandbox will look like, decided before anything is created: the
-//! mounts in order, the environment, the limits, where egress goes. Pure
-//! (no I/O, no root needed): the facts it needs about the host are
-//! gathered first into [`HostFacts`], so every rule here is unit-tested.
+//! filesystem view, CMD's identity, the environment, the limits, where
+//! egress goes. Pure (no I/O, no root needed): the facts it needs about the
+//! host are gathered first into [`HostFacts`], so every rule here is
+//! unit-tested.
 //!
-//! Filesystem model: the host's tree is visible **read-only**; `/tmp`,
-//! `/var/tmp`, `/run`, `/dev/shm` and HOME are fresh tmpfs (so host sockets
-//! under `/run` — nscd, D-Bus, systemd-resolved, an SSH agent — which would
-//! resolve or connect on CMD's behalf from outside the network namespace,
-//! are not reachable); `--ro`/`--rw` bind host paths back in at the same
-//! place; `/proc` is the sandbox's own; `/etc/resolv.conf` names only the
-//! resolver inside.
+//! Filesystem model ([`View`]): a fresh root holding only the read-only
+//! system, the working directory (`--cwd`), the `--ro`/`--rw` paths, fresh
+//! `/tmp`, `/var/tmp`, `/run` and HOME, a minimal `/dev` and the sandbox's
+//! own `/proc`, with `/etc`'s secrets and the CA directory masked. So host
+//! sockets anywhere else — nscd, D-Bus, a Docker or kubelet socket, a
+//! database's — which would resolve or connect on CMD's behalf from outside
+//! the network namespace, are not there to reach. `/etc/resolv.conf` names
+//! only the resolver inside.
+//!
+//! Identity model ([`Identity`]): CMD is a non-root uid inside, and never
+//! host root.
 //!
 //! Network model: only `lo`. By default nothing routes anywhere else, so a
 //! program that ignores the proxy variables fails (`ENETUNREACH`). With
@@ -26,7 +31,9 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use super::env::{self, EnvSpec};
+use super::identity::{self, Account, Caller, Identity, IdentityError};
 use super::limits::Limits;
+use super::view::{FileBind, Layer, Mask, Origin, SystemEntry, View, SCRATCH, SYSTEM};
 
 /// The sandbox's own loopback address, where its proxy and resolver listen.
 pub const INSIDE_IP: Ipv4Addr = Ipv4Addr::LOCALHOST;
@@ -44,9 +51,8 @@ pub const NFT_DIRS: &[&str] = &["/usr/sbin", "/sbin", "/usr/bin", "/bin"];
 /// `--connect` without `--connect-dns`: the serving egressd's default DNS port.
 pub const SERVE_DNS_PORT: u16 = 8053;
 pub const NO_PROXY: &str = "localhost,127.0.0.1,::1";
-/// Where the CA files appear inside (on the fresh /run, or /tmp without one).
+/// Where the CA files appear inside (on the fresh /run).
 pub const CA_DIR_INSIDE: &str = "/run/egressd";
-pub const CA_DIR_INSIDE_NO_RUN: &str = "/tmp/.egressd";
 pub const CA_BUNDLE_NAME: &str = "ca-bundle.pem";
 pub const CA_CERT_NAME: &str = "ca.pem";
 /// HOME when the launcher's own HOME cannot be hidden by a tmpfs.
@@ -63,26 +69,51 @@ const SYSTEM_TREES: &[&str] = &[
     "/usr", "/etc", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/proc", "/dev",
     "/sys", "/boot", "/nix", "/snap",
 ];
-/// Fresh tmpfs mounts (besides HOME) when the host has the directory, with
-/// their modes.
-pub const SCRATCH: &[(&str, u32)] = &[
-    ("/tmp", 0o1777),
-    ("/var/tmp", 0o1777),
-    ("/run", 0o755),
-    ("/dev/shm", 0o1777),
-];
+/// Places a working directory may not be or contain: showing it would show
+/// what the sandbox exists to hide (every host socket, HOME's secrets, the
+/// host's scratch directories) or make the system writable.
+const CWD_FORBIDDEN: &[&str] = &["/tmp", "/var/tmp", "/run", "/dev", "/proc", "/sys"];
+
+/// `--cwd`: how the working directory is shown.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum CwdMode {
+    /// Read-write at the same place (the default).
+    #[default]
+    Rw,
+    /// Read-only at the same place.
+    Ro,
+    /// Not shown; CMD starts in HOME.
+    None,
+}
+
+/// Parses `--cwd`.
+pub fn parse_cwd_mode(s: &str) -> Result<CwdMode, String> {
+    match s {
+        "rw" => Ok(CwdMode::Rw),
+        "ro" => Ok(CwdMode::Ro),
+        "none" => Ok(CwdMode::None),
+        _ => Err(format!("{s:?}: use rw, ro or none")),
+    }
+}
 
 /// Facts about the host, gathered (impurely) by the caller.
 #[derive(Debug, Clone, Default)]
 pub struct HostFacts {
-    pub uid: u32,
-    pub gid: u32,
+    /// The launcher's own ids.
+    pub caller: Caller,
+    /// `--owner`, looked up.
+    pub owner: Option<Account>,
     /// The launcher's working directory (canonical).
     pub cwd: PathBuf,
     /// `$HOME` if it is an absolute path to an existing directory (canonical).
     pub home: Option<PathBuf>,
-    /// Which of [`SCRATCH`]'s directories exist on the host (as directories).
-    pub scratch: Vec<PathBuf>,
+    /// Which of [`SYSTEM`] exist, and how.
+    pub system: Vec<(PathBuf, SystemEntry)>,
+    /// The `/etc` secrets that exist ([`view::is_etc_secret`]), canonical,
+    /// with `true` for directories.
+    pub etc_secrets: Vec<(PathBuf, bool)>,
+    /// Whether `/tmp` is a directory (the sandbox's root is built there).
+    pub has_tmp: bool,
     /// Where `/etc/resolv.conf` leads (symlinks followed), if anywhere.
     pub resolv_conf: Option<PathBuf>,
     /// The launcher's environment.
@@ -112,7 +143,7 @@ pub struct CaTrust {
 
 /// The options of `egressd run` that shape the sandbox (the CLI's view of
 /// them, minus what [`HostFacts`] already resolved).
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct Options {
     pub command: Vec<OsString>,
     pub env: Vec<EnvSpec>,
@@ -122,6 +153,28 @@ pub struct Options {
     pub connect_dns: Option<SocketAddr>,
     pub client: Option<String>,
     pub transparent: bool,
+    pub cwd: CwdMode,
+    /// `--uid`, `--gid`: CMD's ids inside.
+    pub uid: u32,
+    pub gid: u32,
+}
+
+impl Default for Options {
+    fn default() -> Options {
+        Options {
+            command: Vec::new(),
+            env: Vec::new(),
+            limits: Limits::default(),
+            timeout: None,
+            connect: None,
+            connect_dns: None,
+            client: None,
+            transparent: false,
+            cwd: CwdMode::default(),
+            uid: identity::DEFAULT_ID,
+            gid: identity::DEFAULT_ID,
+        }
+    }
 }
 
 /// Where the sandbox's proxy and resolver sockets lead.
@@ -131,19 +184,6 @@ pub enum Egress {
     Embedded,
     /// Relayed to an egressd that is already serving.
     Connect { proxy: SocketAddr, dns: SocketAddr },
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Tmpfs {
-    pub path: PathBuf,
-    pub mode: u32,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Bind {
-    /// Source and target: host paths appear at the same place inside.
-    pub path: PathBuf,
-    pub writable: bool,
 }
 
 /// `--transparent`: how the sandbox's own network namespace captures what
@@ -157,13 +197,6 @@ pub struct Transparent {
     pub rules: String,
 }
 
-/// A host file shown read-only at another path inside.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct FileBind {
-    pub source: PathBuf,
-    pub target: PathBuf,
-}
-
 /// Everything the sandbox will be; built once, then carried out.
 #[derive(Debug, Clone)]
 pub struct Plan {
@@ -173,24 +206,13 @@ pub struct Plan {
     pub dropped_credentials: Vec<String>,
     pub dropped_other: usize,
     pub missing_env: Vec<String>,
-    pub uid: u32,
-    pub gid: u32,
+    pub identity: Identity,
+    /// CMD's working directory inside (the host's, or HOME with `--cwd none`).
     pub cwd: PathBuf,
     pub home: PathBuf,
-    /// Parents before children.
-    pub tmpfs: Vec<Tmpfs>,
+    pub view: View,
     /// tmpfs size cap (`--memory`, so scratch space cannot outgrow it).
     pub tmpfs_size: Option<u64>,
-    /// Parents before children.
-    pub binds: Vec<Bind>,
-    /// Directories covered by an empty read-only tmpfs after the binds
-    /// (the CA directory: its key must not be readable inside).
-    pub masks: Vec<PathBuf>,
-    /// Mounted after the masks.
-    pub file_binds: Vec<FileBind>,
-    /// Where to mount the generated resolv.conf (None: the host has none,
-    /// and glibc's default, 127.0.0.1, is the resolver inside anyway).
-    pub resolv_conf: Option<PathBuf>,
     pub resolv_conf_text: String,
     pub limits: Limits,
     pub timeout: Option<Duration>,
@@ -198,6 +220,17 @@ pub struct Plan {
     pub proxy_url: String,
     /// `--transparent`.
     pub transparent: Option<Transparent>,
+}
+
+impl Plan {
+    /// The sandbox's PATH (what it searches for CMD).
+    pub fn path_var(&self) -> OsString {
+        self.env
+            .iter()
+            .find_map(|kv| kv.as_bytes().strip_prefix(b"PATH="))
+            .map(|v| OsString::from_vec(v.to_vec()))
+            .unwrap_or_else(|| "/usr/local/bin:/usr/bin:/bin".into())
+    }
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -224,22 +257,24 @@ pub enum PlanError {
         dirs = NFT_DIRS.join(", ")
     )]
     NoNft,
-    #[error(
-        "--pids cannot be enforced when egressd run runs as host root (the kernel exempts uid 0 \
-         from RLIMIT_NPROC); run it as an unprivileged user"
-    )]
-    PidsAsRoot,
+    #[error(transparent)]
+    Identity(#[from] IdentityError),
     #[error("{0}: binding it would cover the sandbox's own {1}")]
     BindCovers(PathBuf, &'static str),
+    #[error(
+        "--rw {0}: the sandbox could change the host's system files there; \
+         pass --ro {0}, or --rw a directory of your own"
+    )]
+    WritableSystem(PathBuf),
     #[error("{0} is given more than once in --ro/--rw")]
     DuplicateBind(PathBuf),
-    #[error("/tmp does not exist on this host")]
+    #[error("/tmp does not exist on this host (the sandbox's root is built there)")]
     NoTmp,
     #[error(
-        "the working directory {0} is hidden inside the sandbox by the fresh {1}; \
-         pass --ro {0} or --rw {0}, or run from another directory"
+        "the working directory {0} would show {1} inside the sandbox; run egressd run from a \
+         project directory, or pass --cwd none (CMD then starts in HOME)"
     )]
-    CwdHidden(PathBuf, String),
+    CwdTooBroad(PathBuf, String),
 }
 
 /// `true` if `a` is `b` or one of its ancestors.
@@ -258,9 +293,6 @@ pub fn build(opts: &Options, host: &HostFacts) -> Result<Plan, PlanError> {
     }
     if opts.connect.is_none() && (opts.client.is_some() || opts.connect_dns.is_some()) {
         return Err(PlanError::ClientWithoutConnect);
-    }
-    if opts.limits.pids.is_some() && host.uid == 0 {
-        return Err(PlanError::PidsAsRoot);
     }
     let transparent = if opts.transparent {
         if opts.connect.is_some() {
@@ -297,54 +329,100 @@ pub fn build(opts: &Options, host: &HostFacts) -> Result<Plan, PlanError> {
     };
     let proxy_url = proxy_url(credentials);
 
-    // Scratch space and HOME.
-    let mut tmpfs: Vec<Tmpfs> = SCRATCH
-        .iter()
-        .filter(|(p, _)| host.scratch.iter().any(|s| s == Path::new(p)))
-        .map(|(p, mode)| Tmpfs {
-            path: PathBuf::from(p),
-            mode: *mode,
-        })
-        .collect();
-    if !tmpfs.iter().any(|t| t.path == Path::new("/tmp")) {
+    let sudo = identity::sudo_ids(
+        host.env
+            .iter()
+            .filter_map(|(k, v)| Some((k.to_str()?, v.to_str()?))),
+    );
+    let identity = Identity::resolve(host.caller, (opts.uid, opts.gid), host.owner.as_ref(), sudo)?;
+    let idmap = identity.bind_idmap().is_some();
+    if !host.has_tmp {
         return Err(PlanError::NoTmp);
     }
+
+    // Scratch space and HOME.
+    let mut layers: Vec<Layer> = SCRATCH
+        .iter()
+        .map(|(p, mode)| Layer::Tmpfs {
+            path: PathBuf::from(p),
+            mode: *mode,
+            cmd_owned: false,
+        })
+        .collect();
     let home = match &host.home {
         Some(h) if home_is_hideable(h) => h.clone(),
         _ => PathBuf::from(FALLBACK_HOME),
     };
-    if !tmpfs.iter().any(|t| t.path == home) {
-        tmpfs.push(Tmpfs {
+    if !layers.iter().any(|l| l.path() == home) {
+        layers.push(Layer::Tmpfs {
             path: home.clone(),
             mode: 0o700,
+            cmd_owned: true,
         });
     }
-    tmpfs.sort_by_key(|t| depth(&t.path));
+
+    // The working directory: never one that would show what the sandbox
+    // hides.
+    let shown_cwd = opts.cwd != CwdMode::None;
+    if shown_cwd {
+        let cwd = &host.cwd;
+        let mut forbidden: Vec<(PathBuf, String)> = SYSTEM
+            .iter()
+            .chain(CWD_FORBIDDEN)
+            .map(|p| (PathBuf::from(p), (*p).to_string()))
+            .collect();
+        forbidden.push((home.clone(), format!("HOME ({})", home.display())));
+        if let Some(h) = &host.home {
+            forbidden.push((h.clone(), format!("HOME ({})", h.display())));
+        }
+        if cwd.parent().is_none() {
+            return Err(PlanError::CwdTooBroad(
+                cwd.clone(),
+                "the whole host filesystem".into(),
+            ));
+        }
+        // Nor one inside the kernel's own trees (the sandbox has its own).
+        let kernel = ["/proc", "/sys", "/dev"].map(Path::new);
+        let inside_kernel = kernel.iter().find(|k| cwd.starts_with(k));
+        if let Some(k) = inside_kernel {
+            return Err(PlanError::CwdTooBroad(
+                cwd.clone(),
+                format!("the host's {}", k.display()),
+            ));
+        }
+        if let Some((_, what)) = forbidden.iter().find(|(p, _)| covers(cwd, p)) {
+            return Err(PlanError::CwdTooBroad(cwd.clone(), what.clone()));
+        }
+    }
+    let workdir = if shown_cwd {
+        host.cwd.clone()
+    } else {
+        home.clone()
+    };
 
     // The interception CA: its bundle over the distribution's, both files
     // at a fixed place for the variables below, its directory masked.
-    let mut masks = Vec::new();
-    let mut file_binds = Vec::new();
+    let mut masks: Vec<Mask> = Vec::new();
+    let mut files = Vec::new();
     let mut ca_env: Vec<(&str, PathBuf)> = Vec::new();
     if let Some(ca) = &host.ca {
-        let inside = if tmpfs.iter().any(|t| t.path == Path::new("/run")) {
-            PathBuf::from(CA_DIR_INSIDE)
-        } else {
-            PathBuf::from(CA_DIR_INSIDE_NO_RUN)
-        };
+        let inside = PathBuf::from(CA_DIR_INSIDE);
         let (bundle, cert) = (inside.join(CA_BUNDLE_NAME), inside.join(CA_CERT_NAME));
-        masks.push(ca.dir.clone());
+        masks.push(Mask {
+            path: ca.dir.clone(),
+            dir: true,
+        });
         if let Some(sys) = &ca.system_bundle {
-            file_binds.push(FileBind {
+            files.push(FileBind {
                 source: ca.bundle.clone(),
                 target: sys.clone(),
             });
         }
-        file_binds.push(FileBind {
+        files.push(FileBind {
             source: ca.bundle.clone(),
             target: bundle.clone(),
         });
-        file_binds.push(FileBind {
+        files.push(FileBind {
             source: ca.cert.clone(),
             target: cert.clone(),
         });
@@ -355,56 +433,66 @@ pub fn build(opts: &Options, host: &HostFacts) -> Result<Plan, PlanError> {
             ca_env.push((n, cert.clone()));
         }
     }
+    for (p, dir) in &host.etc_secrets {
+        masks.push(Mask {
+            path: p.clone(),
+            dir: *dir,
+        });
+    }
 
     // Binds: never over what keeps the sandbox closed.
     let mut protected: Vec<(PathBuf, &'static str)> = vec![
         (PathBuf::from("/proc"), "/proc"),
+        (PathBuf::from("/dev"), "/dev"),
         (PathBuf::from("/run"), "/run (host daemons' sockets)"),
         (PathBuf::from("/etc/resolv.conf"), "resolv.conf"),
     ];
     if let Some(r) = &host.resolv_conf {
         protected.push((r.clone(), "resolv.conf"));
     }
-    for f in &file_binds {
+    for f in &files {
         protected.push((f.target.clone(), "CA bundle"));
     }
-    let mut binds: Vec<Bind> = Vec::new();
+    let mut seen: Vec<&Path> = Vec::new();
     for (path, writable) in &host.binds {
         for (p, what) in &protected {
             if covers(path, p) || (*what == "/proc" && path.starts_with(p)) {
                 return Err(PlanError::BindCovers(path.clone(), what));
             }
         }
-        if binds.iter().any(|b| &b.path == path) {
+        if *writable && SYSTEM.iter().any(|s| covers(path, Path::new(s))) {
+            return Err(PlanError::WritableSystem(path.clone()));
+        }
+        if seen.contains(&path.as_path()) {
             return Err(PlanError::DuplicateBind(path.clone()));
         }
-        binds.push(Bind {
+        seen.push(path);
+        layers.push(Layer::Bind {
             path: path.clone(),
             writable: *writable,
+            idmapped: *writable && idmap,
+            origin: Origin::Flag,
         });
     }
-    binds.sort_by_key(|b| depth(&b.path));
-
-    // The working directory must still exist inside: a fresh tmpfs over it
-    // (HOME, /tmp) hides it unless a bind brings it back.
-    let cwd = host.cwd.clone();
-    if let Some(t) = tmpfs
-        .iter()
-        .filter(|t| cwd.starts_with(&t.path) && cwd != t.path)
-        .max_by_key(|t| depth(&t.path))
-    {
-        let rebound = binds
-            .iter()
-            .any(|b| cwd.starts_with(&b.path) && b.path.starts_with(&t.path));
-        if !rebound {
-            let what = if t.path == home {
-                "HOME".to_string()
-            } else {
-                t.path.display().to_string()
-            };
-            return Err(PlanError::CwdHidden(cwd, what));
-        }
+    // A --ro/--rw of the working directory itself replaces --cwd.
+    if shown_cwd && !seen.contains(&host.cwd.as_path()) {
+        let writable = opts.cwd == CwdMode::Rw;
+        layers.push(Layer::Bind {
+            path: host.cwd.clone(),
+            writable,
+            idmapped: writable && idmap,
+            origin: Origin::Cwd,
+        });
     }
+
+    let mut view = View {
+        system: host.system.clone(),
+        layers,
+        resolv_conf: host.resolv_conf.clone(),
+        masks,
+        files,
+    };
+    view.order();
 
     // Environment.
     let scrubbed = env::scrub(host.env.iter().cloned(), &opts.env);
@@ -412,7 +500,7 @@ pub fn build(opts: &Options, host: &HostFacts) -> Result<Plan, PlanError> {
     let named = |n: &str| opts.env.iter().any(|e| e.name() == n);
     let mut fixed: Vec<(&str, OsString)> = vec![
         ("HOME", home.clone().into_os_string()),
-        ("PWD", cwd.clone().into_os_string()),
+        ("PWD", workdir.clone().into_os_string()),
     ];
     for n in [
         "HTTP_PROXY",
@@ -455,16 +543,11 @@ pub fn build(opts: &Options, host: &HostFacts) -> Result<Plan, PlanError> {
         dropped_credentials: scrubbed.dropped_credentials,
         dropped_other: scrubbed.dropped_other,
         missing_env: scrubbed.missing,
-        uid: host.uid,
-        gid: host.gid,
-        cwd,
+        identity,
+        cwd: workdir,
         home,
-        tmpfs,
+        view,
         tmpfs_size: opts.limits.memory,
-        binds,
-        masks,
-        file_binds,
-        resolv_conf: host.resolv_conf.clone(),
         resolv_conf_text: resolv_conf_text(),
         limits: opts.limits.clone(),
         timeout: opts.timeout,
@@ -548,17 +631,23 @@ fn userinfo_escape(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::launcher::view;
 
     fn host() -> HostFacts {
         HostFacts {
-            uid: 1000,
-            gid: 1000,
+            caller: Caller {
+                uid: 1000,
+                gid: 1000,
+                privileged: false,
+            },
             cwd: "/srv/project".into(),
             home: Some("/home/me".into()),
-            scratch: ["/tmp", "/var/tmp", "/run", "/dev/shm"]
-                .iter()
-                .map(PathBuf::from)
-                .collect(),
+            system: vec![
+                ("/usr".into(), SystemEntry::Dir),
+                ("/bin".into(), SystemEntry::Symlink("usr/bin".into())),
+                ("/etc".into(), SystemEntry::Dir),
+            ],
+            has_tmp: true,
             resolv_conf: Some("/etc/resolv.conf".into()),
             env: vec![
                 ("PATH".into(), "/usr/bin:/bin".into()),
@@ -566,10 +655,7 @@ mod tests {
                 ("AWS_SECRET_ACCESS_KEY".into(), "x".into()),
                 ("HTTP_PROXY".into(), "http://corp:8080".into()),
             ],
-            binds: vec![],
-            token: None,
-            ca: None,
-            nft: None,
+            ..HostFacts::default()
         }
     }
 
@@ -586,15 +672,52 @@ mod tests {
             .find_map(|kv| kv.to_str().ok()?.strip_prefix(name)?.strip_prefix('='))
     }
 
+    fn layers(p: &Plan) -> Vec<String> {
+        p.view
+            .layers
+            .iter()
+            .map(|l| match l {
+                Layer::Tmpfs { path, .. } => format!("tmpfs {}", path.display()),
+                Layer::Bind {
+                    path,
+                    writable,
+                    idmapped,
+                    ..
+                } => format!(
+                    "{} {}{}",
+                    if *writable { "rw" } else { "ro" },
+                    path.display(),
+                    if *idmapped { " idmapped" } else { "" }
+                ),
+            })
+            .collect()
+    }
+
     #[test]
     fn default_sandbox() {
         let p = build(&opts(), &host()).unwrap();
         assert_eq!(p.egress, Egress::Embedded);
         assert_eq!(p.home, Path::new("/home/me"));
-        let mounts: Vec<_> = p.tmpfs.iter().map(|t| t.path.to_str().unwrap()).collect();
-        assert_eq!(mounts, ["/tmp", "/run", "/var/tmp", "/dev/shm", "/home/me"]);
+        assert_eq!(p.cwd, Path::new("/srv/project"));
+        assert_eq!(
+            layers(&p),
+            [
+                "tmpfs /tmp",
+                "tmpfs /run",
+                "tmpfs /var/tmp",
+                "tmpfs /home/me",
+                "rw /srv/project"
+            ]
+        );
+        assert_eq!(p.view.system, host().system);
+        assert_eq!(
+            p.view.shows(Path::new("/srv/other")),
+            Err(view::Hidden::NotShown)
+        );
+        assert_eq!((p.identity.uid, p.identity.gid), (1000, 1000));
         assert_eq!(env_of(&p, "HOME"), Some("/home/me"));
         assert_eq!(env_of(&p, "PATH"), Some("/usr/bin:/bin"));
+        assert_eq!(p.path_var(), "/usr/bin:/bin");
         assert_eq!(env_of(&p, "PWD"), Some("/srv/project"));
         assert_eq!(env_of(&p, "AWS_SECRET_ACCESS_KEY"), None);
         for n in ["HTTP_PROXY", "https_proxy", "ALL_PROXY", "all_proxy"] {
@@ -623,7 +746,11 @@ mod tests {
             hf.home = h.map(PathBuf::from);
             let p = build(&opts(), &hf).unwrap();
             assert_eq!(p.home, Path::new(FALLBACK_HOME), "{h:?}");
-            assert!(p.tmpfs.iter().any(|t| t.path == Path::new(FALLBACK_HOME)));
+            assert!(p
+                .view
+                .layers
+                .iter()
+                .any(|l| l.path() == Path::new(FALLBACK_HOME)));
         }
         for h in ["/root", "/var/lib/jenkins", "/opt/agent/home"] {
             let mut hf = host();
@@ -633,23 +760,61 @@ mod tests {
     }
 
     #[test]
-    fn cwd_hidden_by_fresh_home_needs_a_bind() {
+    fn the_working_directory_is_shown_unless_it_would_show_what_is_hidden() {
         let mut hf = host();
         hf.cwd = "/home/me/proj".into();
+        let p = build(&opts(), &hf).unwrap();
         assert_eq!(
-            build(&opts(), &hf).unwrap_err(),
-            PlanError::CwdHidden("/home/me/proj".into(), "HOME".into())
+            layers(&p).last().unwrap(),
+            "rw /home/me/proj",
+            "over the fresh HOME"
         );
-        hf.binds = vec![("/home/me/proj".into(), true)];
-        assert!(build(&opts(), &hf).is_ok());
-        hf.cwd = "/home/me".into();
-        hf.binds.clear();
-        assert!(build(&opts(), &hf).is_ok(), "the fresh HOME itself is fine");
         hf.cwd = "/tmp/build".into();
-        assert!(matches!(
-            build(&opts(), &hf),
-            Err(PlanError::CwdHidden(_, w)) if w == "/tmp"
-        ));
+        assert!(layers(&build(&opts(), &hf).unwrap()).contains(&"rw /tmp/build".to_string()));
+
+        for (cwd, what) in [
+            ("/", "the whole host filesystem"),
+            ("/home", "HOME (/home/me)"),
+            ("/home/me", "HOME (/home/me)"),
+            ("/tmp", "/tmp"),
+            ("/var", "/var/tmp"),
+            ("/usr", "/usr"),
+            ("/etc", "/etc"),
+            ("/dev/shm", "the host's /dev"),
+            ("/proc/self/cwd", "the host's /proc"),
+        ] {
+            hf.cwd = cwd.into();
+            assert_eq!(
+                build(&opts(), &hf).unwrap_err(),
+                PlanError::CwdTooBroad(cwd.into(), what.into()),
+                "{cwd}"
+            );
+        }
+
+        let mut o = opts();
+        o.cwd = CwdMode::None;
+        let p = build(&o, &hf).unwrap();
+        assert_eq!(p.cwd, Path::new("/home/me"), "CMD starts in HOME");
+        assert_eq!(env_of(&p, "PWD"), Some("/home/me"));
+        assert!(!layers(&p).iter().any(|l| l.contains("/etc")));
+
+        hf.cwd = "/srv/project".into();
+        o.cwd = CwdMode::Ro;
+        assert_eq!(
+            layers(&build(&o, &hf).unwrap()).last().unwrap(),
+            "ro /srv/project"
+        );
+        // An explicit --rw of the working directory replaces --cwd.
+        hf.binds = vec![("/srv/project".into(), true)];
+        let p = build(&o, &hf).unwrap();
+        assert_eq!(
+            layers(&p)
+                .iter()
+                .filter(|l| l.contains("/srv/project"))
+                .count(),
+            1
+        );
+        assert_eq!(layers(&p).last().unwrap(), "rw /srv/project");
     }
 
     #[test]
@@ -658,25 +823,44 @@ mod tests {
         hf.binds = vec![("/srv/project/out".into(), true), ("/srv".into(), false)];
         let p = build(&opts(), &hf).unwrap();
         assert_eq!(
-            p.binds,
+            layers(&p)[2..],
             [
-                Bind {
-                    path: "/srv".into(),
-                    writable: false
-                },
-                Bind {
-                    path: "/srv/project/out".into(),
-                    writable: true
-                }
+                "ro /srv",
+                "tmpfs /var/tmp",
+                "tmpfs /home/me",
+                "rw /srv/project",
+                "rw /srv/project/out"
             ]
         );
-        for bad in ["/", "/etc", "/etc/resolv.conf", "/run", "/proc", "/proc/1"] {
-            hf.binds = vec![(bad.into(), true)];
+        for bad in [
+            "/",
+            "/etc",
+            "/etc/resolv.conf",
+            "/run",
+            "/proc",
+            "/proc/1",
+            "/dev",
+        ] {
+            hf.binds = vec![(bad.into(), false)];
             assert!(
                 matches!(build(&opts(), &hf), Err(PlanError::BindCovers(..))),
                 "{bad}"
             );
         }
+        for bad in ["/usr", "/opt", "/lib64"] {
+            hf.binds = vec![(bad.into(), true)];
+            assert_eq!(
+                build(&opts(), &hf).unwrap_err(),
+                PlanError::WritableSystem(bad.into())
+            );
+            hf.binds = vec![(bad.into(), false)];
+            assert!(build(&opts(), &hf).is_ok(), "--ro {bad}");
+        }
+        hf.binds = vec![
+            ("/usr/local/share/data".into(), true),
+            ("/dev/kvm".into(), true),
+        ];
+        assert!(build(&opts(), &hf).is_ok(), "a directory below the system");
         hf.resolv_conf = Some("/run/systemd/resolve/stub-resolv.conf".into());
         hf.binds = vec![("/run/systemd".into(), false)];
         assert!(matches!(
@@ -693,6 +877,71 @@ mod tests {
             build(&opts(), &hf).unwrap_err(),
             PlanError::DuplicateBind("/srv".into())
         );
+        hf.has_tmp = false;
+        hf.binds.clear();
+        assert_eq!(build(&opts(), &hf).unwrap_err(), PlanError::NoTmp);
+    }
+
+    #[test]
+    fn started_as_root_cmd_is_nobody_and_writable_binds_are_idmapped() {
+        let mut hf = host();
+        hf.caller = Caller {
+            uid: 0,
+            gid: 0,
+            privileged: true,
+        };
+        hf.binds = vec![("/srv/in".into(), false), ("/srv/out".into(), true)];
+        let p = build(&opts(), &hf).unwrap();
+        assert_eq!(p.identity.host_uid, identity::NOBODY);
+        assert_eq!(p.identity.owner_uid, 0);
+        let l = layers(&p);
+        assert!(l.contains(&"ro /srv/in".to_string()), "{l:?}");
+        assert!(l.contains(&"rw /srv/out idmapped".to_string()), "{l:?}");
+        assert!(l.contains(&"rw /srv/project idmapped".to_string()), "{l:?}");
+
+        // Through sudo: CMD is the invoking user, nothing needs an idmap.
+        hf.env.push(("SUDO_UID".into(), "1000".into()));
+        hf.env.push(("SUDO_GID".into(), "1000".into()));
+        let p = build(&opts(), &hf).unwrap();
+        assert_eq!((p.identity.host_uid, p.identity.owner_uid), (1000, 1000));
+        assert!(!layers(&p).iter().any(|l| l.ends_with("idmapped")));
+
+        let mut o = opts();
+        o.uid = 0;
+        assert!(matches!(
+            build(&o, &hf),
+            Err(PlanError::Identity(IdentityError::Root("uid")))
+        ));
+    }
+
+    #[test]
+    fn etc_secrets_and_the_ca_directory_are_masked_last() {
+        let mut hf = host();
+        hf.etc_secrets = vec![
+            ("/etc/shadow".into(), false),
+            ("/etc/ssl/private".into(), true),
+        ];
+        hf.binds = vec![("/etc/ssl".into(), false)];
+        let p = build(&opts(), &hf).unwrap();
+        assert_eq!(
+            p.view.masks,
+            [
+                Mask {
+                    path: "/etc/shadow".into(),
+                    dir: false
+                },
+                Mask {
+                    path: "/etc/ssl/private".into(),
+                    dir: true
+                }
+            ]
+        );
+        assert_eq!(
+            p.view.shows(Path::new("/etc/ssl/private/host.key")),
+            Err(view::Hidden::Masked("/etc/ssl/private".into())),
+            "a --ro of the parent does not unmask it"
+        );
+        assert_eq!(p.view.shows(Path::new("/etc/ssl/certs/x.pem")), Ok(()));
     }
 
     #[test]
@@ -728,7 +977,7 @@ mod tests {
     }
 
     #[test]
-    fn explicit_env_wins_and_pids_as_root_is_refused() {
+    fn explicit_env_wins_and_pids_as_root_is_accepted() {
         let mut o = opts();
         o.env = vec![
             EnvSpec::Pass("AWS_SECRET_ACCESS_KEY".into()),
@@ -739,12 +988,16 @@ mod tests {
         assert_eq!(env_of(&p, "NO_PROXY"), Some("internal"));
         assert_eq!(env_of(&p, "no_proxy"), Some(NO_PROXY));
 
+        // CMD is never host root, so even RLIMIT_NPROC binds it.
         let mut o = opts();
         o.limits.pids = Some(10);
         let mut hf = host();
-        assert!(build(&o, &hf).is_ok());
-        hf.uid = 0;
-        assert_eq!(build(&o, &hf).unwrap_err(), PlanError::PidsAsRoot);
+        hf.caller = Caller {
+            uid: 0,
+            gid: 0,
+            privileged: true,
+        };
+        assert_eq!(build(&o, &hf).unwrap().limits.pids, Some(10));
     }
 
     #[test]
@@ -757,9 +1010,16 @@ mod tests {
             system_bundle: Some("/etc/ssl/certs/ca-certificates.crt".into()),
         });
         let p = build(&opts(), &hf).unwrap();
-        assert_eq!(p.masks, [PathBuf::from("/home/me/certs")]);
+        assert_eq!(
+            p.view.masks,
+            [Mask {
+                path: "/home/me/certs".into(),
+                dir: true
+            }]
+        );
         let targets: Vec<_> = p
-            .file_binds
+            .view
+            .files
             .iter()
             .map(|b| b.target.to_str().unwrap())
             .collect();
@@ -789,14 +1049,6 @@ mod tests {
             build(&opts(), &hf),
             Err(PlanError::BindCovers(_, "CA bundle"))
         ));
-        hf.binds.clear();
-
-        hf.scratch.retain(|s| s != Path::new("/run"));
-        let p = build(&opts(), &hf).unwrap();
-        assert_eq!(
-            env_of(&p, "SSL_CERT_FILE"),
-            Some("/tmp/.egressd/ca-bundle.pem")
-        );
     }
 
     #[test]

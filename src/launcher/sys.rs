@@ -1,10 +1,11 @@
 //! Thin, safe wrappers over the Linux calls the launcher makes: process
-//! creation and namespaces, signals, descriptor passing, the mount API,
-//! loopback and route configuration, running a helper program (nft), and
-//! capability dropping. Every `unsafe` block of
-//! the launcher lives here, each with the reason it is sound; callers see
-//! `io::Result`s. Linux only (this is where the launcher's kernel
-//! requirements show: mount_setattr 5.12, pidfd_open 5.3, close_range 5.9).
+//! creation and namespaces, signals, descriptor passing, the mount API
+//! (idmapped mounts, pivot_root), loopback and route configuration, running
+//! a helper program (nft), account lookup, eventfd, and dropping
+//! privileges. Every `unsafe` block of the launcher lives here, each with
+//! the reason it is sound; callers see `io::Result`s. Linux only (this is
+//! where the launcher's kernel requirements show: mount_setattr and
+//! idmapped mounts 5.12, pidfd_open 5.3, close_range 5.9).
 
 use std::ffi::{CStr, CString};
 use std::io;
@@ -63,14 +64,14 @@ pub fn getppid() -> pid_t {
     unsafe { libc::getppid() }
 }
 
-pub fn getuid() -> u32 {
+pub fn geteuid() -> u32 {
     // SAFETY: always succeeds.
-    unsafe { libc::getuid() }
+    unsafe { libc::geteuid() }
 }
 
-pub fn getgid() -> u32 {
+pub fn getegid() -> u32 {
     // SAFETY: always succeeds.
-    unsafe { libc::getgid() }
+    unsafe { libc::getegid() }
 }
 
 /// Ends the process at once: no destructors, no atexit handlers, no stdio
@@ -363,6 +364,9 @@ const AT_EMPTY_PATH: c_uint = 0x1000;
 const MOVE_MOUNT_F_EMPTY_PATH: c_uint = 0x4;
 pub const MOUNT_ATTR_RDONLY: u64 = 0x1;
 pub const MOUNT_ATTR_NOSUID: u64 = 0x2;
+pub const MOUNT_ATTR_NODEV: u64 = 0x4;
+pub const MOUNT_ATTR_NOEXEC: u64 = 0x8;
+const MOUNT_ATTR_IDMAP: u64 = 0x0010_0000;
 
 #[repr(C)]
 struct MountAttr {
@@ -409,22 +413,42 @@ pub fn open_tree_clone(path: &CStr) -> io::Result<OwnedFd> {
 }
 
 /// Sets and clears `MOUNT_ATTR_*` on the mount at `path` (or on the tree
-/// behind `fd`) and every mount below it.
+/// behind `fd`) and, with `recursive`, every mount below it.
 pub fn mount_setattr(
     at: Option<BorrowedFd<'_>>,
     path: &CStr,
     set: u64,
     clear: u64,
+    recursive: bool,
+) -> io::Result<()> {
+    setattr(at, path, set, clear, recursive, None)
+}
+
+/// Makes the detached tree behind `tree` (and every mount below it) an
+/// idmapped mount, with the id maps of the user namespace `userns`, plus
+/// the attributes `set`.
+pub fn mount_idmap(tree: BorrowedFd<'_>, userns: BorrowedFd<'_>, set: u64) -> io::Result<()> {
+    setattr(Some(tree), c"", set, 0, true, Some(userns))
+}
+
+fn setattr(
+    at: Option<BorrowedFd<'_>>,
+    path: &CStr,
+    set: u64,
+    clear: u64,
+    recursive: bool,
+    userns: Option<BorrowedFd<'_>>,
 ) -> io::Result<()> {
     let attr = MountAttr {
-        attr_set: set,
+        attr_set: set | userns.map_or(0, |_| MOUNT_ATTR_IDMAP),
         attr_clr: clear,
         propagation: 0,
-        userns_fd: 0,
+        userns_fd: userns.map_or(0, |fd| fd.as_raw_fd() as u64),
     };
+    let rec = if recursive { AT_RECURSIVE } else { 0 };
     let (dirfd, flags) = match at {
-        Some(fd) => (fd.as_raw_fd(), AT_RECURSIVE | AT_EMPTY_PATH),
-        None => (libc::AT_FDCWD, AT_RECURSIVE),
+        Some(fd) => (fd.as_raw_fd(), rec | AT_EMPTY_PATH),
+        None => (libc::AT_FDCWD, rec),
     };
     // SAFETY: valid C string and a struct of the size we pass.
     check_long(unsafe {
@@ -454,6 +478,64 @@ pub fn move_mount(tree: BorrowedFd<'_>, target: &CStr) -> io::Result<()> {
         )
     })
     .map(drop)
+}
+
+/// `pivot_root(new_root, put_old)`.
+pub fn pivot_root(new_root: &CStr, put_old: &CStr) -> io::Result<()> {
+    // SAFETY: valid C strings.
+    check_long(unsafe { libc::syscall(libc::SYS_pivot_root, new_root.as_ptr(), put_old.as_ptr()) })
+        .map(drop)
+}
+
+/// Detaches the mount at `path` (MNT_DETACH: lazily, with everything below).
+pub fn umount_detach(path: &CStr) -> io::Result<()> {
+    // SAFETY: a valid C string.
+    check(unsafe { libc::umount2(path.as_ptr(), libc::MNT_DETACH) }).map(drop)
+}
+
+// ---------------------------------------------------------------- eventfd
+
+/// A non-blocking, close-on-exec eventfd.
+pub fn eventfd() -> io::Result<OwnedFd> {
+    // SAFETY: integer arguments; the result is a new descriptor we own.
+    let fd = check(unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) })?;
+    // SAFETY: the kernel just returned this descriptor to us.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Registers `fd` with the tokio runtime this is called in, to await its
+/// readiness.
+pub fn async_fd(fd: OwnedFd) -> io::Result<tokio::io::unix::AsyncFd<OwnedFd>> {
+    // SAFETY: an OwnedFd is an open descriptor that it alone closes, and
+    // its as_raw_fd returns that same descriptor for as long as it lives,
+    // which is as long as the AsyncFd that owns it.
+    unsafe { tokio::io::unix::AsyncFd::register(fd) }.map_err(|e| e.into())
+}
+
+// ---------------------------------------------------------------- accounts
+
+/// The uid and primary gid of the account `name` (passwd, through NSS).
+pub fn account(name: &str) -> io::Result<Option<(u32, u32)>> {
+    let cname = CString::new(name).map_err(io::Error::other)?;
+    let mut buf = vec![0u8; 16 << 10];
+    // SAFETY: passwd is plain data, filled in by getpwnam_r.
+    let mut pwd: libc::passwd = unsafe { zeroed() };
+    let mut result: *mut libc::passwd = std::ptr::null_mut();
+    // SAFETY: every pointer is valid for the call; strings in `pwd` point
+    // into `buf`, which we do not read through.
+    let r = unsafe {
+        libc::getpwnam_r(
+            cname.as_ptr(),
+            &mut pwd,
+            buf.as_mut_ptr() as *mut libc::c_char,
+            buf.len(),
+            &mut result,
+        )
+    };
+    if r != 0 {
+        return Err(io::Error::from_raw_os_error(r));
+    }
+    Ok((!result.is_null()).then_some((pwd.pw_uid, pwd.pw_gid)))
 }
 
 // ---------------------------------------------------------------- network
@@ -530,11 +612,15 @@ struct CapData {
     inheritable: u32,
 }
 
-/// Leaves the calling process with no capabilities, now or after any exec:
-/// locks the "root is not special" securebits, empties the bounding and
-/// ambient sets, clears effective/permitted/inheritable, and sets
-/// no_new_privs (setuid binaries and file capabilities grant nothing).
-pub fn drop_all_capabilities() -> io::Result<()> {
+/// Becomes `uid`/`gid` (inside the sandbox's user namespace) with no
+/// capabilities, now or after any exec: locks the "root is not special"
+/// securebits, empties the bounding set, drops supplementary groups (where
+/// `setgroups` is allowed), switches ids, empties the ambient set, clears
+/// effective/permitted/inheritable, and sets no_new_privs (setuid binaries
+/// and file capabilities grant nothing). The order matters: the bounding
+/// set and the ids can only be changed while the capabilities to do so are
+/// still held.
+pub fn drop_privileges(uid: u32, gid: u32, clear_groups: bool) -> io::Result<()> {
     let bits = libc::SECBIT_NOROOT
         | libc::SECBIT_NOROOT_LOCKED
         | libc::SECBIT_NO_SETUID_FIXUP
@@ -542,7 +628,9 @@ pub fn drop_all_capabilities() -> io::Result<()> {
         | libc::SECBIT_KEEP_CAPS_LOCKED
         | libc::SECBIT_NO_CAP_AMBIENT_RAISE
         | libc::SECBIT_NO_CAP_AMBIENT_RAISE_LOCKED;
-    // SAFETY: prctl/capset with integer arguments or structs we own.
+    let ctx =
+        |what: &'static str| move |e: io::Error| io::Error::new(e.kind(), format!("{what}: {e}"));
+    // SAFETY: prctl/capset/set*id with integer arguments or structs we own.
     unsafe {
         check(libc::prctl(
             libc::PR_SET_SECUREBITS,
@@ -551,16 +639,21 @@ pub fn drop_all_capabilities() -> io::Result<()> {
             0,
             0,
         ))
-        .map_err(|e| io::Error::new(e.kind(), format!("securebits: {e}")))?;
+        .map_err(ctx("securebits"))?;
         for cap in 0..64 {
             if libc::prctl(libc::PR_CAPBSET_DROP, cap as c_ulong, 0, 0, 0) != 0 {
                 let e = io::Error::last_os_error();
                 if e.raw_os_error() == Some(libc::EINVAL) {
                     break; // past the kernel's last capability
                 }
-                return Err(io::Error::new(e.kind(), format!("bounding set: {e}")));
+                return Err(ctx("bounding set")(e));
             }
         }
+        if clear_groups {
+            check(libc::setgroups(0, std::ptr::null())).map_err(ctx("setgroups"))?;
+        }
+        check(libc::setresgid(gid, gid, gid)).map_err(ctx("setresgid"))?;
+        check(libc::setresuid(uid, uid, uid)).map_err(ctx("setresuid"))?;
         check(libc::prctl(
             libc::PR_CAP_AMBIENT,
             libc::PR_CAP_AMBIENT_CLEAR_ALL as c_ulong,
@@ -568,7 +661,7 @@ pub fn drop_all_capabilities() -> io::Result<()> {
             0,
             0,
         ))
-        .map_err(|e| io::Error::new(e.kind(), format!("ambient set: {e}")))?;
+        .map_err(ctx("ambient set"))?;
         let header = CapHeader {
             version: CAP_VERSION_3,
             pid: 0,
@@ -579,11 +672,42 @@ pub fn drop_all_capabilities() -> io::Result<()> {
             inheritable: 0,
         }; 2];
         check_long(libc::syscall(libc::SYS_capset, &header, data.as_ptr()))
-            .map_err(|e| io::Error::new(e.kind(), format!("capset: {e}")))?;
-        check(libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0))
-            .map_err(|e| io::Error::new(e.kind(), format!("no_new_privs: {e}")))?;
+            .map_err(ctx("capset"))?;
+        check(libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)).map_err(ctx("no_new_privs"))?;
     }
     Ok(())
+}
+
+/// Installs `prog` as the calling thread's seccomp filter (after
+/// no_new_privs, which [`drop_privileges`] sets); inherited across fork
+/// and exec, never removed.
+pub fn install_seccomp(prog: &[super::seccomp::Insn]) -> io::Result<()> {
+    let filters: Vec<libc::sock_filter> = prog
+        .iter()
+        .map(|i| libc::sock_filter {
+            code: i.code,
+            jt: i.jt,
+            jf: i.jf,
+            k: i.k,
+        })
+        .collect();
+    let len = u16::try_from(filters.len()).map_err(io::Error::other)?;
+    let fprog = libc::sock_fprog {
+        len,
+        filter: filters.as_ptr() as *mut libc::sock_filter,
+    };
+    // SAFETY: `fprog` points at `len` instructions that outlive the call;
+    // the kernel copies the program.
+    check(unsafe {
+        libc::prctl(
+            libc::PR_SET_SECCOMP,
+            libc::SECCOMP_MODE_FILTER as c_ulong,
+            &fprog as *const libc::sock_fprog as c_ulong,
+            0,
+            0,
+        )
+    })
+    .map(drop)
 }
 
 // ---------------------------------------------------------------- routes (transparent mode)
@@ -712,11 +836,53 @@ pub fn add_default_route_via_lo(src: std::net::IpAddr) -> io::Result<()> {
 
 // ---------------------------------------------------------------- helper programs
 
+/// `CAP_NET_ADMIN` (linux/capability.h): what nft needs.
+pub const CAP_NET_ADMIN: u32 = 12;
+
+/// Makes `caps` (which the caller holds) survive the next execve, as
+/// ambient capabilities: a process whose uid is not 0 in its namespace
+/// otherwise loses every capability when it runs a program.
+fn keep_across_exec(caps: &[u32]) -> io::Result<()> {
+    let header = CapHeader {
+        version: CAP_VERSION_3,
+        pid: 0,
+    };
+    let mut data = [CapData {
+        effective: 0,
+        permitted: 0,
+        inheritable: 0,
+    }; 2];
+    // SAFETY: capget/capset fill and read the two-element array the v3
+    // header announces; prctl takes integers.
+    unsafe {
+        check_long(libc::syscall(libc::SYS_capget, &header, data.as_mut_ptr()))?;
+        for &c in caps {
+            data[(c / 32) as usize].inheritable |= 1 << (c % 32);
+        }
+        check_long(libc::syscall(libc::SYS_capset, &header, data.as_ptr()))?;
+        for &c in caps {
+            check(libc::prctl(
+                libc::PR_CAP_AMBIENT,
+                libc::PR_CAP_AMBIENT_RAISE as c_ulong,
+                c as c_ulong,
+                0,
+                0,
+            ))?;
+        }
+    }
+    Ok(())
+}
+
 /// Runs `path` with `args` (and an empty environment), `input` as its
-/// standard input, and returns its exit status and what it wrote to stdout
-/// and stderr. For a single-threaded caller (it forks), such as the
-/// sandbox's init.
-pub fn run_program(path: &CStr, args: &[CString], input: &[u8]) -> io::Result<(c_int, String)> {
+/// standard input, and the capabilities `caps` of the caller's, and returns
+/// its exit status and what it wrote to stdout and stderr. For a
+/// single-threaded caller (it forks), such as the sandbox's init.
+pub fn run_program(
+    path: &CStr,
+    args: &[CString],
+    input: &[u8],
+    caps: &[u32],
+) -> io::Result<(c_int, String)> {
     let pipe = || -> io::Result<(OwnedFd, OwnedFd)> {
         let mut fds = [0 as c_int; 2];
         // SAFETY: `fds` has room for the two descriptors returned.
@@ -766,6 +932,9 @@ pub fn run_program(path: &CStr, args: &[CString], input: &[u8]) -> io::Result<(c
             }
         }
         let _ = reset_signals_for_exec();
+        if keep_across_exec(caps).is_err() {
+            exit_now(126);
+        }
         execve(path, &argv, &[]);
         exit_now(127);
     }

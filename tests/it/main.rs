@@ -13,6 +13,7 @@ mod launcher;
 mod lifecycle;
 mod policy_files;
 mod report;
+mod sandbox;
 mod tls;
 mod transparent;
 mod tunnel;

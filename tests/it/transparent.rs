@@ -134,6 +134,9 @@ fn world() -> World {
     let ca_dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
     let ca_file = ca_dir.path().join("origin-ca.pem");
     std::fs::write(&ca_file, &pki.ca_pem).unwrap();
+    // Shown with --ro to a CMD that has no host privilege: world-readable.
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(ca_dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
     World {
         dns,
         http,
@@ -606,7 +609,11 @@ fn rootless_capture_as_an_unprivileged_user() {
             .arg("--transparent")
             .cmd(&["sh", "-c", &script]);
         assert_eq!(r.code, 0, "{}", r.context());
-        assert!(r.stdout.starts_with("0\n"), "uid 0 inside: {}", r.context());
+        assert!(
+            r.stdout.starts_with("1000\n"),
+            "uid 1000 inside: {}",
+            r.context()
+        );
         // CMD cannot change the rules: it holds no capability.
         assert!(
             r.stdout.contains("CapEff:\t0000000000000000"),

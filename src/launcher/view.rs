@@ -1,0 +1,390 @@
+//! The sandbox's filesystem, decided before anything is mounted: which host
+//! paths it shows, in which order they are mounted, what is masked, and,
+//! for a path it does not show, why and which `--ro` would show it. Pure:
+//! the host's facts are gathered by the caller; `namespaces` carries the
+//! view out.
+//!
+//! The root is a fresh, read-only tmpfs holding only:
+//! - the system, read-only: [`SYSTEM`] (symlinks such as `/bin -> usr/bin`
+//!   are recreated as symlinks);
+//! - the sandbox's own `/proc` and a minimal `/dev` ([`DEV_NODES`], `pts`,
+//!   `shm`);
+//! - fresh `/tmp`, `/var/tmp`, `/run` and HOME;
+//! - the working directory (`--cwd rw`, the default, or `ro`) and the
+//!   `--ro`/`--rw` paths, each at its own place;
+//! - the generated resolv.conf and, with `--ca-dir`, the CA's public files.
+//!
+//! Nothing else of the host is there, so no host Unix socket outside those
+//! paths can be reached. Secrets that live in `/etc` ([`ETC_SECRETS`],
+//! SSH host keys) and the CA directory are masked by empty, unreadable
+//! mounts placed after everything else, wherever a bind shows them.
+//!
+//! Mount order is the kernel's semantics made explicit: layers (fresh tmpfs
+//! and binds) are mounted shallow to deep, so the deepest covering a path
+//! wins; at the same path a bind follows the tmpfs it replaces (`--ro
+//! $HOME` shows the real HOME). [`View::shows`] answers with the same rule.
+
+use std::path::{Path, PathBuf};
+
+/// The host's system trees, shown read-only when they exist.
+pub const SYSTEM: &[&str] = &[
+    "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/opt",
+];
+/// Secrets kept in `/etc` that the sandbox must never read, whatever its
+/// uid: password hashes (and the backups `shadow-`, `gshadow-` that hold
+/// the same), TLS and Kerberos host keys. SSH host keys are matched by
+/// [`is_etc_secret`].
+pub const ETC_SECRETS: &[&str] = &[
+    "/etc/shadow",
+    "/etc/shadow-",
+    "/etc/gshadow",
+    "/etc/gshadow-",
+    "/etc/security/opasswd",
+    "/etc/ssl/private",
+    "/etc/pki/tls/private",
+    "/etc/krb5.keytab",
+];
+/// Where SSH host keys live (`ssh_host_*_key`; the `.pub` files stay).
+pub const SSH_DIR: &str = "/etc/ssh";
+/// Device nodes of the minimal `/dev`, bound from the host's.
+pub const DEV_NODES: &[&str] = &["null", "zero", "full", "random", "urandom", "tty"];
+/// Symlinks of the minimal `/dev`.
+pub const DEV_LINKS: &[(&str, &str)] = &[
+    ("fd", "/proc/self/fd"),
+    ("stdin", "/proc/self/fd/0"),
+    ("stdout", "/proc/self/fd/1"),
+    ("stderr", "/proc/self/fd/2"),
+    ("ptmx", "pts/ptmx"),
+];
+/// Fresh scratch directories (besides HOME), with their modes.
+pub const SCRATCH: &[(&str, u32)] = &[("/tmp", 0o1777), ("/var/tmp", 0o1777), ("/run", 0o755)];
+/// Directory names whose parent is a tool's prefix (`~/.cargo/bin/cargo`
+/// needs `~/.cargo`; `~/.pyenv/shims/python3` needs `~/.pyenv`).
+const PREFIX_CHILDREN: &[&str] = &["bin", "sbin", "shims", "libexec"];
+
+/// `true` for the paths of [`ETC_SECRETS`] and SSH host private keys.
+pub fn is_etc_secret(p: &Path) -> bool {
+    if ETC_SECRETS.iter().any(|s| p == Path::new(s)) {
+        return true;
+    }
+    p.parent() == Some(Path::new(SSH_DIR))
+        && p.file_name()
+            .and_then(|n| n.to_str())
+            .is_some_and(|n| n.starts_with("ssh_host_") && n.ends_with("_key"))
+}
+
+/// What a system path is on the host.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SystemEntry {
+    Dir,
+    /// A symlink (merged /usr: `/bin -> usr/bin`), recreated as one.
+    Symlink(PathBuf),
+}
+
+/// Why a layer is there (for messages).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Origin {
+    /// The working directory.
+    Cwd,
+    /// `--ro` or `--rw`.
+    Flag,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Layer {
+    /// A fresh tmpfs: `mode`; owned by CMD (HOME) or by the sandbox's root.
+    Tmpfs {
+        path: PathBuf,
+        mode: u32,
+        cmd_owned: bool,
+    },
+    /// A host path shown at the same place.
+    Bind {
+        path: PathBuf,
+        writable: bool,
+        /// Through an idmapped mount (the owner's files are CMD's).
+        idmapped: bool,
+        origin: Origin,
+    },
+}
+
+impl Layer {
+    pub fn path(&self) -> &Path {
+        match self {
+            Layer::Tmpfs { path, .. } | Layer::Bind { path, .. } => path,
+        }
+    }
+    fn rank(&self) -> u8 {
+        match self {
+            Layer::Tmpfs { .. } => 0,
+            Layer::Bind { .. } => 1,
+        }
+    }
+}
+
+/// An empty, unreadable mount over a secret.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Mask {
+    pub path: PathBuf,
+    pub dir: bool,
+}
+
+/// A host file shown read-only at another path inside.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FileBind {
+    pub source: PathBuf,
+    pub target: PathBuf,
+}
+
+/// Everything mounted, in order: system, `/proc` and `/dev`, layers,
+/// resolv.conf, masks, file binds.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct View {
+    pub system: Vec<(PathBuf, SystemEntry)>,
+    /// Shallow to deep; at the same path, tmpfs before bind.
+    pub layers: Vec<Layer>,
+    /// Where the generated resolv.conf is bound (None: the host has none,
+    /// and glibc's default, 127.0.0.1, is the resolver inside anyway).
+    pub resolv_conf: Option<PathBuf>,
+    pub masks: Vec<Mask>,
+    pub files: Vec<FileBind>,
+}
+
+/// Why the sandbox does not show a host path.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Hidden {
+    /// Under a fresh tmpfs (HOME, /tmp, /run, …): the path given.
+    Fresh(PathBuf),
+    /// Masked (a secret, the CA directory).
+    Masked(PathBuf),
+    /// The sandbox's own `/proc` or `/dev`.
+    Own(PathBuf),
+    /// Outside everything the sandbox shows.
+    NotShown,
+}
+
+impl View {
+    /// Sorts the layers into mount order.
+    pub fn order(&mut self) {
+        self.layers
+            .sort_by_key(|l| (l.path().components().count(), l.rank()));
+    }
+
+    /// Whether `p` (absolute, with the host's symlinks resolved or leading
+    /// through [`SYSTEM`] symlinks) shows the host's content inside.
+    pub fn shows(&self, p: &Path) -> Result<(), Hidden> {
+        self.underneath(p)?;
+        match self.masks.iter().find(|m| p.starts_with(&m.path)) {
+            Some(m) => Err(Hidden::Masked(m.path.clone())),
+            None => Ok(()),
+        }
+    }
+
+    /// [`View::shows`] before masks.
+    fn underneath(&self, p: &Path) -> Result<(), Hidden> {
+        if let Some(l) = self.layers.iter().rev().find(|l| p.starts_with(l.path())) {
+            return match l {
+                Layer::Bind { .. } => Ok(()),
+                Layer::Tmpfs { path, .. } => Err(Hidden::Fresh(path.clone())),
+            };
+        }
+        for own in ["/proc", "/dev"] {
+            if p.starts_with(own) {
+                return Err(Hidden::Own(own.into()));
+            }
+        }
+        if self.system.iter().any(|(s, _)| p.starts_with(s)) {
+            return Ok(());
+        }
+        Err(Hidden::NotShown)
+    }
+}
+
+/// The `--ro` that would show `p`, a host file the sandbox hides under
+/// `hider` (a fresh tmpfs, or `/` when nothing shows it): a tool's prefix
+/// (`~/.cargo` for `~/.cargo/bin/cargo`), else the file's directory, else
+/// the file itself — never `hider` itself (a whole HOME is not a hint).
+pub fn suggest_ro(p: &Path, hider: &Path) -> PathBuf {
+    let below = |d: &Path| d.starts_with(hider) && d != hider;
+    let Some(dir) = p.parent() else {
+        return p.to_path_buf();
+    };
+    let named = |d: &Path| {
+        d.file_name()
+            .and_then(|n| n.to_str())
+            .is_some_and(|n| PREFIX_CHILDREN.contains(&n))
+    };
+    match dir.parent() {
+        Some(prefix) if named(dir) && below(prefix) => prefix.to_path_buf(),
+        _ if below(dir) => dir.to_path_buf(),
+        _ => p.to_path_buf(),
+    }
+}
+
+/// What hides a path, as the hint's words and the root a suggestion must
+/// stay below.
+pub fn hider_of(h: &Hidden, home: &Path) -> (String, PathBuf) {
+    match h {
+        Hidden::Fresh(t) if t == home => (
+            format!(
+                "is in HOME ({}), which is a fresh, empty directory inside",
+                home.display()
+            ),
+            t.clone(),
+        ),
+        Hidden::Fresh(t) => (
+            format!(
+                "is under {}, which is a fresh, empty directory inside",
+                t.display()
+            ),
+            t.clone(),
+        ),
+        Hidden::Masked(m) => (
+            format!("is under {}, which is masked inside", m.display()),
+            m.clone(),
+        ),
+        Hidden::Own(o) => (
+            format!("is under {}, which is the sandbox's own", o.display()),
+            o.clone(),
+        ),
+        Hidden::NotShown => (
+            format!(
+                "is not shown inside (the sandbox shows {}, the working directory, \
+                 and the --ro/--rw paths)",
+                SYSTEM.join(" ")
+            ),
+            PathBuf::from("/"),
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn view() -> View {
+        let mut v = View {
+            system: vec![
+                ("/usr".into(), SystemEntry::Dir),
+                ("/bin".into(), SystemEntry::Symlink("usr/bin".into())),
+                ("/etc".into(), SystemEntry::Dir),
+            ],
+            layers: vec![
+                Layer::Bind {
+                    path: "/home/me/proj".into(),
+                    writable: true,
+                    idmapped: false,
+                    origin: Origin::Cwd,
+                },
+                Layer::Tmpfs {
+                    path: "/home/me".into(),
+                    mode: 0o700,
+                    cmd_owned: true,
+                },
+                Layer::Tmpfs {
+                    path: "/tmp".into(),
+                    mode: 0o1777,
+                    cmd_owned: false,
+                },
+                Layer::Bind {
+                    path: "/home".into(),
+                    writable: false,
+                    idmapped: false,
+                    origin: Origin::Flag,
+                },
+            ],
+            masks: vec![Mask {
+                path: "/etc/shadow".into(),
+                dir: false,
+            }],
+            ..View::default()
+        };
+        v.order();
+        v
+    }
+
+    #[test]
+    fn layers_go_shallow_to_deep_binds_after_tmpfs() {
+        let v = view();
+        let order: Vec<_> = v
+            .layers
+            .iter()
+            .map(|l| l.path().to_str().unwrap())
+            .collect();
+        assert_eq!(order, ["/tmp", "/home", "/home/me", "/home/me/proj"]);
+    }
+
+    #[test]
+    fn shows_what_is_mounted_last_over_a_path() {
+        let v = view();
+        assert_eq!(v.shows(Path::new("/usr/bin/python3")), Ok(()));
+        assert_eq!(v.shows(Path::new("/bin/sh")), Ok(()));
+        assert_eq!(v.shows(Path::new("/home/me/proj/run.sh")), Ok(()));
+        assert_eq!(v.shows(Path::new("/home/other/x")), Ok(()), "--ro /home");
+        assert_eq!(
+            v.shows(Path::new("/home/me/.cargo/bin/cargo")),
+            Err(Hidden::Fresh("/home/me".into())),
+            "HOME stays fresh under --ro /home"
+        );
+        assert_eq!(
+            v.shows(Path::new("/tmp/x")),
+            Err(Hidden::Fresh("/tmp".into()))
+        );
+        assert_eq!(
+            v.shows(Path::new("/etc/shadow")),
+            Err(Hidden::Masked("/etc/shadow".into()))
+        );
+        assert_eq!(v.shows(Path::new("/srv/tool")), Err(Hidden::NotShown));
+        assert_eq!(
+            v.shows(Path::new("/proc/1/exe")),
+            Err(Hidden::Own("/proc".into()))
+        );
+    }
+
+    #[test]
+    fn suggestions_name_a_tools_prefix_never_home() {
+        let home = Path::new("/home/me");
+        for (p, want) in [
+            ("/home/me/.cargo/bin/cargo", "/home/me/.cargo"),
+            ("/home/me/.pyenv/shims/python3", "/home/me/.pyenv"),
+            ("/home/me/.local/bin/tool", "/home/me/.local"),
+            ("/home/me/bin/tool", "/home/me/bin"),
+            ("/home/me/tool", "/home/me/tool"),
+            (
+                "/home/me/.nvm/versions/node/v20/bin/node",
+                "/home/me/.nvm/versions/node/v20",
+            ),
+        ] {
+            assert_eq!(suggest_ro(Path::new(p), home), Path::new(want), "{p}");
+        }
+        let root = Path::new("/");
+        assert_eq!(
+            suggest_ro(Path::new("/srv/tools/bin/x"), root),
+            Path::new("/srv/tools")
+        );
+        assert_eq!(suggest_ro(Path::new("/srv/x"), root), Path::new("/srv"));
+        assert_eq!(suggest_ro(Path::new("/x"), root), Path::new("/x"));
+    }
+
+    #[test]
+    fn etc_secrets() {
+        for yes in [
+            "/etc/shadow",
+            "/etc/gshadow-",
+            "/etc/ssl/private",
+            "/etc/ssh/ssh_host_ed25519_key",
+            "/etc/ssh/ssh_host_rsa_key",
+        ] {
+            assert!(is_etc_secret(Path::new(yes)), "{yes}");
+        }
+        for no in [
+            "/etc/passwd",
+            "/etc/ssh/ssh_host_ed25519_key.pub",
+            "/etc/ssh/ssh_config",
+            "/etc/ssl/certs",
+            "/srv/ssh/ssh_host_rsa_key",
+        ] {
+            assert!(!is_etc_secret(Path::new(no)), "{no}");
+        }
+    }
+}
