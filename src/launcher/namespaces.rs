@@ -287,9 +287,14 @@ fn outer_main(plan: &Plan, setup: &Setup, chan: OwnedFd, launcher: pid_t) -> ! {
     // Idmapped mounts take CAP_SYS_ADMIN over the host's filesystems, so
     // they are made here, before the process leaves the host's user
     // namespace; init attaches them.
+    let any = plan
+        .view
+        .layers
+        .iter()
+        .any(|l| matches!(l, Layer::Bind { idmapped: true, .. }));
     let idmapped = match plan.identity.bind_idmap() {
-        Some(map) => idmapped_binds(plan, &map).unwrap_or_else(|e| fail(&chan, e)),
-        None => Vec::new(),
+        Some(map) if any => idmapped_binds(plan, &map).unwrap_or_else(|e| fail(&chan, e)),
+        _ => Vec::new(),
     };
     if let Err(e) = sys::unshare(NAMESPACES) {
         let hint = match e.raw_os_error() {
