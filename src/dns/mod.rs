@@ -105,6 +105,30 @@ impl Resolver {
         }
         (a.outcome, a.note)
     }
+
+    /// A query below `exception`'s wildcard that is not a host name (its
+    /// valid rightmost labels are `valid_tail`, `labels_above` more left of
+    /// them) was refused `dns_tunnel` for `client`: refuse the wildcard to
+    /// that client for the cool-down too. Returns what to add to the note.
+    pub(crate) fn tunnel_strike(
+        &self,
+        policy: &Policy,
+        client: Option<ClientIdx>,
+        exception: &Exception,
+        valid_tail: &str,
+        labels_above: usize,
+        now: i64,
+    ) -> Option<String> {
+        let id = policy.client_id(client).map(|c| &**c).unwrap_or("-");
+        self.tunnel_detector().strike(
+            &policy.settings.dns.tunnel,
+            id,
+            exception,
+            valid_tail,
+            labels_above,
+            now,
+        )
+    }
 }
 
 /// Parses `--upstream-dns`: `IP` or `IP:PORT` (IPv6 as `[IP]:PORT` or a bare

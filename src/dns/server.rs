@@ -754,17 +754,24 @@ impl Handler {
                     .exceptions
                     .iter()
                     .find(|e| applies(e, client, now) && under_wildcard(e, &tail, above))
+                    .map(|e| (e, tail, above))
             })
         };
         match under {
-            Some(e) => {
+            Some((e, tail, above)) => {
                 ev.decision = "deny";
                 ev.reason = Reason::DnsTunnel.as_str();
                 ev.exception = Some(e.id.clone());
                 ev.owner = Some(e.owner.clone());
-                ev.note = Some(format!(
-                    "dns tunnel: name below an allowed wildcard is not a host name ({err})"
-                ));
+                let mut note =
+                    format!("dns tunnel: name below an allowed wildcard is not a host name ({err})");
+                if let Some(cooling) = self
+                    .resolver
+                    .tunnel_strike(policy, client, e, &tail, above, now)
+                {
+                    note = format!("{note}; {cooling}");
+                }
+                ev.note = Some(note);
                 self.resolver
                     .metrics()
                     .dns_tunnel
