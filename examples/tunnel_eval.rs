@@ -20,9 +20,9 @@ mod eval;
 use eval::{BURST_TARGET, DAY_TARGET, PAYLOAD_BYTES};
 
 fn main() {
-    let settings = std::env::args().nth(1).map(|path| {
-        std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
-    });
+    let settings = std::env::args()
+        .nth(1)
+        .map(|path| std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}")));
     let policy = eval::policy(settings.as_deref());
     let t = &policy.settings.dns.tunnel;
     println!(
@@ -41,7 +41,9 @@ fn main() {
     let payload = eval::payload();
     let mut ok = true;
 
-    println!("\nTunnels: {PAYLOAD_BYTES} bytes of payload; bursts at 10 queries/s, drips for 3 days");
+    println!(
+        "\nTunnels: {PAYLOAD_BYTES} bytes of payload; bursts at 10 queries/s, drips for 3 days"
+    );
     println!(
         "{:<46} {:>6} {:>8} {:>8} {:>9} {:>9} {:>9}  {:<13} verdict",
         "tunnel", "B/qry", "alert at", "allowed", "leaked B", "name B", "max B/day", "stopped by"
@@ -72,21 +74,18 @@ fn main() {
         );
     }
 
-    let all = eval::workloads();
     println!(
-        "\nBenign corpus: {} names in {} workloads",
+        "\nBenign corpus: {} names in {} workloads; each pattern is one client",
         eval::corpus_names().len(),
-        all.len()
+        eval::workloads().len()
     );
     println!(
-        "{:<40} {:>6} {:>8} {:>7} {:>7}  false positives",
+        "{:<52} {:>6} {:>8} {:>7} {:>7}  false positives",
         "pattern", "names", "queries", "alerts", "blocked"
     );
-    let mut false_positives = 0;
-    let mut show = |label: &str, r: eval::BenignResult| {
-        false_positives += r.blocked_names.len();
+    let row = |label: &str, r: &eval::BenignResult| {
         println!(
-            "{:<40} {:>6} {:>8} {:>7} {:>7}  {}",
+            "{:<52} {:>6} {:>8} {:>7} {:>7}  {}",
             label,
             r.names,
             r.queries,
@@ -95,21 +94,43 @@ fn main() {
             if r.blocked_names.is_empty() {
                 "0".to_string()
             } else {
-                r.blocked_names.join(", ")
+                format!("{} (e.g. {})", r.blocked_names.len(), r.blocked_names[0])
             }
         );
     };
-    for w in &all {
-        show(
-            &format!("{} (1 h)", w.label),
-            eval::workload_hour(&policy, w),
+    let mut false_positives = 0;
+    for (label, r) in eval::benign_patterns(&policy) {
+        false_positives += r.blocked_names.len();
+        row(&label, &r);
+    }
+    // Headroom: the smallest hourly budget (others as set) the patterns pass.
+    let refused_with = |block: u64| {
+        let mut p = eval::policy(settings.as_deref());
+        p.settings.dns.tunnel.block_bytes = block;
+        eval::benign_patterns(&p)
+            .iter()
+            .map(|(_, r)| r.blocked_names.len())
+            .sum::<usize>()
+    };
+    let block = policy.settings.dns.tunnel.block_bytes;
+    if refused_with(block) == 0 {
+        let (mut lo, mut hi) = (0u64, block);
+        while hi - lo > 8 {
+            let mid = (lo + hi) / 2;
+            if refused_with(mid) == 0 {
+                hi = mid;
+            } else {
+                lo = mid;
+            }
+        }
+        println!(
+            "the patterns pass with block_bytes down to about {hi} ({}% of {block})",
+            hi * 100 / block.max(1)
         );
     }
-    show("busy client: every workload in 1 h", eval::busy_hour(&policy, &all));
-    show(
-        "working day: hourly jobs + new names, 24 h",
-        eval::working_day(&policy, &all),
-    );
+    let busy = eval::busy_hour(&policy, &eval::workloads());
+    println!("\nBeyond the budget (not a target: where it ends):");
+    row("one client, every workload in the same hour", &busy);
     ok &= false_positives == 0;
     println!(
         "\ntargets: bursts <= {BURST_TARGET} B, drips <= {DAY_TARGET} B a day, no benign name refused ({false_positives} refused) => {}",

@@ -763,8 +763,9 @@ impl Handler {
                 ev.reason = Reason::DnsTunnel.as_str();
                 ev.exception = Some(e.id.clone());
                 ev.owner = Some(e.owner.clone());
-                let mut note =
-                    format!("dns tunnel: name below an allowed wildcard is not a host name ({err})");
+                let mut note = format!(
+                    "dns tunnel: name below an allowed wildcard is not a host name ({err})"
+                );
                 if let Some(cooling) = self
                     .resolver
                     .tunnel_strike(policy, client, e, &tail, above, now)

@@ -82,8 +82,6 @@ pub const MAX_TOTAL_NAMES: usize = 1 << 18;
 /// Tokens a name adds to its budget's dictionary; the rest of a long name is
 /// charged as new each time (dearer, never cheaper).
 pub const MAX_TOKENS_PER_NAME: usize = 8;
-/// Up to this many tokens, naming one seen before carries at most a byte.
-pub const SMALL_DICTIONARY: usize = 256;
 /// The most a name's bytes are multiplied by for looking encoded.
 pub const MAX_WEIGHT: f64 = 1.5;
 /// The daily budget's window.
@@ -136,10 +134,63 @@ struct Budget {
     tokens: HashSet<u32>,
     /// The cost of every charge held.
     bytes: u64,
+    /// The charges within `block_window`, after `hourly_from`.
+    hourly: Span,
+    /// The charges within `alert_window`.
+    recent: Span,
     /// The hourly count starts after this instant (the last block).
     hourly_from: i64,
     blocked_until: i64,
     last_used: i64,
+}
+
+/// A running total of a budget's newest charges (the last `len` of them),
+/// so a check costs the same with 10 names in the window as with 8,000.
+#[derive(Default, Clone, Copy)]
+struct Span {
+    /// The window it was counted for.
+    secs: i64,
+    len: usize,
+    bytes: u64,
+}
+
+impl Span {
+    /// Drops the charges at or before `cutoff`. A window other than the one
+    /// counted for (a reloaded policy) is counted again.
+    fn slide(&mut self, charges: &VecDeque<Charge>, secs: i64, cutoff: i64) {
+        if self.secs != secs {
+            *self = Span {
+                secs,
+                ..Span::default()
+            };
+            for c in charges.iter().rev().take_while(|c| c.at > cutoff) {
+                self.len += 1;
+                self.bytes += c.cost as u64;
+            }
+            return;
+        }
+        while self.len > 0 {
+            let c = &charges[charges.len() - self.len];
+            if c.at > cutoff {
+                break;
+            }
+            self.len -= 1;
+            self.bytes -= c.cost as u64;
+        }
+    }
+
+    fn push(&mut self, cost: u32) {
+        self.len += 1;
+        self.bytes += cost as u64;
+    }
+
+    /// The oldest of `held` charges, costing `cost`, is being dropped.
+    fn forget_oldest(&mut self, held: usize, cost: u32) {
+        if self.len == held {
+            self.len -= 1;
+            self.bytes -= cost as u64;
+        }
+    }
 }
 
 impl Default for Budget {
@@ -149,6 +200,8 @@ impl Default for Budget {
             seen: HashSet::new(),
             tokens: HashSet::new(),
             bytes: 0,
+            hourly: Span::default(),
+            recent: Span::default(),
             hourly_from: i64::MIN,
             blocked_until: i64::MIN,
             last_used: i64::MIN,
@@ -163,8 +216,19 @@ impl Budget {
         }
     }
 
+    /// Brings the running totals to `now`.
+    fn slide(&mut self, now: i64, block_window: i64, alert_window: i64) {
+        let cutoff = (now - block_window).max(self.hourly_from);
+        self.hourly.slide(&self.charges, block_window, cutoff);
+        self.recent
+            .slide(&self.charges, alert_window, now - alert_window);
+    }
+
     fn pop_front(&mut self, total: &mut usize) {
+        let held = self.charges.len();
         let c = self.charges.pop_front().expect("caller checked");
+        self.hourly.forget_oldest(held, c.cost);
+        self.recent.forget_oldest(held, c.cost);
         self.seen.remove(&c.hash);
         for t in c.tokens.iter() {
             self.tokens.remove(t);
@@ -173,20 +237,19 @@ impl Budget {
         *total -= 1;
     }
 
-    /// Bytes and names charged after `from` and within the last `window`
-    /// seconds.
-    fn spent(&self, now: i64, window: i64, from: i64) -> (u64, u32) {
-        let cutoff = (now - window).max(from);
-        let mut bytes = 0u64;
-        let mut names = 0u32;
-        for c in self.charges.iter().rev() {
-            if c.at <= cutoff {
-                break;
-            }
-            bytes += c.cost as u64;
-            names += 1;
+    /// Bytes charged within the last day (all held, unless a longer
+    /// `block_window` keeps more).
+    fn daily(&self, now: i64, keep: i64) -> u64 {
+        if keep == DAY_SECS {
+            return self.bytes;
         }
-        (bytes, names)
+        let cutoff = now - DAY_SECS;
+        self.charges
+            .iter()
+            .rev()
+            .take_while(|c| c.at > cutoff)
+            .map(|c| c.cost as u64)
+            .sum()
     }
 }
 
@@ -196,39 +259,61 @@ struct Cost {
     tokens: Vec<u32>,
 }
 
+/// Bits for what follows every token: a separator (`.`, `-`, `_`) or the
+/// end (2), and whether the next token is new or from the dictionary (1).
+const TOKEN_BITS: f64 = 3.0;
+/// Bits a new token adds besides its characters: its alphabet (2) and its
+/// length (6: a label holds at most 63 bytes).
+const NEW_TOKEN_BITS: f64 = 8.0;
+
 impl Cost {
-    /// `text`: the name's labels left of the budget's domain; `weight`: its
-    /// [`encoded_weight`]. Tokens are hashed with the detector's key.
+    /// An upper bound on the information `text` (a name's labels left of
+    /// the budget's domain) carries, in bytes, its characters weighed by
+    /// `weight` ([`encoded_weight`]); tokens are hashed with the detector's
+    /// key. A name is written as tokens between separators; a token seen in
+    /// the budget (or earlier in this name) is one entry of a dictionary of
+    /// `n` entries, `log2 n` bits; a new token is its alphabet, its length
+    /// and `log2` of the alphabet's size per character — digits 10, hex 16,
+    /// letters 26, letters and digits 36.
     fn of(text: &str, weight: f64, budget: Option<&Budget>, hasher: &RandomState) -> Cost {
-        let dictionary = budget.map_or(0, |b| b.tokens.len());
-        let seen_cost = if dictionary < SMALL_DICTIONARY {
-            1.0
-        } else {
-            2.0
-        };
-        let separators = text.bytes().filter(|b| is_separator(*b)).count();
-        let mut cost = separators as f64;
+        let known = budget.map_or(0, |b| b.tokens.len());
+        let mut bits = 0.0f64;
         let mut tokens: Vec<u32> = Vec::new();
         for t in text.split(|c: char| is_separator(c as u8)) {
+            bits += TOKEN_BITS;
             if t.is_empty() {
+                bits += NEW_TOKEN_BITS;
                 continue;
             }
-            let fresh = t.len() as f64 * weight;
             let h = hasher.hash_one(t) as u32;
-            let known = budget.is_some_and(|b| b.tokens.contains(&h)) || tokens.contains(&h);
-            if known {
-                cost += fresh.min(seen_cost);
+            if budget.is_some_and(|b| b.tokens.contains(&h)) || tokens.contains(&h) {
+                bits += ((known + tokens.len()).max(2) as f64).log2().ceil();
             } else {
-                cost += fresh;
+                bits += NEW_TOKEN_BITS + t.len() as f64 * alphabet_bits(t) * weight;
                 tokens.push(h);
             }
         }
         tokens.truncate(MAX_TOKENS_PER_NAME);
         Cost {
-            bytes: cost.ceil() as u64,
+            bytes: (bits / 8.0).ceil() as u64,
             tokens,
         }
     }
+}
+
+/// Bits per character of the smallest alphabet `token` is written in.
+fn alphabet_bits(token: &str) -> f64 {
+    let b = token.as_bytes();
+    let size: f64 = if b.iter().all(u8::is_ascii_digit) {
+        10.0
+    } else if b.iter().all(u8::is_ascii_hexdigit) {
+        16.0
+    } else if b.iter().all(u8::is_ascii_alphabetic) {
+        26.0
+    } else {
+        36.0
+    };
+    size.log2()
 }
 
 fn is_separator(b: u8) -> bool {
@@ -337,6 +422,7 @@ impl TunnelDetector {
             let b = b.map(|b| {
                 b.last_used = now;
                 b.expire(now, keep, &mut self.names);
+                b.slide(now, block_window, alert_window);
                 &*b
             });
             let cost = match b {
@@ -353,14 +439,8 @@ impl TunnelDetector {
         for p in &pending {
             let Some(cost) = &p.cost else { continue };
             let b = budgets.get(p.domain);
-            let (hourly, _) = b.map_or((0, 0), |b| b.spent(now, block_window, b.hourly_from));
-            let daily = b.map_or(0, |b| {
-                if keep == DAY_SECS {
-                    b.bytes
-                } else {
-                    b.spent(now, DAY_SECS, i64::MIN).0
-                }
-            });
+            let hourly = b.map_or(0, |b| b.hourly.bytes);
+            let daily = b.map_or(0, |b| b.daily(now, keep));
             if hourly + cost.bytes > s.block_bytes {
                 over = Some((p.domain, format!(
                     "dns tunnel: new names under {} would exceed block_bytes {} per {block_window}s for this client ({hourly} spent)",
@@ -393,8 +473,8 @@ impl TunnelDetector {
             let Some(b) = budgets.get(domain) else {
                 continue;
             };
-            let (bytes, names) = b.spent(now, alert_window, i64::MIN);
-            if bytes > s.alert_bytes || names > s.alert_unique_names {
+            let (bytes, names) = (b.recent.bytes, b.recent.len);
+            if bytes > s.alert_bytes || names > s.alert_unique_names as usize {
                 return Assessment {
                     outcome: TunnelOutcome::Alert,
                     note: Some(format!(
@@ -453,6 +533,10 @@ impl TunnelDetector {
         }
         let b = budgets.entry(domain.into()).or_default();
         b.hourly_from = now;
+        b.hourly = Span {
+            secs: b.hourly.secs,
+            ..Span::default()
+        };
         b.blocked_until = now + s.cooldown_secs as i64;
         b.last_used = now;
         self.bound();
@@ -479,6 +563,8 @@ impl TunnelDetector {
             });
             b.seen.insert(p.hash);
             b.bytes += bytes as u64;
+            b.hourly.push(bytes);
+            b.recent.push(bytes);
             b.last_used = now;
             self.names += 1;
             if b.charges.len() > MAX_NAMES_PER_DOMAIN {
@@ -657,8 +743,9 @@ mod tests {
         d.check(&p.settings.dns.tunnel, client, &h, e, now).outcome
     }
 
-    /// Distinct 31-byte labels of one token each (nothing for the
-    /// dictionary to share) that weigh exactly 1.0 (they read like words).
+    /// Distinct labels of one token each (nothing for the dictionary to
+    /// share) that weigh exactly 1.0 (they read like words) and cost 31
+    /// bytes to a budget.
     fn label(i: usize) -> String {
         let syllables: String = format!("{i:06}")
             .bytes()
@@ -667,10 +754,9 @@ mod tests {
                 format!("{}{}", &"bcdfghklmn"[d..=d], &"aeiouaeiou"[d..=d])
             })
             .collect();
-        let l = format!("{syllables}servicenumberprod");
-        assert_eq!((l.len(), encoded_weight(&l)), (29, 1.0), "{l}");
-        let l = format!("{l}xy");
-        assert_eq!((l.len(), encoded_weight(&l)), (31, 1.0), "{l}");
+        let l = format!("{syllables}servicenumberproductioneastregionwest");
+        let cost = Cost::of(&l, encoded_weight(&l), None, &RandomState::new()).bytes;
+        assert_eq!((l.len(), encoded_weight(&l), cost), (49, 1.0, 31), "{l}");
         l
     }
 
@@ -872,15 +958,15 @@ mod tests {
         let p = policy("block_bytes: 40, alert_bytes: 100000, alert_unique_names: 1000");
         let mut d = TunnelDetector::new();
         assert_eq!(
-            check(&mut d, &p, "-", "api-aaaaaaaaaaaaaaaa.glob.test", 0),
+            check(&mut d, &p, "-", "api-aaaaaaaaaaaaaaaaaaaa.glob.test", 0),
             TunnelOutcome::Ok
         );
         assert_eq!(
-            check(&mut d, &p, "-", "api-eeeeeeeeeeeeeeee.glob.test", 0),
+            check(&mut d, &p, "-", "api-eeeeeeeeeeeeeeeeeeee.glob.test", 0),
             TunnelOutcome::Ok
         );
         assert_eq!(
-            check(&mut d, &p, "-", "api-oooooooooooooooo.glob.test", 0),
+            check(&mut d, &p, "-", "api-oooooooooooooooooooo.glob.test", 0),
             TunnelOutcome::Block
         );
     }
@@ -920,5 +1006,253 @@ mod tests {
         assert!(encoded_weight(b32) > 1.3, "{}", encoded_weight(b32));
         assert!(encoded_weight(hex) > 1.3, "{}", encoded_weight(hex));
         assert!(encoded_weight(b32) <= MAX_WEIGHT);
+    }
+
+    /// `n` bytes of payload from `seed`, as base32 split into labels of at
+    /// most 40: what a tunnel fitted to the caps sends.
+    fn tunnel_name(seed: u64, n: usize, suffix: &str) -> String {
+        let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+        let data: Vec<u8> = (0..n)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                (x >> 24) as u8
+            })
+            .collect();
+        let mut b32 = String::new();
+        let (mut acc, mut bits) = (0u32, 0u32);
+        for b in data {
+            acc = (acc << 8) | b as u32;
+            bits += 8;
+            while bits >= 5 {
+                b32.push(
+                    b"abcdefghijklmnopqrstuvwxyz234567"[((acc >> (bits - 5)) & 31) as usize]
+                        as char,
+                );
+                bits -= 5;
+            }
+            acc &= (1 << bits) - 1;
+        }
+        let labels: Vec<&str> = b32
+            .as_bytes()
+            .chunks(40)
+            .map(|c| std::str::from_utf8(c).unwrap())
+            .collect();
+        format!("{}.{suffix}", labels.join("."))
+    }
+
+    /// The most payload `sent` (time, bytes) holds within any 24 h.
+    fn most_in_a_day(sent: &[(i64, usize)]) -> usize {
+        sent.iter()
+            .map(|&(t, _)| {
+                sent.iter()
+                    .filter(|&&(u, _)| u >= t && u < t + DAY_SECS)
+                    .map(|&(_, b)| b)
+                    .sum::<usize>()
+            })
+            .max()
+            .unwrap_or(0)
+    }
+
+    #[test]
+    fn defaults_hold_a_fitted_burst_to_a_kib() {
+        let p = policy("");
+        let s = &p.settings.dns.tunnel;
+        let mut d = TunnelDetector::new();
+        let mut moved = 0;
+        let mut blocked = None;
+        for i in 0..100 {
+            let name = tunnel_name(i, 60, "cdn.test");
+            assert!(name.len() <= s.max_name_len, "{name}");
+            match check(&mut d, &p, "c", &name, i as i64) {
+                TunnelOutcome::Block => {
+                    blocked = Some(i);
+                    break;
+                }
+                _ => moved += 60,
+            }
+        }
+        assert!(blocked.is_some(), "never blocked");
+        assert!(moved <= 1024, "{moved} bytes moved before the block");
+        assert!(moved >= 512, "{moved}: the budget is not that tight");
+    }
+
+    #[test]
+    fn a_drip_under_the_hourly_budget_meets_the_daily_one() {
+        // One fitted query every 10 minutes: ~600 B an hour, far under the
+        // hourly budget, 8 KiB within about 14 hours.
+        let p = policy("");
+        let s = p.settings.dns.tunnel.clone();
+        let mut d = TunnelDetector::new();
+        let e = &p.exceptions[0];
+        let mut sent = Vec::new();
+        let mut notes = Vec::new();
+        let mut next = 0;
+        for tick in 0..(3 * 144) {
+            let now = tick * 600;
+            let h = parse_host(&tunnel_name(next, 60, "cdn.test")).unwrap();
+            let a = d.check(&s, "c", &h, e, now);
+            if a.outcome == TunnelOutcome::Block {
+                notes.push(a.note.unwrap());
+                continue;
+            }
+            sent.push((now, 60));
+            next += 1;
+        }
+        assert!(
+            notes[0].contains("daily_bytes 8192"),
+            "the daily budget stops it first: {}",
+            notes[0]
+        );
+        let day = most_in_a_day(&sent);
+        assert!(day <= s.daily_bytes as usize, "{day} bytes in a day");
+        assert!(day >= 4096, "{day}: the daily budget is not that tight");
+        // It resumes as the day slides, and stays bounded over three days.
+        assert!(sent.iter().any(|&(t, _)| t > 2 * DAY_SECS), "never resumed");
+    }
+
+    #[test]
+    fn bursts_after_each_cool_down_add_up_to_the_day() {
+        let p = policy("");
+        let mut d = TunnelDetector::new();
+        let mut sent = Vec::new();
+        let mut next = 0;
+        // Far faster than allowed: a query every 10 s, for two days.
+        for now in (0..(2 * DAY_SECS)).step_by(10) {
+            let name = tunnel_name(next, 60, "cdn.test");
+            if check(&mut d, &p, "c", &name, now) != TunnelOutcome::Block {
+                sent.push((now, 60));
+                next += 1;
+            }
+        }
+        let day = most_in_a_day(&sent);
+        assert!(day <= 8192, "{day} bytes in a day");
+        let first_hour: usize = sent.iter().filter(|s| s.0 < 3600).map(|s| s.1).sum();
+        assert!(first_hour <= 1024, "{first_hour} in the first hour");
+    }
+
+    #[test]
+    fn repeated_tokens_cost_what_choosing_them_carries() {
+        let p = policy("alert_bytes: 100000, alert_unique_names: 1000");
+        let mut d = TunnelDetector::new();
+        let spent = |d: &TunnelDetector| d.clients["c"]["cdn.test"].bytes;
+        check(
+            &mut d,
+            &p,
+            "c",
+            "kafka-0.kafka-headless.streaming.cdn.test",
+            0,
+        );
+        let first = spent(&d);
+        check(
+            &mut d,
+            &p,
+            "c",
+            "kafka-1.kafka-headless.streaming.cdn.test",
+            1,
+        );
+        let second = spent(&d) - first;
+        // `kafka`, `headless` and `streaming` are known; `1` is new.
+        assert!(first >= 16, "{first}");
+        assert!(second <= 6, "{second}");
+        // A repeat is free.
+        check(
+            &mut d,
+            &p,
+            "c",
+            "kafka-1.kafka-headless.streaming.cdn.test",
+            2,
+        );
+        assert_eq!(spent(&d), first + second);
+    }
+
+    #[test]
+    fn a_dictionary_of_tokens_carries_no_more_than_it_pays() {
+        // The tunnel first sends 256 three-letter tokens, then names made
+        // only of them (a byte each): still held to the hourly budget.
+        let p = policy("");
+        let mut d = TunnelDetector::new();
+        let token = |b: u8| format!("{}{}z", (b'a' + b / 16) as char, (b'a' + b % 16) as char);
+        let mut moved = 0usize;
+        let mut now = 0;
+        for chunk in (0..=255u8).collect::<Vec<_>>().chunks(20) {
+            let name = chunk.iter().map(|b| token(*b)).collect::<Vec<_>>();
+            let name = format!("{}.cdn.test", name.join("."));
+            if check(&mut d, &p, "c", &name, now) == TunnelOutcome::Block {
+                break;
+            }
+            moved += chunk.len();
+            now += 1;
+        }
+        let mut x = 7u32;
+        loop {
+            let bytes: Vec<u8> = (0..25)
+                .map(|_| {
+                    x = x.wrapping_mul(1_103_515_245).wrapping_add(12_345);
+                    (x >> 16) as u8
+                })
+                .collect();
+            let name = bytes.iter().map(|b| token(*b)).collect::<Vec<_>>();
+            let name = format!("{}.cdn.test", name.join("."));
+            if check(&mut d, &p, "c", &name, now) == TunnelOutcome::Block {
+                break;
+            }
+            moved += bytes.len();
+            now += 1;
+        }
+        assert!(
+            moved <= p.settings.dns.tunnel.block_bytes as usize,
+            "{moved} bytes through the dictionary"
+        );
+    }
+
+    #[test]
+    fn a_name_that_is_not_a_host_name_cools_the_wildcard_down() {
+        let p = policy("");
+        let s = p.settings.dns.tunnel.clone();
+        let e = &p.exceptions[0];
+        let mut d = TunnelDetector::new();
+        // `zh4daa-j\xe4ger.a.zone.test`: the valid tail is a.zone.test.
+        let note = d.strike(&s, "c", e, "a.zone.test", 1, 100).unwrap();
+        assert!(note.contains("a.zone.test and zone.test"), "{note}");
+        assert!(note.contains("3600s"), "{note}");
+        assert_eq!(
+            check(&mut d, &p, "c", "www.a.zone.test", 101),
+            TunnelOutcome::Block
+        );
+        // The zone's other wildcard too (one registered domain)...
+        assert_eq!(
+            check(&mut d, &p, "c", "www.b.zone.test", 101),
+            TunnelOutcome::Block
+        );
+        // ...but not other zones, nor other clients.
+        assert_eq!(
+            check(&mut d, &p, "c", "www.cdn.test", 101),
+            TunnelOutcome::Ok
+        );
+        assert_eq!(
+            check(&mut d, &p, "other", "www.a.zone.test", 101),
+            TunnelOutcome::Ok
+        );
+        // Open again after the cool-down.
+        assert_eq!(
+            check(&mut d, &p, "c", "www.a.zone.test", 3700),
+            TunnelOutcome::Ok
+        );
+        // Names under no wildcard, `log` and `off` strike nothing.
+        assert_eq!(d.strike(&s, "c", e, "exact.test", 1, 200), None);
+        let log = policy("action: log");
+        assert_eq!(
+            d.strike(&log.settings.dns.tunnel, "c", e, "cdn.test", 1, 200),
+            None
+        );
+        assert_eq!(
+            check(&mut d, &p, "c", "www2.cdn.test", 201),
+            TunnelOutcome::Ok
+        );
+        // A label glob takes one label only.
+        assert!(d.strike(&s, "c", e, "glob.test", 2, 300).is_none());
+        assert!(d.strike(&s, "c", e, "glob.test", 1, 300).is_some());
     }
 }

@@ -109,7 +109,7 @@ impl Default for TunnelSettings {
             alert_unique_names: 50,
             alert_bytes: 512,
             alert_window_secs: 600,
-            block_bytes: 2048,
+            block_bytes: 1400,
             block_window_secs: 3600,
             daily_bytes: 8192,
             cooldown_secs: 3600,

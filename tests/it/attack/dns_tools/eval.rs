@@ -386,7 +386,11 @@ pub struct Replay {
     pub hours: f64,
 }
 
-fn allowing_exception<'p>(policy: &'p Policy, target: &Target, qtype: u16) -> Option<&'p Exception> {
+fn allowing_exception<'p>(
+    policy: &'p Policy,
+    target: &Target,
+    qtype: u16,
+) -> Option<&'p Exception> {
     let req = Request {
         proto: Proto::Dns,
         client: None,
@@ -629,17 +633,44 @@ pub fn new_names_for_hour(hour: i64) -> Vec<String> {
     out
 }
 
-/// One client all day: every workload's names as hourly jobs (each job
-/// resolves them again, every TTL for its first 50 minutes), and the
-/// hour's new names.
-pub fn working_day(policy: &Policy, all: &[Workload]) -> BenignResult {
+/// One client all day: `names` as hourly jobs (each job resolves them
+/// again, every TTL for its first 50 minutes) and the hour's new names.
+pub fn working_day(policy: &Policy, names: &[String], ttl: i64) -> BenignResult {
     let mut q = Vec::new();
     for hour in 0..24 {
         let start = T0 + hour * 3600;
-        for w in all {
-            schedule(&w.names, w.ttl.max(300), start, 3000, &mut q);
-        }
+        schedule(names, ttl.max(300), start, 3000, &mut q);
         schedule(&new_names_for_hour(hour), 300, start, 3600, &mut q);
     }
     run_queries(policy, q)
+}
+
+/// A generalist agent: a quarter of every workload's names.
+pub fn generalist(all: &[Workload]) -> Workload {
+    Workload {
+        label: "generalist (every 4th name of each)".into(),
+        ttl: 60,
+        names: all
+            .iter()
+            .flat_map(|w| w.names.iter().step_by(4).cloned())
+            .collect(),
+    }
+}
+
+/// The realistic patterns, each one client, with what the budget did: each
+/// workload for an hour and for a working day, and a generalist agent that
+/// uses a bit of everything, for an hour and a day.
+pub fn benign_patterns(policy: &Policy) -> Vec<(String, BenignResult)> {
+    let all = workloads();
+    let mut out = Vec::new();
+    let mut each = all.clone();
+    each.push(generalist(&all));
+    for w in &each {
+        out.push((format!("{} (1 h)", w.label), workload_hour(policy, w)));
+        out.push((
+            format!("{} (24 h + new names)", w.label),
+            working_day(policy, &w.names, w.ttl),
+        ));
+    }
+    out
 }
