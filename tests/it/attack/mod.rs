@@ -40,6 +40,7 @@ pub use crate::support::*;
 
 mod connect;
 mod dns;
+mod dns_tools;
 mod faults;
 mod hostnames;
 mod literals;
