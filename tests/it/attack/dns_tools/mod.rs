@@ -363,3 +363,70 @@ fn the_benign_corpus_is_never_refused() {
         refused.join("\n")
     );
 }
+
+#[test]
+fn a_name_that_is_not_a_host_name_closes_the_wildcard_for_the_cool_down() {
+    use super::{ask_udp, assert_dns_denied, dns_query, Lines};
+    use hickory_proto::op::ResponseCode;
+    use hickory_proto::rr::{Name, RecordType};
+
+    let up = crate::support::fake_dns();
+    up.set("www.t.tunnel.test", &["1.1.1.1"]);
+    up.set("www.other.test", &["1.0.0.1"]);
+    let e = crate::support::egressd()
+        .policy(
+            "p.yaml",
+            &format!(
+                "{BLOCKING}  - {{ id: other, owner: o, reason: r, hosts: [\"*.other.test\"] }}\n"
+            ),
+        )
+        .dns(up.addr)
+        .start();
+    let mut lines = Lines::new(&e);
+    let ok = ask_udp(e.dns, &dns_query("www.t.tunnel.test", RecordType::A));
+    assert_eq!(ok.metadata.response_code, ResponseCode::NoError);
+    assert_eq!(ok.answers.len(), 1);
+    lines.one("an ordinary name");
+
+    // iodine's first probe of what the resolver lets through.
+    let mut probe = dns_query("x.t.tunnel.test", RecordType::CNAME);
+    probe.queries[0].set_name(
+        Name::from_labels(vec![
+            &b"zh4daa-aaahhh-drink-mal-ein-j\xe4germeister-"[..],
+            b"t",
+            b"tunnel",
+            b"test",
+        ])
+        .unwrap(),
+    );
+    assert_dns_denied(&ask_udp(e.dns, &probe), "dns_tunnel", "the probe");
+    let line = lines.one("the probe");
+    let note = line["note"].as_str().unwrap();
+    assert!(
+        note.contains("t.tunnel.test and tunnel.test refused for this client for 3600s"),
+        "{note}"
+    );
+
+    // Now the wildcard is closed to this client, cached names included...
+    for name in ["www.t.tunnel.test", "vaaaakarjnq.t.tunnel.test"] {
+        assert_dns_denied(
+            &ask_udp(e.dns, &dns_query(name, RecordType::A)),
+            "dns_tunnel",
+            name,
+        );
+        let l = lines.one(name);
+        assert!(l["note"].as_str().unwrap().contains("cool-down"), "{l}");
+    }
+    // ...while other wildcards still answer.
+    let other = ask_udp(e.dns, &dns_query("www.other.test", RecordType::A));
+    assert_eq!(other.answers.len(), 1);
+    lines.one("another wildcard");
+    assert_eq!(
+        up.names(),
+        vec![
+            "www.t.tunnel.test".to_string(),
+            "www.other.test".to_string()
+        ],
+        "only the allowed names reached upstream"
+    );
+}
