@@ -8,7 +8,8 @@
 //! What it owns: turning a DNS packet into one policy [`Request`](crate::policy::Request),
 //! answering it (denied names never leave egressd, in any form), forwarding
 //! allowed names as fresh queries with our own timeouts, caching answers,
-//! filtering non-public addresses out of answers, the per-client tunnel
+//! filtering non-public addresses out of answers, removing ECH
+//! configurations from HTTPS/SVCB answers (`ech`), the per-client tunnel
 //! budget, and (for transparent capture) which allowed name each answered
 //! address came from (`answers`). What it does not own: the decision itself
 //! (`Policy::decide`), the log line and metrics (`Recorder::record`), or
@@ -31,6 +32,7 @@
 //! ```
 
 mod answers;
+mod ech;
 mod fast;
 mod forward;
 mod server;
