@@ -8,7 +8,8 @@
 //! What it owns: turning a DNS packet into one policy [`Request`](crate::policy::Request),
 //! answering it (denied names never leave egressd, in any form), forwarding
 //! allowed names as fresh queries with our own timeouts, caching answers,
-//! filtering non-public addresses out of answers, the per-client tunnel
+//! filtering non-public addresses out of answers, removing ECH
+//! configurations from HTTPS/SVCB answers (`ech`), the per-client tunnel
 //! budget, and (for transparent capture) which allowed name each answered
 //! address came from (`answers`). What it does not own: the decision itself
 //! (`Policy::decide`), the log line and metrics (`Recorder::record`), or
@@ -32,6 +33,7 @@
 
 mod answers;
 mod budget;
+mod ech;
 mod fast;
 mod resolver;
 mod server;
@@ -104,6 +106,30 @@ impl Resolver {
                 .inc(),
         }
         (a.outcome, a.note)
+    }
+
+    /// A query below `exception`'s wildcard that is not a host name (its
+    /// valid rightmost labels are `valid_tail`, `labels_above` more left of
+    /// them) was refused `dns_tunnel` for `client`: refuse the wildcard to
+    /// that client for the cool-down too. Returns what to add to the note.
+    pub(crate) fn tunnel_strike(
+        &self,
+        policy: &Policy,
+        client: Option<ClientIdx>,
+        exception: &Exception,
+        valid_tail: &str,
+        labels_above: usize,
+        now: i64,
+    ) -> Option<String> {
+        let id = policy.client_id(client).map(|c| &**c).unwrap_or("-");
+        self.tunnel_detector().strike(
+            &policy.settings.dns.tunnel,
+            id,
+            exception,
+            valid_tail,
+            labels_above,
+            now,
+        )
     }
 }
 

@@ -488,7 +488,9 @@ async fn tcp_exchange(
 
 /// The part of a reply we keep, and how long to keep it.
 fn digest(msg: &Message, host: &Host, qtype: u16, s: &DnsSettings) -> (Answer, u32) {
-    let records = follow_chain(&msg.answers, host, qtype);
+    let mut records = follow_chain(&msg.answers, host, qtype);
+    // Before it is cached: no client is ever handed an ECH configuration.
+    super::ech::strip_ech(&mut records);
     let complete = records.iter().any(|r| u16::from(r.record_type()) == qtype);
     let authority: Vec<Record> = if complete {
         Vec::new()

@@ -756,15 +756,23 @@ impl Handler {
                     .exceptions
                     .iter()
                     .find(|e| applies(e, client, now) && under_wildcard(e, &tail, above))
+                    .map(|e| (e, tail, above))
             })
         };
         match under {
-            Some(e) => {
+            Some((e, tail, above)) => {
                 let d = Decision::deny(Reason::DnsTunnel, Some(e));
                 ev.set_decision(&d, policy.settings.mode);
-                ev.note = Some(format!(
+                let mut note = format!(
                     "dns tunnel: name below an allowed wildcard is not a host name ({err})"
-                ));
+                );
+                if let Some(cooling) = self
+                    .resolver
+                    .tunnel_strike(policy, client, e, &tail, above, now)
+                {
+                    note = format!("{note}; {cooling}");
+                }
+                ev.note = Some(note);
                 self.resolver
                     .metrics()
                     .dns_tunnel

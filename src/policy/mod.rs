@@ -94,6 +94,8 @@ pub struct TunnelSettings {
     pub alert_window_secs: u64,
     pub block_bytes: u64,
     pub block_window_secs: u64,
+    /// New-name bytes per client and domain per day (a sliding 24 h).
+    pub daily_bytes: u64,
     pub cooldown_secs: u64,
 }
 
@@ -104,10 +106,11 @@ impl Default for TunnelSettings {
             max_name_len: 120,
             max_label_len: 63,
             alert_unique_names: 50,
-            alert_bytes: 1024,
+            alert_bytes: 512,
             alert_window_secs: 600,
-            block_bytes: 4096,
+            block_bytes: 1400,
             block_window_secs: 3600,
+            daily_bytes: 8192,
             cooldown_secs: 3600,
         }
     }
@@ -765,6 +768,7 @@ pub fn compile_digested(
                 set!(alert_unique_names);
                 set!(alert_bytes);
                 set!(block_bytes);
+                set!(daily_bytes);
                 set!(alert_window, alert_window_secs);
                 set!(block_window, block_window_secs);
                 set!(cooldown, cooldown_secs);

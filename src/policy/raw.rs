@@ -95,6 +95,7 @@ pub struct RawTunnel {
     pub alert_window: Option<DurationField>,
     pub block_bytes: Option<u64>,
     pub block_window: Option<DurationField>,
+    pub daily_bytes: Option<u64>,
     pub cooldown: Option<DurationField>,
 }
 

@@ -17,6 +17,8 @@
 //! | `smuggling.rs` | CL.TE, TE.CL, framing tricks, pipelining (origin bytes checked) |
 //! | `upgrades.rs` | h2c, HTTP/2 prior knowledge, WebSocket |
 //! | `dns.rs` | the resolver: packet abuse, floods, hostile upstream answers |
+//! | `dns_tools/` | DNS tunnels: real iodine and dns2tcp in a namespace lab, generated tunnels, the benign corpus |
+//! | `ech.rs` | ECH configurations in HTTPS/SVCB answers |
 //! | `faults.rs` | resets, dead upstreams, reload storms, drain, rotation, full sink |
 //!
 //! The fixtures (a [`Lab`], the fake DNS, raw origins, the decision-log
@@ -26,6 +28,8 @@ pub use crate::support::*;
 
 mod connect;
 mod dns;
+mod dns_tools;
+mod ech;
 mod faults;
 mod hostnames;
 mod literals;
