@@ -18,6 +18,7 @@
 //! | `upgrades.rs` | h2c, HTTP/2 prior knowledge, WebSocket |
 //! | `dns.rs` | the resolver: packet abuse, floods, hostile upstream answers |
 //! | `faults.rs` | resets, dead upstreams, reload storms, drain, rotation, full sink |
+//! | `log_stall.rs` | a decision log that stops taking lines: stalled FIFO, `/dev/full`, full tmpfs |
 //!
 //! The fixtures here are the suite's own: an origin that records the raw
 //! bytes it receives and answers by script, a scripted upstream DNS server
@@ -43,6 +44,7 @@ mod dns;
 mod faults;
 mod hostnames;
 mod literals;
+mod log_stall;
 mod rebinding;
 mod smuggling;
 mod targets;
