@@ -116,7 +116,10 @@ impl LogTarget {
     }
 }
 
-/// One line and when it was queued (see `Shared::now`).
+/// One line the writer holds, and when it took it from the channel (see
+/// `Shared::now`): stamped there, once per batch, so the request path
+/// reads no clock. Lines still in the channel are younger than every line
+/// the writer holds, so the oldest line's age is the backlog's.
 struct Line {
     bytes: Vec<u8>,
     at: u64,
@@ -124,7 +127,7 @@ struct Line {
 
 /// What the writer thread receives.
 enum Msg {
-    Line(Line),
+    Line(Vec<u8>),
     /// Wake up (to act on a reopen request, or to stop at exit).
     Wake,
 }
@@ -135,8 +138,8 @@ struct Shared {
     /// `FAILING` and `OVER_BYTES`; zero when neither holds.
     refusing: AtomicU32,
     /// Since when the writer has not taken lines (`now()` units): when the
-    /// oldest line it holds was queued, or when it went into an open(2)
-    /// with none; 0 when it holds none.
+    /// oldest line it holds reached it, or when it went into an open(2)
+    /// holding none; 0 when it holds none.
     head: AtomicU64,
     epoch: Instant,
     /// Bytes of every line ever queued, and of every line written whole
@@ -314,9 +317,8 @@ impl LogSink {
             s.refusing.fetch_or(OVER_BYTES, Ordering::Relaxed);
             s.note_stall();
         }
-        let at = s.now();
         // The receiver lives in `shared`, which this handle keeps alive.
-        let _ = self.tx.send(Msg::Line(Line { bytes: line, at }));
+        let _ = self.tx.send(Msg::Line(line));
         // After the exit's dump nobody writes the channel out: show the
         // line now. The fence pairs with the swap in `close`: either the
         // dump sees this line, or this sees `closed` (without it the send
@@ -428,8 +430,8 @@ impl LogSink {
 
 fn drain_channel(rx: &Receiver<Msg>, into: &mut Vec<Line>) {
     while let Ok(m) = rx.try_recv() {
-        if let Msg::Line(l) = m {
-            into.push(l);
+        if let Msg::Line(bytes) = m {
+            into.push(Line { bytes, at: 0 });
         }
     }
 }
@@ -593,7 +595,7 @@ impl Writer {
             }
             let disconnected = {
                 let mut st = lock(&shared.state);
-                let got = collect(&mut st, &wait);
+                let got = collect(&shared, &mut st, &wait);
                 if shared.closed.load(Ordering::SeqCst) {
                     return;
                 }
@@ -807,7 +809,11 @@ impl Writer {
 
 /// Moves what arrived on the channel into the backlog, waiting as told.
 /// `Ok(true)` when a line came, `Err` when every handle is gone.
-fn collect(st: &mut State, wait: &Wait) -> Result<bool, ()> {
+fn collect(s: &Shared, st: &mut State, wait: &Wait) -> Result<bool, ()> {
+    // A line is built in a buffer sized for a long one; while the sink is
+    // behind, what it holds should cost what the bound counts (its length),
+    // not that. (Here, on the writer thread, never on the request path.)
+    let behind = !st.lines.is_empty();
     let mut got = false;
     let first = match wait {
         Wait::Channel(d) => match st.rx.recv_timeout(*d) {
@@ -817,9 +823,16 @@ fn collect(st: &mut State, wait: &Wait) -> Result<bool, ()> {
         },
         Wait::None | Wait::Coalesce | Wait::Writable => None,
     };
+    let mut at = 0;
     let mut take = |m: Msg, st: &mut State| {
-        if let Msg::Line(l) = m {
-            st.lines.push_back(l);
+        if let Msg::Line(mut bytes) = m {
+            if behind {
+                bytes.shrink_to_fit();
+            }
+            if at == 0 {
+                at = s.now();
+            }
+            st.lines.push_back(Line { bytes, at });
             got = true;
         }
     };
@@ -1044,7 +1057,7 @@ mod tests {
         let cut = |n: usize| {
             sink.write(line(n));
             let mut st = lock(&sink.shared.state);
-            collect(&mut st, &Wait::None).unwrap();
+            collect(&sink.shared, &mut st, &Wait::None).unwrap();
             st.off = 10;
         };
         cut(7);
