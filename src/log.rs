@@ -374,8 +374,7 @@ impl LogSink {
             let late = s.late.swap(0, Ordering::Relaxed);
             if late > 0 {
                 eprintln!(
-                    "egressd: {late} more unwritten decision lines (queued after the drain), each above behind \"{}\"",
-                    UNWRITTEN_PREFIX.trim_end()
+                    "egressd: {late} more unwritten decision lines are above (queued after the drain)"
                 );
             }
             return;
@@ -411,10 +410,10 @@ impl LogSink {
         drain_channel(&st.rx, &mut lines);
         drop(st);
         let shown = show(s, &lines, err);
+        // Says the prefix in other words, so `grep -c` of it counts lines.
         let _ = writeln!(
             err,
-            "egressd: {shown} unwritten decision lines: the log did not take them within the drain time; each is above, behind \"{}\"",
-            UNWRITTEN_PREFIX.trim_end()
+            "egressd: {shown} unwritten decision lines are above (the log did not take them within the drain time)"
         );
         let not_kept = s.not_kept.load(Ordering::Relaxed);
         if not_kept > 0 {
