@@ -108,9 +108,10 @@ impl Running {
             }
         })
         .await;
-        // Every line queued so far reaches the log before the process exits.
+        // Every line queued so far reaches the log, or stderr, before the
+        // process exits.
         let log = self.log.clone();
-        let _ = tokio::task::spawn_blocking(move || log.flush(Duration::from_secs(2))).await;
+        let _ = tokio::task::spawn_blocking(move || log.finish(Duration::from_secs(2))).await;
     }
 }
 

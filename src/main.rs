@@ -23,7 +23,7 @@ fn main() -> ExitCode {
                     // dropped with the runtime; each writes its line as it
                     // goes, and the log is flushed before the process ends.
                     rt.shutdown_timeout(std::time::Duration::from_secs(1));
-                    log.flush(std::time::Duration::from_secs(2));
+                    log.finish(std::time::Duration::from_secs(2));
                     ExitCode::SUCCESS
                 }
                 Err(e) => {

@@ -244,7 +244,17 @@ impl Recorder {
         // handful of reallocations per line.
         let mut line = Vec::with_capacity(512);
         ev.write_json(&mut line);
-        self.log.write(line);
+        // Refusals before the policy forwarded nothing and come as fast as
+        // a client sends: the sink may count them instead of keeping them
+        // when it is far behind. Every other line is always kept.
+        if matches!(
+            ev.reason,
+            Reason::LogUnavailable | Reason::Overloaded | Reason::Malformed | Reason::LoopDetected
+        ) {
+            self.log.write_refusal(line);
+        } else {
+            self.log.write(line);
+        }
     }
 
     fn count(&self, ev: &Event) {

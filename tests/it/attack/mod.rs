@@ -20,6 +20,7 @@
 //! | `dns_tools/` | DNS tunnels: real iodine and dns2tcp in a namespace lab, generated tunnels, the benign corpus |
 //! | `ech.rs` | ECH configurations in HTTPS/SVCB answers |
 //! | `faults.rs` | resets, dead upstreams, reload storms, drain, rotation, full sink |
+//! | `log_stall.rs` | a decision log that stops taking lines: stalled FIFO, `/dev/full`, full tmpfs |
 //!
 //! The fixtures (a [`Lab`], the fake DNS, raw origins, the decision-log
 //! cursor [`Lines`]) are the whole suite's, in `tests/it/support/`.
@@ -33,6 +34,7 @@ mod ech;
 mod faults;
 mod hostnames;
 mod literals;
+mod log_stall;
 mod rebinding;
 mod smuggling;
 mod targets;

@@ -16,10 +16,10 @@
 
 use std::sync::Arc;
 
-use egressd::policy::Proto;
 use egressd::dns::{Resolver, TunnelOutcome};
 use egressd::metrics::Metrics;
 use egressd::policy::host::{parse_host, Target};
+use egressd::policy::Proto;
 use egressd::policy::{from_yaml, Exception, Policy, Request};
 
 pub const PAYLOAD_BYTES: usize = 20 * 1024;
