@@ -37,21 +37,21 @@
 //! wildcard, and data spread over two wildcards of one zone
 //! (`*.a.evil.test`, `*.b.evil.test`) adds up at the registered domain.
 //!
-//! **What a name costs** is an upper bound on the bytes of information it
-//! adds, not its length. Ordinary names repeat themselves (`us-east-1`,
-//! an account id, a namespace, `prod`), tunnel payloads never do (they are
-//! compressed or encrypted). So a name is cut into tokens at `.`, `-` and
-//! `_`: a token the budget has not seen costs its length, weighed by how
-//! encoded the name looks ([`encoded_weight`], at most [`MAX_WEIGHT`]); a
-//! token seen before costs what choosing one entry of the budget's
-//! dictionary can carry (one byte while it holds at most
-//! [`SMALL_DICTIONARY`] tokens, two beyond); each separator costs a byte.
-//! Every character of a host name carries under 6 bits, so a name never
-//! costs less than the data it can carry, and a tunnel that first fills the
-//! dictionary gains nothing. The weight only makes random-looking text spend
-//! the budget faster; nothing is refused for its looks alone — hex-encoded
-//! data looks exactly like an ordinary cloud host name, and ordinary cloud
-//! host names look random.
+//! **What a name costs** is an upper bound on the information it adds, in
+//! bytes, not its length. Ordinary names repeat themselves (`us-east-1`, an
+//! account id, a namespace, `prod`); tunnel payloads never do (they are
+//! compressed or encrypted). So a name is written as tokens between `.`, `-`
+//! and `_`, and charged what that writing takes: per token 3 bits (what
+//! follows it, and whether it is new); a token the budget has seen, log2 of
+//! how many it has seen; a new one 8 bits (alphabet, length) and log2 of its
+//! alphabet per character — digits 10, hex 16, letters 26, both 36 —
+//! weighed by how encoded the name looks ([`encoded_weight`], at most
+//! [`MAX_WEIGHT`]). Whatever the encoding, a name cannot carry more than it
+//! costs, so `block_bytes` and `daily_bytes` bound the data itself, and a
+//! tunnel that first fills the dictionary gains nothing. The weight only
+//! makes random-looking text spend the budget faster; nothing is refused for
+//! its looks alone — hex-encoded data looks exactly like an ordinary cloud
+//! host name, and ordinary cloud host names look random.
 //!
 //! Memory is bounded: [`MAX_DOMAINS`] (client, domain) budgets, each holding
 //! at most [`MAX_NAMES_PER_DOMAIN`] names and all together [`MAX_TOTAL_NAMES`],

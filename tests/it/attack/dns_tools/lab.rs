@@ -53,8 +53,12 @@ pub fn unavailable(binaries: &[&str]) -> Option<String> {
         .stderr(Stdio::null())
         .status()
         .is_ok_and(|s| s.success());
+    // SAFETY: geteuid has no preconditions and cannot fail.
     if !ok || unsafe { libc::geteuid() } != 0 {
         return Some("needs root and iproute2 for network namespaces".into());
+    }
+    if !Path::new("/dev/net/tun").exists() {
+        return Some("needs /dev/net/tun (iodine's tunnel device)".into());
     }
     None
 }
@@ -353,12 +357,23 @@ impl Lab {
     /// Namespaces and links for lab `n` (1..=250), unique to this process.
     pub fn new(n: u8) -> Lab {
         let pid = std::process::id();
-        let names = ["a", "g", "s"].map(|r| format!("egd{pid}-{n}{r}"));
-        for ns in &names {
+        // The lab exists (and its Drop cleans up) before anything is made.
+        let lab = Lab {
+            n,
+            egressd_dns: format!("10.77.{n}.1:53").parse().unwrap(),
+            auth_dns: format!("10.78.{n}.2:53").parse().unwrap(),
+            names: ["a", "g", "s"].map(|r| format!("egd{pid}-{n}{r}")),
+            dir: tempfile::tempdir().unwrap(),
+            procs: Vec::new(),
+            relay: None,
+            udp: None,
+            tcp: None,
+        };
+        for ns in &lab.names {
             run(&["ip", "netns", "add", ns]);
             run(&["ip", "-n", ns, "link", "set", "lo", "up"]);
         }
-        let [a, g, s] = &names;
+        let [a, g, s] = &lab.names;
         run(&[
             "ip", "link", "add", "va", "netns", a, "type", "veth", "peer", "name", "vg", "netns", g,
         ]);
@@ -384,17 +399,7 @@ impl Lab {
             "-c",
             "echo 0 > /proc/sys/net/ipv4/ip_forward",
         ]);
-        Lab {
-            n,
-            egressd_dns: format!("10.77.{n}.1:53").parse().unwrap(),
-            auth_dns: format!("10.78.{n}.2:53").parse().unwrap(),
-            names,
-            dir: tempfile::tempdir().unwrap(),
-            procs: Vec::new(),
-            relay: None,
-            udp: None,
-            tcp: None,
-        }
+        lab
     }
 
     /// Starts the tunnel server for [`ZONE`] in auth, behind the relay.
