@@ -53,7 +53,7 @@ use tokio::time::timeout;
 
 use super::budget::{under_wildcard, TunnelOutcome};
 use super::fast;
-use super::resolver::{rcode_name, EDNS_PAYLOAD};
+use super::resolver::{rcode_name, Lookup, EDNS_PAYLOAD};
 use super::Resolver;
 use crate::policy::host::{parse_host, Host, HostError, Target};
 use crate::policy::qtype::qtype_mnemonic;
@@ -629,40 +629,13 @@ impl Handler {
     ) -> Reply {
         let now = unix_now();
         ev.host = Some(host.to_string());
-        let target = Target::Name(host.clone());
-        let req = PolicyRequest {
-            proto: Proto::Dns,
-            client,
-            target: &target,
-            port: 53,
-            method: None,
-            path: None,
-            qtype: Some(qtype),
-            can_intercept: false,
-        };
-        let d = policy.decide(&req, now);
-        ev.set_decision(&d, policy.settings.mode);
+        let d = decide_query(policy, client, &host, qtype, ev, now);
         if !d.is_allowed() {
             return deny(policy, d.reason);
         }
-        let mode = policy.settings.mode;
-        let report = mode == Mode::Report;
-
-        if let Some(e) = d.exception {
-            let (outcome, note) = self.resolver.tunnel_assess(policy, client, &host, e, now);
-            match outcome {
-                TunnelOutcome::Ok => {}
-                TunnelOutcome::Alert => ev.note = note,
-                TunnelOutcome::Block => {
-                    ev.set_decision(&Decision::deny(Reason::DnsTunnel, d.exception), mode);
-                    ev.note = note;
-                    if !report {
-                        return deny(policy, Reason::DnsTunnel);
-                    }
-                }
-            }
+        if let Err(refused) = self.spend_budget(policy, client, &host, &d, ev, now) {
+            return refused;
         }
-
         // A cached answer waits on nothing; the upstream exchange's state
         // is boxed so it costs only the queries that need it.
         let lookup = match self.resolver.cached(&host, qtype) {
@@ -679,50 +652,53 @@ impl Handler {
                 return Reply::error(ResponseCode::ServFail, None);
             }
         };
-        let answer = &lookup.answer;
-        let mut records = answer.records.clone();
-        let filtered = filter_addresses(policy, d.exception, &answer.records);
-        if !filtered.refused.is_empty() {
-            let list = filtered
-                .refused
-                .iter()
-                .map(IpAddr::to_string)
-                .collect::<Vec<_>>()
-                .join(", ");
-            if filtered.addresses > 0 && filtered.kept_addresses == 0 {
-                ev.set_decision(&Decision::deny(Reason::PrivateAddress, d.exception), mode);
-                add_note(
-                    ev,
-                    format!(
-                        "every address is non-public and outside the exception's cidrs: {list}"
-                    ),
-                );
-                if !report {
-                    return deny(policy, Reason::PrivateAddress);
+        match rebinding_filter(policy, &d, &lookup.answer.records, ev) {
+            Ok(records) => self.reply(records, &lookup, &host, src),
+            Err(refused) => refused,
+        }
+    }
+
+    /// The client's tunnel budget, for a name an exception allowed: a name
+    /// that spends too much is refused (`dns_tunnel`; logged only, in report
+    /// mode), one that comes close is noted.
+    fn spend_budget(
+        &self,
+        policy: &Policy,
+        client: Option<ClientIdx>,
+        host: &Host,
+        d: &Decision<'_>,
+        ev: &mut Event,
+        now: i64,
+    ) -> Result<(), Reply> {
+        let Some(e) = d.exception else { return Ok(()) };
+        let (outcome, note) = self.resolver.tunnel_assess(policy, client, host, e, now);
+        match outcome {
+            TunnelOutcome::Ok => {}
+            TunnelOutcome::Alert => ev.note = note,
+            TunnelOutcome::Block => {
+                let mode = policy.settings.mode;
+                ev.set_decision(&Decision::deny(Reason::DnsTunnel, d.exception), mode);
+                ev.note = note;
+                if mode != Mode::Report {
+                    return Err(deny(policy, Reason::DnsTunnel));
                 }
-            } else if report {
-                add_note(
-                    ev,
-                    format!(
-                        "would remove non-public addresses outside the exception's cidrs: {list}"
-                    ),
-                );
-            } else {
-                add_note(
-                    ev,
-                    format!("removed non-public addresses outside the exception's cidrs: {list}"),
-                );
-                records.retain(|r| refused_by(policy, d.exception, r).is_empty());
             }
         }
+        Ok(())
+    }
+
+    /// The answer for an allowed name: every record at the cache's TTL, and
+    /// its addresses remembered for transparent capture, which decides a
+    /// connection that carries no name by the allowed name its client
+    /// resolved to that address here.
+    fn reply(&self, mut records: Vec<Record>, lookup: &Lookup, host: &Host, src: IpAddr) -> Reply {
+        let answer = &lookup.answer;
         let mut authority = answer.authority.clone();
         for r in records.iter_mut().chain(authority.iter_mut()) {
             r.ttl = lookup.ttl;
         }
-        // Transparent capture decides a connection that carries no name by
-        // the allowed name its client resolved to that address here.
         for ip in records.iter().filter_map(|r| r.data.ip_addr()) {
-            self.resolver.remember_answer(src, ip, &host, lookup.ttl);
+            self.resolver.remember_answer(src, ip, host, lookup.ttl);
         }
         Reply {
             rcode: answer.rcode,
@@ -789,11 +765,69 @@ fn applies(e: &Exception, client: Option<ClientIdx>, now: i64) -> bool {
         }
 }
 
-fn add_note(ev: &mut Event, note: String) {
-    ev.note = Some(match ev.note.take() {
-        Some(prev) => format!("{prev}; {note}"),
-        None => note,
-    });
+/// The one decision for a query, noted in `ev`.
+fn decide_query<'p>(
+    policy: &'p Policy,
+    client: Option<ClientIdx>,
+    host: &Host,
+    qtype: u16,
+    ev: &mut Event,
+    now: i64,
+) -> Decision<'p> {
+    let target = Target::Name(host.clone());
+    let req = PolicyRequest {
+        proto: Proto::Dns,
+        client,
+        target: &target,
+        port: 53,
+        method: None,
+        path: None,
+        qtype: Some(qtype),
+        can_intercept: false,
+    };
+    let d = policy.decide(&req, now);
+    ev.set_decision(&d, policy.settings.mode);
+    d
+}
+
+/// Rebinding protection: the answer's addresses that the exception may
+/// not reach are removed (report mode: noted, kept); an answer made only
+/// of them is refused (`private_address`).
+fn rebinding_filter(
+    policy: &Policy,
+    d: &Decision<'_>,
+    answer: &[Record],
+    ev: &mut Event,
+) -> Result<Vec<Record>, Reply> {
+    let mut records = answer.to_vec();
+    let filtered = filter_addresses(policy, d.exception, answer);
+    if filtered.refused.is_empty() {
+        return Ok(records);
+    }
+    let mode = policy.settings.mode;
+    let report = mode == Mode::Report;
+    let list = filtered
+        .refused
+        .iter()
+        .map(IpAddr::to_string)
+        .collect::<Vec<_>>()
+        .join(", ");
+    let cidrs = "non-public addresses outside the exception's cidrs";
+    if filtered.addresses > 0 && filtered.kept_addresses == 0 {
+        ev.set_decision(&Decision::deny(Reason::PrivateAddress, d.exception), mode);
+        ev.add_note(Some(format!(
+            "every address is non-public and outside the exception's cidrs: {list}"
+        )));
+        if !report {
+            return Err(deny(policy, Reason::PrivateAddress));
+        }
+    } else if report {
+        ev.add_note(Some(format!("would remove {cidrs}: {list}")));
+    } else {
+        ev.add_note(Some(format!("removed {cidrs}: {list}")));
+        records.retain(|r| refused_by(policy, d.exception, r).is_empty());
+    }
+    Ok(records)
 }
 
 /// An Extended DNS Error's text: `egressd: <reason>`, made once per reason.
