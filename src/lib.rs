@@ -28,5 +28,6 @@ pub mod proxy;
 pub mod record;
 pub mod reload;
 pub mod report;
+pub mod shutdown;
 pub mod time;
 pub mod tls;

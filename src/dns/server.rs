@@ -47,7 +47,7 @@ use hickory_server::server::{Request, RequestHandler, ResponseHandler, ResponseI
 use hickory_server::zone_handler::{MessageResponse, MessageResponseBuilder};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream, UdpSocket};
-use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 use tokio::time::timeout;
 
@@ -62,6 +62,7 @@ use crate::policy::{
     Request as PolicyRequest, TunnelAction,
 };
 use crate::record::{Event, Recorder};
+use crate::shutdown::Shutdown;
 use crate::time::unix_now;
 
 /// Queries being answered at once, from all clients together.
@@ -78,6 +79,10 @@ pub const TCP_IDLE_TIMEOUT: Duration = Duration::from_secs(10);
 pub const TCP_IO_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long queries in flight may finish after shutdown.
 pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(2);
+/// Pause after a failed UDP receive (an ICMP error for an earlier reply).
+const UDP_ERROR_PAUSE: Duration = Duration::from_millis(5);
+/// Pause after a failed TCP accept (out of descriptors), instead of spinning.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
 /// Largest UDP query read; anything longer arrives cut and fails to parse.
 const MAX_UDP_QUERY: usize = 4096;
 /// RFC 8914 INFO-CODEs used here.
@@ -91,16 +96,17 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// Serves DNS on `udp` and `tcp` until `shutdown` turns true (or its sender
-/// is dropped), then lets queries in flight finish for up to [`DRAIN_TIMEOUT`].
+/// Serves DNS on `udp` and `tcp` until `shutdown` fires (or its trigger is
+/// gone), then lets queries in flight finish for up to [`DRAIN_TIMEOUT`].
 pub async fn serve(
     udp: UdpSocket,
     tcp: TcpListener,
     policy: Arc<PolicyHandle>,
     resolver: Arc<Resolver>,
     recorder: Recorder,
-    mut shutdown: watch::Receiver<bool>,
+    shutdown: impl Into<Shutdown>,
 ) -> anyhow::Result<()> {
+    let mut shutdown = shutdown.into();
     let listen = udp.local_addr()?;
     if let Some(up) = resolver.upstreams().iter().find(|up| is_self(listen, **up)) {
         anyhow::bail!(
@@ -108,76 +114,30 @@ pub async fn serve(
              pass --upstream-dns with the real resolver"
         );
     }
-    let handler = Arc::new(Handler {
-        policy,
-        resolver,
-        recorder,
-    });
-    let queries = Limiter::new(MAX_INFLIGHT, MAX_INFLIGHT_PER_CLIENT);
-    let conns = Limiter::new(MAX_TCP_CONNECTIONS, MAX_TCP_PER_CLIENT);
-    let udp = Arc::new(udp);
+    let server = Loops {
+        handler: Arc::new(Handler {
+            policy,
+            resolver,
+            recorder,
+        }),
+        queries: Limiter::new(MAX_INFLIGHT, MAX_INFLIGHT_PER_CLIENT),
+        conns: Limiter::new(MAX_TCP_CONNECTIONS, MAX_TCP_PER_CLIENT),
+        udp: Arc::new(udp),
+    };
     let mut tasks: JoinSet<()> = JoinSet::new();
     let mut buf = vec![0u8; MAX_UDP_QUERY];
     loop {
         tokio::select! {
-            _ = stopped(&mut shutdown) => break,
-            r = udp.recv_from(&mut buf) => match r {
-                Ok((n, src)) => {
-                    let raw = buf[..n].to_vec();
-                    match queries.try_acquire(src.ip()) {
-                        Some(permit) => {
-                            // Denied and cached answers wait on nothing: answer
-                            // them here, without a task per packet (a spawn, a
-                            // JoinSet slot and a scheduler pass). A query that
-                            // must wait for an upstream continues in a task.
-                            let h = handler.clone();
-                            let mut query = Box::pin(async move {
-                                h.process(raw, src, Protocol::Udp, false).await
-                            });
-                            let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
-                            match query.as_mut().poll(&mut cx) {
-                                std::task::Poll::Ready(reply) => {
-                                    drop(permit);
-                                    if let Some(bytes) = reply {
-                                        let _ = udp.try_send_to(&bytes, src);
-                                    }
-                                }
-                                std::task::Poll::Pending => {
-                                    let sock = udp.clone();
-                                    tasks.spawn(async move {
-                                        let reply = query.await;
-                                        drop(permit);
-                                        if let Some(bytes) = reply {
-                                            let _ = sock.send_to(&bytes, src).await;
-                                        }
-                                    });
-                                }
-                            }
-                        }
-                        None => {
-                            // Answered inline: no task, no upstream, just the refusal.
-                            if let Some(bytes) = handler.process(raw, src, Protocol::Udp, true).await {
-                                let _ = udp.try_send_to(&bytes, src);
-                            }
-                        }
-                    }
-                }
+            _ = shutdown.fired() => break,
+            r = server.udp.recv_from(&mut buf) => match r {
+                Ok((n, src)) => server.udp_query(buf[..n].to_vec(), src, &mut tasks).await,
                 // ICMP errors for earlier replies and the like: not fatal.
-                Err(_) => tokio::time::sleep(Duration::from_millis(5)).await,
+                Err(_) => tokio::time::sleep(UDP_ERROR_PAUSE).await,
             },
             r = tcp.accept() => match r {
-                Ok((stream, src)) => match conns.try_acquire(src.ip()) {
-                    Some(permit) => {
-                        let (h, q, sd) = (handler.clone(), queries.clone(), shutdown.clone());
-                        tasks.spawn(async move {
-                            tcp_connection(h, q, stream, src, sd).await;
-                            drop(permit);
-                        });
-                    }
-                    None => drop(stream),
-                },
+                Ok((stream, src)) => server.tcp_accepted(stream, src, &shutdown, &mut tasks),
                 // Out of descriptors and the like: back off instead of spinning.
-                Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+                Err(_) => tokio::time::sleep(ACCEPT_BACKOFF).await,
             },
             Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
         }
@@ -190,6 +150,72 @@ pub async fn serve(
     Ok(())
 }
 
+/// What the receive loops share.
+struct Loops {
+    handler: Arc<Handler>,
+    /// Queries being answered, in all and per client.
+    queries: Arc<Limiter>,
+    /// TCP connections open, in all and per client.
+    conns: Arc<Limiter>,
+    udp: Arc<UdpSocket>,
+}
+
+impl Loops {
+    /// One UDP packet. Denied and cached answers wait on nothing: they are
+    /// answered here, without a task per packet (a spawn, a JoinSet slot
+    /// and a scheduler pass). A query that must wait for an upstream
+    /// continues in a task. Past the client's share, the refusal is
+    /// answered inline: no task, no upstream.
+    async fn udp_query(&self, raw: Vec<u8>, src: SocketAddr, tasks: &mut JoinSet<()>) {
+        let Some(permit) = self.queries.try_acquire(src.ip()) else {
+            if let Some(bytes) = self.handler.process(raw, src, Protocol::Udp, true).await {
+                let _ = self.udp.try_send_to(&bytes, src);
+            }
+            return;
+        };
+        let h = self.handler.clone();
+        let mut query = Box::pin(async move { h.process(raw, src, Protocol::Udp, false).await });
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        match query.as_mut().poll(&mut cx) {
+            std::task::Poll::Ready(reply) => {
+                drop(permit);
+                if let Some(bytes) = reply {
+                    let _ = self.udp.try_send_to(&bytes, src);
+                }
+            }
+            std::task::Poll::Pending => {
+                let sock = self.udp.clone();
+                tasks.spawn(async move {
+                    let reply = query.await;
+                    drop(permit);
+                    if let Some(bytes) = reply {
+                        let _ = sock.send_to(&bytes, src).await;
+                    }
+                });
+            }
+        }
+    }
+
+    /// One TCP connection, served on its own task while the client's share
+    /// of connections lasts (else closed at once).
+    fn tcp_accepted(
+        &self,
+        stream: TcpStream,
+        src: SocketAddr,
+        shutdown: &Shutdown,
+        tasks: &mut JoinSet<()>,
+    ) {
+        let Some(permit) = self.conns.try_acquire(src.ip()) else {
+            return;
+        };
+        let (h, q, sd) = (self.handler.clone(), self.queries.clone(), shutdown.clone());
+        tasks.spawn(async move {
+            tcp_connection(h, q, stream, src, sd).await;
+            drop(permit);
+        });
+    }
+}
+
 /// Whether sending to `up` reaches our own listener at `listen`.
 fn is_self(listen: SocketAddr, up: SocketAddr) -> bool {
     let (l, u) = (
@@ -200,28 +226,16 @@ fn is_self(listen: SocketAddr, up: SocketAddr) -> bool {
         && (l == u || (l.is_unspecified() && (u.is_loopback() || u.is_unspecified())))
 }
 
-/// Resolves once `shutdown` is true or its sender is gone.
-async fn stopped(shutdown: &mut watch::Receiver<bool>) {
-    loop {
-        if *shutdown.borrow_and_update() {
-            return;
-        }
-        if shutdown.changed().await.is_err() {
-            return;
-        }
-    }
-}
-
 /// One TCP connection: length-prefixed queries answered in order.
 async fn tcp_connection(
     handler: Arc<Handler>,
     queries: Arc<Limiter>,
     mut stream: TcpStream,
     src: SocketAddr,
-    shutdown: watch::Receiver<bool>,
+    shutdown: Shutdown,
 ) {
     loop {
-        if *shutdown.borrow() {
+        if shutdown.is_fired() {
             return;
         }
         let mut len = [0u8; 2];

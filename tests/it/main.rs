@@ -7,6 +7,7 @@ mod attack;
 mod forward;
 mod launcher;
 mod lifecycle;
+mod timeouts;
 mod tls;
 mod transparent;
 mod tunnel;
