@@ -30,7 +30,7 @@ use crate::shutdown::{Permits, Shutdown, Trigger};
 use crate::{dns, policy};
 
 /// How long open connections get to finish after SIGTERM/SIGINT.
-const DRAIN: Duration = Duration::from_secs(5);
+pub const DRAIN: Duration = Duration::from_secs(5);
 
 /// Binds the resolver's UDP socket and a TCP listener on the same port.
 /// With port 0 the kernel picks the UDP port, which may be taken for TCP:

@@ -1,6 +1,8 @@
-//! Prometheus metrics (DESIGN.md's table) and the `/metrics`, `/healthz`,
-//! `/readyz` endpoint. One registry per process, owned by [`Metrics`]; no
-//! label ever carries a destination or a client address.
+//! Prometheus metrics (the table in README's Metrics section) and the
+//! `/metrics`, `/healthz`, `/readyz` endpoint. One registry per process,
+//! owned by [`Metrics`]; no label ever carries a destination or a client
+//! address. The counters of requests are incremented by
+//! `record::Recorder::record` only.
 
 use std::collections::HashMap;
 

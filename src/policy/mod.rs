@@ -2,6 +2,13 @@
 //! [`compile`]) → a compiled matcher and the one [`Policy::decide`] function
 //! every front-end asks. No I/O happens in `decide`; loading reads files and
 //! the `${env:…}`/`${file:…}` values of injected headers, nothing else.
+//!
+//! The pure leaf of the crate: it uses nothing but `time`. It owns the
+//! format (`raw`), validation (`compile/`), the one host parser (`host`),
+//! addresses (`addr`), paths (`path`), the matcher, the decision values
+//! (`decision`) and the pointer readers load (`PolicyHandle`). It does not
+//! own reloading (`reload`), logging or counting (`record`), or any
+//! network I/O.
 
 pub mod addr;
 mod compile;

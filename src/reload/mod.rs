@@ -79,7 +79,7 @@ impl Reloader {
     /// the idle class, with a small runtime of its own for the watcher,
     /// the poll and the debounce timers.
     /// A second, normally sleeping thread raises a reload that is still
-    /// running after [`ESCALATE_AFTER`] to normal priority.
+    /// running after `priority::ESCALATE_AFTER` to normal priority.
     pub fn spawn(
         mut self,
         sighup: mpsc::UnboundedReceiver<()>,
