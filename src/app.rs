@@ -1,5 +1,11 @@
 //! Wiring only: load the policy → start the log → bind → spawn the
-//! front-ends and the reloader → wait for a signal → stop accepting.
+//! front-ends and the reloader → wait for a signal → stop accepting →
+//! drain (one [`Shutdown`] for everything; the drain waits on the proxy's
+//! connection permits and the DNS server's own drain).
+//!
+//! [`start`] runs a whole egressd in the calling runtime and hands back
+//! [`Running`]: the launcher embeds egressd this way, and tests run it
+//! in-process (under paused time, for the timeouts).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -8,7 +14,8 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use tokio::net::{TcpListener, UdpSocket};
 use tokio::signal::unix::{signal, SignalKind};
-use tokio::sync::{mpsc, watch};
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
 
 use crate::cli::ServeArgs;
 use crate::log::{LogSink, LogTarget};
@@ -19,10 +26,11 @@ use crate::proxy::upstream::{Egress, UpstreamProxy};
 use crate::proxy::{self, ProxyCtx};
 use crate::record::Recorder;
 use crate::reload::Reloader;
+use crate::shutdown::{Permits, Shutdown, Trigger};
 use crate::{dns, policy};
 
 /// How long open connections get to finish after SIGTERM/SIGINT.
-const DRAIN: Duration = Duration::from_secs(5);
+pub const DRAIN: Duration = Duration::from_secs(5);
 
 /// Binds the resolver's UDP socket and a TCP listener on the same port.
 /// With port 0 the kernel picks the UDP port, which may be taken for TCP:
@@ -85,7 +93,11 @@ pub struct Running {
     pub log: LogSink,
     pub metrics: Arc<Metrics>,
     hup: mpsc::UnboundedSender<()>,
-    shutdown: watch::Sender<bool>,
+    trigger: Trigger,
+    /// One per open proxy connection (tunnels and upgrades included).
+    connections: Permits,
+    /// The DNS server, which drains its own queries once stopped.
+    dns_task: JoinHandle<()>,
 }
 
 impl Running {
@@ -94,18 +106,23 @@ impl Running {
         let _ = self.hup.send(());
     }
 
-    /// Stops accepting, then gives open connections up to `DRAIN` to finish.
+    /// Connection permits held now: one per open client connection
+    /// (tunnels, intercepted TLS and WebSockets included, for as long as
+    /// they are open), plus the one each listener holds for its next
+    /// client while it waits to accept.
+    pub fn connection_permits(&self) -> usize {
+        self.connections.in_use()
+    }
+
+    /// Stops accepting, then gives open connections (tunnels included) and
+    /// DNS queries in flight up to [`DRAIN`] to finish: it waits on their
+    /// permits, and returns as soon as the last one is gone.
     pub async fn shutdown(self) {
-        let _ = self.shutdown.send(true);
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        let m = self.metrics.clone();
+        self.trigger.fire();
+        let (connections, dns) = (self.connections.clone(), self.dns_task);
         let _ = tokio::time::timeout(DRAIN, async move {
-            while m.active.with_label_values(&["connect"]).get()
-                + m.active.with_label_values(&["http"]).get()
-                > 0
-            {
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
+            connections.drained().await;
+            let _ = dns.await;
         })
         .await;
         // Every line queued so far reaches the log, or stderr, before the
@@ -190,7 +207,8 @@ pub async fn start(args: &ServeArgs, listeners: Listeners) -> Result<Running> {
         eprintln!("egressd: warning: --upstream-ca has no effect without --ca-dir");
     }
 
-    let (shutdown_tx, shutdown_rx) = watch::channel(false);
+    let (trigger, shutdown) = Shutdown::new();
+    let connections = Permits::new(proxy::MAX_CONNECTIONS);
     let ctx = Arc::new(ProxyCtx {
         policy: handle.clone(),
         recorder: recorder.clone(),
@@ -200,35 +218,33 @@ pub async fn start(args: &ServeArgs, listeners: Listeners) -> Result<Running> {
         pipes: Arc::new(proxy::relay::pipe::PipePool::standard()),
         egress,
         mitm,
+        connections: connections.clone(),
     });
     for l in transparent_l {
-        tokio::spawn(proxy::transparent::serve(
-            l,
-            ctx.clone(),
-            shutdown_rx.clone(),
-        ));
+        tokio::spawn(proxy::transparent::serve(l, ctx.clone(), shutdown.clone()));
     }
-    tokio::spawn(proxy::serve(proxy_l, ctx, shutdown_rx.clone()));
-    {
+    tokio::spawn(proxy::serve(proxy_l, ctx, shutdown.clone()));
+    let dns_task = {
         let (h, r, rec, s) = (
             handle.clone(),
             resolver.clone(),
             recorder.clone(),
-            shutdown_rx.clone(),
+            shutdown.clone(),
         );
         tokio::spawn(async move {
             if let Err(e) = dns::serve(dns_udp, dns_tcp, h, r, rec, s).await {
                 eprintln!("egressd: DNS resolver stopped: {e:#}");
             }
-        });
-    }
+        })
+    };
     if let Some(ml) = metrics_l {
         let lh = log.clone();
+        let mut s = shutdown.clone();
         tokio::spawn(crate::metrics::serve(
             ml,
             metrics.clone(),
             move || lh.healthy(),
-            shutdown_rx.clone(),
+            async move { s.fired().await },
         ));
     }
     let (hup_tx, hup_rx) = mpsc::unbounded_channel();
@@ -236,7 +252,7 @@ pub async fn start(args: &ServeArgs, listeners: Listeners) -> Result<Running> {
     // Its own thread at the idle class, not a runtime worker: compiling a
     // large policy must not take CPU from requests (see policy::reload).
     reloader
-        .spawn(hup_rx, shutdown_rx.clone())
+        .spawn(hup_rx, shutdown)
         .context("cannot start the policy reloader thread")?;
     metrics.set_ready();
     Ok(Running {
@@ -248,7 +264,9 @@ pub async fn start(args: &ServeArgs, listeners: Listeners) -> Result<Running> {
         log,
         metrics,
         hup: hup_tx,
-        shutdown: shutdown_tx,
+        trigger,
+        connections,
+        dns_task,
     })
 }
 

@@ -12,8 +12,9 @@ use std::path::{Path, PathBuf};
 /// fails the test: a new module gets a place in the layers when it is
 /// made. Modules listed in `TOP` may also use each other.
 const RULES: &[(&str, &[&str])] = &[
-    // The bottom: the clock, used everywhere.
+    // The bottom: the clock and the stop signal, used everywhere.
     ("time", &[]),
+    ("shutdown", &[]),
     // The pure leaf: no I/O, nothing above it.
     ("policy", &["time"]),
     // The registry and the log sink. The sink counts its own write
@@ -26,10 +27,15 @@ const RULES: &[(&str, &[&str])] = &[
     ("tls", &["policy", "time"]),
     // The front-ends. The proxy resolves through the DNS resolver; DNS
     // never reaches into the proxy.
-    ("dns", &["policy", "time", "metrics", "log", "record"]),
+    (
+        "dns",
+        &["policy", "time", "shutdown", "metrics", "log", "record"],
+    ),
     (
         "proxy",
-        &["policy", "time", "metrics", "log", "record", "tls", "dns"],
+        &[
+            "policy", "time", "shutdown", "metrics", "log", "record", "tls", "dns",
+        ],
     ),
 ];
 

@@ -1,10 +1,23 @@
-//! egressd: the one door out of an agent sandbox.
+//! egressd: the one door out of an agent sandbox. Every HTTP request,
+//! CONNECT tunnel and DNS query that leaves a sandbox reaches egressd, is
+//! decided against the policy's exceptions (everything not excepted is
+//! denied), and is written down as one decision-log line.
 //!
 //! ```text
-//!  client ──► front-ends ────────► policy ─────────► decision ─────────► upstream
-//!             proxy::forward       Policy::decide     Recorder::record    proxy::upstream
-//!             proxy::tunnel        (pure, on an       (one JSON line,     (resolve once,
-//!             dns::server           Arc snapshot)      metrics)            check, connect)
+//!            ┌─ proxy: accept → admit → forward │ tunnel ─► mitm │ transparent ─┐
+//!  client ──►┤          (the edges parse into Dest; exchange is the shared path) ├─┐
+//!            └─ dns:   server → handler (fast path │ hickory) ───────────────────┘ │
+//!                                                                                 │ one policy::Request
+//!   policy::Policy::decide ◄───────────────────────────────────────────────────────┘
+//!   (pure, on an Arc snapshot that reload swaps)
+//!        │ Decision { verdict, reason, exception }
+//!        ▼
+//!   record::Recorder::record ─► log (one JSON line, bounded, fail closed)
+//!        │                    └► metrics (counted here and nowhere else)
+//!        │ allowed
+//!        ▼
+//!   proxy::upstream: resolve once (dns::Resolver) → check every address → connect
+//!                    to a checked SocketAddr (pool, tls_origins) ─► relay / exchange
 //! ```
 //!
 //! Every front-end turns its input into one [`policy::Request`], asks
@@ -12,6 +25,40 @@
 //! exactly one [`record::Event`] through [`record::Recorder::record`].
 //! Policies are compiled once per load and swapped atomically
 //! ([`policy::PolicyHandle`]); readers never block.
+//!
+//! # Modules
+//!
+//! | module | owns | does not own |
+//! |---|---|---|
+//! | [`time`] | the clock, RFC 3339 timestamps, civil dates, short durations | any timeout (each sits beside the wait it bounds) |
+//! | [`shutdown`] | the one stop signal; permits that bound what is open and the drain that waits for them | how long a drain may take (`app`) |
+//! | [`policy`] | YAML → validated [`policy::Policy`] (`compile/`), the one `decide`, the host and path parsers, the decision values, the atomic pointer readers load | any I/O but reading policy files; logging; reloading |
+//! | [`metrics`] | the registry, `/metrics`, `/healthz`, `/readyz` | when a request is counted (`record`) |
+//! | [`log`] | the decision-log sink: one writer thread, bounded, fail closed, reopen on SIGUSR1 | what a line says |
+//! | [`record`] | the typed [`record::Event`], its JSON writer, [`record::Recorder`]: the one log-and-count | the decision |
+//! | [`tls`] | the interception CA, minted leaves and their cache, trust stores | intercepted connections (`proxy::mitm`) |
+//! | [`dns`] | the resolver front-end, the upstream client and cache, the tunnel budget, which name an answered address came from | the decision; binding sockets |
+//! | [`proxy`] | the HTTP front-ends (forward, CONNECT, interception, transparent capture), the shared exchange, the relay, the way out | the decision; the resolver |
+//! | [`reload`] | watch → load → swap, the last good policy kept; the reloader thread's priority | compiling (`policy`) |
+//! | [`app`] | wiring: load, bind, spawn, signals, drain; an egressd run in-process | answering any request |
+//! | [`check`], [`explain`], [`report`] | the commands: lint and policy tests, why a target is decided so, review and replay of logs | serving |
+//! | [`launcher`] | `egressd run`: the plan, namespaces, the sandbox's environment and limits | decisions (it embeds `app`) |
+//! | [`cli`] | the command line and its exit codes | behaviour |
+//!
+//! # Layers
+//!
+//! Imports point down, and a test in the suite (`layering.rs`) reads every
+//! `crate::` path to hold them there: `time` and `shutdown` use nothing of
+//! the crate; `policy` uses only `time`; `metrics` and `log` only `policy`
+//! and `time` (and `log` counts its write errors in `metrics`); `record`
+//! those; `tls` only `policy` and `time`; the front-ends `dns` and `proxy`
+//! what is below them (the proxy resolves through `dns`, never the other
+//! way). `app`, `reload`, the commands and `launcher` sit on top. Inside
+//! `proxy` the modules form a one-way graph too: the edges (`forward`,
+//! `tunnel`, `mitm`, `transparent`) use the shared steps (`dest`,
+//! `respond`, `admit`, `exchange`, `relay`, `upstream`), never the other
+//! way round. An import that points up is a design question, not a
+//! shortcut.
 
 pub mod app;
 pub mod check;
@@ -28,5 +75,6 @@ pub mod proxy;
 pub mod record;
 pub mod reload;
 pub mod report;
+pub mod shutdown;
 pub mod time;
 pub mod tls;

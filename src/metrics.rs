@@ -1,6 +1,8 @@
-//! Prometheus metrics (DESIGN.md's table) and the `/metrics`, `/healthz`,
-//! `/readyz` endpoint. One registry per process, owned by [`Metrics`]; no
-//! label ever carries a destination or a client address.
+//! Prometheus metrics (the table in README's Metrics section) and the
+//! `/metrics`, `/healthz`, `/readyz` endpoint. One registry per process,
+//! owned by [`Metrics`]; no label ever carries a destination or a client
+//! address. The counters of requests are incremented by
+//! `record::Recorder::record` only.
 
 use std::collections::HashMap;
 
@@ -388,16 +390,17 @@ pub async fn serve(
     listener: TcpListener,
     metrics: Arc<Metrics>,
     log_healthy: impl Fn() -> bool + Send + Sync + 'static,
-    mut shutdown: tokio::sync::watch::Receiver<bool>,
+    shutdown: impl std::future::Future<Output = ()>,
 ) {
     let log_healthy = Arc::new(log_healthy);
+    tokio::pin!(shutdown);
     loop {
         let (stream, _peer): (_, SocketAddr) = tokio::select! {
             r = listener.accept() => match r {
                 Ok(x) => x,
                 Err(_) => { tokio::time::sleep(std::time::Duration::from_millis(50)).await; continue; }
             },
-            _ = shutdown.changed() => return,
+            _ = &mut shutdown => return,
         };
         let m = metrics.clone();
         let lh = log_healthy.clone();

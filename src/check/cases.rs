@@ -27,7 +27,7 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 
 use crate::explain::decide_target;
-use crate::policy::{ClientIdx, Logged, Policy};
+use crate::policy::{ClientIdx, Diagnostic, Logged, Policy};
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -123,15 +123,7 @@ pub fn run(
         let raw: RawTests = match serde_yaml_ng::from_str(&text) {
             Ok(r) => r,
             Err(e) => {
-                let (line, col) = e
-                    .location()
-                    .map(|l| (l.line(), l.column()))
-                    .unwrap_or((1, 1));
-                let mut msg = e.to_string();
-                if let Some(i) = msg.find(" at line ") {
-                    msg.truncate(i);
-                }
-                let _ = writeln!(err, "error: {}:{line}:{col}: {msg}", f.display());
+                let _ = writeln!(err, "error: {}", Diagnostic::from_yaml(f, &e));
                 total.errors += 1;
                 continue;
             }

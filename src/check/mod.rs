@@ -2,7 +2,7 @@
 //! tests (`tests.yaml` beside it), with the exit code CI reads.
 //!
 //! A command on top of the crate: it reads a compiled policy and decides
-//! cases through `explain`'s target forms. It owns the warnings ([`lint`])
+//! cases through `explain`'s target forms. It owns the warnings ([`mod@lint`])
 //! and the case runner ([`cases`]); it does not own loading or deciding
 //! (`policy`).
 

@@ -85,6 +85,35 @@ pub(super) fn parse(raw: &[u8]) -> Option<Query<'_>> {
     if qd != 1 || an != 0 || ns != 0 || ar > 1 {
         return None;
     }
+    let mut at = name_end(raw)?;
+    let name = &raw[HEADER..at];
+    at += 1;
+    let qtype = be16(raw, at)?;
+    if be16(raw, at + 2)? != CLASS_IN || qtype == TYPE_OPT {
+        return None;
+    }
+    at += 4;
+    let question = &raw[HEADER..at];
+    let edns = if ar == 1 {
+        Some(opt_payload(raw, at)?)
+    } else if at == raw.len() {
+        None
+    } else {
+        return None;
+    };
+    Some(Query {
+        id: be16(raw, 0)?,
+        flags,
+        question,
+        name,
+        qtype,
+        edns,
+    })
+}
+
+/// Where the question's name ends (its zero byte): plain labels of host
+/// bytes only, no compression, at most 255 bytes, not the root.
+fn name_end(raw: &[u8]) -> Option<usize> {
     let mut at = HEADER;
     loop {
         let len = *raw.get(at)? as usize;
@@ -104,55 +133,32 @@ pub(super) fn parse(raw: &[u8]) -> Option<Query<'_>> {
             return None;
         }
     }
-    if at == HEADER {
-        return None; // the root: no host name to decide
-    }
-    let name = &raw[HEADER..at];
-    at += 1;
-    let qtype = be16(raw, at)?;
-    if be16(raw, at + 2)? != CLASS_IN || qtype == TYPE_OPT {
+    // The root has no host name to decide.
+    (at != HEADER).then_some(at)
+}
+
+/// The UDP payload size of the OPT record at `at`, the last thing in the
+/// packet: exactly one, version 0, its options well framed.
+fn opt_payload(raw: &[u8], mut at: usize) -> Option<u16> {
+    if *raw.get(at)? != 0 || be16(raw, at + 1)? != TYPE_OPT {
         return None;
     }
-    at += 4;
-    let question = &raw[HEADER..at];
-    let edns = if ar == 1 {
-        // Exactly one OPT record, version 0, well-framed options.
-        if *raw.get(at)? != 0 || be16(raw, at + 1)? != TYPE_OPT {
-            return None;
-        }
-        let payload = be16(raw, at + 3)?;
-        let version = *raw.get(at + 6)?;
-        if version != 0 {
-            return None;
-        }
-        let rdlen = be16(raw, at + 9)? as usize;
-        at += 11;
-        let end = at.checked_add(rdlen)?;
-        if end != raw.len() {
-            return None;
-        }
-        while at < end {
-            let olen = be16(raw, at + 2)? as usize;
-            at += 4 + olen;
-        }
-        if at != end {
-            return None;
-        }
-        Some(payload)
-    } else {
-        if at != raw.len() {
-            return None;
-        }
-        None
-    };
-    Some(Query {
-        id: be16(raw, 0)?,
-        flags,
-        question,
-        name,
-        qtype,
-        edns,
-    })
+    let payload = be16(raw, at + 3)?;
+    let version = *raw.get(at + 6)?;
+    if version != 0 {
+        return None;
+    }
+    let rdlen = be16(raw, at + 9)? as usize;
+    at += 11;
+    let end = at.checked_add(rdlen)?;
+    if end != raw.len() {
+        return None;
+    }
+    while at < end {
+        let olen = be16(raw, at + 2)? as usize;
+        at += 4 + olen;
+    }
+    (at == end).then_some(payload)
 }
 
 /// The answer to `q`: header, the question as sent, the records, and an

@@ -15,21 +15,12 @@
 //! (`Policy::decide`), the log line and metrics (`Recorder::record`), or
 //! binding sockets (`app`).
 //!
-//! CONTRACT used by the proxy (src/proxy/upstream.rs) — keep these signatures:
-//!
-//! ```ignore
-//! pub struct Resolver;                       // shared, Arc'd, cheap to call concurrently
-//! impl Resolver {
-//!     pub fn new(upstreams: Vec<SocketAddr>, metrics: Arc<Metrics>) -> Arc<Resolver>;
-//!     /// A + AAAA for a name, through the cache; never reads /etc/hosts, never
-//!     /// applies search domains. Bounded by our own timeout.
-//!     pub async fn lookup_ip(&self, host: &Host, policy: &Policy) -> Result<Vec<IpAddr>, ResolveError>;
-//!     /// Tunnel budget for a name some exception allowed (proxy lookups and
-//!     /// client queries share one budget per client).
-//!     pub fn tunnel_check(&self, policy: &Policy, client: Option<ClientIdx>, host: &Host,
-//!                         exception: &Exception, now: i64) -> TunnelOutcome;
-//! }
-//! ```
+//! What the proxy uses (`proxy::upstream`): one shared [`Resolver`] (an
+//! `Arc`, cheap to call concurrently), its [`Resolver::lookup_ip_for`] (A
+//! and AAAA through the cache, never `/etc/hosts` or search domains, bounded
+//! by our own timeouts, failed upstream exchanges charged to the request's
+//! event) and [`Resolver::tunnel_assess`] (the tunnel budget that a
+//! client's proxy lookups and its own queries share).
 
 mod answers;
 mod budget;

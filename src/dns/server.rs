@@ -47,13 +47,13 @@ use hickory_server::server::{Request, RequestHandler, ResponseHandler, ResponseI
 use hickory_server::zone_handler::{MessageResponse, MessageResponseBuilder};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream, UdpSocket};
-use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 use tokio::time::timeout;
 
 use super::budget::{under_wildcard, TunnelOutcome};
 use super::fast;
-use super::resolver::{rcode_name, EDNS_PAYLOAD};
+use super::resolver::{rcode_name, Lookup, EDNS_PAYLOAD};
 use super::Resolver;
 use crate::policy::host::{parse_host, Host, HostError, Target};
 use crate::policy::qtype::qtype_mnemonic;
@@ -62,6 +62,7 @@ use crate::policy::{
     Request as PolicyRequest, TunnelAction,
 };
 use crate::record::{Event, Recorder};
+use crate::shutdown::Shutdown;
 use crate::time::unix_now;
 
 /// Queries being answered at once, from all clients together.
@@ -78,6 +79,10 @@ pub const TCP_IDLE_TIMEOUT: Duration = Duration::from_secs(10);
 pub const TCP_IO_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long queries in flight may finish after shutdown.
 pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(2);
+/// Pause after a failed UDP receive (an ICMP error for an earlier reply).
+const UDP_ERROR_PAUSE: Duration = Duration::from_millis(5);
+/// Pause after a failed TCP accept (out of descriptors), instead of spinning.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
 /// Largest UDP query read; anything longer arrives cut and fails to parse.
 const MAX_UDP_QUERY: usize = 4096;
 /// RFC 8914 INFO-CODEs used here.
@@ -91,16 +96,17 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// Serves DNS on `udp` and `tcp` until `shutdown` turns true (or its sender
-/// is dropped), then lets queries in flight finish for up to [`DRAIN_TIMEOUT`].
+/// Serves DNS on `udp` and `tcp` until `shutdown` fires (or its trigger is
+/// gone), then lets queries in flight finish for up to [`DRAIN_TIMEOUT`].
 pub async fn serve(
     udp: UdpSocket,
     tcp: TcpListener,
     policy: Arc<PolicyHandle>,
     resolver: Arc<Resolver>,
     recorder: Recorder,
-    mut shutdown: watch::Receiver<bool>,
+    shutdown: impl Into<Shutdown>,
 ) -> anyhow::Result<()> {
+    let mut shutdown = shutdown.into();
     let listen = udp.local_addr()?;
     if let Some(up) = resolver.upstreams().iter().find(|up| is_self(listen, **up)) {
         anyhow::bail!(
@@ -108,76 +114,30 @@ pub async fn serve(
              pass --upstream-dns with the real resolver"
         );
     }
-    let handler = Arc::new(Handler {
-        policy,
-        resolver,
-        recorder,
-    });
-    let queries = Limiter::new(MAX_INFLIGHT, MAX_INFLIGHT_PER_CLIENT);
-    let conns = Limiter::new(MAX_TCP_CONNECTIONS, MAX_TCP_PER_CLIENT);
-    let udp = Arc::new(udp);
+    let server = Loops {
+        handler: Arc::new(Handler {
+            policy,
+            resolver,
+            recorder,
+        }),
+        queries: Limiter::new(MAX_INFLIGHT, MAX_INFLIGHT_PER_CLIENT),
+        conns: Limiter::new(MAX_TCP_CONNECTIONS, MAX_TCP_PER_CLIENT),
+        udp: Arc::new(udp),
+    };
     let mut tasks: JoinSet<()> = JoinSet::new();
     let mut buf = vec![0u8; MAX_UDP_QUERY];
     loop {
         tokio::select! {
-            _ = stopped(&mut shutdown) => break,
-            r = udp.recv_from(&mut buf) => match r {
-                Ok((n, src)) => {
-                    let raw = buf[..n].to_vec();
-                    match queries.try_acquire(src.ip()) {
-                        Some(permit) => {
-                            // Denied and cached answers wait on nothing: answer
-                            // them here, without a task per packet (a spawn, a
-                            // JoinSet slot and a scheduler pass). A query that
-                            // must wait for an upstream continues in a task.
-                            let h = handler.clone();
-                            let mut query = Box::pin(async move {
-                                h.process(raw, src, Protocol::Udp, false).await
-                            });
-                            let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
-                            match query.as_mut().poll(&mut cx) {
-                                std::task::Poll::Ready(reply) => {
-                                    drop(permit);
-                                    if let Some(bytes) = reply {
-                                        let _ = udp.try_send_to(&bytes, src);
-                                    }
-                                }
-                                std::task::Poll::Pending => {
-                                    let sock = udp.clone();
-                                    tasks.spawn(async move {
-                                        let reply = query.await;
-                                        drop(permit);
-                                        if let Some(bytes) = reply {
-                                            let _ = sock.send_to(&bytes, src).await;
-                                        }
-                                    });
-                                }
-                            }
-                        }
-                        None => {
-                            // Answered inline: no task, no upstream, just the refusal.
-                            if let Some(bytes) = handler.process(raw, src, Protocol::Udp, true).await {
-                                let _ = udp.try_send_to(&bytes, src);
-                            }
-                        }
-                    }
-                }
+            _ = shutdown.fired() => break,
+            r = server.udp.recv_from(&mut buf) => match r {
+                Ok((n, src)) => server.udp_query(buf[..n].to_vec(), src, &mut tasks).await,
                 // ICMP errors for earlier replies and the like: not fatal.
-                Err(_) => tokio::time::sleep(Duration::from_millis(5)).await,
+                Err(_) => tokio::time::sleep(UDP_ERROR_PAUSE).await,
             },
             r = tcp.accept() => match r {
-                Ok((stream, src)) => match conns.try_acquire(src.ip()) {
-                    Some(permit) => {
-                        let (h, q, sd) = (handler.clone(), queries.clone(), shutdown.clone());
-                        tasks.spawn(async move {
-                            tcp_connection(h, q, stream, src, sd).await;
-                            drop(permit);
-                        });
-                    }
-                    None => drop(stream),
-                },
+                Ok((stream, src)) => server.tcp_accepted(stream, src, &shutdown, &mut tasks),
                 // Out of descriptors and the like: back off instead of spinning.
-                Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+                Err(_) => tokio::time::sleep(ACCEPT_BACKOFF).await,
             },
             Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
         }
@@ -190,6 +150,72 @@ pub async fn serve(
     Ok(())
 }
 
+/// What the receive loops share.
+struct Loops {
+    handler: Arc<Handler>,
+    /// Queries being answered, in all and per client.
+    queries: Arc<Limiter>,
+    /// TCP connections open, in all and per client.
+    conns: Arc<Limiter>,
+    udp: Arc<UdpSocket>,
+}
+
+impl Loops {
+    /// One UDP packet. Denied and cached answers wait on nothing: they are
+    /// answered here, without a task per packet (a spawn, a JoinSet slot
+    /// and a scheduler pass). A query that must wait for an upstream
+    /// continues in a task. Past the client's share, the refusal is
+    /// answered inline: no task, no upstream.
+    async fn udp_query(&self, raw: Vec<u8>, src: SocketAddr, tasks: &mut JoinSet<()>) {
+        let Some(permit) = self.queries.try_acquire(src.ip()) else {
+            if let Some(bytes) = self.handler.process(raw, src, Protocol::Udp, true).await {
+                let _ = self.udp.try_send_to(&bytes, src);
+            }
+            return;
+        };
+        let h = self.handler.clone();
+        let mut query = Box::pin(async move { h.process(raw, src, Protocol::Udp, false).await });
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        match query.as_mut().poll(&mut cx) {
+            std::task::Poll::Ready(reply) => {
+                drop(permit);
+                if let Some(bytes) = reply {
+                    let _ = self.udp.try_send_to(&bytes, src);
+                }
+            }
+            std::task::Poll::Pending => {
+                let sock = self.udp.clone();
+                tasks.spawn(async move {
+                    let reply = query.await;
+                    drop(permit);
+                    if let Some(bytes) = reply {
+                        let _ = sock.send_to(&bytes, src).await;
+                    }
+                });
+            }
+        }
+    }
+
+    /// One TCP connection, served on its own task while the client's share
+    /// of connections lasts (else closed at once).
+    fn tcp_accepted(
+        &self,
+        stream: TcpStream,
+        src: SocketAddr,
+        shutdown: &Shutdown,
+        tasks: &mut JoinSet<()>,
+    ) {
+        let Some(permit) = self.conns.try_acquire(src.ip()) else {
+            return;
+        };
+        let (h, q, sd) = (self.handler.clone(), self.queries.clone(), shutdown.clone());
+        tasks.spawn(async move {
+            tcp_connection(h, q, stream, src, sd).await;
+            drop(permit);
+        });
+    }
+}
+
 /// Whether sending to `up` reaches our own listener at `listen`.
 fn is_self(listen: SocketAddr, up: SocketAddr) -> bool {
     let (l, u) = (
@@ -200,28 +226,16 @@ fn is_self(listen: SocketAddr, up: SocketAddr) -> bool {
         && (l == u || (l.is_unspecified() && (u.is_loopback() || u.is_unspecified())))
 }
 
-/// Resolves once `shutdown` is true or its sender is gone.
-async fn stopped(shutdown: &mut watch::Receiver<bool>) {
-    loop {
-        if *shutdown.borrow_and_update() {
-            return;
-        }
-        if shutdown.changed().await.is_err() {
-            return;
-        }
-    }
-}
-
 /// One TCP connection: length-prefixed queries answered in order.
 async fn tcp_connection(
     handler: Arc<Handler>,
     queries: Arc<Limiter>,
     mut stream: TcpStream,
     src: SocketAddr,
-    shutdown: watch::Receiver<bool>,
+    shutdown: Shutdown,
 ) {
     loop {
-        if *shutdown.borrow() {
+        if shutdown.is_fired() {
             return;
         }
         let mut len = [0u8; 2];
@@ -629,40 +643,13 @@ impl Handler {
     ) -> Reply {
         let now = unix_now();
         ev.host = Some(host.to_string());
-        let target = Target::Name(host.clone());
-        let req = PolicyRequest {
-            proto: Proto::Dns,
-            client,
-            target: &target,
-            port: 53,
-            method: None,
-            path: None,
-            qtype: Some(qtype),
-            can_intercept: false,
-        };
-        let d = policy.decide(&req, now);
-        ev.set_decision(&d, policy.settings.mode);
+        let d = decide_query(policy, client, &host, qtype, ev, now);
         if !d.is_allowed() {
             return deny(policy, d.reason);
         }
-        let mode = policy.settings.mode;
-        let report = mode == Mode::Report;
-
-        if let Some(e) = d.exception {
-            let (outcome, note) = self.resolver.tunnel_assess(policy, client, &host, e, now);
-            match outcome {
-                TunnelOutcome::Ok => {}
-                TunnelOutcome::Alert => ev.note = note,
-                TunnelOutcome::Block => {
-                    ev.set_decision(&Decision::deny(Reason::DnsTunnel, d.exception), mode);
-                    ev.note = note;
-                    if !report {
-                        return deny(policy, Reason::DnsTunnel);
-                    }
-                }
-            }
+        if let Err(refused) = self.spend_budget(policy, client, &host, &d, ev, now) {
+            return refused;
         }
-
         // A cached answer waits on nothing; the upstream exchange's state
         // is boxed so it costs only the queries that need it.
         let lookup = match self.resolver.cached(&host, qtype) {
@@ -679,50 +666,53 @@ impl Handler {
                 return Reply::error(ResponseCode::ServFail, None);
             }
         };
-        let answer = &lookup.answer;
-        let mut records = answer.records.clone();
-        let filtered = filter_addresses(policy, d.exception, &answer.records);
-        if !filtered.refused.is_empty() {
-            let list = filtered
-                .refused
-                .iter()
-                .map(IpAddr::to_string)
-                .collect::<Vec<_>>()
-                .join(", ");
-            if filtered.addresses > 0 && filtered.kept_addresses == 0 {
-                ev.set_decision(&Decision::deny(Reason::PrivateAddress, d.exception), mode);
-                add_note(
-                    ev,
-                    format!(
-                        "every address is non-public and outside the exception's cidrs: {list}"
-                    ),
-                );
-                if !report {
-                    return deny(policy, Reason::PrivateAddress);
+        match rebinding_filter(policy, &d, &lookup.answer.records, ev) {
+            Ok(records) => self.reply(records, &lookup, &host, src),
+            Err(refused) => refused,
+        }
+    }
+
+    /// The client's tunnel budget, for a name an exception allowed: a name
+    /// that spends too much is refused (`dns_tunnel`; logged only, in report
+    /// mode), one that comes close is noted.
+    fn spend_budget(
+        &self,
+        policy: &Policy,
+        client: Option<ClientIdx>,
+        host: &Host,
+        d: &Decision<'_>,
+        ev: &mut Event,
+        now: i64,
+    ) -> Result<(), Reply> {
+        let Some(e) = d.exception else { return Ok(()) };
+        let (outcome, note) = self.resolver.tunnel_assess(policy, client, host, e, now);
+        match outcome {
+            TunnelOutcome::Ok => {}
+            TunnelOutcome::Alert => ev.note = note,
+            TunnelOutcome::Block => {
+                let mode = policy.settings.mode;
+                ev.set_decision(&Decision::deny(Reason::DnsTunnel, d.exception), mode);
+                ev.note = note;
+                if mode != Mode::Report {
+                    return Err(deny(policy, Reason::DnsTunnel));
                 }
-            } else if report {
-                add_note(
-                    ev,
-                    format!(
-                        "would remove non-public addresses outside the exception's cidrs: {list}"
-                    ),
-                );
-            } else {
-                add_note(
-                    ev,
-                    format!("removed non-public addresses outside the exception's cidrs: {list}"),
-                );
-                records.retain(|r| refused_by(policy, d.exception, r).is_empty());
             }
         }
+        Ok(())
+    }
+
+    /// The answer for an allowed name: every record at the cache's TTL, and
+    /// its addresses remembered for transparent capture, which decides a
+    /// connection that carries no name by the allowed name its client
+    /// resolved to that address here.
+    fn reply(&self, mut records: Vec<Record>, lookup: &Lookup, host: &Host, src: IpAddr) -> Reply {
+        let answer = &lookup.answer;
         let mut authority = answer.authority.clone();
         for r in records.iter_mut().chain(authority.iter_mut()) {
             r.ttl = lookup.ttl;
         }
-        // Transparent capture decides a connection that carries no name by
-        // the allowed name its client resolved to that address here.
         for ip in records.iter().filter_map(|r| r.data.ip_addr()) {
-            self.resolver.remember_answer(src, ip, &host, lookup.ttl);
+            self.resolver.remember_answer(src, ip, host, lookup.ttl);
         }
         Reply {
             rcode: answer.rcode,
@@ -797,11 +787,69 @@ fn applies(e: &Exception, client: Option<ClientIdx>, now: i64) -> bool {
         }
 }
 
-fn add_note(ev: &mut Event, note: String) {
-    ev.note = Some(match ev.note.take() {
-        Some(prev) => format!("{prev}; {note}"),
-        None => note,
-    });
+/// The one decision for a query, noted in `ev`.
+fn decide_query<'p>(
+    policy: &'p Policy,
+    client: Option<ClientIdx>,
+    host: &Host,
+    qtype: u16,
+    ev: &mut Event,
+    now: i64,
+) -> Decision<'p> {
+    let target = Target::Name(host.clone());
+    let req = PolicyRequest {
+        proto: Proto::Dns,
+        client,
+        target: &target,
+        port: 53,
+        method: None,
+        path: None,
+        qtype: Some(qtype),
+        can_intercept: false,
+    };
+    let d = policy.decide(&req, now);
+    ev.set_decision(&d, policy.settings.mode);
+    d
+}
+
+/// Rebinding protection: the answer's addresses that the exception may
+/// not reach are removed (report mode: noted, kept); an answer made only
+/// of them is refused (`private_address`).
+fn rebinding_filter(
+    policy: &Policy,
+    d: &Decision<'_>,
+    answer: &[Record],
+    ev: &mut Event,
+) -> Result<Vec<Record>, Reply> {
+    let mut records = answer.to_vec();
+    let filtered = filter_addresses(policy, d.exception, answer);
+    if filtered.refused.is_empty() {
+        return Ok(records);
+    }
+    let mode = policy.settings.mode;
+    let report = mode == Mode::Report;
+    let list = filtered
+        .refused
+        .iter()
+        .map(IpAddr::to_string)
+        .collect::<Vec<_>>()
+        .join(", ");
+    let cidrs = "non-public addresses outside the exception's cidrs";
+    if filtered.addresses > 0 && filtered.kept_addresses == 0 {
+        ev.set_decision(&Decision::deny(Reason::PrivateAddress, d.exception), mode);
+        ev.add_note(Some(format!(
+            "every address is non-public and outside the exception's cidrs: {list}"
+        )));
+        if !report {
+            return Err(deny(policy, Reason::PrivateAddress));
+        }
+    } else if report {
+        ev.add_note(Some(format!("would remove {cidrs}: {list}")));
+    } else {
+        ev.add_note(Some(format!("removed {cidrs}: {list}")));
+        records.retain(|r| refused_by(policy, d.exception, r).is_empty());
+    }
+    Ok(records)
 }
 
 /// An Extended DNS Error's text: `egressd: <reason>`, made once per reason.

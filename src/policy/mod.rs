@@ -2,8 +2,16 @@
 //! [`compile`]) → a compiled matcher and the one [`Policy::decide`] function
 //! every front-end asks. No I/O happens in `decide`; loading reads files and
 //! the `${env:…}`/`${file:…}` values of injected headers, nothing else.
+//!
+//! The pure leaf of the crate: it uses nothing but `time`. It owns the
+//! format (`raw`), validation (`compile/`), the one host parser (`host`),
+//! addresses (`addr`), paths (`path`), the matcher, the decision values
+//! (`decision`) and the pointer readers load (`PolicyHandle`). It does not
+//! own reloading (`reload`), logging or counting (`record`), or any
+//! network I/O.
 
 pub mod addr;
+mod compile;
 pub mod decision;
 mod handle;
 pub mod host;
@@ -12,16 +20,15 @@ pub mod path;
 pub mod qtype;
 pub mod raw;
 
-use std::collections::HashMap;
 use std::fmt;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use globset::{Glob, GlobBuilder, GlobSet, GlobSetBuilder};
 use http::{HeaderName, HeaderValue};
 use ipnet::IpNet;
 
+pub use compile::{compile, compile_digested, digest_sources};
 pub use decision::{Decision, Logged, Proto, Reason, Verdict};
 pub use handle::PolicyHandle;
 use host::{HostPattern, Target};
@@ -40,6 +47,27 @@ pub struct Diagnostic {
     pub line: usize,
     pub column: usize,
     pub message: String,
+}
+
+impl Diagnostic {
+    /// A YAML error, located where serde_yaml says it is.
+    pub fn from_yaml(path: &Path, e: &serde_yaml_ng::Error) -> Diagnostic {
+        let (line, column) = e
+            .location()
+            .map(|l| (l.line(), l.column()))
+            .unwrap_or((1, 1));
+        let mut msg = e.to_string();
+        // serde_yaml appends " at line L column C"; we print it as file:line:column.
+        if let Some(i) = msg.find(" at line ") {
+            msg.truncate(i);
+        }
+        Diagnostic {
+            file: path.to_path_buf(),
+            line,
+            column,
+            message: msg,
+        }
+    }
 }
 
 impl fmt::Display for Diagnostic {
@@ -536,494 +564,6 @@ pub fn read_sources(path: &Path) -> Result<Vec<Source>, LoadError> {
 pub fn load(path: &Path) -> Result<Policy, LoadError> {
     let sources = read_sources(path)?;
     compile(&sources, &|name| std::env::var(name).ok())
-}
-
-/// Finds the line of `key: value` (as a YAML mapping entry, quoted or not)
-/// for errors that concern a whole entry, e.g. a duplicate id.
-fn locate(text: &str, key: &str, value: &str) -> (usize, usize) {
-    for (n, line) in text.lines().enumerate() {
-        let t = line.trim_start();
-        let t2 = t.strip_prefix("- ").map(str::trim_start).unwrap_or(t);
-        if let Some(rest) = t2.strip_prefix(key).and_then(|r| r.strip_prefix(':')) {
-            let v = rest
-                .split(" #")
-                .next()
-                .unwrap_or("")
-                .trim()
-                .trim_matches(|c| c == '"' || c == '\'');
-            if v == value {
-                return (n + 1, line.len() - t2.len() + 1);
-            }
-        }
-    }
-    (1, 1)
-}
-
-/// Every `key: value` mapping entry of a file by value, each value's
-/// (line, column)s in document order.
-fn locate_all<'t>(text: &'t str, key: &str) -> HashMap<&'t str, Vec<(usize, usize)>> {
-    let mut out: HashMap<&str, Vec<(usize, usize)>> = HashMap::new();
-    for (n, line) in text.lines().enumerate() {
-        let t = line.trim_start();
-        let t2 = t.strip_prefix("- ").map(str::trim_start).unwrap_or(t);
-        if let Some(rest) = t2.strip_prefix(key).and_then(|r| r.strip_prefix(':')) {
-            let v = rest
-                .split(" #")
-                .next()
-                .unwrap_or("")
-                .trim()
-                .trim_matches(|c| c == '"' || c == '\'');
-            out.entry(v)
-                .or_default()
-                .push((n + 1, line.len() - t2.len() + 1));
-        }
-    }
-    out
-}
-
-/// Expands `${env:NAME}` and `${file:PATH}` in an injected header value.
-fn expand_secret(v: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<String, String> {
-    let mut out = String::new();
-    let mut rest = v;
-    while let Some(start) = rest.find("${") {
-        out.push_str(&rest[..start]);
-        let end = rest[start..].find('}').ok_or("unterminated ${...}")? + start;
-        let inner = &rest[start + 2..end];
-        let val = if let Some(name) = inner.strip_prefix("env:") {
-            env(name).ok_or_else(|| format!("environment variable {name} is not set"))?
-        } else if let Some(p) = inner.strip_prefix("file:") {
-            std::fs::read_to_string(p)
-                .map_err(|e| format!("cannot read secret file {p}: {e}"))?
-                .trim_end_matches(['\n', '\r'])
-                .to_string()
-        } else {
-            return Err(format!(
-                "unknown substitution ${{{inner}}}: use ${{env:NAME}} or ${{file:PATH}}"
-            ));
-        };
-        out.push_str(&val);
-        rest = &rest[end + 1..];
-    }
-    out.push_str(rest);
-    Ok(out)
-}
-
-fn yaml_error(path: &Path, e: &serde_yaml_ng::Error) -> Diagnostic {
-    let (line, column) = e
-        .location()
-        .map(|l| (l.line(), l.column()))
-        .unwrap_or((1, 1));
-    let mut msg = e.to_string();
-    // serde_yaml appends " at line L column C"; we print it as file:line:column.
-    if let Some(i) = msg.find(" at line ") {
-        msg.truncate(i);
-    }
-    Diagnostic {
-        file: path.to_path_buf(),
-        line,
-        column,
-        message: msg,
-    }
-}
-
-/// SHA-256 over every file's name and contents: equal digests, equal
-/// policies. Names, not paths: the same policy read as `policy/` at start
-/// and as its absolute path by the reloader is the same policy.
-pub fn digest_sources(sources: &[Source]) -> [u8; 32] {
-    let mut ctx = ring::digest::Context::new(&ring::digest::SHA256);
-    for src in sources {
-        let name = src.path.file_name().unwrap_or(src.path.as_os_str());
-        ctx.update(name.to_string_lossy().as_bytes());
-        ctx.update(&[0]);
-        ctx.update(src.text.as_bytes());
-        ctx.update(&[0]);
-    }
-    ctx.finish()
-        .as_ref()
-        .try_into()
-        .expect("sha256 is 32 bytes")
-}
-
-/// Validates and compiles policy sources: the one function both the first
-/// load and every reload go through. `env` supplies `${env:…}` values.
-pub fn compile(
-    sources: &[Source],
-    env: &dyn Fn(&str) -> Option<String>,
-) -> Result<Policy, LoadError> {
-    compile_digested(sources, digest_sources(sources), env)
-}
-
-/// [`compile`] for a caller that already has `digest_sources(sources)`
-/// (the reloader compares it first; hashing 13 MB twice is 20 ms).
-pub fn compile_digested(
-    sources: &[Source],
-    digest: [u8; 32],
-    env: &dyn Fn(&str) -> Option<String>,
-) -> Result<Policy, LoadError> {
-    let mut errors: Vec<Diagnostic> = Vec::new();
-    let mut parsed = Vec::new();
-    for src in sources {
-        if src.text.trim().is_empty()
-            || src
-                .text
-                .lines()
-                .all(|l| l.trim().is_empty() || l.trim_start().starts_with('#'))
-        {
-            errors.push(Diagnostic {
-                file: src.path.clone(),
-                line: 1,
-                column: 1,
-                message: "policy file is empty (a half-written file is refused; delete the file to remove it)".into(),
-            });
-            continue;
-        }
-        match serde_yaml_ng::from_str::<raw::RawFile>(&src.text) {
-            Ok(f) => parsed.push((src, f)),
-            Err(e) => errors.push(yaml_error(&src.path, &e)),
-        }
-    }
-    if !errors.is_empty() {
-        return Err(LoadError(errors));
-    }
-
-    let mut err = |src: &Source, (line, column): (usize, usize), msg: String| {
-        errors.push(Diagnostic {
-            file: src.path.clone(),
-            line,
-            column,
-            message: msg,
-        });
-    };
-
-    // Settings: in at most one file.
-    let mut settings = Settings::default();
-    let mut clients = Vec::new();
-    let mut settings_src: Option<&Source> = None;
-    for (src, f) in &parsed {
-        let Some(s) = &f.settings else { continue };
-        if let Some(first) = settings_src {
-            err(
-                src,
-                locate(&src.text, "settings", ""),
-                format!(
-                    "settings: may appear in one file only (already in {})",
-                    first.path.display()
-                ),
-            );
-            continue;
-        }
-        settings_src = Some(src);
-        let (line, _) = locate(&src.text, "settings", "");
-        settings.location = Some((src.path.clone(), line));
-        if let Some(m) = s.mode {
-            settings.mode = m;
-        }
-        if let Some(p) = s.private_destinations {
-            settings.private_destinations = p;
-        }
-        if let Some(d) = &s.stale_after {
-            settings.stale_after_secs = d.0;
-        }
-        if let Some(c) = &s.contact {
-            settings.contact = c.trim().to_string();
-        }
-        if let Some(tls) = &s.tls {
-            if let Some(m) = tls.missing_sni {
-                settings.missing_sni = m;
-            }
-        }
-        if let Some(dns) = &s.dns {
-            if let Some(r) = dns.deny_rcode {
-                settings.dns.deny_rcode = r;
-            }
-            if let Some(d) = &dns.cache_min_ttl {
-                settings.dns.cache_min_ttl = d.0;
-            }
-            if let Some(d) = &dns.cache_max_ttl {
-                settings.dns.cache_max_ttl = d.0;
-            }
-            if settings.dns.cache_min_ttl > settings.dns.cache_max_ttl {
-                err(
-                    src,
-                    locate(&src.text, "cache_min_ttl", ""),
-                    "dns.cache_min_ttl is larger than dns.cache_max_ttl".into(),
-                );
-            }
-            if let Some(t) = &dns.tunnel {
-                let ts = &mut settings.dns.tunnel;
-                if let Some(a) = t.action {
-                    ts.action = a;
-                }
-                macro_rules! set {
-                    ($f:ident) => {
-                        if let Some(v) = t.$f {
-                            ts.$f = v;
-                        }
-                    };
-                    ($f:ident, $g:ident) => {
-                        if let Some(v) = &t.$f {
-                            ts.$g = v.0;
-                        }
-                    };
-                }
-                set!(max_name_len);
-                set!(max_label_len);
-                set!(alert_unique_names);
-                set!(alert_bytes);
-                set!(block_bytes);
-                set!(daily_bytes);
-                set!(alert_window, alert_window_secs);
-                set!(block_window, block_window_secs);
-                set!(cooldown, cooldown_secs);
-            }
-        }
-        let mut seen = HashMap::new();
-        for c in &s.clients {
-            if seen.insert(c.id.0.clone(), ()).is_some() {
-                err(
-                    src,
-                    locate(&src.text, "id", &c.id.0),
-                    format!("duplicate client id {:?}", c.id.0),
-                );
-            }
-            if c.sources.is_empty() && c.token_sha256.is_none() {
-                err(
-                    src,
-                    locate(&src.text, "id", &c.id.0),
-                    format!("client {:?} needs sources: or token_sha256:", c.id.0),
-                );
-            }
-            clients.push(Client {
-                id: c.id.0.as_str().into(),
-                sources: c.sources.iter().map(|n| n.0).collect(),
-                token_sha256: c.token_sha256.as_ref().map(|t| t.0),
-            });
-        }
-    }
-
-    let mut exceptions = Vec::new();
-    let mut ids: HashMap<&str, &Path> =
-        HashMap::with_capacity(parsed.iter().map(|(_, f)| f.exceptions.len()).sum());
-    let mut matcher = Matcher::default();
-    let mut client_cache: HashMap<Vec<String>, Vec<ClientIdx>> = HashMap::new();
-    let mut path_cache: HashMap<Vec<String>, Arc<path::PathSet>> = HashMap::new();
-    for (src, f) in &parsed {
-        // One pass over the file for every `id:` entry: locating each
-        // exception by scanning the whole file made loading quadratic.
-        let id_lines = locate_all(&src.text, "id");
-        // Start below `exceptions:` so a client with the same id is skipped.
-        let mut after = if src.text.lines().any(|l| l.trim_end() == "exceptions:") {
-            locate(&src.text, "exceptions", "").0
-        } else {
-            0
-        };
-        for r in &f.exceptions {
-            let id = r.id.0.as_str();
-            // The first `id: <id>` below the previous exception: the right
-            // one for a duplicate within a file, and not a client's id.
-            let at = id_lines
-                .get(id)
-                .and_then(|v| v.iter().find(|(l, _)| *l > after))
-                .copied()
-                .unwrap_or((1, 1));
-            after = after.max(at.0);
-            if let Some(prev) = ids.insert(id, &src.path) {
-                err(
-                    src,
-                    at,
-                    format!("duplicate exception id {id:?} (also in {})", prev.display()),
-                );
-                continue;
-            }
-            let owner = r.owner.as_deref().map(str::trim).unwrap_or("");
-            if owner.is_empty() {
-                err(src, at, format!("exception {id:?} has no owner:"));
-            }
-            let reason = r.reason.as_deref().map(str::trim).unwrap_or("");
-            if reason.is_empty() {
-                err(src, at, format!("exception {id:?} has no reason:"));
-            }
-            if r.hosts.is_empty() && r.cidrs.is_empty() {
-                err(
-                    src,
-                    at,
-                    format!("exception {id:?} names no hosts: and no cidrs:"),
-                );
-            }
-            // Glob sets are built once per distinct pattern list: generated
-            // policies repeat the same few lists thousands of times, and a
-            // GlobSet costs tens of microseconds to build.
-            let client_idx = r.clients.as_ref().map(|pats| match client_cache.get(pats) {
-                Some(v) => v.clone(),
-                None => {
-                    let mut b = GlobSetBuilder::new();
-                    let mut ok = true;
-                    for p in pats {
-                        match Glob::new(p) {
-                            Ok(g) => {
-                                b.add(g);
-                            }
-                            Err(e) => {
-                                ok = false;
-                                err(
-                                    src,
-                                    at,
-                                    format!("exception {id:?}: bad client pattern {p:?}: {e}"),
-                                )
-                            }
-                        }
-                    }
-                    let set = b.build().unwrap_or_else(|_| GlobSet::empty());
-                    let v: Vec<ClientIdx> = clients
-                        .iter()
-                        .enumerate()
-                        .filter(|(_, c)| set.is_match(&*c.id))
-                        .map(|(i, _)| i as ClientIdx)
-                        .collect();
-                    if ok {
-                        client_cache.insert(pats.clone(), v.clone());
-                    }
-                    v
-                }
-            });
-            let paths = r.paths.as_ref().map(|ps| match path_cache.get(ps) {
-                Some(set) => set.clone(),
-                None => {
-                    let mut globs = Vec::with_capacity(ps.len());
-                    let mut ok = true;
-                    for p in ps {
-                        if !p.starts_with('/') {
-                            ok = false;
-                            err(
-                                src,
-                                at,
-                                format!("exception {id:?}: path pattern {p:?} must start with '/'"),
-                            );
-                            continue;
-                        }
-                        match GlobBuilder::new(p).literal_separator(true).build() {
-                            Ok(g) => globs.push(g),
-                            Err(e) => {
-                                ok = false;
-                                err(
-                                    src,
-                                    at,
-                                    format!("exception {id:?}: bad path pattern {p:?}: {e}"),
-                                )
-                            }
-                        }
-                    }
-                    let set = Arc::new(path::PathSet::new(globs));
-                    if ok {
-                        path_cache.insert(ps.clone(), set.clone());
-                    }
-                    set
-                }
-            });
-            let dns_types: Vec<u16> = r.dns_types.iter().flatten().map(|q| q.0).collect();
-            for t in &dns_types {
-                if qtype::NEVER_ALLOWED.contains(t) {
-                    err(src, at, format!(
-                        "exception {id:?}: DNS type {} is never answered (zone transfers, ANY and NULL are tunnel carriers)",
-                        qtype::qtype_name(*t)
-                    ));
-                }
-            }
-            let mut inject = Vec::new();
-            if let Some(inj) = &r.inject {
-                for (name, value) in &inj.headers {
-                    let hn = match HeaderName::from_bytes(name.as_bytes()) {
-                        Ok(h) => h,
-                        Err(_) => {
-                            err(
-                                src,
-                                at,
-                                format!("exception {id:?}: invalid header name {name:?}"),
-                            );
-                            continue;
-                        }
-                    };
-                    match expand_secret(value, env) {
-                        Ok(v) => match HeaderValue::from_str(&v) {
-                            Ok(mut hv) => {
-                                hv.set_sensitive(true);
-                                inject.push(InjectedHeader { name: hn, value: hv })
-                            }
-                            Err(_) => err(src, at, format!("exception {id:?}: value of header {name} is not a valid header value")),
-                        },
-                        Err(e) => err(src, at, format!("exception {id:?}: inject {name}: {e}")),
-                    }
-                }
-            }
-            // An empty list would silently match nothing (or, for ports,
-            // leave the name resolvable while every connection is refused):
-            // say so instead.
-            for (key, empty) in [
-                ("ports", r.ports.as_ref().is_some_and(|v| v.is_empty())),
-                ("methods", r.methods.as_ref().is_some_and(|v| v.is_empty())),
-                ("paths", r.paths.as_ref().is_some_and(|v| v.is_empty())),
-                ("clients", r.clients.as_ref().is_some_and(|v| v.is_empty())),
-            ] {
-                if empty {
-                    err(
-                        src,
-                        at,
-                        format!("exception {id:?}: {key}: is empty; omit it to allow any (ports default to [80, 443])"),
-                    );
-                }
-            }
-            let mut ports: Vec<u16> = match &r.ports {
-                Some(p) => p.iter().map(|p| p.0).collect(),
-                None => DEFAULT_PORTS.to_vec(),
-            };
-            ports.sort_unstable();
-            ports.dedup();
-            let idx = exceptions.len() as u32;
-            let mut hosts: Vec<HostPattern> = r.hosts.iter().map(|h| h.0.clone()).collect();
-            hosts.dedup();
-            for h in &hosts {
-                matcher.add_host(h, idx);
-            }
-            let cidrs: Vec<IpNet> = r.cidrs.iter().map(|c| c.0).collect();
-            for c in &cidrs {
-                matcher.add_cidr(c, idx);
-            }
-            let line = at.0;
-            exceptions.push(Exception {
-                id: id.into(),
-                owner: owner.into(),
-                reason: reason.to_string(),
-                ticket: r.ticket.clone(),
-                expires: r.expires.as_ref().map(|d| d.0),
-                clients: client_idx,
-                client_patterns: r.clients.clone(),
-                hosts,
-                cidrs,
-                ports,
-                methods: r
-                    .methods
-                    .as_ref()
-                    .map(|m| m.iter().map(|m| m.0.clone()).collect()),
-                path_patterns: r.paths.clone().unwrap_or_default(),
-                paths,
-                dns_types,
-                inject,
-                file: src.path.clone(),
-                line,
-            });
-        }
-    }
-    if !errors.is_empty() {
-        return Err(LoadError(errors));
-    }
-    Ok(Policy {
-        settings,
-        clients,
-        exceptions,
-        files: sources.iter().map(|s| s.path.clone()).collect(),
-        digest,
-        matcher,
-    })
 }
 
 /// Compiles one in-memory YAML document (tests, benches, `explain`).

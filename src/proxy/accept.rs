@@ -1,7 +1,14 @@
 //! Accepting clients: the accept loop shared by the proxy port and the
-//! capture listeners (at most [`MAX_CONNECTIONS`] open at once), one hyper
-//! HTTP/1 connection per client, and the dispatch of each request to
-//! `forward` (absolute-form requests) or `tunnel` (CONNECT).
+//! capture listeners (at most [`MAX_CONNECTIONS`](super::MAX_CONNECTIONS) open at once, all
+//! listeners together), one hyper HTTP/1 connection per client, and the
+//! dispatch of each request to `forward` (absolute-form requests) or
+//! `tunnel` (CONNECT).
+//!
+//! Each connection holds a [`Permit`] for as long as it lives: the
+//! connection's task holds it, and every request carries a clone in its
+//! extensions, so that a tunnel, an intercepted TLS connection or a
+//! WebSocket that outlives hyper's connection (an upgrade) keeps it. The
+//! drain at shutdown waits for the last of them.
 //!
 //! Owns the connection bounds and timeouts of the client side. Does not
 //! own what a request is answered (the front-ends) or the line of a
@@ -17,44 +24,44 @@ use http::{Request, Response};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{watch, Semaphore};
 
 use super::admit::Unanswered;
 use super::respond::ProxyBody;
-use super::{forward, tunnel, ProxyCtx, HEADER_READ_TIMEOUT, MAX_CONNECTIONS, MAX_HEADER_BYTES};
+use super::{forward, tunnel, ProxyCtx, HEADER_READ_TIMEOUT, MAX_HEADER_BYTES};
 use crate::metrics::ActiveGuard;
 use crate::policy::{Proto, Reason};
 use crate::record::Event;
+use crate::shutdown::{Permit, Shutdown};
 
 /// How long accepting pauses after it failed (EMFILE and friends), instead
 /// of spinning.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 
-/// Serves the proxy port until `shutdown` flips; then stops accepting and
+/// Serves the proxy port until `shutdown` fires; then stops accepting and
 /// lets open connections finish on their own.
-pub async fn serve(listener: TcpListener, ctx: Arc<ProxyCtx>, shutdown: watch::Receiver<bool>) {
+pub async fn serve(listener: TcpListener, ctx: Arc<ProxyCtx>, shutdown: Shutdown) {
     accept_loop(listener, ctx, shutdown, "", serve_conn).await
 }
 
-/// Accepts connections on `listener` until `shutdown` flips, at most
-/// [`MAX_CONNECTIONS`] open at once, and runs `conn` for each on its own
-/// task. Shared by the proxy port and transparent capture; `what` names the
-/// listener in accept errors.
+/// Accepts connections on `listener` until `shutdown` fires, while the
+/// proxy's [`MAX_CONNECTIONS`](super::MAX_CONNECTIONS) permits last (beyond them clients wait in
+/// the backlog), and runs `conn` for each on its own task, with its
+/// permit. Shared by the proxy port and transparent capture; `what` names
+/// the listener in accept errors.
 pub(crate) async fn accept_loop<F, Fut>(
     listener: TcpListener,
     ctx: Arc<ProxyCtx>,
-    mut shutdown: watch::Receiver<bool>,
+    mut shutdown: Shutdown,
     what: &str,
     conn: F,
 ) where
-    F: Fn(TcpStream, SocketAddr, Arc<ProxyCtx>) -> Fut,
+    F: Fn(TcpStream, SocketAddr, Arc<ProxyCtx>, Permit) -> Fut,
     Fut: Future<Output = ()> + Send + 'static,
 {
-    let limit = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     loop {
         let permit = tokio::select! {
-            p = limit.clone().acquire_owned() => p.expect("semaphore never closed"),
-            _ = shutdown.changed() => return,
+            p = ctx.connections.acquire() => p,
+            _ = shutdown.fired() => return,
         };
         let (stream, peer) = tokio::select! {
             r = listener.accept() => match r {
@@ -65,32 +72,30 @@ pub(crate) async fn accept_loop<F, Fut>(
                     continue;
                 }
             },
-            _ = shutdown.changed() => return,
+            _ = shutdown.fired() => return,
         };
         let _ = stream.set_nodelay(true);
-        let task = conn(stream, peer, ctx.clone());
-        tokio::spawn(async move {
-            let _permit = permit;
-            task.await;
-        });
+        tokio::spawn(conn(stream, peer, ctx.clone(), permit));
     }
 }
 
-async fn serve_conn(stream: TcpStream, peer: SocketAddr, ctx: Arc<ProxyCtx>) {
-    serve_http1(stream, peer, ctx, None, move |req, ctx| {
+async fn serve_conn(stream: TcpStream, peer: SocketAddr, ctx: Arc<ProxyCtx>, permit: Permit) {
+    serve_http1(stream, peer, ctx, permit, None, move |req, ctx| {
         dispatch(req, peer, ctx)
     })
     .await
 }
 
 /// Serves one client connection as HTTP/1.1 (with upgrades), each request
-/// answered by `answer`. A request hyper could not parse has already been
-/// answered 400/431 by hyper; its log line (with `note`, if any) is written
-/// here. Shared by the proxy port and transparent capture.
+/// answered by `answer` and carrying a clone of the connection's `permit`.
+/// A request hyper could not parse has already been answered 400/431 by
+/// hyper; its log line (with `note`, if any) is written here. Shared by the
+/// proxy port and transparent capture.
 pub(crate) async fn serve_http1<F, Fut>(
     stream: TcpStream,
     peer: SocketAddr,
     ctx: Arc<ProxyCtx>,
+    permit: Permit,
     note: Option<String>,
     answer: F,
 ) where
@@ -100,7 +105,8 @@ pub(crate) async fn serve_http1<F, Fut>(
     let _active = ActiveGuard::new(&ctx.recorder.metrics, Proto::Http);
     let c2 = ctx.clone();
     let answer = Arc::new(answer);
-    let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
+    let svc = hyper::service::service_fn(move |mut req: Request<Incoming>| {
+        req.extensions_mut().insert(permit.clone());
         let (ctx, answer) = (c2.clone(), answer.clone());
         async move { Ok::<_, Infallible>(answer(req, ctx).await) }
     });

@@ -39,6 +39,7 @@ use super::upstream::{self, Egress};
 use super::ProxyCtx;
 use crate::policy::{self, ClientIdx, Decision, Exception, Policy, Reason};
 use crate::record::{Event, Recorder, UpstreamFailure};
+use crate::shutdown::Permit;
 use crate::time::unix_now;
 
 /// Longest wait for an origin's response head after the request is sent.
@@ -158,7 +159,8 @@ async fn reach_origin(
     .await?;
     let upgrade = upgrade_protocol(&req);
     let origin = Origin::choose(ctx, &req, ev, inbound, &checked, upgrade.is_some())?;
-    let client_upgrade = rewrite(&mut req, ctx, &origin, upgrade, d.exception, inbound.scheme);
+    let client_upgrade = rewrite(&mut req, ctx, &origin, upgrade, d.exception, inbound.scheme)
+        .map(|up| (up, req.extensions().get::<Permit>().cloned()));
     send(ctx, req, origin, client_upgrade, ev).await
 }
 
@@ -291,7 +293,9 @@ struct Sent {
     /// The pooled plain-HTTP connection, given back when the body ends.
     lent: Option<pool::Lent>,
     up_bytes: Arc<AtomicU64>,
-    client_upgrade: Option<OnUpgrade>,
+    /// The client side of a WebSocket upgrade, and the client connection's
+    /// permit, which the upgraded connection keeps until it closes.
+    client_upgrade: Option<(OnUpgrade, Option<Permit>)>,
 }
 
 /// Sends `req` to `origin` and waits (bounded) for the response head.
@@ -299,7 +303,7 @@ async fn send(
     ctx: &ProxyCtx,
     req: Request<Incoming>,
     origin: Origin,
-    client_upgrade: Option<OnUpgrade>,
+    client_upgrade: Option<(OnUpgrade, Option<Permit>)>,
     ev: &mut Event,
 ) -> Result<Sent, Stop> {
     let up_bytes = Arc::new(AtomicU64::new(0));
@@ -359,12 +363,16 @@ fn answer(sent: Sent, mut ev: Event, rec: &Recorder) -> Response<ProxyBody> {
     let resp_upgrade = resp.headers().get(header::UPGRADE).cloned();
     strip_hop_by_hop(resp.headers_mut());
     resp.headers_mut().append(header::VIA, VIA.clone());
-    if let (true, Some(client_up), Some(p)) = (switching, client_upgrade, resp_upgrade) {
+    if let (true, Some((client_up, permit)), Some(p)) = (switching, client_upgrade, resp_upgrade) {
         let origin_up = hyper::upgrade::on(&mut resp);
         let h = resp.headers_mut();
         h.insert(header::UPGRADE, p);
         h.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
-        tokio::spawn(relay_upgraded(client_up, origin_up, lent, ev, rec.clone()));
+        let relay = relay_upgraded(client_up, origin_up, lent, ev, rec.clone());
+        tokio::spawn(async move {
+            let _permit = permit;
+            relay.await
+        });
         let (parts, _) = resp.into_parts();
         return Response::from_parts(parts, respond::full(""));
     }

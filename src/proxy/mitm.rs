@@ -41,6 +41,7 @@ use super::{ProxyCtx, HEADER_READ_TIMEOUT, MAX_HEADER_BYTES};
 use crate::policy::path::normalize_path;
 use crate::policy::{ClientIdx, Proto, Reason};
 use crate::record::Event;
+use crate::shutdown::Permit;
 use crate::tls::{CertAuthority, LeafCache, TlsError};
 
 /// Longest wait for the client's ClientHello, and again for the rest of its
@@ -91,13 +92,16 @@ impl Interceptor {
 type ClientIo<IO> = Metered<IO>;
 
 /// Serves one intercepted tunnel on `io` (the client's side of an
-/// accepted CONNECT) and records the CONNECT's line when it ends.
+/// accepted CONNECT) and records the CONNECT's line when it ends. The
+/// client connection's `permit` is held until then, and lent to every
+/// request inside (a WebSocket among them may outlive the tunnel's task).
 pub(crate) async fn run<IO>(
     io: IO,
     tunnel: Arc<Tunnel>,
     ev: Event,
     ctx: Arc<ProxyCtx>,
     mitm: Arc<Interceptor>,
+    permit: Option<Permit>,
 ) where
     IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
@@ -116,7 +120,7 @@ pub(crate) async fn run<IO>(
         Ok(x) => x,
         Err((ev, error)) => return finish(ev, error),
     };
-    serve_inside(tls, &tunnel, &ctx, &activity).await;
+    serve_inside(tls, &tunnel, &ctx, &activity, permit).await;
     finish(ev, None)
 }
 
@@ -170,11 +174,15 @@ async fn serve_inside<IO>(
     tunnel: &Arc<Tunnel>,
     ctx: &Arc<ProxyCtx>,
     activity: &Activity,
+    permit: Option<Permit>,
 ) where
     IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let (c2, t2) = (ctx.clone(), tunnel.clone());
-    let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
+    let svc = hyper::service::service_fn(move |mut req: Request<Incoming>| {
+        if let Some(p) = &permit {
+            req.extensions_mut().insert(p.clone());
+        }
         let (ctx, tunnel) = (c2.clone(), t2.clone());
         async move { Ok::<_, Infallible>(handle(req, tunnel, ctx).await) }
     });

@@ -37,11 +37,15 @@ use std::time::Duration;
 use crate::dns::Resolver;
 use crate::policy::PolicyHandle;
 use crate::record::Recorder;
+use crate::shutdown::Permits;
 pub use accept::serve;
 pub use admit::proxy_token;
+pub use exchange::RESPONSE_TIMEOUT;
+pub use relay::IDLE_TIMEOUT;
 
-/// Client connections served at once; further clients wait in the backlog.
-pub const MAX_CONNECTIONS: usize = 16_384;
+/// Client connections served at once (every listener together, tunnels
+/// and upgrades included); further clients wait in the backlog.
+pub const MAX_CONNECTIONS: u32 = 16_384;
 /// Longest wait for a complete request head.
 pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
 /// Largest request head accepted (hyper answers 431 beyond it).
@@ -61,6 +65,9 @@ pub struct ProxyCtx {
     pub egress: upstream::Egress,
     /// TLS interception (`--ca-dir`); `None`: CONNECTs are only tunnelled.
     pub mitm: Option<Arc<mitm::Interceptor>>,
+    /// One per open client connection, [`MAX_CONNECTIONS`] in all: the
+    /// bound, and what a drain waits for.
+    pub connections: Permits,
 }
 
 impl ProxyCtx {

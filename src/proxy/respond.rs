@@ -2,7 +2,7 @@
 //! `X-Egressd-Reason` and a one-paragraph explanation, 400 for what cannot be
 //! parsed, 502/504 for destinations that fail, 503 when the log is down.
 //!
-//! [`Responder`] is the one responder of the HTTP front-ends (forward,
+//! `Responder` is the one responder of the HTTP front-ends (forward,
 //! CONNECT, requests inside interception, captured plain HTTP): it answers
 //! a refusal or an unreachable destination and records the request's line
 //! with it, so that no answer goes out without its line. One map from

@@ -1,6 +1,6 @@
 //! Just enough TLS to read the server name a client is about to ask for:
 //! the ClientHello's SNI and whether it carries Encrypted Client Hello
-//! ([`parse`]), and what it must name to pass ([`SniRule`]). Used to refuse
+//! ([`parse`]), and what it must name to pass (`SniRule`). Used to refuse
 //! domain fronting through an allowed CONNECT, an intercepted tunnel and a
 //! captured connection alike.
 

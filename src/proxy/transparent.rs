@@ -55,7 +55,6 @@ use std::time::Duration;
 use http::{header, Method, Request, Response};
 use hyper::body::Incoming;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::watch;
 
 use super::accept::{accept_loop, serve_http1};
 use super::admit::{accepting, client_of, identify};
@@ -73,6 +72,7 @@ use crate::policy::{
     self, canonical_ip, ClientIdx, Decision, Exception, Policy, Proto, Reason, Verdict,
 };
 use crate::record::{Event, UpstreamFailure};
+use crate::shutdown::{Permit, Shutdown};
 use crate::time::unix_now;
 
 /// How long a client that has sent nothing yet is given before it is taken
@@ -91,9 +91,9 @@ const FROM_SNI: &str = "the TLS server name";
 const FROM_HOST: &str = "the Host header";
 const FROM_DNS: &str = "a DNS answer egressd gave";
 
-/// Serves one capture listener until `shutdown` flips; open connections
+/// Serves one capture listener until `shutdown` fires; open connections
 /// finish on their own.
-pub async fn serve(listener: TcpListener, ctx: Arc<ProxyCtx>, shutdown: watch::Receiver<bool>) {
+pub async fn serve(listener: TcpListener, ctx: Arc<ProxyCtx>, shutdown: Shutdown) {
     accept_loop(listener, ctx, shutdown, " on the capture listener", handle).await
 }
 
@@ -119,7 +119,7 @@ fn note(orig: SocketAddr, source: Option<&str>) -> String {
     }
 }
 
-async fn handle(stream: TcpStream, peer: SocketAddr, ctx: Arc<ProxyCtx>) {
+async fn handle(stream: TcpStream, peer: SocketAddr, ctx: Arc<ProxyCtx>, permit: Permit) {
     let mut ev = Event::new(Proto::Connect, peer);
     let orig = match original_destination(&stream) {
         Ok(a) => a,
@@ -153,9 +153,9 @@ async fn handle(stream: TcpStream, peer: SocketAddr, ctx: Arc<ProxyCtx>) {
         }
     };
     if kind == Kind::Http {
-        serve_http(stream, peer, orig, ctx).await;
+        serve_http(stream, peer, orig, ctx, permit).await;
     } else {
-        carry(stream, peer, kind, ev, orig, ctx).await;
+        carry(stream, peer, kind, ev, orig, ctx, permit).await;
     }
 }
 
@@ -301,9 +301,15 @@ fn http_request_line(b: &[u8]) -> Option<bool> {
 
 // ---------------------------------------------------------------- plain HTTP
 
-async fn serve_http(stream: TcpStream, peer: SocketAddr, orig: SocketAddr, ctx: Arc<ProxyCtx>) {
+async fn serve_http(
+    stream: TcpStream,
+    peer: SocketAddr,
+    orig: SocketAddr,
+    ctx: Arc<ProxyCtx>,
+    permit: Permit,
+) {
     let note = Some(format!("transparent: to {orig}"));
-    serve_http1(stream, peer, ctx, note, move |req, ctx| {
+    serve_http1(stream, peer, ctx, permit, note, move |req, ctx| {
         request(req, peer, orig, ctx)
     })
     .await
@@ -438,6 +444,7 @@ async fn carry(
     mut ev: Event,
     orig: SocketAddr,
     ctx: Arc<ProxyCtx>,
+    permit: Permit,
 ) {
     let _active = ActiveGuard::new(&ctx.recorder.metrics, Proto::Connect);
     let rec = &ctx.recorder;
@@ -467,7 +474,7 @@ async fn carry(
         });
         let ctx2 = ctx.clone();
         drop(policy);
-        mitm::run(client, tunnel, ev, ctx2, mitm).await;
+        mitm::run(client, tunnel, ev, ctx2, mitm, Some(permit)).await;
         return;
     }
     let exception = d.exception;

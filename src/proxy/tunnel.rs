@@ -32,6 +32,7 @@ use super::ProxyCtx;
 use crate::metrics::ActiveGuard;
 use crate::policy::{self, ClientIdx, Decision, Exception, Policy, Proto, Reason, Verdict};
 use crate::record::{Event, Recorder, UpstreamFailure};
+use crate::shutdown::Permit;
 use crate::time::unix_now;
 
 /// Read buffer for a ClientHello that arrives in pieces.
@@ -77,7 +78,11 @@ pub async fn handle(
     };
     ev.status = Some(200);
     let (rec, pipes) = (ctx.recorder.clone(), ctx.pipes.clone());
+    // The tunnel outlives hyper's connection: it keeps the connection's
+    // permit until it closes.
+    let permit = req.extensions().get::<Permit>().cloned();
     tokio::spawn(async move {
+        let _permit = permit;
         let _active = ActiveGuard::new(&rec.metrics, Proto::Connect);
         match hyper::upgrade::on(req).await {
             Ok(up) => run_tunnel(up, upstream_conn, ev, sni, rec, &pipes).await,
@@ -170,10 +175,11 @@ fn intercept(
         sni,
     });
     let ctx = ctx.clone();
+    let permit = req.extensions().get::<Permit>().cloned();
     tokio::spawn(async move {
         let _active = ActiveGuard::new(&ctx.recorder.metrics, Proto::Connect);
         match hyper::upgrade::on(req).await {
-            Ok(up) => mitm::run(TokioIo::new(up), tunnel, ev, ctx, mitm).await,
+            Ok(up) => mitm::run(TokioIo::new(up), tunnel, ev, ctx, mitm, permit).await,
             Err(e) => {
                 ev.error = Some(format!("upgrade: {e}"));
                 ctx.recorder.record(ev);

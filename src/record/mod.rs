@@ -5,7 +5,7 @@
 //!
 //! Owns the event's fields and the counting that goes with a line. Does not
 //! own the decision (`policy`), the sink that writes lines (`log`), or the
-//! registry (`metrics`); the line's JSON is written in [`json`].
+//! registry (`metrics`); the line's JSON is written in `json`.
 
 mod json;
 
@@ -20,7 +20,7 @@ use crate::policy::{Decision, Logged, Mode, Proto, Reason};
 use crate::time::unix_now_millis;
 
 /// One finished request or query: the decision-log line's fields, written
-/// by [`Event::write_json`] in the order DESIGN.md shows.
+/// by [`Event::write_json`] in the order README's Decision log shows.
 #[derive(Debug, Clone)]
 pub struct Event {
     /// When the request arrived, in milliseconds since the Unix epoch

@@ -23,10 +23,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use notify::{RecursiveMode, Watcher};
-use tokio::sync::{mpsc, watch};
+use tokio::sync::mpsc;
 
 use crate::metrics::Metrics;
 use crate::policy::{self, PolicyHandle};
+use crate::shutdown::Shutdown;
 use priority::{current_tid, lower_this_thread, Busy, Pace, ThreadClass, DEADLINE_CHECK};
 pub use retired::Retired;
 use retired::RETIRE_WAIT;
@@ -78,11 +79,11 @@ impl Reloader {
     /// the idle class, with a small runtime of its own for the watcher,
     /// the poll and the debounce timers.
     /// A second, normally sleeping thread raises a reload that is still
-    /// running after [`ESCALATE_AFTER`] to normal priority.
+    /// running after `priority::ESCALATE_AFTER` to normal priority.
     pub fn spawn(
         mut self,
         sighup: mpsc::UnboundedReceiver<()>,
-        shutdown: watch::Receiver<bool>,
+        shutdown: Shutdown,
     ) -> std::io::Result<std::thread::JoinHandle<()>> {
         let pace = Arc::new(Pace::new());
         self.pace = Some(pace.clone());
@@ -190,12 +191,8 @@ impl Reloader {
 
     /// Watches the policy (and its parent directory, for renames and
     /// symlink swaps) and reloads on change, on `sighup` messages, and on the
-    /// metadata poll, until `shutdown` flips.
-    pub async fn run(
-        mut self,
-        mut sighup: mpsc::UnboundedReceiver<()>,
-        mut shutdown: watch::Receiver<bool>,
-    ) {
+    /// metadata poll, until `shutdown` fires.
+    pub async fn run(mut self, mut sighup: mpsc::UnboundedReceiver<()>, mut shutdown: Shutdown) {
         let (tx, mut rx) = mpsc::unbounded_channel::<()>();
         let tx2 = tx.clone();
         // The parent directory is watched for renames of the policy path
@@ -263,7 +260,7 @@ impl Reloader {
         poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             let forced = tokio::select! {
-                _ = shutdown.changed() => return,
+                _ = shutdown.fired() => return,
                 Some(()) = rx.recv() => false,
                 Some(()) = sighup.recv() => true,
                 _ = poll.tick() => {
@@ -392,7 +389,7 @@ mod tests {
     fn the_reloader_thread_runs_at_the_idle_class() {
         let (_dir, r, _handle) = setup();
         let (_hup_tx, hup_rx) = mpsc::unbounded_channel();
-        let (stop_tx, stop_rx) = watch::channel(false);
+        let (stop, stop_rx) = Shutdown::new();
         let thread = r.spawn(hup_rx, stop_rx).unwrap();
         let deadline = Instant::now() + Duration::from_secs(10);
         let policy = loop {
@@ -415,7 +412,7 @@ mod tests {
             std::thread::sleep(Duration::from_millis(10));
         };
         assert_eq!(policy, libc::SCHED_IDLE);
-        stop_tx.send(true).unwrap();
+        stop.fire();
         thread.join().unwrap();
     }
 }

@@ -14,6 +14,7 @@ mod lifecycle;
 mod policy_files;
 mod report;
 mod sandbox;
+mod timeouts;
 mod tls;
 mod transparent;
 mod tunnel;

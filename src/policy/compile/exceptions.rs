@@ -1,0 +1,345 @@
+//! `exceptions:` of every file, in load order: each validated into an
+//! [`Exception`] (owner, reason, a destination, patterns that compile,
+//! credentials that expand) and indexed in the [`Matcher`].
+//!
+//! Glob sets are built once per distinct pattern list ([`Globs`]):
+//! generated policies repeat the same few lists thousands of times, and a
+//! GlobSet costs tens of microseconds to build.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::Arc;
+
+use globset::{Glob, GlobBuilder, GlobSet, GlobSetBuilder};
+use http::{HeaderName, HeaderValue};
+use ipnet::IpNet;
+
+use super::locate::{locate, locate_all};
+use super::Errors;
+use crate::policy::host::HostPattern;
+use crate::policy::matcher::Matcher;
+use crate::policy::raw::{RawException, RawFile};
+use crate::policy::{
+    path, qtype, Client, ClientIdx, Exception, InjectedHeader, Source, DEFAULT_PORTS,
+};
+
+/// Every exception of every file, and the matcher over them. A duplicate
+/// id is reported at the duplicate (and the duplicate left out).
+pub(super) fn exceptions(
+    parsed: &[(&Source, RawFile)],
+    clients: &[Client],
+    env: &dyn Fn(&str) -> Option<String>,
+    errs: &mut Errors,
+) -> (Vec<Exception>, Matcher) {
+    let mut exceptions = Vec::new();
+    let mut ids: HashMap<&str, &Path> =
+        HashMap::with_capacity(parsed.iter().map(|(_, f)| f.exceptions.len()).sum());
+    let mut matcher = Matcher::default();
+    let mut globs = Globs::default();
+    for (src, f) in parsed {
+        let mut places = Places::new(&src.text);
+        for r in &f.exceptions {
+            let id = r.id.0.as_str();
+            let at = places.next(id);
+            if let Some(prev) = ids.insert(id, &src.path) {
+                errs.at(
+                    src,
+                    at,
+                    format!("duplicate exception id {id:?} (also in {})", prev.display()),
+                );
+                continue;
+            }
+            let e = exception(r, src, at, clients, &mut globs, env, errs);
+            let idx = exceptions.len() as u32;
+            for h in &e.hosts {
+                matcher.add_host(h, idx);
+            }
+            for c in &e.cidrs {
+                matcher.add_cidr(c, idx);
+            }
+            exceptions.push(e);
+        }
+    }
+    (exceptions, matcher)
+}
+
+/// Where each exception of one file is: its `id:` line.
+struct Places<'t> {
+    /// One pass over the file for every `id:` entry: locating each
+    /// exception by scanning the whole file made loading quadratic.
+    id_lines: HashMap<&'t str, Vec<(usize, usize)>>,
+    /// The line of the previous exception.
+    after: usize,
+}
+
+impl<'t> Places<'t> {
+    fn new(text: &'t str) -> Places<'t> {
+        // Start below `exceptions:` so a client with the same id is skipped.
+        let after = if text.lines().any(|l| l.trim_end() == "exceptions:") {
+            locate(text, "exceptions", "").0
+        } else {
+            0
+        };
+        Places {
+            id_lines: locate_all(text, "id"),
+            after,
+        }
+    }
+
+    /// The first `id: <id>` below the previous exception: the right one for
+    /// a duplicate within a file, and not a client's id.
+    fn next(&mut self, id: &str) -> (usize, usize) {
+        let after = self.after;
+        let at = self
+            .id_lines
+            .get(id)
+            .and_then(|v| v.iter().find(|(l, _)| *l > after))
+            .copied()
+            .unwrap_or((1, 1));
+        self.after = after.max(at.0);
+        at
+    }
+}
+
+/// One exception, validated; every error is reported at `at`.
+fn exception(
+    r: &RawException,
+    src: &Source,
+    at: (usize, usize),
+    clients: &[Client],
+    globs: &mut Globs,
+    env: &dyn Fn(&str) -> Option<String>,
+    errs: &mut Errors,
+) -> Exception {
+    let id = r.id.0.as_str();
+    let owner = r.owner.as_deref().map(str::trim).unwrap_or("");
+    if owner.is_empty() {
+        errs.at(src, at, format!("exception {id:?} has no owner:"));
+    }
+    let reason = r.reason.as_deref().map(str::trim).unwrap_or("");
+    if reason.is_empty() {
+        errs.at(src, at, format!("exception {id:?} has no reason:"));
+    }
+    if r.hosts.is_empty() && r.cidrs.is_empty() {
+        let msg = format!("exception {id:?} names no hosts: and no cidrs:");
+        errs.at(src, at, msg);
+    }
+    let mut report = |msg: String| errs.at(src, at, msg);
+    let client_idx = r
+        .clients
+        .as_ref()
+        .map(|pats| globs.clients(pats, clients, id, &mut report));
+    let paths = r.paths.as_ref().map(|ps| globs.paths(ps, id, &mut report));
+    let dns_types = dns_types(r, &mut report);
+    let inject = injected(r, env, &mut report);
+    empty_lists(r, &mut report);
+    let mut ports: Vec<u16> = match &r.ports {
+        Some(p) => p.iter().map(|p| p.0).collect(),
+        None => DEFAULT_PORTS.to_vec(),
+    };
+    ports.sort_unstable();
+    ports.dedup();
+    let mut hosts: Vec<HostPattern> = r.hosts.iter().map(|h| h.0.clone()).collect();
+    hosts.dedup();
+    Exception {
+        id: id.into(),
+        owner: owner.into(),
+        reason: reason.to_string(),
+        ticket: r.ticket.clone(),
+        expires: r.expires.as_ref().map(|d| d.0),
+        clients: client_idx,
+        client_patterns: r.clients.clone(),
+        hosts,
+        cidrs: r.cidrs.iter().map(|c| c.0).collect::<Vec<IpNet>>(),
+        ports,
+        methods: r
+            .methods
+            .as_ref()
+            .map(|m| m.iter().map(|m| m.0.clone()).collect()),
+        path_patterns: r.paths.clone().unwrap_or_default(),
+        paths,
+        dns_types,
+        inject,
+        file: src.path.clone(),
+        line: at.0,
+    }
+}
+
+/// Compiled pattern lists, by the list as written.
+#[derive(Default)]
+struct Globs {
+    clients: HashMap<Vec<String>, Vec<ClientIdx>>,
+    paths: HashMap<Vec<String>, Arc<path::PathSet>>,
+}
+
+impl Globs {
+    /// The clients whose id matches one of `pats` (a list with a bad
+    /// pattern is reported and not kept).
+    fn clients(
+        &mut self,
+        pats: &[String],
+        clients: &[Client],
+        id: &str,
+        report: &mut dyn FnMut(String),
+    ) -> Vec<ClientIdx> {
+        if let Some(v) = self.clients.get(pats) {
+            return v.clone();
+        }
+        let mut b = GlobSetBuilder::new();
+        let mut ok = true;
+        for p in pats {
+            match Glob::new(p) {
+                Ok(g) => {
+                    b.add(g);
+                }
+                Err(e) => {
+                    ok = false;
+                    report(format!("exception {id:?}: bad client pattern {p:?}: {e}"))
+                }
+            }
+        }
+        let set = b.build().unwrap_or_else(|_| GlobSet::empty());
+        let v: Vec<ClientIdx> = clients
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| set.is_match(&*c.id))
+            .map(|(i, _)| i as ClientIdx)
+            .collect();
+        if ok {
+            self.clients.insert(pats.to_vec(), v.clone());
+        }
+        v
+    }
+
+    /// The path patterns as one set (`*` stops at `/`); each must start
+    /// with `/`.
+    fn paths(
+        &mut self,
+        ps: &[String],
+        id: &str,
+        report: &mut dyn FnMut(String),
+    ) -> Arc<path::PathSet> {
+        if let Some(set) = self.paths.get(ps) {
+            return set.clone();
+        }
+        let mut globs = Vec::with_capacity(ps.len());
+        let mut ok = true;
+        for p in ps {
+            if !p.starts_with('/') {
+                ok = false;
+                report(format!(
+                    "exception {id:?}: path pattern {p:?} must start with '/'"
+                ));
+                continue;
+            }
+            match GlobBuilder::new(p).literal_separator(true).build() {
+                Ok(g) => globs.push(g),
+                Err(e) => {
+                    ok = false;
+                    report(format!("exception {id:?}: bad path pattern {p:?}: {e}"))
+                }
+            }
+        }
+        let set = Arc::new(path::PathSet::new(globs));
+        if ok {
+            self.paths.insert(ps.to_vec(), set.clone());
+        }
+        set
+    }
+}
+
+/// `dns_types`, none of them a type that is never answered.
+fn dns_types(r: &RawException, report: &mut dyn FnMut(String)) -> Vec<u16> {
+    let id = r.id.0.as_str();
+    let types: Vec<u16> = r.dns_types.iter().flatten().map(|q| q.0).collect();
+    for t in &types {
+        if qtype::NEVER_ALLOWED.contains(t) {
+            report(format!(
+                "exception {id:?}: DNS type {} is never answered (zone transfers, ANY and NULL are tunnel carriers)",
+                qtype::qtype_name(*t)
+            ));
+        }
+    }
+    types
+}
+
+/// `inject.headers`, names and values valid, `${env:…}`/`${file:…}`
+/// expanded, values marked sensitive.
+fn injected(
+    r: &RawException,
+    env: &dyn Fn(&str) -> Option<String>,
+    report: &mut dyn FnMut(String),
+) -> Vec<InjectedHeader> {
+    let id = r.id.0.as_str();
+    let mut inject = Vec::new();
+    let Some(inj) = &r.inject else {
+        return inject;
+    };
+    for (name, value) in &inj.headers {
+        let Ok(hn) = HeaderName::from_bytes(name.as_bytes()) else {
+            report(format!("exception {id:?}: invalid header name {name:?}"));
+            continue;
+        };
+        match expand_secret(value, env) {
+            Ok(v) => match HeaderValue::from_str(&v) {
+                Ok(mut hv) => {
+                    hv.set_sensitive(true);
+                    inject.push(InjectedHeader {
+                        name: hn,
+                        value: hv,
+                    })
+                }
+                Err(_) => report(format!(
+                    "exception {id:?}: value of header {name} is not a valid header value"
+                )),
+            },
+            Err(e) => report(format!("exception {id:?}: inject {name}: {e}")),
+        }
+    }
+    inject
+}
+
+/// An empty list would silently match nothing (or, for ports, leave the
+/// name resolvable while every connection is refused): say so instead.
+fn empty_lists(r: &RawException, report: &mut dyn FnMut(String)) {
+    let id = r.id.0.as_str();
+    for (key, empty) in [
+        ("ports", r.ports.as_ref().is_some_and(|v| v.is_empty())),
+        ("methods", r.methods.as_ref().is_some_and(|v| v.is_empty())),
+        ("paths", r.paths.as_ref().is_some_and(|v| v.is_empty())),
+        ("clients", r.clients.as_ref().is_some_and(|v| v.is_empty())),
+    ] {
+        if empty {
+            report(format!(
+                "exception {id:?}: {key}: is empty; omit it to allow any (ports default to [80, 443])"
+            ));
+        }
+    }
+}
+
+/// Expands `${env:NAME}` and `${file:PATH}` in an injected header value.
+fn expand_secret(v: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<String, String> {
+    let mut out = String::new();
+    let mut rest = v;
+    while let Some(start) = rest.find("${") {
+        out.push_str(&rest[..start]);
+        let end = rest[start..].find('}').ok_or("unterminated ${...}")? + start;
+        let inner = &rest[start + 2..end];
+        let val = if let Some(name) = inner.strip_prefix("env:") {
+            env(name).ok_or_else(|| format!("environment variable {name} is not set"))?
+        } else if let Some(p) = inner.strip_prefix("file:") {
+            std::fs::read_to_string(p)
+                .map_err(|e| format!("cannot read secret file {p}: {e}"))?
+                .trim_end_matches(['\n', '\r'])
+                .to_string()
+        } else {
+            return Err(format!(
+                "unknown substitution ${{{inner}}}: use ${{env:NAME}} or ${{file:PATH}}"
+            ));
+        };
+        out.push_str(&val);
+        rest = &rest[end + 1..];
+    }
+    out.push_str(rest);
+    Ok(out)
+}
