@@ -1,4 +1,4 @@
-//! Command line: `serve`, `check`, `explain`, `report`, `run`, `ca`. Every `serve` flag can also
+//! Command line: `serve`, `check`, `schema`, `explain`, `report`, `run`, `ca`. Every `serve` flag can also
 //! come from an `EGRESSD_*` environment variable.
 
 use std::net::SocketAddr;
@@ -34,6 +34,8 @@ pub enum Command {
         #[arg(long, value_name = "LOG", num_args = 1..)]
         against: Vec<PathBuf>,
     },
+    /// Print the policy's JSON Schema (for editors and CI validators).
+    Schema,
     /// Say which exception (if any) allows a target, and why not otherwise.
     Explain {
         #[arg(long, env = "EGRESSD_POLICY", default_value = "policy/")]

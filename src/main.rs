@@ -59,6 +59,17 @@ fn main() -> ExitCode {
             }
             ExitCode::from(code as u8)
         }
+        Command::Schema => {
+            use std::io::Write;
+            let mut out = std::io::stdout().lock();
+            match out.write_all(egressd::check::schema::render().as_bytes()) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("egressd: schema: {e}");
+                    ExitCode::from(1)
+                }
+            }
+        }
         Command::Report(args) => {
             let opts = egressd::report::Options {
                 policy: args.policy,

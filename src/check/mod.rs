@@ -8,6 +8,7 @@
 
 pub mod cases;
 pub mod lint;
+pub mod schema;
 
 use std::io::Write;
 use std::path::Path;
