@@ -33,6 +33,11 @@ pub enum Command {
         /// is a directory or a .yaml/.yml file is taken as POLICY.
         #[arg(long, value_name = "LOG", num_args = 1..)]
         against: Vec<PathBuf>,
+        /// text (people), json (scripts), github (workflow annotations on
+        /// each line), sarif (SARIF 2.1.0 for code scanning). Exit codes are
+        /// the same in every format.
+        #[arg(long, value_enum, default_value = "text")]
+        format: crate::check::Format,
     },
     /// Print the policy's JSON Schema (for editors and CI validators).
     Schema,

@@ -4,6 +4,7 @@
 mod support;
 
 mod attack;
+mod check_formats;
 mod forward;
 mod launcher;
 mod lifecycle;
