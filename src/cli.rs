@@ -124,6 +124,14 @@ pub struct ServeArgs {
     /// Decision log path; `-` is stdout.
     #[arg(long, env = "EGRESSD_LOG", default_value = "-")]
     pub log: String,
+    /// Decision lines as egressd's JSON or as OCSF events (for SIEMs).
+    #[arg(
+        long,
+        env = "EGRESSD_LOG_FORMAT",
+        value_enum,
+        default_value = "egressd"
+    )]
+    pub log_format: crate::record::LogFormat,
     /// Directory holding the interception CA (`ca.pem`, `ca.key`); enables TLS interception.
     #[arg(long, env = "EGRESSD_CA_DIR")]
     pub ca_dir: Option<PathBuf>,
@@ -152,6 +160,14 @@ pub struct RunArgs {
     /// Decision log of the embedded egressd; `-` is stdout (default: stderr, so CMD's stdout stays CMD's).
     #[arg(long, default_value = "/dev/stderr")]
     pub log: String,
+    /// Decision lines of the embedded egressd as egressd's JSON or as OCSF events.
+    #[arg(
+        long,
+        env = "EGRESSD_LOG_FORMAT",
+        value_enum,
+        default_value = "egressd"
+    )]
+    pub log_format: crate::record::LogFormat,
     /// Interception CA directory for the embedded egressd (enables TLS interception).
     #[arg(long, env = "EGRESSD_CA_DIR")]
     pub ca_dir: Option<PathBuf>,
@@ -230,6 +246,7 @@ impl RunArgs {
             metrics_listen: SocketAddr::from(([127, 0, 0, 1], 0)),
             upstream_dns: self.upstream_dns.clone(),
             log: self.log.clone(),
+            log_format: self.log_format,
             ca_dir: self.ca_dir.clone(),
             upstream_ca: self.upstream_ca.clone(),
             upstream_proxy: self.upstream_proxy.clone(),

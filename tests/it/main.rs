@@ -8,6 +8,7 @@ mod check_formats;
 mod forward;
 mod launcher;
 mod lifecycle;
+mod ocsf;
 mod policy_ci;
 mod schema;
 mod tls;
