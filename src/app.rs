@@ -145,7 +145,7 @@ pub async fn start(args: &ServeArgs, listeners: Listeners) -> Result<Running> {
 
     let log = LogSink::start(LogTarget::parse(&args.log), metrics.clone())
         .with_context(|| format!("cannot open decision log {}", args.log))?;
-    let recorder = Recorder::new(log.clone(), metrics.clone());
+    let recorder = Recorder::new(log.clone(), metrics.clone()).with_format(args.log_format);
     let upstreams = dns::parse_upstreams(args.upstream_dns.as_deref()).context("--upstream-dns")?;
     let resolver = dns::Resolver::new(upstreams.clone(), metrics.clone());
 

@@ -1,4 +1,4 @@
-//! Command line: `serve`, `check`, `explain`, `report`, `run`, `ca`. Every `serve` flag can also
+//! Command line: `serve`, `check`, `schema`, `explain`, `report`, `run`, `ca`. Every `serve` flag can also
 //! come from an `EGRESSD_*` environment variable.
 
 use std::net::SocketAddr;
@@ -33,7 +33,14 @@ pub enum Command {
         /// is a directory or a .yaml/.yml file is taken as POLICY.
         #[arg(long, value_name = "LOG", num_args = 1..)]
         against: Vec<PathBuf>,
+        /// text (people), json (scripts), github (workflow annotations on
+        /// each line), sarif (SARIF 2.1.0 for code scanning). Exit codes are
+        /// the same in every format.
+        #[arg(long, value_enum, default_value = "text")]
+        format: crate::check::Format,
     },
+    /// Print the policy's JSON Schema (for editors and CI validators).
+    Schema,
     /// Say which exception (if any) allows a target, and why not otherwise.
     Explain {
         #[arg(long, env = "EGRESSD_POLICY", default_value = "policy/")]
@@ -117,6 +124,14 @@ pub struct ServeArgs {
     /// Decision log path; `-` is stdout.
     #[arg(long, env = "EGRESSD_LOG", default_value = "-")]
     pub log: String,
+    /// Decision lines as egressd's JSON or as OCSF events (for SIEMs).
+    #[arg(
+        long,
+        env = "EGRESSD_LOG_FORMAT",
+        value_enum,
+        default_value = "egressd"
+    )]
+    pub log_format: crate::record::LogFormat,
     /// Directory holding the interception CA (`ca.pem`, `ca.key`); enables TLS interception.
     #[arg(long, env = "EGRESSD_CA_DIR")]
     pub ca_dir: Option<PathBuf>,
@@ -145,6 +160,14 @@ pub struct RunArgs {
     /// Decision log of the embedded egressd; `-` is stdout (default: stderr, so CMD's stdout stays CMD's).
     #[arg(long, default_value = "/dev/stderr")]
     pub log: String,
+    /// Decision lines of the embedded egressd as egressd's JSON or as OCSF events.
+    #[arg(
+        long,
+        env = "EGRESSD_LOG_FORMAT",
+        value_enum,
+        default_value = "egressd"
+    )]
+    pub log_format: crate::record::LogFormat,
     /// Interception CA directory for the embedded egressd (enables TLS interception).
     #[arg(long, env = "EGRESSD_CA_DIR")]
     pub ca_dir: Option<PathBuf>,
@@ -239,6 +262,7 @@ impl RunArgs {
             metrics_listen: SocketAddr::from(([127, 0, 0, 1], 0)),
             upstream_dns: self.upstream_dns.clone(),
             log: self.log.clone(),
+            log_format: self.log_format,
             ca_dir: self.ca_dir.clone(),
             upstream_ca: self.upstream_ca.clone(),
             upstream_proxy: self.upstream_proxy.clone(),

@@ -35,6 +35,7 @@ fn main() -> ExitCode {
         Command::Check {
             policy,
             mut against,
+            format,
         } => {
             // `check --against a.log b.log policy/`: the last value is the policy.
             let policy = policy.unwrap_or_else(|| {
@@ -50,14 +51,24 @@ fn main() -> ExitCode {
                 }
                 .unwrap_or_else(|| "policy/".into())
             });
-            let (mut out, mut err) = (std::io::stdout(), std::io::stderr());
-            let mut code = egressd::check::run_check(&policy, &mut out, &mut err);
-            if !against.is_empty() {
-                code = code.max(egressd::report::replay::run_against(
-                    &policy, &against, &mut out, &mut err,
-                ));
-            }
+            let opts = egressd::check::Options {
+                policy,
+                against,
+                format,
+            };
+            let code = egressd::check::run(&opts, &mut std::io::stdout(), &mut std::io::stderr());
             ExitCode::from(code as u8)
+        }
+        Command::Schema => {
+            use std::io::Write;
+            let mut out = std::io::stdout().lock();
+            match out.write_all(egressd::check::schema::render().as_bytes()) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("egressd: schema: {e}");
+                    ExitCode::from(1)
+                }
+            }
         }
         Command::Report(args) => {
             let opts = egressd::report::Options {

@@ -27,7 +27,7 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 
 use crate::explain::decide_target;
-use crate::policy::{ClientIdx, Diagnostic, Logged, Policy};
+use crate::policy::{ClientIdx, Logged, Policy};
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -101,6 +101,150 @@ pub struct Outcome {
     pub errors: usize,
 }
 
+/// One failing case, located at its list item.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Failure {
+    pub line: usize,
+    pub name: Option<String>,
+    pub target: String,
+    /// `expected allow, got deny (no_exception)`.
+    pub why: String,
+}
+
+impl Failure {
+    /// `name: target: why`, as the text output prints it after `FAIL `.
+    pub fn message(&self) -> String {
+        let name = self
+            .name
+            .as_deref()
+            .map(|n| format!("{n}: "))
+            .unwrap_or_default();
+        format!("{name}{}: {}", self.target, self.why)
+    }
+}
+
+/// Why a test file ran no case.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FileError {
+    Read(String),
+    Parse {
+        line: usize,
+        column: usize,
+        message: String,
+    },
+}
+
+/// One test file's cases, or why it has none.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FileOutcome {
+    pub file: PathBuf,
+    pub result: Result<FileCases, FileError>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FileCases {
+    pub cases: usize,
+    pub passed: usize,
+    pub failures: Vec<Failure>,
+}
+
+/// Decides every case in `files` against `policy` as of `now`.
+pub fn evaluate(files: &[PathBuf], policy: &Policy, now: i64) -> Vec<FileOutcome> {
+    files
+        .iter()
+        .map(|f| FileOutcome {
+            file: f.clone(),
+            result: evaluate_file(f, policy, now),
+        })
+        .collect()
+}
+
+fn evaluate_file(f: &Path, policy: &Policy, now: i64) -> Result<FileCases, FileError> {
+    let text = std::fs::read_to_string(f).map_err(|e| FileError::Read(e.to_string()))?;
+    let raw: RawTests = serde_yaml_ng::from_str(&text).map_err(|e| {
+        let (line, column) = e
+            .location()
+            .map(|l| (l.line(), l.column()))
+            .unwrap_or((1, 1));
+        let mut message = e.to_string();
+        if let Some(i) = message.find(" at line ") {
+            message.truncate(i);
+        }
+        FileError::Parse {
+            line,
+            column,
+            message,
+        }
+    })?;
+    let lines = case_lines(&text);
+    let mut out = FileCases {
+        cases: raw.tests.len(),
+        passed: 0,
+        failures: Vec::new(),
+    };
+    for (i, c) in raw.tests.iter().enumerate() {
+        match check_case(policy, c, now) {
+            Ok(()) => out.passed += 1,
+            Err(why) => out.failures.push(Failure {
+                line: lines.get(i).copied().unwrap_or(1),
+                name: c.name.clone(),
+                target: c.target.clone(),
+                why,
+            }),
+        }
+    }
+    Ok(out)
+}
+
+/// What [`evaluate`]'s results add up to.
+pub fn total(outcomes: &[FileOutcome]) -> Outcome {
+    let mut t = Outcome::default();
+    for o in outcomes {
+        match &o.result {
+            Ok(c) => {
+                t.passed += c.passed;
+                t.failed += c.failures.len();
+            }
+            Err(_) => t.errors += 1,
+        }
+    }
+    t
+}
+
+/// Prints [`evaluate`]'s results as text: each failure as
+/// `file:line: FAIL …` and a summary line per file on `out`, files that
+/// cannot be read or parsed on `err`.
+pub fn print(outcomes: &[FileOutcome], out: &mut dyn Write, err: &mut dyn Write) {
+    for o in outcomes {
+        let f = o.file.display();
+        match &o.result {
+            Err(FileError::Read(e)) => {
+                let _ = writeln!(err, "error: {f}: cannot read: {e}");
+            }
+            Err(FileError::Parse {
+                line,
+                column,
+                message,
+            }) => {
+                let _ = writeln!(err, "error: {f}:{line}:{column}: {message}");
+            }
+            Ok(c) => {
+                for fail in &c.failures {
+                    let _ = writeln!(out, "{f}:{}: FAIL {}", fail.line, fail.message());
+                }
+                let failed = c.failures.len();
+                let _ = writeln!(
+                    out,
+                    "{f}: {} case{}, {} passed, {failed} failed",
+                    c.cases,
+                    if c.cases == 1 { "" } else { "s" },
+                    c.passed
+                );
+            }
+        }
+    }
+}
+
 /// Runs every case in `files` against `policy` as of `now`, printing each
 /// failure as `file:line: FAIL …` and a summary line per file.
 pub fn run(
@@ -110,57 +254,9 @@ pub fn run(
     out: &mut dyn Write,
     err: &mut dyn Write,
 ) -> Outcome {
-    let mut total = Outcome::default();
-    for f in files {
-        let text = match std::fs::read_to_string(f) {
-            Ok(t) => t,
-            Err(e) => {
-                let _ = writeln!(err, "error: {}: cannot read: {e}", f.display());
-                total.errors += 1;
-                continue;
-            }
-        };
-        let raw: RawTests = match serde_yaml_ng::from_str(&text) {
-            Ok(r) => r,
-            Err(e) => {
-                let _ = writeln!(err, "error: {}", Diagnostic::from_yaml(f, &e));
-                total.errors += 1;
-                continue;
-            }
-        };
-        let lines = case_lines(&text);
-        let (mut passed, mut failed) = (0, 0);
-        for (i, c) in raw.tests.iter().enumerate() {
-            let line = lines.get(i).copied().unwrap_or(1);
-            match check_case(policy, c, now) {
-                Ok(()) => passed += 1,
-                Err(why) => {
-                    failed += 1;
-                    let name = c
-                        .name
-                        .as_deref()
-                        .map(|n| format!("{n}: "))
-                        .unwrap_or_default();
-                    let _ = writeln!(
-                        out,
-                        "{}:{line}: FAIL {name}{}: {why}",
-                        f.display(),
-                        c.target
-                    );
-                }
-            }
-        }
-        let _ = writeln!(
-            out,
-            "{}: {} case{}, {passed} passed, {failed} failed",
-            f.display(),
-            raw.tests.len(),
-            if raw.tests.len() == 1 { "" } else { "s" }
-        );
-        total.passed += passed;
-        total.failed += failed;
-    }
-    total
+    let outcomes = evaluate(files, policy, now);
+    print(&outcomes, out, err);
+    total(&outcomes)
 }
 
 fn check_case(policy: &Policy, c: &RawCase, now: i64) -> Result<(), String> {

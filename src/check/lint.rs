@@ -43,6 +43,35 @@ pub enum Lint {
 }
 
 impl Lint {
+    pub const ALL: [Lint; 8] = [
+        Lint::Expired,
+        Lint::Expiring,
+        Lint::WildcardNoExpiry,
+        Lint::PublicSuffixWildcard,
+        Lint::Shadowed,
+        Lint::NonPublicCidr,
+        Lint::UnknownClient,
+        Lint::CleartextInject,
+    ];
+
+    /// What the warning means, in one sentence (SARIF's rule list shows it).
+    pub fn describe(self) -> &'static str {
+        match self {
+            Lint::Expired => "The exception has expired and matches nothing.",
+            Lint::Expiring => "The exception expires within 14 days.",
+            Lint::WildcardNoExpiry => {
+                "A wildcard exception never expires, so it is never reviewed."
+            }
+            Lint::PublicSuffixWildcard => {
+                "A wildcard spans a public suffix: anyone can register names under it."
+            }
+            Lint::Shadowed => "An earlier exception allows everything this one does.",
+            Lint::NonPublicCidr => "The exception's cidrs reach non-public address ranges.",
+            Lint::UnknownClient => "A client pattern matches no client in settings.clients.",
+            Lint::CleartextInject => "Credentials are injected on plain HTTP (port 80).",
+        }
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             Lint::Expired => "expired",

@@ -2,42 +2,70 @@
 //! syntax can be checked alone (host patterns, CIDRs, ports, dates, ids) are
 //! parsed here, inside deserialisation, so that their errors carry the
 //! file:line:column of the offending value.
+//!
+//! The same types describe the policy's JSON Schema (`egressd schema`): the
+//! `JsonSchema` derives read the serde attributes, the `///` comments become
+//! the schema's descriptions, and each validated scalar states its syntax as
+//! a pattern. A new raw type joins the schema by deriving `JsonSchema` beside
+//! `Deserialize`; the schema never decides anything the parser does not.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use ipnet::IpNet;
+use schemars::{json_schema, JsonSchema, Schema, SchemaGenerator};
 use serde::de::{self, Deserializer};
 use serde::Deserialize;
 
 use super::host::HostPattern;
 use crate::time::{parse_date, parse_duration};
 
-#[derive(Debug, Default, Deserialize)]
+/// One egressd policy file. A policy is a directory of such files (or one
+/// file), merged; `settings` may appear in one file only, exception ids are
+/// unique across all files, and unknown keys are errors.
+#[derive(Debug, Default, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RawFile {
+    /// Settings for the whole policy (in at most one file of a directory).
     pub settings: Option<RawSettings>,
+    /// What is allowed out. Everything no exception allows is denied.
     #[serde(default)]
     pub exceptions: Vec<RawException>,
 }
 
-#[derive(Debug, Default, Deserialize)]
+/// Settings for the whole policy.
+#[derive(Debug, Default, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RawSettings {
+    /// `enforce` denies what no exception allows; `report` logs it as the
+    /// denial it would be and lets it through (for trials). Default `enforce`.
     pub mode: Option<Mode>,
+    /// Loopback, private, link-local (169.254.169.254), CGNAT, ULA, multicast
+    /// and other non-public destinations: `deny` (default) unless the allowing
+    /// exception lists the range in `cidrs`.
     pub private_destinations: Option<PrivateDestinations>,
+    /// `egressd report` calls an exception stale when nothing used it for this
+    /// long (default 90d).
     pub stale_after: Option<DurationField>,
+    /// Who to ask for an exception: shown in every deny message.
     pub contact: Option<String>,
+    /// Named clients, so that an exception can apply to some sandboxes only.
     #[serde(default)]
     pub clients: Vec<RawClient>,
+    /// The DNS resolver: deny answers, tunnel detection, cache TTL bounds.
     pub dns: Option<RawDns>,
+    /// TLS checks on CONNECT tunnels.
     pub tls: Option<RawTls>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+/// What a request no exception allows gets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, JsonSchema, Default)]
 #[serde(rename_all = "lowercase")]
 pub enum Mode {
+    /// Deny what no exception allows.
     #[default]
     Enforce,
+    /// Allow it, and log it as the denial it would be.
     Report,
 }
 
@@ -50,110 +78,178 @@ impl Mode {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+/// Whether names may lead to non-public addresses without a `cidrs` entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, JsonSchema, Default)]
 #[serde(rename_all = "lowercase")]
 pub enum PrivateDestinations {
+    /// Non-public addresses only when the exception lists them in `cidrs`.
     #[default]
     Deny,
+    /// Non-public addresses like any other (turns off the SSRF guard).
     Allow,
 }
 
-#[derive(Debug, Deserialize)]
+/// A named client: identified by source address, by the SHA-256 of the
+/// password it sends in Proxy-Authorization, or both.
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(extend("anyOf" = [
+    {"required": ["sources"], "properties": {"sources": {"minItems": 1}}},
+    {"required": ["token_sha256"]}
+]))]
 pub struct RawClient {
+    /// The client's name in logs and in exceptions' `clients`.
     pub id: IdField,
+    /// Source ranges this client connects from.
     #[serde(default)]
     pub sources: Vec<CidrField>,
+    /// SHA-256 (hex) of the password the client sends in Proxy-Authorization.
     pub token_sha256: Option<Sha256Field>,
 }
 
-#[derive(Debug, Default, Deserialize)]
+/// The DNS resolver's settings.
+#[derive(Debug, Default, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RawDns {
+    /// The answer to a denied query (default `refused`).
     pub deny_rcode: Option<DenyRcode>,
+    /// DNS tunnel detection: action and thresholds.
     pub tunnel: Option<RawTunnel>,
+    /// Answers are cached at least this long.
     pub cache_min_ttl: Option<DurationField>,
+    /// Answers are cached at most this long.
     pub cache_max_ttl: Option<DurationField>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+/// The response code of a denied DNS query.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, JsonSchema, Default)]
 #[serde(rename_all = "lowercase")]
 pub enum DenyRcode {
+    /// REFUSED, with Extended DNS Error 15 naming the reason.
     #[default]
     Refused,
+    /// NXDOMAIN, with Extended DNS Error 15 naming the reason.
     Nxdomain,
 }
 
-#[derive(Debug, Default, Deserialize)]
+/// DNS tunnel detection under allowed wildcards.
+#[derive(Debug, Default, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RawTunnel {
+    /// What a suspected tunnel gets (default `block`).
     pub action: Option<TunnelAction>,
+    /// Longest query name accepted under a wildcard, in bytes.
     pub max_name_len: Option<usize>,
+    /// Longest label accepted under a wildcard, in bytes.
     pub max_label_len: Option<usize>,
+    /// Distinct names per client and wildcard within `alert_window` that raise an alert.
     pub alert_unique_names: Option<u32>,
+    /// Query-name bytes per client and wildcard within `alert_window` that raise an alert.
     pub alert_bytes: Option<u64>,
+    /// The window the alert thresholds are counted over.
     pub alert_window: Option<DurationField>,
+    /// Query-name bytes per client and wildcard within `block_window` past which queries are blocked.
     pub block_bytes: Option<u64>,
+    /// The window the block threshold is counted over.
     pub block_window: Option<DurationField>,
+    /// New-name information bytes per client and domain per day (a sliding 24 h).
     pub daily_bytes: Option<u64>,
+    /// How long a blocked client and wildcard stay blocked.
     pub cooldown: Option<DurationField>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+/// What a suspected DNS tunnel gets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, JsonSchema, Default)]
 #[serde(rename_all = "lowercase")]
 pub enum TunnelAction {
+    /// Deny the queries (`dns_tunnel`).
     #[default]
     Block,
+    /// Answer, and count and log the suspicion.
     Log,
+    /// No tunnel detection.
     Off,
 }
 
-#[derive(Debug, Default, Deserialize)]
+/// TLS checks on CONNECT tunnels.
+#[derive(Debug, Default, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RawTls {
     /// What to do with a CONNECT to 443 whose ClientHello has no SNI or uses ECH.
     pub missing_sni: Option<MissingSni>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+/// A ClientHello without a server name (or with ECH).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, JsonSchema, Default)]
 #[serde(rename_all = "snake_case")]
 pub enum MissingSni {
     /// Allowed only when the CONNECT host matched an exact (non-wildcard) host.
     #[default]
     ExactOnly,
+    /// Always closed (`sni_mismatch`).
     Deny,
+    /// Always allowed.
     Allow,
 }
 
-#[derive(Debug, Deserialize)]
+/// One exception: what it allows, who answers for it and why it exists.
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(extend("anyOf" = [
+    {"required": ["hosts"], "properties": {"hosts": {"minItems": 1}}},
+    {"required": ["cidrs"], "properties": {"cidrs": {"minItems": 1}}}
+]))]
 pub struct RawException {
+    /// Unique across all files; names the exception in logs and metrics.
     pub id: IdField,
+    /// The team answerable for the exception (required).
+    #[schemars(required, with = "String", pattern("\\S"))]
     pub owner: Option<String>,
+    /// Why the exception exists, for the next reviewer (required).
+    #[schemars(required, with = "String", pattern("\\S"))]
     pub reason: Option<String>,
+    /// Where the exception was approved (a ticket id or URL).
     pub ticket: Option<String>,
+    /// From this date on the exception matches nothing.
     pub expires: Option<DateField>,
+    /// Client id patterns (`ci-*`) the exception applies to; default every client.
+    #[schemars(length(min = 1))]
     pub clients: Option<Vec<String>>,
+    /// Destination names: `example.com` exactly, `*.example.com` any name
+    /// below it (not the apex), `api-*.example.com` one `*` in the first label.
     #[serde(default)]
     pub hosts: Vec<PatternField>,
+    /// Destination ranges: IP-literal targets inside are allowed, and names in
+    /// `hosts` may resolve into them even when they are non-public.
     #[serde(default)]
     pub cidrs: Vec<CidrField>,
+    /// Destination ports; default [80, 443].
+    #[schemars(length(min = 1))]
     pub ports: Option<Vec<PortField>>,
+    /// HTTP methods; default any (on HTTPS enforced with interception only).
+    #[schemars(length(min = 1))]
     pub methods: Option<Vec<MethodField>>,
+    /// Path globs (`/simple/**`); default any (on HTTPS enforced with interception only).
+    #[schemars(length(min = 1), inner(pattern("^/")))]
     pub paths: Option<Vec<String>>,
+    /// DNS record types answered beyond A, AAAA, CNAME, HTTPS and SVCB.
     pub dns_types: Option<Vec<QTypeField>>,
+    /// Credentials added outside the sandbox (needs interception).
     pub inject: Option<RawInject>,
 }
 
-#[derive(Debug, Deserialize)]
+/// Credentials egressd adds to requests after they leave the sandbox.
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RawInject {
+    /// Header name to value; values may hold `${env:NAME}` and `${file:PATH}`.
     #[serde(default)]
+    #[schemars(extend("propertyNames" = {"pattern": "^[!#$%&'*+.^_`|~0-9A-Za-z-]+$"}))]
     pub headers: BTreeMap<String, String>,
 }
 
 macro_rules! validated {
-    ($name:ident, $inner:ty, $parse:expr) => {
+    ($name:ident, $inner:ty, $parse:expr, $schema:expr) => {
         #[derive(Debug, Clone)]
         pub struct $name(pub $inner);
         impl<'de> Deserialize<'de> for $name {
@@ -175,62 +271,126 @@ macro_rules! validated {
                 d.deserialize_str(V)
             }
         }
+        impl JsonSchema for $name {
+            fn schema_name() -> Cow<'static, str> {
+                stringify!($name).into()
+            }
+            fn json_schema(_: &mut SchemaGenerator) -> Schema {
+                let f: fn() -> Schema = $schema;
+                f()
+            }
+        }
     };
 }
 
-validated!(IdField, String, |s| {
-    if !s.is_empty()
-        && s.bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"._-".contains(&b))
-    {
-        Ok(s.to_string())
-    } else {
-        Err(format!("invalid id {s:?}: use [a-z0-9._-]+"))
-    }
-});
-validated!(PatternField, HostPattern, |s| HostPattern::parse(s)
-    .map_err(|e| e.to_string()));
-validated!(CidrField, IpNet, |s| {
-    let s = s.trim();
-    match s.parse::<IpNet>() {
-        Ok(n) if n.network() != n.addr() => Err(format!(
-            "invalid CIDR {s:?}: host bits are set (did you mean {}?)",
-            n.trunc()
-        )),
-        Ok(n) => Ok(n),
-        Err(_) => s.parse::<std::net::IpAddr>().map(IpNet::from).map_err(|_| {
-            format!("invalid CIDR {s:?}: expected an address or address/prefix like 10.0.0.0/8")
-        }),
-    }
-});
-validated!(DateField, i64, |s| parse_date(s).ok_or_else(|| format!(
-    "invalid date {s:?}: expected YYYY-MM-DD or RFC 3339 (2027-03-01T12:00:00Z)"
-)));
-validated!(DurationField, u64, |s| parse_duration(s).ok_or_else(
-    || format!("invalid duration {s:?}: expected a number with s, m, h or d (90d)")
-));
-validated!(MethodField, String, |s| {
-    if !s.is_empty() && s.bytes().all(|b| b.is_ascii_alphabetic() || b == b'-') {
-        Ok(s.to_ascii_uppercase())
-    } else {
-        Err(format!("invalid method {s:?}"))
-    }
-});
-validated!(Sha256Field, [u8; 32], |s| {
-    let s = s.trim();
-    let mut out = [0u8; 32];
-    if s.len() != 64 {
-        return Err("token_sha256 must be 64 hex digits".into());
-    }
-    for (i, chunk) in s.as_bytes().chunks(2).enumerate() {
-        let hex = std::str::from_utf8(chunk).map_err(|_| "token_sha256 must be hex".to_string())?;
-        out[i] = u8::from_str_radix(hex, 16)
-            .map_err(|_| "token_sha256 must be 64 hex digits".to_string())?;
-    }
-    Ok(out)
-});
-validated!(QTypeField, u16, |s| super::qtype::parse_qtype(s)
-    .ok_or_else(|| format!("unknown DNS record type {s:?}")));
+validated!(
+    IdField,
+    String,
+    |s| {
+        if !s.is_empty()
+            && s.bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"._-".contains(&b))
+        {
+            Ok(s.to_string())
+        } else {
+            Err(format!("invalid id {s:?}: use [a-z0-9._-]+"))
+        }
+    },
+    || json_schema!({
+        "description": "An id: lower-case letters, digits, '.', '_' and '-'.",
+        "type": "string",
+        "pattern": "^[a-z0-9._-]+$"
+    })
+);
+validated!(
+    PatternField,
+    HostPattern,
+    |s| HostPattern::parse(s).map_err(|e| e.to_string()),
+    host_pattern_schema
+);
+validated!(
+    CidrField,
+    IpNet,
+    |s| {
+        let s = s.trim();
+        match s.parse::<IpNet>() {
+            Ok(n) if n.network() != n.addr() => Err(format!(
+                "invalid CIDR {s:?}: host bits are set (did you mean {}?)",
+                n.trunc()
+            )),
+            Ok(n) => Ok(n),
+            Err(_) => s.parse::<std::net::IpAddr>().map(IpNet::from).map_err(|_| {
+                format!("invalid CIDR {s:?}: expected an address or address/prefix like 10.0.0.0/8")
+            }),
+        }
+    },
+    cidr_schema
+);
+validated!(
+    DateField,
+    i64,
+    |s| parse_date(s).ok_or_else(|| format!(
+        "invalid date {s:?}: expected YYYY-MM-DD or RFC 3339 (2027-03-01T12:00:00Z)"
+    )),
+    date_schema
+);
+validated!(
+    DurationField,
+    u64,
+    |s| parse_duration(s).ok_or_else(|| format!(
+        "invalid duration {s:?}: expected a number with s, m, h or d (90d)"
+    )),
+    || json_schema!({
+        "description": "A duration: a whole number and a unit, s, m, h, d or w (90d, 12h).",
+        "type": "string",
+        "pattern": "^\\s*[0-9]+[smhdw]\\s*$"
+    })
+);
+validated!(
+    MethodField,
+    String,
+    |s| {
+        if !s.is_empty() && s.bytes().all(|b| b.is_ascii_alphabetic() || b == b'-') {
+            Ok(s.to_ascii_uppercase())
+        } else {
+            Err(format!("invalid method {s:?}"))
+        }
+    },
+    || json_schema!({
+        "description": "An HTTP method (GET, POST, …), any case.",
+        "type": "string",
+        "pattern": "^[A-Za-z-]+$"
+    })
+);
+validated!(
+    Sha256Field,
+    [u8; 32],
+    |s| {
+        let s = s.trim();
+        let mut out = [0u8; 32];
+        if s.len() != 64 {
+            return Err("token_sha256 must be 64 hex digits".into());
+        }
+        for (i, chunk) in s.as_bytes().chunks(2).enumerate() {
+            let hex =
+                std::str::from_utf8(chunk).map_err(|_| "token_sha256 must be hex".to_string())?;
+            out[i] = u8::from_str_radix(hex, 16)
+                .map_err(|_| "token_sha256 must be 64 hex digits".to_string())?;
+        }
+        Ok(out)
+    },
+    || json_schema!({
+        "description": "SHA-256 of the client's Proxy-Authorization password: 64 hex digits.",
+        "type": "string",
+        "pattern": "^\\s*[0-9A-Fa-f]{64}\\s*$"
+    })
+);
+validated!(
+    QTypeField,
+    u16,
+    |s| super::qtype::parse_qtype(s).ok_or_else(|| format!("unknown DNS record type {s:?}")),
+    qtype_schema
+);
 
 /// Ports accept numbers or numeric strings; 1..=65535.
 #[derive(Debug, Clone, Copy)]
@@ -264,4 +424,117 @@ impl<'de> Deserialize<'de> for PortField {
         }
         d.deserialize_any(V)
     }
+}
+
+impl JsonSchema for PortField {
+    fn schema_name() -> Cow<'static, str> {
+        "PortField".into()
+    }
+    fn json_schema(_: &mut SchemaGenerator) -> Schema {
+        json_schema!({
+            "description": "A port, 1-65535: a number or a numeric string.",
+            "anyOf": [
+                {"type": "integer", "minimum": 1, "maximum": 65535},
+                {"type": "string", "pattern": format!("^\\s*\\+?0*{U16_NONZERO}\\s*$")}
+            ]
+        })
+    }
+}
+
+// The patterns below restate the parsers above for editors and CI
+// validators (ECMA 262 syntax, as JSON Schema uses). Where a parser checks
+// what no pattern can (a day past the month's end, host bits in a CIDR, an
+// IDN that does not convert), the schema accepts and `egressd check` still
+// refuses: the schema may be looser than the parser, never stricter.
+
+/// 1..=65535 in decimal, without a sign or leading zeros.
+const U16_NONZERO: &str =
+    "(?:[1-9][0-9]{0,3}|[1-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-5])";
+/// One character of a host label: what `parse_host` keeps in ASCII, and any
+/// non-ASCII character (converted to an A-label at load).
+const LABEL_CHAR: &str = "[-0-9A-Za-z_\\u0080-\\uFFFF]";
+
+fn host_pattern_schema() -> Schema {
+    let l = LABEL_CHAR;
+    let label = format!("{l}{{1,63}}");
+    json_schema!({
+        "description": "A host: example.com exactly; *.example.com any name below it (not \
+            the apex); api-*.example.com one '*' in the first label, with a fixed suffix of at \
+            least two labels. Case and one trailing dot do not matter; IP addresses belong in \
+            cidrs.",
+        "type": "string",
+        "maxLength": 260,
+        "pattern": format!(
+            "^\\s*(?:{label}(?:\\.{label})*|{l}*\\*{l}*(?:\\.{label}){{2,}})\\.?\\s*$"
+        ),
+        "not": {"pattern": "(?:^|\\.)\\s*(?:[0-9]+|0[xX][0-9A-Fa-f]*)\\.?\\s*$"}
+    })
+}
+
+fn cidr_schema() -> Schema {
+    let octet = "(?:25[0-5]|2[0-4][0-9]|1[0-9]{2}|[1-9]?[0-9])";
+    let v4 = format!("{octet}(?:\\.{octet}){{3}}(?:/(?:3[0-2]|[12]?[0-9]))?");
+    let v6 = "[0-9A-Fa-f:.]*:[0-9A-Fa-f:.]*(?:/(?:12[0-8]|1[01][0-9]|[1-9]?[0-9]))?";
+    json_schema!({
+        "description": "A destination range, address/prefix (10.0.0.0/8, fd00::/8), or one \
+            address. Host bits must be zero.",
+        "type": "string",
+        "pattern": format!("^\\s*(?:{v4}|{v6})\\s*$")
+    })
+}
+
+fn date_schema() -> Schema {
+    json_schema!({
+        "description": "A date, YYYY-MM-DD (UTC midnight), or an RFC 3339 UTC time \
+            (2027-03-01T12:00:00Z).",
+        "type": "string",
+        "pattern": "^\\s*(?:19[7-9][0-9]|[2-9][0-9]{3})-(?:0?[1-9]|1[0-2])-(?:0?[1-9]|[12][0-9]|3[01])\
+            (?:[T ](?:[01]?[0-9]|2[0-3]):[0-5]?[0-9](?::(?:[0-5]?[0-9]|60))?(?:Z|\\+00:00))?\\s*$"
+    })
+}
+
+/// The record types `parse_qtype` knows by name, and `TYPEnnn`, in any
+/// case; minus those no exception may list.
+fn qtype_schema() -> Schema {
+    use super::qtype::{qtype_mnemonic, NEVER_ALLOWED};
+    let any_case = |name: &str| -> String {
+        name.chars()
+            .map(|c| match c {
+                c if c.is_ascii_alphabetic() => {
+                    format!("[{}{}]", c.to_ascii_uppercase(), c.to_ascii_lowercase())
+                }
+                c => c.to_string(),
+            })
+            .collect()
+    };
+    let named: Vec<String> = (0..=u16::MAX)
+        .filter_map(|v| match qtype_mnemonic(v) {
+            Cow::Borrowed(n) if !NEVER_ALLOWED.contains(&v) => Some(any_case(n)),
+            _ => None,
+        })
+        .collect();
+    let never: Vec<String> = NEVER_ALLOWED
+        .iter()
+        .map(|v| any_case(&qtype_mnemonic(*v)))
+        .chain([format!(
+            "{}\\+?0*(?:{})",
+            any_case("TYPE"),
+            NEVER_ALLOWED
+                .iter()
+                .map(|v| v.to_string())
+                .collect::<Vec<_>>()
+                .join("|")
+        )])
+        .collect();
+    json_schema!({
+        "description": "A DNS record type by name (TXT, MX, SRV, …) or as TYPEnnn. NULL, ANY \
+            and zone transfers (AXFR, IXFR) are never answered.",
+        "type": "string",
+        "pattern": format!(
+            "^\\s*(?:{}|{}\\+?0*(?:0|{U16_NONZERO}))\\s*$",
+            named.join("|"),
+            any_case("TYPE")
+        ),
+        "not": {"pattern": format!("^\\s*(?:{})\\s*$", never.join("|"))}
+    })
 }

@@ -5,9 +5,11 @@
 //!
 //! Owns the event's fields and the counting that goes with a line. Does not
 //! own the decision (`policy`), the sink that writes lines (`log`), or the
-//! registry (`metrics`); the line's JSON is written in `json`.
+//! registry (`metrics`); the line's JSON is written in [`json`] (egressd's
+//! own line) or [`ocsf`] (an OCSF event), chosen once per line.
 
 mod json;
+pub mod ocsf;
 
 use std::borrow::Cow;
 use std::net::SocketAddr;
@@ -212,16 +214,39 @@ impl Attempts {
     }
 }
 
+/// How a decision becomes a line (`--log-format`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum LogFormat {
+    /// egressd's own JSON line (DESIGN.md's "Decision log").
+    #[default]
+    Egressd,
+    /// An OCSF 1.8.0 event: HTTP, Network or DNS Activity.
+    Ocsf,
+}
+
 /// Writes decision-log lines and counts metrics: shared by every front-end.
 #[derive(Clone)]
 pub struct Recorder {
     pub log: LogSink,
     pub metrics: Arc<Metrics>,
+    pub format: LogFormat,
 }
 
 impl Recorder {
     pub fn new(log: LogSink, metrics: Arc<Metrics>) -> Recorder {
-        Recorder { log, metrics }
+        Recorder {
+            log,
+            metrics,
+            format: LogFormat::Egressd,
+        }
+    }
+
+    /// The same recorder writing `format` lines. Either way a decision is
+    /// one line through the same sink, so its bounds and fail-closed
+    /// handling do not depend on the format.
+    pub fn with_format(mut self, format: LogFormat) -> Recorder {
+        self.format = format;
+        self
     }
 
     /// Whether new requests may be served (the log is writable).
@@ -243,7 +268,10 @@ impl Recorder {
         // Sized for a typical line up front: growing from empty cost a
         // handful of reallocations per line.
         let mut line = Vec::with_capacity(512);
-        ev.write_json(&mut line);
+        match self.format {
+            LogFormat::Egressd => ev.write_json(&mut line),
+            LogFormat::Ocsf => ev.write_ocsf(&mut line),
+        }
         // Refusals before the policy forwarded nothing and come as fast as
         // a client sends: the sink may count them instead of keeping them
         // when it is far behind. Every other line is always kept.

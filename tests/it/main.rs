@@ -4,6 +4,7 @@
 mod support;
 
 mod attack;
+mod check_formats;
 mod deploy;
 mod dns;
 mod examples;
@@ -11,11 +12,15 @@ mod forward;
 mod fuzz_regressions;
 mod launcher;
 mod lifecycle;
+mod ocsf;
+mod policy_ci;
 mod policy_files;
 mod report;
 mod sandbox;
+mod schema;
 mod timeouts;
 mod tls;
 mod transparent;
 mod tunnel;
 mod upstream_proxy;
+mod validators;
