@@ -227,6 +227,7 @@ const VALID: &[(&str, &str)] = &[
       alert_bytes: 10000
       alert_window: 10m
       block_bytes: 50000
+      daily_bytes: 200000
       block_window: 1h
       cooldown: 15m
     cache_min_ttl: 5s
