@@ -8,6 +8,7 @@ pub mod cases;
 pub mod host;
 pub mod lint;
 pub mod matcher;
+pub mod packages;
 pub mod path;
 pub mod qtype;
 pub mod raw;
