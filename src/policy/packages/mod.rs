@@ -4,6 +4,7 @@
 //! Everything here is a function of its arguments, so the proxy can call
 //! it per request and tests can call it with tables.
 
+pub mod classify;
 pub mod compile;
 pub mod name;
 pub mod raw;
