@@ -6,9 +6,11 @@
 
 pub mod classify;
 pub mod compile;
+pub mod decide;
 pub mod name;
 pub mod raw;
 pub mod version;
+pub mod view;
 
 #[cfg(test)]
 pub(crate) mod testutil;
