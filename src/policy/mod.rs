@@ -16,6 +16,7 @@ pub mod decision;
 mod handle;
 pub mod host;
 pub mod matcher;
+pub mod packages;
 pub mod path;
 pub mod qtype;
 pub mod raw;

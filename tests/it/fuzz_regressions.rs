@@ -62,3 +62,8 @@ fn decide_model() {
 fn dns_packet() {
     assert!(replay("dns_packet", DIRS, harness::dns_packet::run) > 0);
 }
+
+#[test]
+fn package_classify() {
+    assert!(replay("package_classify", DIRS, harness::package_classify::run) > 0);
+}
