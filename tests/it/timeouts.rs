@@ -278,8 +278,8 @@ async fn a_tunnel_to_443_without_a_client_hello_in_time_is_closed() {
     e.running.shutdown().await;
 }
 
-#[tokio::test(start_paused = true)]
-async fn an_intercepted_tunnel_without_a_client_hello_in_time_is_closed() {
+/// An egressd with interception on, and an exception that needs it.
+async fn intercepting() -> (InProcess, tempfile::TempDir) {
     let ca = tempfile::tempdir().unwrap();
     egressd::tls::init_ca(&egressd::tls::InitOptions {
         dir: ca.path().to_path_buf(),
@@ -289,7 +289,31 @@ async fn an_intercepted_tunnel_without_a_client_hello_in_time_is_closed() {
     .unwrap();
     let policy = "exceptions:\n  - id: api\n    owner: tests\n    reason: r\n    hosts: [api.test]\n    ports: [443]\n    methods: [GET]\n";
     let ca_dir = ca.path().display().to_string();
-    let e = InProcess::start(policy, &["--ca-dir", &ca_dir]).await;
+    (InProcess::start(policy, &["--ca-dir", &ca_dir]).await, ca)
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_intercepted_tunnel_keeps_its_connection_permit_until_it_closes() {
+    let (e, _ca) = intercepting().await;
+    let c = e.tunnel("api.test:443").await;
+    let m = e.running.metrics.clone();
+    eventually("hyper let go of the connection", || {
+        m.active.with_label_values(&["http"]).get() == 0
+            && m.active.with_label_values(&["connect"]).get() == 1
+    })
+    .await;
+    let held = e.running.connection_permits();
+    drop(c);
+    eventually("the closed tunnel gave its permit back", || {
+        e.running.connection_permits() == held - 1
+    })
+    .await;
+    e.running.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_intercepted_tunnel_without_a_client_hello_in_time_is_closed() {
+    let (e, _ca) = intercepting().await;
     let mut c = e.tunnel("api.test:443").await;
     closed_after(&mut c, HANDSHAKE_TIMEOUT - MARGIN).await;
     let lines = e.lines();
