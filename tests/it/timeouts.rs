@@ -278,8 +278,8 @@ async fn a_tunnel_to_443_without_a_client_hello_in_time_is_closed() {
     e.running.shutdown().await;
 }
 
-#[tokio::test(start_paused = true)]
-async fn an_intercepted_tunnel_without_a_client_hello_in_time_is_closed() {
+/// An egressd with interception on, and an exception that needs it.
+async fn intercepting() -> (InProcess, tempfile::TempDir) {
     let ca = tempfile::tempdir().unwrap();
     egressd::tls::init_ca(&egressd::tls::InitOptions {
         dir: ca.path().to_path_buf(),
@@ -289,7 +289,31 @@ async fn an_intercepted_tunnel_without_a_client_hello_in_time_is_closed() {
     .unwrap();
     let policy = "exceptions:\n  - id: api\n    owner: tests\n    reason: r\n    hosts: [api.test]\n    ports: [443]\n    methods: [GET]\n";
     let ca_dir = ca.path().display().to_string();
-    let e = InProcess::start(policy, &["--ca-dir", &ca_dir]).await;
+    (InProcess::start(policy, &["--ca-dir", &ca_dir]).await, ca)
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_intercepted_tunnel_keeps_its_connection_permit_until_it_closes() {
+    let (e, _ca) = intercepting().await;
+    let c = e.tunnel("api.test:443").await;
+    let m = e.running.metrics.clone();
+    eventually("hyper let go of the connection", || {
+        m.active.with_label_values(&["http"]).get() == 0
+            && m.active.with_label_values(&["connect"]).get() == 1
+    })
+    .await;
+    let held = e.running.connection_permits();
+    drop(c);
+    eventually("the closed tunnel gave its permit back", || {
+        e.running.connection_permits() == held - 1
+    })
+    .await;
+    e.running.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_intercepted_tunnel_without_a_client_hello_in_time_is_closed() {
+    let (e, _ca) = intercepting().await;
     let mut c = e.tunnel("api.test:443").await;
     closed_after(&mut c, HANDSHAKE_TIMEOUT - MARGIN).await;
     let lines = e.lines();
@@ -360,4 +384,65 @@ async fn a_tunnel_keeps_its_connection_permit_after_the_upgrade_and_the_drain_wa
         "{:?}",
         started.elapsed()
     );
+}
+
+/// An origin that switches every request to WebSocket and then echoes.
+async fn websocket_origin() -> SocketAddr {
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = l.accept().await {
+            tokio::spawn(async move {
+                let mut head = Vec::new();
+                let mut byte = [0u8; 1];
+                while !head.ends_with(b"\r\n\r\n") {
+                    if s.read(&mut byte).await.unwrap_or(0) == 0 {
+                        return;
+                    }
+                    head.push(byte[0]);
+                }
+                let switch = "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n";
+                if s.write_all(switch.as_bytes()).await.is_ok() {
+                    let (mut r, mut w) = s.split();
+                    let _ = tokio::io::copy(&mut r, &mut w).await;
+                }
+            });
+        }
+    });
+    addr
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_websocket_keeps_its_connection_permit_until_it_closes() {
+    let origin = websocket_origin().await;
+    let e = InProcess::start(&loopback_policy(origin.port()), &[]).await;
+    let mut c = TcpStream::connect(e.running.proxy).await.unwrap();
+    let req = format!(
+        "GET http://{origin}/ws HTTP/1.1\r\nHost: {origin}\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n"
+    );
+    c.write_all(req.as_bytes()).await.unwrap();
+    let head = read_head(&mut c).await;
+    assert!(head.starts_with("HTTP/1.1 101"), "{head}");
+    c.write_all(b"frame").await.unwrap();
+    let mut got = [0u8; 5];
+    c.read_exact(&mut got).await.unwrap();
+    assert_eq!(&got, b"frame");
+    let m = e.running.metrics.clone();
+    eventually("hyper let go of the connection", || {
+        m.active.with_label_values(&["http"]).get() == 0
+    })
+    .await;
+    let held = e.running.connection_permits();
+    drop(c);
+    eventually("the closed WebSocket gave its permit back", || {
+        e.running.connection_permits() == held - 1
+    })
+    .await;
+    let lines = e.lines();
+    let l = line_with(&lines, "path", "/ws");
+    assert_eq!(
+        (l["status"].as_u64(), l["bytes_up"].as_u64()),
+        (Some(101), Some(5))
+    );
+    e.running.shutdown().await;
 }
