@@ -14,6 +14,7 @@
 //! | [`decide`] | the one package decision and its reasons; [`decide::NameRules`] |
 //! | [`view`] | the registry's facts about a package (times, files, digests) |
 //! | [`filter`] | byte-preserving index filters for every index form |
+//! | [`import`] | lockfiles → an approved set as YAML |
 //! | [`stamp`] | registry timestamps (RFC 3339, HTTP dates) |
 //!
 //! # Wiring it (what the integration calls, in order)
@@ -80,11 +81,16 @@
 //!
 //! **Mirrors**: URL rewriting of mirror documents back to public names is
 //! the integration's (it is I/O-adjacent string work on the filtered body).
+//!
+//! **Import**: `egressd packages import` reads the files and calls
+//! [`import::import`]`(&[(path, text)], &ImportSet { id, owner, reason })`,
+//! printing the YAML.
 
 pub mod classify;
 pub mod compile;
 pub mod decide;
 pub mod filter;
+pub mod import;
 pub mod name;
 pub mod raw;
 pub mod stamp;
