@@ -153,7 +153,8 @@ impl MetaKind {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Artifact {
     /// The file's name as the index lists it (`requests-2.32.3-py3-none-any.whl`,
-    /// `lodash-4.17.21.tgz`, `serde-1.0.200.crate`, `v1.2.3.zip`).
+    /// `lodash-4.17.21.tgz`, `v1.2.3.zip`; for cargo with the crate's
+    /// normal name, `serde_json-1.0.0.crate`).
     pub filename: String,
     /// PyPI's `<file>.metadata` (PEP 658): authorised as its file.
     pub metadata: bool,
@@ -709,6 +710,7 @@ fn cargo_index(segs: &[&str], trailing: bool) -> R<Classified> {
 fn crate_ref(name: &str, version: &str) -> R<Classified> {
     let eco = Ecosystem::Cargo;
     let name_n = pkg(eco, name)?;
+    let filename = format!("{name_n}-{version}.crate");
     if semver::Version::parse(version).is_err() {
         return why(format!("{version:?} is not a crate version"));
     }
@@ -716,8 +718,10 @@ fn crate_ref(name: &str, version: &str) -> R<Classified> {
         eco,
         name_n,
         Some(version.to_string()),
+        // Named by the normal form: crates.io serves one crate under every
+        // -/_ and case spelling, and the index view lists it so.
         Kind::Artifact(Artifact {
-            filename: format!("{name}-{version}.crate"),
+            filename,
             metadata: false,
         }),
     ))

@@ -494,9 +494,16 @@ impl<'p> NameRules<'p> {
         })
     }
 
-    /// The message npm shows for held versions (`policyRestrictions`).
+    /// `settings.contact`, for messages in filtered documents.
     pub fn contact(&self) -> &str {
         &self.policy.contact
+    }
+
+    /// The `min_age` of every live entry that could admit a version.
+    pub(crate) fn min_ages(&self) -> impl Iterator<Item = u64> + '_ {
+        self.allows
+            .iter()
+            .map(|(s, e)| self.policy.min_age_of(s, e))
     }
 }
 
