@@ -3,7 +3,7 @@
 //! of a Go `.mod` file's `Last-Modified`. Pure; the one use of the crate's
 //! calendar helper is here, so its move is a one-line change.
 
-use crate::policy::time::days_from_civil;
+use crate::time::days_from_civil;
 
 /// `2024-08-30T19:37:07Z`, with optional fraction (`.164843`) and a `Z` or
 /// `±HH:MM` offset; `t` and `z` in either case. `None` for anything else.
@@ -103,7 +103,7 @@ pub fn parse_http_date(s: &str) -> Option<i64> {
 
 /// Unix seconds as `2024-08-30T19:37:07Z` (for a recomputed Go `@latest`).
 pub fn format_rfc3339(secs: i64) -> String {
-    let (y, m, d) = crate::policy::time::civil_from_days(secs.div_euclid(86400));
+    let (y, m, d) = crate::time::civil_from_days(secs.div_euclid(86400));
     let r = secs.rem_euclid(86400);
     format!(
         "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
