@@ -37,7 +37,7 @@ use super::respond::{self, ProxyBody, Responder, Stop};
 use super::tls_origins::{TlsClient, UpstreamAddr};
 use super::upstream::{self, Egress};
 use super::ProxyCtx;
-use crate::policy::{self, ClientIdx, Decision, Exception, Policy, Reason};
+use crate::policy::{self, ClientIdx, Decision, Exception, Policy, Proto, Reason};
 use crate::record::{Event, Recorder, UpstreamFailure};
 use crate::shutdown::Permit;
 use crate::time::unix_now;
@@ -411,6 +411,15 @@ async fn relay_upgraded(
         Err(e) => ev.error = Some(format!("upgrade: {e}")),
     }
     rec.record(ev);
+}
+
+/// The event of an HTTP request that arrived now from `src`: its method
+/// and path (as the log keeps it) noted.
+pub(crate) fn request_event<B>(proto: Proto, src: SocketAddr, req: &Request<B>) -> Event {
+    let mut ev = Event::new(proto, src);
+    ev.method = Some(req.method().as_str().to_string());
+    ev.path = Some(truncate_path(req.uri().path()));
+    ev
 }
 
 /// A path as the log line keeps it: no query or fragment, at most

@@ -12,7 +12,7 @@ use hyper::body::Incoming;
 
 use super::admit::admit;
 use super::dest::{check_host_headers, parse_authority, Dest};
-use super::exchange::{decide_and_forward, truncate_path, Inbound, Scheme};
+use super::exchange::{decide_and_forward, request_event, truncate_path, Inbound, Scheme};
 use super::respond::{ProxyBody, Responder, Stop};
 use super::ProxyCtx;
 use crate::policy::path::normalize_path;
@@ -25,9 +25,7 @@ pub async fn handle(
     ctx: Arc<ProxyCtx>,
 ) -> Response<ProxyBody> {
     let policy = ctx.policy.snapshot();
-    let mut ev = Event::new(Proto::Http, peer);
-    ev.method = Some(req.method().as_str().to_string());
-    ev.path = Some(truncate_path(req.uri().path()));
+    let mut ev = request_event(Proto::Http, peer, &req);
     let (method, uri) = (req.method().clone(), req.uri().clone());
     let what = move || format!("{method} {}", truncate_path(&uri.to_string()));
     let responder = Responder {

@@ -30,7 +30,7 @@ use tokio_rustls::server::TlsStream;
 
 use super::admit::{accepting, identify};
 use super::dest::{check_host_headers, parse_authority, Dest};
-use super::exchange::{decide_and_forward, truncate_path, Inbound, Scheme};
+use super::exchange::{decide_and_forward, request_event, truncate_path, Inbound, Scheme};
 use super::relay::meter::{Activity, Metered};
 use super::relay::IDLE_TIMEOUT;
 use super::respond::{ProxyBody, Responder, Stop};
@@ -251,9 +251,7 @@ async fn handle(
 ) -> Response<ProxyBody> {
     let policy = ctx.policy.snapshot();
     let dest = &tunnel.dest;
-    let mut ev = Event::new(Proto::Tls, tunnel.peer);
-    ev.method = Some(req.method().as_str().to_string());
-    ev.path = Some(truncate_path(req.uri().path()));
+    let mut ev = request_event(Proto::Tls, tunnel.peer, &req);
     ev.host = Some(dest.target.to_string());
     ev.port = Some(dest.port);
     let (method, uri) = (req.method().clone(), req.uri().clone());

@@ -59,7 +59,7 @@ use tokio::net::{TcpListener, TcpStream};
 use super::accept::{accept_loop, serve_http1};
 use super::admit::{accepting, client_of, identify};
 use super::dest::{parse_authority, Dest};
-use super::exchange::{decide_and_forward, truncate_path, Inbound, Scheme};
+use super::exchange::{decide_and_forward, request_event, truncate_path, Inbound, Scheme};
 use super::relay;
 use super::respond::{record_stop, ProxyBody, Responder, Stop};
 use super::sni::{self, Hello, SniRule, HELLO_TIMEOUT};
@@ -71,7 +71,7 @@ use crate::policy::path::normalize_path;
 use crate::policy::{
     self, canonical_ip, ClientIdx, Decision, Exception, Policy, Proto, Reason, Verdict,
 };
-use crate::record::{Event, UpstreamFailure};
+use crate::record::Event;
 use crate::shutdown::{Permit, Shutdown};
 use crate::time::unix_now;
 
@@ -331,9 +331,7 @@ async fn request(
         return forward::handle(req, peer, ctx).await;
     }
     let policy = ctx.policy.snapshot();
-    let mut ev = Event::new(Proto::Http, peer);
-    ev.method = Some(req.method().as_str().to_string());
-    ev.path = Some(truncate_path(req.uri().path()));
+    let mut ev = request_event(Proto::Http, peer, &req);
     let shown_host = req
         .headers()
         .get(header::HOST)
@@ -618,17 +616,7 @@ async fn connect_captured(
             dest.target
         )));
     }
-    let (conn, addr) = ctx
-        .egress
-        .connect_first(&addrs)
-        .await
-        .map_err(|e| Stop::Unreachable {
-            kind: UpstreamFailure::Connect,
-            message: e.to_string(),
-            timeout: false,
-        })?;
-    ev.addr = Some(addr);
-    Ok(conn)
+    upstream::connect_checked(ctx, &addrs, ev).await
 }
 
 /// The checked addresses with the original destination first, if it is

@@ -10,7 +10,6 @@
 //! method/path rules or injected credentials is handed to `mitm` instead:
 //! egressd terminates TLS and decides each request inside.
 
-use std::io;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
@@ -31,7 +30,7 @@ use super::upstream;
 use super::ProxyCtx;
 use crate::metrics::ActiveGuard;
 use crate::policy::{self, ClientIdx, Decision, Exception, Policy, Proto, Reason, Verdict};
-use crate::record::{Event, Recorder, UpstreamFailure};
+use crate::record::{Event, Recorder};
 use crate::shutdown::Permit;
 use crate::time::unix_now;
 
@@ -202,16 +201,7 @@ async fn connect(
 ) -> Result<TcpStream, Stop> {
     let addrs =
         upstream::check_destination(ctx, policy, d.exception, client, dest, ev, now).await?;
-    let (conn, addr) = ctx
-        .egress
-        .connect_first(&addrs)
-        .await
-        .map_err(|e| Stop::Unreachable {
-            kind: UpstreamFailure::Connect,
-            timeout: e.kind() == io::ErrorKind::TimedOut,
-            message: e.to_string(),
-        })?;
-    ev.addr = Some(addr);
+    let conn = upstream::connect_checked(ctx, &addrs, ev).await?;
     debug_assert!(
         !d.exception.is_some_and(Exception::needs_inspection),
         "opaque tunnels are never allowed for exceptions needing inspection"

@@ -397,6 +397,26 @@ pub(crate) async fn check_destination(
     }
 }
 
+/// A connection to the first of `addrs` (checked addresses) that answers,
+/// the one reached noted in `ev`.
+pub(crate) async fn connect_checked(
+    ctx: &ProxyCtx,
+    addrs: &[SocketAddr],
+    ev: &mut Event,
+) -> Result<TcpStream, Stop> {
+    let (conn, addr) = ctx
+        .egress
+        .connect_first(addrs)
+        .await
+        .map_err(|e| Stop::Unreachable {
+            kind: UpstreamFailure::Connect,
+            timeout: e.kind() == io::ErrorKind::TimedOut,
+            message: e.to_string(),
+        })?;
+    ev.addr = Some(addr);
+    Ok(conn)
+}
+
 /// Whether `dest` is one of egressd's own listeners (a request looping back
 /// into the proxy, the resolver or the metrics endpoint).
 pub fn is_own_listener(dest: SocketAddr, own: &[SocketAddr]) -> bool {
