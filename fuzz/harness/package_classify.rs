@@ -85,7 +85,10 @@ pub fn run(data: &[u8]) {
     // `@s/n`, `@s%2fn` and `@s%2Fn` are one package (DESIGN).
     if p.ecosystem == egressd::policy::packages::Ecosystem::Npm {
         if let Some(rest) = path.strip_prefix("/@") {
-            if let Some((scope, tail)) = rest.split_once('/') {
+            // Only a path that spells the separator as `/`: re-encoding a
+            // slash after an already encoded one would name another path.
+            let plain = rest.split('/').next().is_some_and(|s| !s.contains('%'));
+            if let Some((scope, tail)) = rest.split_once('/').filter(|_| plain) {
                 for sep in ["%2f", "%2F"] {
                     let alt = format!("/@{scope}{sep}{tail}");
                     assert_eq!(

@@ -622,7 +622,13 @@ fn npm(segs: &[&str], trailing: bool, accept: Option<&str>) -> R<Classified> {
             (format!("@{}/{}", dec(scoped)?, dec(n)?), &segs[2..])
         }
     } else {
-        (dec(&first)?, &segs[1..])
+        let n = dec(&first)?;
+        // `/%2d/...` is the API prefix `/-/` to a server that decodes
+        // first: never a package.
+        if n == "-" {
+            return why("an encoded '-' is the registry's API prefix");
+        }
+        (n, &segs[1..])
     };
     let name = pkg(eco, &raw_name)?;
     match rest {
@@ -672,13 +678,18 @@ fn npm(segs: &[&str], trailing: bool, accept: Option<&str>) -> R<Classified> {
     }
 }
 
-/// The sparse index's directory for a (lower-case) crate name.
+/// The sparse index's path for a (lower-case, ASCII) crate name. Counted
+/// in characters, so any string gives a path, not a panic (a name that is
+/// not a crate name fails its normalisation before this matters).
 pub fn cargo_index_path(name: &str) -> String {
-    match name.len() {
+    let c: Vec<char> = name.chars().take(4).collect();
+    let s = |r: std::ops::Range<usize>| c[r].iter().collect::<String>();
+    match c.len() {
+        0 => "/".to_string(),
         1 => format!("/1/{name}"),
         2 => format!("/2/{name}"),
-        3 => format!("/3/{}/{name}", &name[..1]),
-        _ => format!("/{}/{}/{name}", &name[..2], &name[2..4]),
+        3 => format!("/3/{}/{name}", s(0..1)),
+        _ => format!("/{}/{}/{name}", s(0..2), s(2..4)),
     }
 }
 
@@ -694,7 +705,9 @@ fn cargo_index(segs: &[&str], trailing: bool) -> R<Classified> {
     };
     // cargo asks for the lower-cased name; the directories are a function
     // of it, so a path whose directories do not fit is not an index file.
-    if name.bytes().any(|b| b.is_ascii_uppercase())
+    if !name
+        .bytes()
+        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_')
         || cargo_index_path(name) != format!("/{}", segs.join("/"))
     {
         return why("sparse index path whose directories do not fit its crate name");
@@ -1166,6 +1179,8 @@ mod tests {
             "/lodash%2f..%2fx",
             "/@a/b/c/d",
             "/lodash/-/lodash-4.17.21.tgz/",
+            "/%2d",
+            "/%2D/ping",
         ] {
             unparseable("registry.npmjs.org", bad);
         }
