@@ -20,6 +20,7 @@ pub mod packages;
 pub mod path;
 pub mod qtype;
 pub mod raw;
+pub mod suggest;
 
 use std::fmt;
 use std::net::IpAddr;

@@ -13,7 +13,7 @@ use hyper::body::Incoming;
 use super::admit::admit;
 use super::dest::{check_host_headers, parse_authority, Dest};
 use super::exchange::{decide_and_forward, request_event, truncate_path, Inbound, Scheme};
-use super::respond::{ProxyBody, Responder, Stop};
+use super::respond::{self, ProxyBody, Responder, Stop};
 use super::ProxyCtx;
 use crate::policy::path::normalize_path;
 use crate::policy::Proto;
@@ -32,6 +32,7 @@ pub async fn handle(
         what: &what,
         contact: &policy.settings.contact,
         close: false,
+        json: respond::wants_json(req.headers()),
         rec: &ctx.recorder,
     };
     let edge = admit(&ctx.recorder, &policy, &mut ev, &req)

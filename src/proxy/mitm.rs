@@ -33,7 +33,7 @@ use super::dest::{check_host_headers, parse_authority, Dest};
 use super::exchange::{decide_and_forward, request_event, truncate_path, Inbound, Scheme};
 use super::relay::meter::{Activity, Metered};
 use super::relay::IDLE_TIMEOUT;
-use super::respond::{ProxyBody, Responder, Stop};
+use super::respond::{self, ProxyBody, Responder, Stop};
 use super::sni::{Hello, SniRule};
 use super::tls_origins::TlsOrigins;
 use super::upstream::Egress;
@@ -270,6 +270,7 @@ async fn handle(
         what: &what,
         contact: &policy.settings.contact,
         close: false,
+        json: respond::wants_json(req.headers()),
         rec: &ctx.recorder,
     };
     // Requests inside carry no Proxy-Authorization: the CONNECT's token

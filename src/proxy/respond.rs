@@ -11,11 +11,13 @@
 use std::fmt::Display;
 
 use bytes::Bytes;
-use http::{HeaderValue, Response, StatusCode};
+use http::{HeaderMap, HeaderValue, Response, StatusCode};
 use http_body_util::{combinators::BoxBody, BodyExt, Full};
 
-use crate::policy::Reason;
+use crate::policy::suggest::{self, Asked, Closest};
+use crate::policy::{Proto, Reason};
 use crate::record::{Event, Recorder, UpstreamFailure};
+use crate::time::unix_now;
 
 pub type ProxyBody = BoxBody<Bytes, hyper::Error>;
 
@@ -35,38 +37,130 @@ pub fn status_for(reason: Reason) -> StatusCode {
     }
 }
 
-/// A denial: what was denied, why, and whom to ask.
-pub fn deny(
-    reason: Reason,
-    what: &str,
-    contact: &str,
-    detail: Option<&str>,
-    close: bool,
-) -> Response<ProxyBody> {
-    let status = status_for(reason);
-    let mut body = format!(
-        "egressd denied {what} ({}): {}.",
-        reason.as_str(),
-        reason.describe()
-    );
-    if let Some(d) = detail {
-        body.push(' ');
-        let mut chars = d.chars();
-        if let Some(first) = chars.next() {
-            body.extend(first.to_uppercase());
-            body.push_str(chars.as_str());
+/// What a denial answer says: what was denied, why, whom to ask, and —
+/// for the policy's own denials — the `egressd explain` command that
+/// reproduces the decision and the exception stub that would allow it
+/// (see [`crate::policy::suggest`]: built from the decided facts only,
+/// never from the client's headers or query).
+pub struct Denial<'a> {
+    pub reason: Reason,
+    pub what: &'a str,
+    pub contact: &'a str,
+    pub detail: Option<&'a str>,
+    pub explain: Option<String>,
+    pub stub: Option<String>,
+}
+
+impl Denial<'_> {
+    /// The one paragraph: what, why, and (for a 403) whom to ask.
+    fn paragraph(&self) -> String {
+        let reason = self.reason;
+        let mut body = format!(
+            "egressd denied {} ({}): {}.",
+            self.what,
+            reason.as_str(),
+            reason.describe()
+        );
+        if let Some(d) = self.detail {
+            body.push(' ');
+            body.push_str(&sentence(d));
         }
-        if !d.ends_with('.') {
-            body.push('.');
+        if status_for(reason) == StatusCode::FORBIDDEN {
+            body.push_str(&format!(
+                " If this task needs it, ask {} for an exception, saying what the destination is and why it is needed.",
+                self.contact
+            ));
         }
+        body
     }
-    if status == StatusCode::FORBIDDEN {
-        body.push_str(&format!(
-            " If this task needs it, ask {contact} for an exception, saying what the destination is and why it is needed."
-        ));
+
+    fn text(&self) -> String {
+        let mut body = self.paragraph();
+        body.push('\n');
+        if let Some(cmd) = &self.explain {
+            body.push_str(&format!("\nTo see the decision: {cmd}\n"));
+        }
+        if let Some(stub) = &self.stub {
+            body.push_str(
+                "\nAn exception that would allow it, for a person to review (owner and reason left to fill in):\n\n",
+            );
+            body.push_str(stub);
+        }
+        body
     }
-    body.push('\n');
-    build(status, Some(reason), body, close)
+
+    fn json(&self) -> String {
+        let detail = match self.detail {
+            Some(d) => format!("{}. {}", self.reason.describe(), sentence(d)),
+            None => format!("{}.", self.reason.describe()),
+        };
+        let mut v = serde_json::json!({
+            "denied": self.what,
+            "status": status_for(self.reason).as_u16(),
+            "reason": self.reason.as_str(),
+            "detail": detail,
+            "contact": self.contact,
+            "explain": self.explain,
+            "stub": self.stub,
+        })
+        .to_string();
+        v.push('\n');
+        v
+    }
+}
+
+/// `d` as a sentence: capitalised, ending in a full stop.
+fn sentence(d: &str) -> String {
+    let mut s = String::with_capacity(d.len() + 1);
+    let mut chars = d.chars();
+    if let Some(first) = chars.next() {
+        s.extend(first.to_uppercase());
+        s.push_str(chars.as_str());
+    }
+    if !d.ends_with('.') {
+        s.push('.');
+    }
+    s
+}
+
+/// Whether the client asked for JSON (`Accept: application/json`, or a
+/// `+json` type, with a non-zero q): agents that parse answers get one.
+pub fn wants_json(headers: &HeaderMap) -> bool {
+    headers
+        .get_all(http::header::ACCEPT)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|range| {
+            let mut parts = range.split(';').map(str::trim);
+            let media = parts.next().unwrap_or("").to_ascii_lowercase();
+            let json = media == "application/json"
+                || (media.starts_with("application/") && media.ends_with("+json"));
+            let q_zero = parts.any(|p| {
+                p.strip_prefix("q=")
+                    .or_else(|| p.strip_prefix("Q="))
+                    .and_then(|q| q.trim().parse::<f32>().ok())
+                    .is_some_and(|q| q <= 0.0)
+            });
+            json && !q_zero
+        })
+}
+
+/// A denial's answer, as text or (`json`) as a JSON document.
+pub fn deny(d: &Denial, close: bool, json: bool) -> Response<ProxyBody> {
+    let status = status_for(d.reason);
+    let mut r = if json {
+        build(status, Some(d.reason), d.json(), close)
+    } else {
+        build(status, Some(d.reason), d.text(), close)
+    };
+    if json {
+        r.headers_mut().insert(
+            http::header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+    }
+    r
 }
 
 /// An upstream failure: 502, or 504 for a timeout.
@@ -139,6 +233,30 @@ pub(crate) fn record_stop(rec: &Recorder, mut ev: Event, stop: Stop) {
     rec.record(ev);
 }
 
+/// The explain command and exception stub for a denial recorded in `ev`.
+fn suggestions(ev: &Event, reason: Reason) -> (Option<String>, Option<String>) {
+    let (Some(host), Some(port)) = (ev.host.as_deref(), ev.port) else {
+        return (None, None);
+    };
+    let asked = Asked {
+        proto: ev.proto,
+        host,
+        port,
+        method: ev.method.as_deref(),
+        path: ev.path.as_deref().filter(|_| ev.proto != Proto::Connect),
+        client: Some(&*ev.client).filter(|c| *c != "-"),
+        addr: ev.addr.map(|a| a.ip()),
+    };
+    let closest = match (&ev.exception, &ev.owner) {
+        (Some(id), Some(owner)) => Some(Closest { id, owner }),
+        _ => None,
+    };
+    (
+        suggest::explain_command(&asked, reason),
+        suggest::exception_stub(&asked, reason, closest, unix_now()),
+    )
+}
+
 impl Stop {
     /// Refused as malformed, saying why.
     pub fn malformed(detail: impl ToString) -> Stop {
@@ -155,6 +273,8 @@ pub(crate) struct Responder<'a> {
     pub what: &'a (dyn Fn() -> String + Send + Sync),
     pub contact: &'a str,
     pub close: bool,
+    /// Answer denials as JSON ([`wants_json`] of the request's headers).
+    pub json: bool,
     pub rec: &'a Recorder,
 }
 
@@ -195,13 +315,17 @@ impl Responder<'_> {
         reason: Reason,
         detail: Option<String>,
     ) -> Response<ProxyBody> {
-        let resp = deny(
+        let what = (self.what)();
+        let (explain, stub) = suggestions(&ev, reason);
+        let denial = Denial {
             reason,
-            &(self.what)(),
-            self.contact,
-            detail.as_deref(),
-            self.close,
-        );
+            what: &what,
+            contact: self.contact,
+            detail: detail.as_deref(),
+            explain,
+            stub,
+        };
+        let resp = deny(&denial, self.close, self.json);
         ev.status = Some(resp.status().as_u16());
         ev.add_note(detail);
         self.rec.record(ev);

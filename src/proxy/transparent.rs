@@ -61,7 +61,7 @@ use super::admit::{accepting, client_of, identify};
 use super::dest::{parse_authority, Dest};
 use super::exchange::{decide_and_forward, request_event, truncate_path, Inbound, Scheme};
 use super::relay;
-use super::respond::{record_stop, ProxyBody, Responder, Stop};
+use super::respond::{self, record_stop, ProxyBody, Responder, Stop};
 use super::sni::{self, Hello, SniRule, HELLO_TIMEOUT};
 use super::upstream;
 use super::{forward, mitm, tunnel, ProxyCtx};
@@ -344,6 +344,7 @@ async fn request(
         what: &what,
         contact: &policy.settings.contact,
         close: false,
+        json: respond::wants_json(req.headers()),
         rec: &ctx.recorder,
     };
     // Details of refusals made here go into the note, after `transparent`'s.

@@ -53,6 +53,7 @@ pub async fn handle(
         what: &what,
         contact: &policy.settings.contact,
         close: true,
+        json: respond::wants_json(req.headers()),
         rec: &ctx.recorder,
     };
     let edge = admit(&ctx.recorder, &policy, &mut ev, &req)

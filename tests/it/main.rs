@@ -5,6 +5,7 @@ mod support;
 
 mod attack;
 mod check_formats;
+mod deny_answers;
 mod deploy;
 mod dns;
 mod examples;
