@@ -1,4 +1,4 @@
-//! Command line: `serve`, `check`, `schema`, `explain`, `report`, `run`, `ca`. Every `serve` flag can also
+//! Command line: `serve`, `check`, `schema`, `explain`, `report`, `run`, `packages`, `ca`. Every `serve` flag can also
 //! come from an `EGRESSD_*` environment variable.
 
 use std::net::SocketAddr;
@@ -58,10 +58,39 @@ pub enum Command {
     Report(ReportArgs),
     /// Run CMD in a sandbox whose only way out is egressd (embedded by default).
     Run(RunArgs),
+    /// The package gate's approved sets.
+    Packages {
+        #[command(subcommand)]
+        command: PackagesCommand,
+    },
     /// Manage the TLS-interception CA.
     Ca {
         #[command(subcommand)]
         command: CaCommand,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum PackagesCommand {
+    /// Write an approved set pinning the exact versions (and sha256 of files,
+    /// where the lockfile has them) of uv.lock, requirements*.txt with
+    /// --hash, package-lock.json, npm-shrinkwrap.json, pnpm-lock.yaml,
+    /// Cargo.lock and go.sum. One set per ecosystem.
+    Import {
+        /// The set's id (`<id>-<ecosystem>` each when the lockfiles span several).
+        #[arg(long)]
+        id: String,
+        /// Who answers for these packages (the set's `owner`).
+        #[arg(long)]
+        owner: String,
+        /// The set's `reason` (default: "pinned from <lockfiles>").
+        #[arg(long)]
+        reason: Option<String>,
+        /// Write the YAML here (atomically) instead of to stdout.
+        #[arg(long, short = 'o', value_name = "FILE")]
+        output: Option<PathBuf>,
+        #[arg(required = true, value_name = "LOCKFILE")]
+        lockfiles: Vec<PathBuf>,
     },
 }
 

@@ -42,7 +42,7 @@ const RULES: &[(&str, &[&str])] = &[
 /// The top: wiring, reload, the commands and the launcher. They may use
 /// everything, and one another; nothing below may use them.
 const TOP: &[&str] = &[
-    "app", "reload", "check", "explain", "report", "launcher", "cli", "main", "lib",
+    "app", "reload", "check", "explain", "report", "packages", "launcher", "cli", "main", "lib",
 ];
 
 /// The proxy's modules, lowest first: each may use only those before it

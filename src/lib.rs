@@ -41,7 +41,7 @@
 //! | [`proxy`] | the HTTP front-ends (forward, CONNECT, interception, transparent capture), the shared exchange, the relay, the way out | the decision; the resolver |
 //! | [`reload`] | watch → load → swap, the last good policy kept; the reloader thread's priority | compiling (`policy`) |
 //! | [`app`] | wiring: load, bind, spawn, signals, drain; an egressd run in-process | answering any request |
-//! | [`check`], [`explain`], [`report`] | the commands: lint and policy tests, why a target is decided so, review and replay of logs | serving |
+//! | [`check`], [`explain`], [`report`], [`packages`] | the commands: lint and policy tests, why a target is decided so, review and replay of logs, approved sets from lockfiles | serving |
 //! | [`launcher`] | `egressd run`: the plan, namespaces, the sandbox's environment and limits | decisions (it embeds `app`) |
 //! | [`cli`] | the command line and its exit codes | behaviour |
 //!
@@ -70,6 +70,7 @@ pub mod launcher;
 mod layering;
 pub mod log;
 pub mod metrics;
+pub mod packages;
 pub mod policy;
 pub mod proxy;
 pub mod record;

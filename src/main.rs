@@ -1,7 +1,7 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use egressd::cli::{CaCommand, Cli, Command};
+use egressd::cli::{CaCommand, Cli, Command, PackagesCommand};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -101,6 +101,30 @@ fn main() -> ExitCode {
         }
         // Before any runtime exists: the launcher forks while single-threaded.
         Command::Run(args) => ExitCode::from(egressd::launcher::main(args)),
+        Command::Packages {
+            command:
+                PackagesCommand::Import {
+                    id,
+                    owner,
+                    reason,
+                    output,
+                    lockfiles,
+                },
+        } => {
+            let args = egressd::packages::ImportArgs {
+                id: &id,
+                owner: &owner,
+                reason: reason.as_deref(),
+                output: output.as_deref(),
+                lockfiles: &lockfiles,
+            };
+            let code = egressd::packages::run_import(
+                &args,
+                &mut std::io::stdout().lock(),
+                &mut std::io::stderr(),
+            );
+            ExitCode::from(code as u8)
+        }
         Command::Ca {
             command: CaCommand::Init { dir, days, force },
         } => {

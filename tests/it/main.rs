@@ -14,6 +14,7 @@ mod fuzz_regressions;
 mod launcher;
 mod lifecycle;
 mod ocsf;
+mod packages_import;
 mod policy_ci;
 mod policy_files;
 mod report;
