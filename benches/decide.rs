@@ -108,7 +108,7 @@ fn cases(n: usize) -> Vec<Case> {
         proto,
         target,
         port,
-        method: matches!(proto, Proto::Http).then_some("GET"),
+        method: matches!(proto, Proto::Http).then(|| "GET".into()),
         path: matches!(proto, Proto::Http).then_some("/"),
         client: None,
         allowed,

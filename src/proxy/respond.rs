@@ -116,6 +116,11 @@ pub(crate) enum Stop {
     Deny(Reason, Option<String>),
     /// Refused by the policy decision already in the event.
     Decided,
+    /// The request's framing or size cannot be trusted (RFC 9112 §6):
+    /// refused as malformed with `status` (400; 501 for a transfer coding
+    /// egressd does not decode; 431 for a head too large), and the
+    /// connection closed, since where the request ends is not known.
+    BadMessage { status: StatusCode, detail: String },
     /// The destination could not be reached.
     Unreachable {
         kind: UpstreamFailure,
@@ -134,6 +139,10 @@ pub(crate) fn record_stop(rec: &Recorder, mut ev: Event, stop: Stop) {
             ev.add_note(detail);
         }
         Stop::Decided => {}
+        Stop::BadMessage { detail, .. } => {
+            ev.set_denied(Reason::Malformed);
+            ev.add_note(Some(detail));
+        }
         Stop::Unreachable { kind, message, .. } => ev.fail_upstream(kind, message),
     }
     rec.record(ev);
@@ -164,6 +173,15 @@ impl Responder<'_> {
         match stop {
             Stop::Deny(reason, detail) => self.deny(ev, reason, detail),
             Stop::Decided => self.refuse(ev),
+            Stop::BadMessage { status, detail } => {
+                let closing = Responder {
+                    close: true,
+                    ..*self
+                };
+                let mut ev = ev;
+                ev.set_denied(Reason::Malformed);
+                closing.answer_denial_as(ev, Reason::Malformed, Some(detail), status)
+            }
             Stop::Unreachable {
                 kind,
                 message,
@@ -191,17 +209,29 @@ impl Responder<'_> {
 
     fn answer_denial(
         &self,
-        mut ev: Event,
+        ev: Event,
         reason: Reason,
         detail: Option<String>,
     ) -> Response<ProxyBody> {
-        let resp = deny(
+        self.answer_denial_as(ev, reason, detail, status_for(reason))
+    }
+
+    /// [`Responder::answer_denial`] with `status` instead of the reason's.
+    fn answer_denial_as(
+        &self,
+        mut ev: Event,
+        reason: Reason,
+        detail: Option<String>,
+        status: StatusCode,
+    ) -> Response<ProxyBody> {
+        let mut resp = deny(
             reason,
             &(self.what)(),
             self.contact,
             detail.as_deref(),
             self.close,
         );
+        *resp.status_mut() = status;
         ev.status = Some(resp.status().as_u16());
         ev.add_note(detail);
         self.rec.record(ev);

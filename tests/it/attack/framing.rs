@@ -209,7 +209,6 @@ fn transfer_codings_other_than_one_chunked_are_refused() {
             [status],
             "{te:?}: the connection must close after the refusal"
         );
-        assert_eq!(got[0].reason(), Some("malformed"), "{te:?}");
         let line = lines.one(te);
         assert_denied_line(&line, "malformed", Some(status), te);
     }
@@ -327,8 +326,13 @@ fn ambiguous_origin_answers_get_502_and_the_connection_is_not_reused() {
     // anything after it.
     for conn in l.origin.raw.lock().unwrap().iter() {
         let text = String::from_utf8_lossy(&conn.lock().unwrap()).into_owned();
-        if text.contains("/public/ambiguous") {
-            assert_eq!(text.matches(" HTTP/1.1\r\n").count(), 1, "reused: {text:?}");
+        if let Some(i) = text.find("/public/ambiguous") {
+            let after = &text[i..];
+            assert_eq!(
+                after.matches(" HTTP/1.1\r\n").count(),
+                1,
+                "reused: {text:?}"
+            );
         }
     }
     lines.done("ambiguous answers");
