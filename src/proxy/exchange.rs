@@ -36,7 +36,7 @@ use super::relay::{self, meter::Counted};
 use super::respond::{self, ProxyBody, Responder, Stop};
 use super::tls_origins::{TlsClient, UpstreamAddr};
 use super::upstream::{self, Egress};
-use super::{ProxyCtx, MAX_HEADER_BYTES};
+use super::ProxyCtx;
 use crate::policy::{self, ClientIdx, Decision, Exception, Policy, Proto, Reason};
 use crate::record::{Event, Recorder, UpstreamFailure};
 use crate::shutdown::Permit;
@@ -109,7 +109,7 @@ pub(crate) async fn decide_and_forward(
     inbound: Inbound<'_>,
     responder: &Responder<'_>,
 ) -> Response<ProxyBody> {
-    if let Err(stop) = check_head_size(&req).and_then(|()| check_framing(req.headers())) {
+    if let Err(stop) = check_framing(req.headers()) {
         return responder.stop(ev, stop);
     }
     let now = unix_now();
@@ -172,31 +172,6 @@ fn method_overrides(h: &HeaderMap) -> Vec<String> {
                 .collect::<Vec<_>>()
         })
         .collect()
-}
-
-/// An HTTP/1 request head is at most [`MAX_HEADER_BYTES`] as it was
-/// written. hyper's own bound covers the proxy port exactly; inside
-/// interception (hyper-util's server, no such setting) only its read
-/// buffer bounds a head, and a head read in one go may pass it. Counted
-/// here as written less optional whitespace; HTTP/2 heads are bounded by
-/// the HTTP/2 settings instead.
-fn check_head_size<B>(req: &Request<B>) -> Result<(), Stop> {
-    if req.version() > http::Version::HTTP_11 {
-        return Ok(());
-    }
-    let line = req.method().as_str().len() + req.uri().to_string().len() + " HTTP/1.1\r\n ".len();
-    let fields: usize = req
-        .headers()
-        .iter()
-        .map(|(n, v)| n.as_str().len() + v.len() + ": \r\n".len())
-        .sum();
-    if line + fields + 2 > MAX_HEADER_BYTES {
-        return Err(Stop::BadMessage {
-            status: StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
-            detail: format!("the request head is over {MAX_HEADER_BYTES} bytes"),
-        });
-    }
-    Ok(())
 }
 
 /// The framing checks hyper leaves to its user (RFC 9112 §6). hyper has

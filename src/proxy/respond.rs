@@ -116,10 +116,10 @@ pub(crate) enum Stop {
     Deny(Reason, Option<String>),
     /// Refused by the policy decision already in the event.
     Decided,
-    /// The request's framing or size cannot be trusted (RFC 9112 §6):
-    /// refused as malformed with `status` (400; 501 for a transfer coding
-    /// egressd does not decode; 431 for a head too large), and the
-    /// connection closed, since where the request ends is not known.
+    /// The request's framing cannot be trusted (RFC 9112 §6): refused as
+    /// malformed with `status` (400, or 501 for a transfer coding egressd
+    /// does not decode), and the connection closed, since where the
+    /// request ends is not known.
     BadMessage { status: StatusCode, detail: String },
     /// The destination could not be reached.
     Unreachable {
