@@ -757,6 +757,58 @@ mod tests {
         );
     }
 
+    fn headers(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.append(HeaderName::from_static(k), HeaderValue::from_static(v));
+        }
+        h
+    }
+
+    #[test]
+    fn one_chunked_last_is_the_only_transfer_encoding() {
+        let status = |pairs: &[(&'static str, &'static str)]| match check_framing(&headers(pairs)) {
+            Ok(()) => 200,
+            Err(Stop::BadMessage { status, .. }) => status.as_u16(),
+            Err(other) => panic!("{other:?}"),
+        };
+        let te = "transfer-encoding";
+        assert_eq!(status(&[(te, "chunked")]), 200);
+        assert_eq!(status(&[(te, " Chunked\t")]), 200);
+        assert_eq!(status(&[]), 200);
+        for bad in [
+            "chunked, chunked",
+            ",chunked",
+            "chunked,",
+            "gzip",
+            "chunked, gzip",
+        ] {
+            assert_eq!(status(&[(te, bad)]), 400, "{bad}");
+        }
+        assert_eq!(status(&[(te, "chunked"), (te, "chunked")]), 400);
+        assert_eq!(status(&[(te, "gzip, chunked")]), 501);
+        assert_eq!(
+            status(&[("content-length", "5"), ("content-length", "6")]),
+            400
+        );
+    }
+
+    #[test]
+    fn lengths_and_ambiguous_answers() {
+        let cl = |v: &'static str| content_length(&headers(&[("content-length", v)]));
+        assert_eq!(cl("010"), Ok(Some(10)));
+        assert_eq!(cl("0"), Ok(Some(0)));
+        for bad in ["", "+5", "5, 5", "0x5", "99999999999999999999999"] {
+            assert!(cl(bad).is_err(), "{bad}");
+        }
+        let te_cl = headers(&[("transfer-encoding", "chunked"), ("content-length", "5")]);
+        assert!(ambiguous_answer(&te_cl).is_some());
+        let two = headers(&[("content-length", "5"), ("content-length", "6")]);
+        assert!(ambiguous_answer(&two).is_some());
+        assert!(ambiguous_answer(&headers(&[("content-length", "5")])).is_none());
+        assert!(ambiguous_answer(&headers(&[("transfer-encoding", "chunked")])).is_none());
+    }
+
     #[test]
     fn the_origin_form_of_an_empty_path_is_slash() {
         let f = |u: &str| origin_form(&u.parse().unwrap());
