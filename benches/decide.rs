@@ -181,7 +181,7 @@ fn request(c: &Case) -> Request<'_> {
         client: c.client,
         target: &c.target,
         port: c.port,
-        method: c.method,
+        method: c.method.map(Into::into),
         path: c.path,
         qtype: (c.proto == Proto::Dns).then_some(1),
         can_intercept: false,

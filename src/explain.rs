@@ -361,7 +361,7 @@ impl<'p> Ctx<'p> {
             client: self.client,
             target: &q.target,
             port: q.port,
-            method: http.then_some(q.method.as_str()),
+            method: http.then(|| q.method.as_str().into()),
             path: if http { q.path.as_deref().ok() } else { None },
             qtype: match q.kind {
                 Kind::Dns(t) => Some(t),

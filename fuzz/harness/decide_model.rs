@@ -463,7 +463,7 @@ fn check(data: &[u8], strict: bool) {
                 client: client_idx,
                 target: &target,
                 port: r.port,
-                method: Some(r.method),
+                method: Some(r.method.into()),
                 path: Some(r.path),
                 qtype: Some(r.qtype),
                 can_intercept: r.intercept,

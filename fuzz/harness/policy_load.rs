@@ -76,7 +76,7 @@ fn check_named(policy: &egressd::policy::Policy, _i: usize, target: &Target, por
                 client: None,
                 target,
                 port,
-                method: Some("GET"),
+                method: Some("GET".into()),
                 path: Some("/"),
                 qtype: Some(1),
                 can_intercept: intercept,

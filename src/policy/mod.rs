@@ -261,14 +261,48 @@ pub struct Request<'a> {
     pub target: &'a Target,
     /// Destination port; ignored for DNS.
     pub port: u16,
-    /// HTTP method (plain HTTP and inside interception).
-    pub method: Option<&'a str>,
+    /// HTTP method (plain HTTP and inside interception), with the
+    /// methods its override headers name.
+    pub method: Option<Method<'a>>,
     /// Normalised path (see [`path::normalize_path`]).
     pub path: Option<&'a str>,
     /// DNS query type.
     pub qtype: Option<u16>,
     /// CONNECT only: whether TLS interception is available.
     pub can_intercept: bool,
+}
+
+/// An HTTP request's method, and the methods its override headers
+/// (`X-HTTP-Method-Override` and kin) name: many frameworks run the
+/// override instead of the method, so an exception's `methods` must allow
+/// every one of them.
+#[derive(Debug, Clone, Copy)]
+pub struct Method<'a> {
+    pub name: &'a str,
+    /// As the headers spell them; matched without regard to case (the
+    /// frameworks that honour them upper-case them first).
+    pub overrides: &'a [String],
+}
+
+impl<'a> From<&'a str> for Method<'a> {
+    /// A method with no override.
+    fn from(name: &'a str) -> Method<'a> {
+        Method {
+            name,
+            overrides: &[],
+        }
+    }
+}
+
+impl Method<'_> {
+    /// Whether `methods` allows the method and every override.
+    fn allowed_by(&self, methods: &[String]) -> bool {
+        methods.iter().any(|m| m == self.name)
+            && self
+                .overrides
+                .iter()
+                .all(|o| methods.iter().any(|m| m.eq_ignore_ascii_case(o)))
+    }
 }
 
 /// How far a candidate exception got before it failed; the furthest one
@@ -420,7 +454,7 @@ impl Policy {
                 }
                 if let Some(methods) = &e.methods {
                     match req.method {
-                        Some(m) if methods.iter().any(|x| x == m) => {}
+                        Some(m) if m.allowed_by(methods) => {}
                         _ => return Err(Stage::Method),
                     }
                 }
@@ -602,6 +636,41 @@ mod tests {
                 "{err}"
             );
         }
+    }
+
+    #[test]
+    fn every_override_a_request_names_must_be_an_allowed_method() {
+        let yaml = "exceptions:\n  - id: x\n    owner: o\n    reason: r\n    hosts: [a.test]\n    methods: [GET, POST]\n  - id: any\n    owner: o\n    reason: r\n    hosts: [b.test]\n";
+        let p = from_yaml(yaml).unwrap();
+        let ask = |host: &str, name: &str, overrides: &[&str]| {
+            let overrides: Vec<String> = overrides.iter().map(|s| s.to_string()).collect();
+            let target = host::parse_target(host).unwrap();
+            let req = Request {
+                proto: Proto::Http,
+                client: None,
+                target: &target,
+                port: 80,
+                method: Some(Method {
+                    name,
+                    overrides: &overrides,
+                }),
+                path: Some("/"),
+                qtype: None,
+                can_intercept: false,
+            };
+            p.decide(&req, 0).reason
+        };
+        assert_eq!(ask("a.test", "GET", &[]), Reason::Exception);
+        assert_eq!(ask("a.test", "GET", &["post", "GET"]), Reason::Exception);
+        assert_eq!(ask("a.test", "GET", &["DELETE"]), Reason::MethodNotAllowed);
+        assert_eq!(
+            ask("a.test", "GET", &["POST", "PUT"]),
+            Reason::MethodNotAllowed
+        );
+        // The method itself is matched as it is spelled (methods are
+        // case-sensitive); with no `methods`, nothing is checked.
+        assert_eq!(ask("a.test", "get", &[]), Reason::MethodNotAllowed);
+        assert_eq!(ask("b.test", "GET", &["DELETE"]), Reason::Exception);
     }
 
     #[test]

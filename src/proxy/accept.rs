@@ -114,6 +114,7 @@ pub(crate) async fn serve_http1<F, Fut>(
         .timer(TokioTimer::new())
         .header_read_timeout(HEADER_READ_TIMEOUT)
         .max_buf_size(MAX_HEADER_BYTES)
+        .max_header_size(MAX_HEADER_BYTES)
         .keep_alive(true)
         .serve_connection(TokioIo::new(stream), svc)
         .with_upgrades()

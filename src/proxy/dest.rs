@@ -90,8 +90,9 @@ fn parse_port(p: &str) -> Result<u16, AuthorityError> {
     }
 }
 
-/// At most one `Host` header, and it names `dest` (a missing port means
-/// `dest`'s). Err: the reason and detail to deny with.
+/// At most one `Host` header, one authority (not a list, which servers
+/// read differently), and it names `dest` (a missing port means `dest`'s).
+/// Err: the reason and detail to deny with.
 pub(crate) fn check_host_headers(
     headers: &HeaderMap,
     dest: &Dest,
@@ -102,6 +103,9 @@ pub(crate) fn check_host_headers(
         return Err((Reason::Malformed, Some("more than one Host header".into())));
     }
     if let Some(h) = first {
+        if h.as_bytes().contains(&b',') {
+            return Err((Reason::Malformed, Some("a list in the Host header".into())));
+        }
         let agrees = h
             .to_str()
             .ok()

@@ -16,14 +16,14 @@
 
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
-use http::{Request, Response, Uri};
+use http::{Request, Response, StatusCode, Uri};
 use http_body_util::BodyExt;
 use hyper::body::{Body, Frame, Incoming, SizeHint};
 use hyper::upgrade::OnUpgrade;
@@ -48,6 +48,14 @@ pub const RESPONSE_TIMEOUT: Duration = Duration::from_secs(60);
 const MAX_LOGGED_PATH: usize = 2048;
 
 static VIA: HeaderValue = HeaderValue::from_static("1.1 egressd");
+
+/// Headers many frameworks read the method from instead of the request
+/// line (Rails, Symfony, Express's method-override, ASP.NET, ...).
+const METHOD_OVERRIDES: [&str; 3] = [
+    "x-http-method-override",
+    "x-http-method",
+    "x-method-override",
+];
 
 /// Headers that describe one hop, never forwarded (RFC 9110 §7.6.1), plus
 /// the proxy's own credentials.
@@ -101,6 +109,9 @@ pub(crate) async fn decide_and_forward(
     inbound: Inbound<'_>,
     responder: &Responder<'_>,
 ) -> Response<ProxyBody> {
+    if let Err(stop) = check_framing(req.headers()) {
+        return responder.stop(ev, stop);
+    }
     let now = unix_now();
     let d = decide(policy, &req, &mut ev, &inbound, now);
     if !d.is_allowed() {
@@ -121,19 +132,120 @@ fn decide<'p>(
     inbound: &Inbound<'_>,
     now: i64,
 ) -> Decision<'p> {
+    let overrides = method_overrides(req.headers());
     let preq = policy::Request {
         proto: ev.proto,
         client: inbound.client,
         target: &inbound.dest.target,
         port: inbound.dest.port,
-        method: Some(req.method().as_str()),
+        method: Some(policy::Method {
+            name: req.method().as_str(),
+            overrides: &overrides,
+        }),
         path: Some(inbound.path),
         qtype: None,
         can_intercept: false,
     };
     let d = policy.decide(&preq, now);
     ev.set_decision(&d, policy.settings.mode);
+    if d.reason == Reason::MethodNotAllowed && !overrides.is_empty() {
+        ev.add_note(Some(format!(
+            "method override headers name {}",
+            overrides.join(", ")
+        )));
+    }
     d
+}
+
+/// The methods a request's override headers name, as spelled: every line
+/// of each, every element of a list. An empty value names none; bytes
+/// that are not text name a method no exception lists.
+fn method_overrides(h: &HeaderMap) -> Vec<String> {
+    METHOD_OVERRIDES
+        .iter()
+        .flat_map(|n| h.get_all(*n))
+        .flat_map(|v| {
+            String::from_utf8_lossy(v.as_bytes())
+                .split(',')
+                .map(|m| m.trim_matches([' ', '\t']).to_string())
+                .filter(|m| !m.is_empty())
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+/// The framing checks hyper leaves to its user (RFC 9112 §6). hyper has
+/// already refused a `Transfer-Encoding` that does not end in `chunked`,
+/// `Content-Length`s that disagree or are not numbers, and has dropped
+/// `Content-Length` beside `Transfer-Encoding` (and closes the connection
+/// after such a request). What it lets through, parsers disagree on, so it
+/// is refused here: more than one `Transfer-Encoding` line, an empty list
+/// element, `chunked` twice, and codings before `chunked` (501: egressd
+/// decodes none, and forwarding them undecoded would change the body).
+fn check_framing(h: &HeaderMap) -> Result<(), Stop> {
+    let bad = |status, detail: &str| Stop::BadMessage {
+        status,
+        detail: detail.to_string(),
+    };
+    let mut lines = h.get_all(header::TRANSFER_ENCODING).iter();
+    if let Some(te) = lines.next() {
+        if lines.next().is_some() {
+            let why = "more than one Transfer-Encoding line";
+            return Err(bad(StatusCode::BAD_REQUEST, why));
+        }
+        let te = te
+            .to_str()
+            .map_err(|_| bad(StatusCode::BAD_REQUEST, "Transfer-Encoding is not text"))?;
+        let codings: Vec<&str> = te.split(',').map(|c| c.trim_matches([' ', '\t'])).collect();
+        let chunked = |c: &str| c.eq_ignore_ascii_case("chunked");
+        if codings.iter().any(|c| c.is_empty()) {
+            let why = "an empty element in Transfer-Encoding";
+            return Err(bad(StatusCode::BAD_REQUEST, why));
+        }
+        if codings.iter().filter(|c| chunked(c)).count() != 1
+            || !codings.last().is_some_and(|c| chunked(c))
+        {
+            let why = "Transfer-Encoding must name chunked once, last";
+            return Err(bad(StatusCode::BAD_REQUEST, why));
+        }
+        if let Some(other) = codings.iter().find(|c| !chunked(c)) {
+            let why = format!("transfer coding {other:?} is not supported, only chunked");
+            return Err(bad(StatusCode::NOT_IMPLEMENTED, &why));
+        }
+    }
+    content_length(h).map_err(|why| bad(StatusCode::BAD_REQUEST, why))?;
+    Ok(())
+}
+
+/// The one length every `Content-Length` line states (decimal digits, each
+/// line the same number), `None` without one.
+fn content_length(h: &HeaderMap) -> Result<Option<u64>, &'static str> {
+    let mut len = None;
+    for v in h.get_all(header::CONTENT_LENGTH) {
+        let v = v.as_bytes();
+        let n = std::str::from_utf8(v)
+            .ok()
+            .filter(|v| !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()))
+            .and_then(|v| v.parse::<u64>().ok())
+            .ok_or("Content-Length is not a number")?;
+        if len.is_some_and(|l| l != n) {
+            return Err("Content-Length lines disagree");
+        }
+        len = Some(n);
+    }
+    Ok(len)
+}
+
+/// Why an origin's answer cannot be relayed: framed two ways, so that one
+/// reader's end of it is another's start of the next response (response
+/// splitting). `None` when its framing is one.
+fn ambiguous_answer(h: &HeaderMap) -> Option<&'static str> {
+    if h.contains_key(header::TRANSFER_ENCODING) && h.contains_key(header::CONTENT_LENGTH) {
+        return Some("the origin's answer carries both Content-Length and Transfer-Encoding");
+    }
+    content_length(h)
+        .err()
+        .map(|_| "the origin's answer carries conflicting or invalid Content-Length")
 }
 
 /// An allowed request, on its way: checked addresses, the origin chosen,
@@ -263,6 +375,11 @@ fn rewrite(
 ) -> Option<OnUpgrade> {
     let h = req.headers_mut();
     strip_hop_by_hop(h);
+    // Forwarded in canonical form (`010` is 10 to some origins, 8 to
+    // others); `check_framing` made sure there is one number.
+    if let Ok(Some(n)) = content_length(h) {
+        h.insert(header::CONTENT_LENGTH, HeaderValue::from(n));
+    }
     if let Some(p) = &upgrade {
         h.insert(header::UPGRADE, p.clone());
         h.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
@@ -307,8 +424,10 @@ async fn send(
     ev: &mut Event,
 ) -> Result<Sent, Stop> {
     let up_bytes = Arc::new(AtomicU64::new(0));
+    let body_failed = Arc::new(AtomicBool::new(false));
     let (parts, body) = req.into_parts();
-    let req = Request::from_parts(parts, Counted::new(body, up_bytes.clone()));
+    let body = Counted::new(body, up_bytes.clone()).flag_errors(body_failed.clone());
+    let req = Request::from_parts(parts, body);
     let sent = async {
         match (&origin.tls, origin.addr) {
             (Some(c), _) => c
@@ -331,12 +450,27 @@ async fn send(
     }
     let (resp, lent) = match result {
         Ok(Ok(sent)) => sent,
+        // The client's own body broke the exchange (hyper's chunk
+        // extension bound, a bad chunk size): its request was malformed.
+        Ok(Err(e)) if body_failed.load(Ordering::Relaxed) => {
+            return Err(Stop::BadMessage {
+                status: StatusCode::BAD_REQUEST,
+                detail: format!("the request body: {e}"),
+            })
+        }
         Ok(Err(e)) => return Err(unreachable(UpstreamFailure::Connect, e, false)),
         Err(_) => {
             let why = "no response in time";
             return Err(unreachable(UpstreamFailure::Timeout, why, true));
         }
     };
+    if let Some(why) = ambiguous_answer(resp.headers()) {
+        // Neither the answer nor its connection is used: `lent` is
+        // dropped here, closing the connection instead of pooling it.
+        drop((resp, lent));
+        ev.bytes_up = up_bytes.load(Ordering::Relaxed);
+        return Err(unreachable(UpstreamFailure::Connect, why, false));
+    }
     Ok(Sent {
         resp,
         lent,
@@ -621,6 +755,58 @@ mod tests {
             left,
             ["accept", "content-length", "host", "x_forwarded_for"]
         );
+    }
+
+    fn headers(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.append(HeaderName::from_static(k), HeaderValue::from_static(v));
+        }
+        h
+    }
+
+    #[test]
+    fn one_chunked_last_is_the_only_transfer_encoding() {
+        let status = |pairs: &[(&'static str, &'static str)]| match check_framing(&headers(pairs)) {
+            Ok(()) => 200,
+            Err(Stop::BadMessage { status, .. }) => status.as_u16(),
+            Err(other) => panic!("{other:?}"),
+        };
+        let te = "transfer-encoding";
+        assert_eq!(status(&[(te, "chunked")]), 200);
+        assert_eq!(status(&[(te, " Chunked\t")]), 200);
+        assert_eq!(status(&[]), 200);
+        for bad in [
+            "chunked, chunked",
+            ",chunked",
+            "chunked,",
+            "gzip",
+            "chunked, gzip",
+        ] {
+            assert_eq!(status(&[(te, bad)]), 400, "{bad}");
+        }
+        assert_eq!(status(&[(te, "chunked"), (te, "chunked")]), 400);
+        assert_eq!(status(&[(te, "gzip, chunked")]), 501);
+        assert_eq!(
+            status(&[("content-length", "5"), ("content-length", "6")]),
+            400
+        );
+    }
+
+    #[test]
+    fn lengths_and_ambiguous_answers() {
+        let cl = |v: &'static str| content_length(&headers(&[("content-length", v)]));
+        assert_eq!(cl("010"), Ok(Some(10)));
+        assert_eq!(cl("0"), Ok(Some(0)));
+        for bad in ["", "+5", "5, 5", "0x5", "99999999999999999999999"] {
+            assert!(cl(bad).is_err(), "{bad}");
+        }
+        let te_cl = headers(&[("transfer-encoding", "chunked"), ("content-length", "5")]);
+        assert!(ambiguous_answer(&te_cl).is_some());
+        let two = headers(&[("content-length", "5"), ("content-length", "6")]);
+        assert!(ambiguous_answer(&two).is_some());
+        assert!(ambiguous_answer(&headers(&[("content-length", "5")])).is_none());
+        assert!(ambiguous_answer(&headers(&[("transfer-encoding", "chunked")])).is_none());
     }
 
     #[test]

@@ -210,6 +210,11 @@ pub(crate) enum Stop {
     Deny(Reason, Option<String>),
     /// Refused by the policy decision already in the event.
     Decided,
+    /// The request's framing cannot be trusted (RFC 9112 §6): refused as
+    /// malformed with `status` (400, or 501 for a transfer coding egressd
+    /// does not decode), and the connection closed, since where the
+    /// request ends is not known.
+    BadMessage { status: StatusCode, detail: String },
     /// The destination could not be reached.
     Unreachable {
         kind: UpstreamFailure,
@@ -228,6 +233,10 @@ pub(crate) fn record_stop(rec: &Recorder, mut ev: Event, stop: Stop) {
             ev.add_note(detail);
         }
         Stop::Decided => {}
+        Stop::BadMessage { detail, .. } => {
+            ev.set_denied(Reason::Malformed);
+            ev.add_note(Some(detail));
+        }
         Stop::Unreachable { kind, message, .. } => ev.fail_upstream(kind, message),
     }
     rec.record(ev);
@@ -284,6 +293,15 @@ impl Responder<'_> {
         match stop {
             Stop::Deny(reason, detail) => self.deny(ev, reason, detail),
             Stop::Decided => self.refuse(ev),
+            Stop::BadMessage { status, detail } => {
+                let closing = Responder {
+                    close: true,
+                    ..*self
+                };
+                let mut ev = ev;
+                ev.set_denied(Reason::Malformed);
+                closing.answer_denial_as(ev, Reason::Malformed, Some(detail), status)
+            }
             Stop::Unreachable {
                 kind,
                 message,
@@ -311,9 +329,20 @@ impl Responder<'_> {
 
     fn answer_denial(
         &self,
+        ev: Event,
+        reason: Reason,
+        detail: Option<String>,
+    ) -> Response<ProxyBody> {
+        self.answer_denial_as(ev, reason, detail, status_for(reason))
+    }
+
+    /// [`Responder::answer_denial`] with `status` instead of the reason's.
+    fn answer_denial_as(
+        &self,
         mut ev: Event,
         reason: Reason,
         detail: Option<String>,
+        status: StatusCode,
     ) -> Response<ProxyBody> {
         let what = (self.what)();
         let (explain, stub) = suggestions(&ev, reason);
@@ -325,7 +354,8 @@ impl Responder<'_> {
             explain,
             stub,
         };
-        let resp = deny(&denial, self.close, self.json);
+        let mut resp = deny(&denial, self.close, self.json);
+        *resp.status_mut() = status;
         ev.status = Some(resp.status().as_u16());
         ev.add_note(detail);
         self.rec.record(ev);

@@ -81,7 +81,7 @@ fn allowed(p: &Policy, proto: Proto, host: &str, port: u16) -> bool {
         client: None,
         target: &target,
         port,
-        method: matches!(proto, Proto::Http).then_some("GET"),
+        method: matches!(proto, Proto::Http).then(|| "GET".into()),
         path: matches!(proto, Proto::Http).then_some("/"),
         qtype: None,
         can_intercept: false,

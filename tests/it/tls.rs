@@ -535,6 +535,81 @@ fn github_token_reaches_the_origin_and_delete_is_denied() {
     assert!(!raw_log(&s.e).contains(TOKEN));
 }
 
+/// Inside interception a method override header is decided as a method
+/// too, over HTTP/1.1 and HTTP/2 alike: `GET` with
+/// `X-HTTP-Method-Override: DELETE` is a `DELETE` to the frameworks that
+/// honour it (issue 14).
+#[test]
+fn method_override_headers_are_decided_inside_interception() {
+    if !have("curl") {
+        return;
+    }
+    let s = setup();
+    let target = url("api.test", &s.api, "/repos/x/y");
+    for version in ["--http1.1", "--http2"] {
+        for h in ["X-HTTP-Method-Override: DELETE", "X-Method-Override: PUT"] {
+            let r = curl(&s, &[version, "-H", h], &target);
+            assert_eq!(r.status, 403, "{version} {h}: {r:?}");
+            assert_eq!(r.reason().as_deref(), Some("method_not_allowed"));
+        }
+        let r = curl(&s, &[version, "-H", "X-HTTP-Method: head"], &target);
+        assert_eq!(r.status, 200, "{version}: {r:?}");
+        assert_eq!(
+            s.api.last().unwrap().header("x-http-method"),
+            Some("head"),
+            "an allowed override passes untouched"
+        );
+    }
+    assert_eq!(
+        s.api.count(),
+        2,
+        "only the allowed requests reached the origin"
+    );
+    let denied: Vec<_> = tls_lines(&s.e)
+        .into_iter()
+        .filter(|l| l["reason"] == "method_not_allowed")
+        .collect();
+    assert_eq!(denied.len(), 4, "{denied:#?}");
+    for l in &denied {
+        assert_eq!(
+            (&l["method"], &l["status"]),
+            (&"GET".into(), &403.into()),
+            "{l}"
+        );
+        assert!(
+            l["note"]
+                .as_str()
+                .is_some_and(|n| n.contains("method override")),
+            "{l}"
+        );
+    }
+}
+
+/// Inside interception an HTTP/1.1 head over 64 KiB gets 431, as on the
+/// proxy port (there hyper's read buffer bounds it: TLS hands the head
+/// over a record at a time).
+#[test]
+fn heads_over_64_kib_get_431_inside_interception() {
+    if !have("curl") {
+        return;
+    }
+    let s = setup();
+    let target = url("api.test", &s.api, "/repos/x/y");
+    let big = format!("X-Big: {}", "a".repeat(64 << 10));
+    let r = curl(&s, &["--http1.1", "-H", &big], &target);
+    assert_eq!(r.status, 431, "{r:?}");
+    let fits = format!("X-Big: {}", "a".repeat(4 << 10));
+    let r = curl(&s, &["--http1.1", "-H", &fits], &target);
+    assert_eq!(r.status, 200, "{r:?}");
+    assert_eq!(s.api.count(), 1);
+    let lines = tls_lines(&s.e);
+    assert_eq!(lines.len(), 2, "{lines:#?}");
+    assert_eq!(
+        (&lines[0]["reason"], &lines[0]["status"]),
+        (&"malformed".into(), &431.into())
+    );
+}
+
 #[test]
 fn http2_both_sides_and_h2_to_an_http1_origin() {
     if !have("curl") {

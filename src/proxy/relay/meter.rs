@@ -4,7 +4,7 @@
 
 use std::io;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -117,11 +117,24 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Metered<S> {
 pub struct Counted<B> {
     inner: B,
     counter: Arc<AtomicU64>,
+    /// Set once the body failed (when asked for).
+    failed: Option<Arc<AtomicBool>>,
 }
 
 impl<B> Counted<B> {
     pub(crate) fn new(inner: B, counter: Arc<AtomicU64>) -> Counted<B> {
-        Counted { inner, counter }
+        Counted {
+            inner,
+            counter,
+            failed: None,
+        }
+    }
+
+    /// Sets `flag` if the body fails: whoever reads it (a client sending
+    /// it on) can then tell the body's failure from its own.
+    pub(crate) fn flag_errors(mut self, flag: Arc<AtomicBool>) -> Counted<B> {
+        self.failed = Some(flag);
+        self
     }
 }
 
@@ -133,10 +146,18 @@ impl<B: Body<Data = Bytes> + Unpin> Body for Counted<B> {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
         let r = Pin::new(&mut self.inner).poll_frame(cx);
-        if let Poll::Ready(Some(Ok(f))) = &r {
-            if let Some(d) = f.data_ref() {
-                self.counter.fetch_add(d.len() as u64, Ordering::Relaxed);
+        match &r {
+            Poll::Ready(Some(Ok(f))) => {
+                if let Some(d) = f.data_ref() {
+                    self.counter.fetch_add(d.len() as u64, Ordering::Relaxed);
+                }
             }
+            Poll::Ready(Some(Err(_))) => {
+                if let Some(flag) = &self.failed {
+                    flag.store(true, Ordering::Relaxed);
+                }
+            }
+            _ => {}
         }
         r
     }

@@ -15,6 +15,7 @@
 //! | `connect.rs` | CONNECT authorities, pipelining, SNI, non-TLS bytes |
 //! | `rebinding.rs` | DNS rebinding, time-of-check/time-of-use, redirects |
 //! | `smuggling.rs` | CL.TE, TE.CL, framing tricks, pipelining (origin bytes checked) |
+//! | `framing.rs` | strict framing past hyper: transfer codings, canonical lengths, ambiguous answers, head and extension bounds, `Host` lists, method overrides |
 //! | `upgrades.rs` | h2c, HTTP/2 prior knowledge, WebSocket |
 //! | `dns.rs` | the resolver: packet abuse, floods, hostile upstream answers |
 //! | `dns_tools/` | DNS tunnels: real iodine and dns2tcp in a namespace lab, generated tunnels, the benign corpus |
@@ -32,6 +33,7 @@ mod dns;
 mod dns_tools;
 mod ech;
 mod faults;
+mod framing;
 mod hostnames;
 mod literals;
 mod log_stall;
