@@ -519,7 +519,7 @@ impl<'p> Ctx<'p> {
                 "         names that look like data (long labels, tunnelling patterns) may still \
                  be refused (dns_tunnel)"
             )?;
-        } else if d.reason == Reason::QtypeNotAllowed && d.exception.is_none() {
+        } else if d.reason == Reason::QtypeNotAllowed && qtype::NEVER_ALLOWED.contains(&t) {
             writeln!(
                 out,
                 "         zone transfers, ANY and NULL are never answered, whatever the policy"

@@ -322,13 +322,6 @@ impl Policy {
     /// the same decision. Among the exceptions that allow the request, the
     /// first in load order (files sorted by name, then position) is named.
     pub fn decide(&self, req: &Request<'_>, now: i64) -> Decision<'_> {
-        if req.proto == Proto::Dns {
-            if let Some(t) = req.qtype {
-                if qtype::NEVER_ALLOWED.contains(&t) {
-                    return self.finish(Decision::deny(Reason::QtypeNotAllowed, None));
-                }
-            }
-        }
         let mut allow: Option<u32> = None;
         let mut inspect: Option<u32> = None;
         let mut closest: Option<(Stage, u32)> = None;
@@ -394,8 +387,13 @@ impl Policy {
         }
         match req.proto {
             Proto::Dns => {
+                // A type no exception can allow fails here, at the type
+                // stage: a name no exception covers is `no_exception`
+                // whatever its type.
                 let t = req.qtype.unwrap_or(qtype::A);
-                if !qtype::DEFAULT_ALLOWED.contains(&t) && !e.dns_types.contains(&t) {
+                if qtype::NEVER_ALLOWED.contains(&t)
+                    || !qtype::DEFAULT_ALLOWED.contains(&t) && !e.dns_types.contains(&t)
+                {
                     return Err(Stage::Qtype);
                 }
                 Ok(false)
