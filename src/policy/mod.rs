@@ -30,7 +30,7 @@ use http::{HeaderName, HeaderValue};
 use ipnet::IpNet;
 
 pub use compile::{compile, compile_digested, digest_sources};
-pub use decision::{Decision, Logged, Proto, Reason, Verdict};
+pub use decision::{enforced, Decision, Logged, Proto, Reason, Verdict};
 pub use handle::PolicyHandle;
 use host::{HostPattern, Target};
 use matcher::Matcher;
@@ -365,13 +365,9 @@ impl Policy {
         self.finish(decision)
     }
 
-    /// Applies `mode: report` to a denial made by the exceptions.
-    fn finish<'p>(&'p self, mut d: Decision<'p>) -> Decision<'p> {
-        if d.verdict == Verdict::Deny && self.settings.mode == Mode::Report {
-            d.verdict = Verdict::Allow;
-            d.report_only = true;
-        }
-        d
+    /// Applies the policy's mode to a decision made by the exceptions.
+    fn finish<'p>(&'p self, d: Decision<'p>) -> Decision<'p> {
+        d.under(self.settings.mode)
     }
 
     /// Ok(needs_inspection) when `e` allows `req`; else how far it got.
