@@ -469,6 +469,7 @@ async fn carry(
             token: None,
             dest,
             sni: rule,
+            scheme: Scheme::Https,
         });
         let ctx2 = ctx.clone();
         drop(policy);
