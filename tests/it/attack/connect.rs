@@ -573,3 +573,41 @@ fn plain_http_inside_a_connect_is_decided_per_request() {
     assert_eq!(served, ["/ok/1", "/ok/3", "/ok/4"]);
     l.assert_clean(&["plain.test"]);
 }
+
+/// TLS inside a CONNECT whose exception needs inspection, and no CA to
+/// look inside: the tunnel closes `inspection_required` once the hello is
+/// read (`sni_mismatch` when it names another host); nothing reaches the
+/// destination.
+#[test]
+fn tls_that_cannot_be_inspected_is_refused_off_port_443_too() {
+    let l = crate::support::lab()
+        .names(&["allowed.test"])
+        .start(|ports| {
+            policy()
+                .exception("inspected")
+                .reason("the echo server, /ok only")
+                .host("allowed.test")
+                .cidr(LOOPBACK)
+                .port(ports.echo)
+                .path("/ok/**")
+        });
+    let mut lines = Lines::new(&l.e);
+    for (sni, reason) in [
+        ("allowed.test", "inspection_required"),
+        ("evil.test", "sni_mismatch"),
+    ] {
+        let mut s = connect(l.e.proxy);
+        write!(s, "CONNECT allowed.test:{} HTTP/1.1\r\n\r\n", l.echo.port()).unwrap();
+        let mut r = BufReader::new(s.try_clone().unwrap());
+        assert_eq!(read_response(&mut r).unwrap().status, 200);
+        s.write_all(&build_client_hello(Some(sni), false)).unwrap();
+        let mut back = Vec::new();
+        let _ = r.read_to_end(&mut back);
+        assert!(back.is_empty(), "{sni}: the echo server got the hello");
+        let line = lines.one(sni);
+        assert_denied_line(&line, reason, Some(200), sni);
+        assert_eq!(line["bytes_up"], 0, "{sni}");
+    }
+    lines.done("tls without a CA");
+    l.assert_clean(&["allowed.test"]);
+}
