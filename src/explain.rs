@@ -155,8 +155,10 @@ pub fn decide_target<'p>(
         }
     };
     if let Target::Ip(ip) = q.target {
-        if d.is_allowed() && !d.report_only && !policy.addr_allowed(d.exception, ip) {
-            return Ok(Decision::deny(Reason::PrivateAddress, None));
+        // The address guard holds in report mode too (`policy::enforced`).
+        if d.is_allowed() && !policy.addr_allowed(d.exception, ip) {
+            let guard = Decision::deny(Reason::PrivateAddress, None);
+            return Ok(guard.under(policy.settings.mode));
         }
     }
     Ok(d)
@@ -519,7 +521,7 @@ impl<'p> Ctx<'p> {
                 "         names that look like data (long labels, tunnelling patterns) may still \
                  be refused (dns_tunnel)"
             )?;
-        } else if d.reason == Reason::QtypeNotAllowed && d.exception.is_none() {
+        } else if d.reason == Reason::QtypeNotAllowed && qtype::NEVER_ALLOWED.contains(&t) {
             writeln!(
                 out,
                 "         zone transfers, ANY and NULL are never answered, whatever the policy"

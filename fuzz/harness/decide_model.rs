@@ -246,7 +246,10 @@ fn qtype_allowed(e: &Exc, t: u16) -> bool {
         15 => "MX",
         _ => "",
     };
-    [1, 5, 28, 64, 65].contains(&t) || e.dns_types.contains(&name)
+    // ANY, NULL, AXFR, IXFR: never, and only once a name is covered (a
+    // name no exception covers is `no_exception` whatever its type).
+    ![10, 251, 252, 255].contains(&t)
+        && ([1, 5, 28, 64, 65].contains(&t) || e.dns_types.contains(&name))
 }
 
 /// How far a failing exception got (the furthest explains a denial).
@@ -338,9 +341,6 @@ fn model(excs: &[Exc], report: bool, r: &Req) -> Outcome {
             (v, reason, e, false)
         }
     };
-    if r.proto == Proto::Dns && [10, 251, 252, 255].contains(&r.qtype) {
-        return finish((Verdict::Deny, Reason::QtypeNotAllowed, None));
-    }
     // The first exception in load order that allows the request decides
     // how (tunnelled, or intercepted when it needs inspection).
     let mut first: Option<(usize, bool)> = None;

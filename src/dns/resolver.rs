@@ -348,12 +348,20 @@ impl Resolver {
         }
         let left = deadline.saturating_duration_since(Instant::now());
         let (id, query) = build_query(host, qtype)?;
-        timeout(
+        let msg = timeout(
             left.min(UPSTREAM_TCP_TIMEOUT),
             tcp_exchange(up, &query, id, host, qtype),
         )
         .await
-        .map_err(|_| ResolveError::Timeout)?
+        .map_err(|_| ResolveError::Timeout)??;
+        // Truncated over TCP too: what came is not the whole answer, and
+        // an empty NOERROR would read as "no such records".
+        if msg.metadata.truncation {
+            return Err(ResolveError::Upstream(format!(
+                "{up}: reply truncated over TCP too"
+            )));
+        }
+        Ok(msg)
     }
 }
 

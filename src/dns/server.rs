@@ -58,7 +58,7 @@ use super::Resolver;
 use crate::policy::host::{parse_host, Host, HostError, Target};
 use crate::policy::qtype::qtype_mnemonic;
 use crate::policy::{
-    ClientIdx, Decision, DenyRcode, Exception, Mode, Policy, PolicyHandle, Proto, Reason,
+    enforced, ClientIdx, Decision, DenyRcode, Exception, Policy, PolicyHandle, Proto, Reason,
     Request as PolicyRequest, TunnelAction,
 };
 use crate::record::{Event, Recorder};
@@ -673,8 +673,8 @@ impl Handler {
     }
 
     /// The client's tunnel budget, for a name an exception allowed: a name
-    /// that spends too much is refused (`dns_tunnel`; logged only, in report
-    /// mode), one that comes close is noted.
+    /// that spends too much is refused (`dns_tunnel`, in either mode:
+    /// [`enforced`]), one that comes close is noted.
     fn spend_budget(
         &self,
         policy: &Policy,
@@ -691,9 +691,10 @@ impl Handler {
             TunnelOutcome::Alert => ev.note = note,
             TunnelOutcome::Block => {
                 let mode = policy.settings.mode;
-                ev.set_decision(&Decision::deny(Reason::DnsTunnel, d.exception), mode);
+                let blocked = Decision::deny(Reason::DnsTunnel, d.exception).under(mode);
+                ev.set_decision(&blocked, mode);
                 ev.note = note;
-                if mode != Mode::Report {
+                if !blocked.is_allowed() {
                     return Err(deny(policy, Reason::DnsTunnel));
                 }
             }
@@ -751,7 +752,11 @@ impl Handler {
         };
         match under {
             Some((e, tail, above)) => {
-                let d = Decision::deny(Reason::DnsTunnel, Some(e));
+                let d = Decision::deny(Reason::DnsTunnel, Some(e)).under(policy.settings.mode);
+                debug_assert!(
+                    !d.is_allowed(),
+                    "a name that is not a host name is never answered"
+                );
                 ev.set_decision(&d, policy.settings.mode);
                 let mut note = format!(
                     "dns tunnel: name below an allowed wildcard is not a host name ({err})"
@@ -813,8 +818,9 @@ fn decide_query<'p>(
 }
 
 /// Rebinding protection: the answer's addresses that the exception may
-/// not reach are removed (report mode: noted, kept); an answer made only
-/// of them is refused (`private_address`).
+/// not reach are removed; an answer made only of them is refused
+/// (`private_address`). Both in either mode ([`enforced`]), as the proxy
+/// refuses to dial them.
 fn rebinding_filter(
     policy: &Policy,
     d: &Decision<'_>,
@@ -827,7 +833,7 @@ fn rebinding_filter(
         return Ok(records);
     }
     let mode = policy.settings.mode;
-    let report = mode == Mode::Report;
+    let report = !enforced(mode, Reason::PrivateAddress);
     let list = filtered
         .refused
         .iter()
@@ -836,7 +842,8 @@ fn rebinding_filter(
         .join(", ");
     let cidrs = "non-public addresses outside the exception's cidrs";
     if filtered.addresses > 0 && filtered.kept_addresses == 0 {
-        ev.set_decision(&Decision::deny(Reason::PrivateAddress, d.exception), mode);
+        let refused = Decision::deny(Reason::PrivateAddress, d.exception).under(mode);
+        ev.set_decision(&refused, mode);
         ev.add_note(Some(format!(
             "every address is non-public and outside the exception's cidrs: {list}"
         )));

@@ -7,7 +7,30 @@
 //! decision: writing it down and counting it is `record`, answering it the
 //! front-ends.
 
+use super::raw::Mode;
 use super::Exception;
+
+/// The one rule for `mode: report`, asked by every place that refuses:
+/// whether a denial for `reason` is enforced under `mode`.
+///
+/// Report mode relaxes the allowlist, nothing else: a request that only
+/// the exceptions would refuse (no exception, expired, another client,
+/// port, method, path, type, inspection) is logged as that denial and let
+/// through. The guards that protect the network egressd runs in stay
+/// enforced in both modes, in the resolver and the proxy alike: an answer
+/// or connection to a non-public address (`private_address`; rebinding,
+/// cloud metadata), a name spending more than its tunnel budget
+/// (`dns_tunnel`), egressd itself (`loop_detected`). Each has its own
+/// switch (`private_destinations: allow`, `dns.tunnel.action: log`), so a
+/// trial of a new allowlist never opens them silently. Edge refusals
+/// (malformed input, mismatched host or SNI, overload, an unwritable log)
+/// are not policy decisions and are always enforced.
+pub fn enforced(mode: Mode, reason: Reason) -> bool {
+    match mode {
+        Mode::Enforce => reason != Reason::Exception,
+        Mode::Report => !reason.is_allowlist(),
+    }
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Proto {
@@ -143,6 +166,31 @@ impl Reason {
         }
     }
 
+    /// Whether the reason is the allowlist's (what the exceptions decide),
+    /// the only denials [`enforced`] relaxes in report mode.
+    pub fn is_allowlist(self) -> bool {
+        match self {
+            Reason::NoException
+            | Reason::Expired
+            | Reason::ClientNotAllowed
+            | Reason::PortNotAllowed
+            | Reason::MethodNotAllowed
+            | Reason::PathNotAllowed
+            | Reason::InspectionRequired
+            | Reason::QtypeNotAllowed => true,
+            Reason::Exception
+            | Reason::PrivateAddress
+            | Reason::HostMismatch
+            | Reason::SniMismatch
+            | Reason::DnsTunnel
+            | Reason::Malformed
+            | Reason::LogUnavailable
+            | Reason::LoopDetected
+            | Reason::Overloaded
+            | Reason::UpstreamError => false,
+        }
+    }
+
     /// One sentence for deny bodies and `explain`.
     pub fn describe(self) -> &'static str {
         match self {
@@ -197,6 +245,15 @@ impl<'p> Decision<'p> {
             report_only: false,
         }
     }
+    /// This decision under `mode` ([`enforced`]): a denial report mode
+    /// relaxes becomes an allow that the log still calls a denial.
+    pub fn under(mut self, mode: Mode) -> Self {
+        if self.verdict == Verdict::Deny && !enforced(mode, self.reason) {
+            self.verdict = Verdict::Allow;
+            self.report_only = true;
+        }
+        self
+    }
     pub fn is_allowed(&self) -> bool {
         self.verdict != Verdict::Deny
     }
@@ -213,6 +270,31 @@ impl<'p> Decision<'p> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn report_mode_relaxes_the_allowlist_only() {
+        for r in Reason::ALL {
+            assert_eq!(enforced(Mode::Enforce, r), r != Reason::Exception, "{r:?}");
+        }
+        for r in [
+            Reason::NoException,
+            Reason::PathNotAllowed,
+            Reason::QtypeNotAllowed,
+        ] {
+            assert!(!enforced(Mode::Report, r), "{r:?}");
+            let d = Decision::deny(r, None).under(Mode::Report);
+            assert!(d.is_allowed() && d.report_only && d.logged() == Logged::Deny);
+        }
+        for r in [
+            Reason::PrivateAddress,
+            Reason::DnsTunnel,
+            Reason::LoopDetected,
+            Reason::SniMismatch,
+        ] {
+            assert!(enforced(Mode::Report, r), "{r:?}");
+            assert!(!Decision::deny(r, None).under(Mode::Report).is_allowed());
+        }
+    }
 
     #[test]
     fn proto_and_reason_tables_are_complete() {

@@ -31,7 +31,7 @@ use http::{HeaderName, HeaderValue};
 use ipnet::IpNet;
 
 pub use compile::{compile, compile_digested, digest_sources};
-pub use decision::{Decision, Logged, Proto, Reason, Verdict};
+pub use decision::{enforced, Decision, Logged, Proto, Reason, Verdict};
 pub use handle::PolicyHandle;
 use host::{HostPattern, Target};
 use matcher::Matcher;
@@ -357,13 +357,6 @@ impl Policy {
     /// the same decision. Among the exceptions that allow the request, the
     /// first in load order (files sorted by name, then position) is named.
     pub fn decide(&self, req: &Request<'_>, now: i64) -> Decision<'_> {
-        if req.proto == Proto::Dns {
-            if let Some(t) = req.qtype {
-                if qtype::NEVER_ALLOWED.contains(&t) {
-                    return self.finish(Decision::deny(Reason::QtypeNotAllowed, None));
-                }
-            }
-        }
         let mut allow: Option<u32> = None;
         let mut inspect: Option<u32> = None;
         let mut closest: Option<(Stage, u32)> = None;
@@ -407,13 +400,9 @@ impl Policy {
         self.finish(decision)
     }
 
-    /// Applies `mode: report` to a denial made by the exceptions.
-    fn finish<'p>(&'p self, mut d: Decision<'p>) -> Decision<'p> {
-        if d.verdict == Verdict::Deny && self.settings.mode == Mode::Report {
-            d.verdict = Verdict::Allow;
-            d.report_only = true;
-        }
-        d
+    /// Applies the policy's mode to a decision made by the exceptions.
+    fn finish<'p>(&'p self, d: Decision<'p>) -> Decision<'p> {
+        d.under(self.settings.mode)
     }
 
     /// Ok(needs_inspection) when `e` allows `req`; else how far it got.
@@ -429,8 +418,13 @@ impl Policy {
         }
         match req.proto {
             Proto::Dns => {
+                // A type no exception can allow fails here, at the type
+                // stage: a name no exception covers is `no_exception`
+                // whatever its type.
                 let t = req.qtype.unwrap_or(qtype::A);
-                if !qtype::DEFAULT_ALLOWED.contains(&t) && !e.dns_types.contains(&t) {
+                if qtype::NEVER_ALLOWED.contains(&t)
+                    || !qtype::DEFAULT_ALLOWED.contains(&t) && !e.dns_types.contains(&t)
+                {
                     return Err(Stage::Qtype);
                 }
                 Ok(false)

@@ -80,6 +80,13 @@ pub(crate) enum Scheme {
 }
 
 impl Scheme {
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Scheme::Http => "http",
+            Scheme::Https => "https",
+        }
+    }
+
     fn default_port(self) -> u16 {
         match self {
             Scheme::Http => 80,

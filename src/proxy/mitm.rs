@@ -11,6 +11,11 @@
 //! (no domain fronting). The CONNECT gets its own `connect` line when the
 //! tunnel closes; each request inside gets one `tls` line.
 //!
+//! A CONNECT whose exception needs inspection and whose first bytes are
+//! plain HTTP (`ws://` through a proxy is `CONNECT host:80` and an Upgrade
+//! request) is served the same way without the TLS ([`run_plain`]): each
+//! request inside decided on its own (`proto: http`), no CA needed.
+//!
 //! This module owns the client-facing TLS and the edge of the requests
 //! inside; the decision and forwarding are `exchange::decide_and_forward`,
 //! shared with plain HTTP.
@@ -60,6 +65,9 @@ pub(crate) struct Tunnel {
     pub token: Option<Vec<u8>>,
     pub dest: Dest,
     pub sni: SniRule,
+    /// What the requests inside are: `Https` in intercepted TLS, `Http`
+    /// when the tunnel carries plain HTTP.
+    pub scheme: Scheme,
 }
 
 /// Everything interception needs: the CA's leaves for the client side,
@@ -88,6 +96,16 @@ impl Interceptor {
     }
 }
 
+impl Tunnel {
+    /// What the requests inside are logged as.
+    fn proto(&self) -> Proto {
+        match self.scheme {
+            Scheme::Http => Proto::Http,
+            Scheme::Https => Proto::Tls,
+        }
+    }
+}
+
 /// The client side of a tunnel: counted both ways, its last byte timed.
 type ClientIo<IO> = Metered<IO>;
 
@@ -105,23 +123,66 @@ pub(crate) async fn run<IO>(
 ) where
     IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let (up, down) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
-    let activity = Arc::new(Activity::new());
-    let io = Metered::new(io, up.clone(), down.clone(), activity.clone());
-    let finish = |mut ev: Event, error: Option<String>| {
-        ev.bytes_up = up.load(Ordering::Relaxed);
-        ev.bytes_down = down.load(Ordering::Relaxed);
+    let meters = Meters::new();
+    let io = meters.wrap(io);
+    let (ev, tls) = match handshake(io, &tunnel, ev, &mitm).await {
+        Ok(x) => x,
+        Err((ev, error)) => return meters.finish(ev, error, &ctx),
+    };
+    serve_inside(tls, &tunnel, &ctx, &meters.activity, permit).await;
+    meters.finish(ev, None, &ctx)
+}
+
+/// Serves a tunnel that carries plain HTTP (`tunnel.scheme` is `Http`):
+/// [`run`] without the TLS. `io` still holds the client's first bytes.
+pub(crate) async fn run_plain<IO>(
+    io: IO,
+    tunnel: Arc<Tunnel>,
+    ev: Event,
+    ctx: Arc<ProxyCtx>,
+    permit: Option<Permit>,
+) where
+    IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    debug_assert_eq!(tunnel.scheme, Scheme::Http);
+    let meters = Meters::new();
+    let io = meters.wrap(io);
+    serve_inside(io, &tunnel, &ctx, &meters.activity, permit).await;
+    meters.finish(ev, None, &ctx)
+}
+
+/// A tunnel's client side, counted both ways and its last byte timed; the
+/// CONNECT's line takes the counts when the tunnel ends.
+struct Meters {
+    up: Arc<AtomicU64>,
+    down: Arc<AtomicU64>,
+    activity: Arc<Activity>,
+}
+
+impl Meters {
+    fn new() -> Meters {
+        Meters {
+            up: Arc::new(AtomicU64::new(0)),
+            down: Arc::new(AtomicU64::new(0)),
+            activity: Arc::new(Activity::new()),
+        }
+    }
+    fn wrap<IO>(&self, io: IO) -> ClientIo<IO> {
+        Metered::new(
+            io,
+            self.up.clone(),
+            self.down.clone(),
+            self.activity.clone(),
+        )
+    }
+    fn finish(&self, mut ev: Event, error: Option<String>, ctx: &ProxyCtx) {
+        ev.bytes_up = self.up.load(Ordering::Relaxed);
+        ev.bytes_down = self.down.load(Ordering::Relaxed);
         if error.is_some() {
             ev.error = error;
         }
         ctx.recorder.record(ev);
-    };
-    let (ev, tls) = match handshake(io, &tunnel, ev, &mitm).await {
-        Ok(x) => x,
-        Err((ev, error)) => return finish(ev, error),
-    };
-    serve_inside(tls, &tunnel, &ctx, &activity, permit).await;
-    finish(ev, None)
+    }
 }
 
 /// The client's TLS handshake, on a leaf minted for the CONNECT host once
@@ -165,18 +226,18 @@ where
     }
 }
 
-/// Serves HTTP/1.1 or HTTP/2 on the decrypted stream, each request through
-/// [`handle`], until the client is done or the tunnel has been idle for
-/// [`IDLE_TIMEOUT`] (then gracefully first, h2 GOAWAY, for
-/// [`CLOSE_GRACE`]).
-async fn serve_inside<IO>(
-    tls: TlsStream<ClientIo<IO>>,
+/// Serves HTTP/1.1 or HTTP/2 on the tunnel's stream (decrypted, or plain),
+/// each request through [`handle`], until the client is done or the tunnel
+/// has been idle for [`IDLE_TIMEOUT`] (then gracefully first, h2 GOAWAY,
+/// for [`CLOSE_GRACE`]).
+async fn serve_inside<S>(
+    stream: S,
     tunnel: &Arc<Tunnel>,
     ctx: &Arc<ProxyCtx>,
     activity: &Activity,
     permit: Option<Permit>,
 ) where
-    IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let (c2, t2) = (ctx.clone(), tunnel.clone());
     let svc = hyper::service::service_fn(move |mut req: Request<Incoming>| {
@@ -198,7 +259,7 @@ async fn serve_inside<IO>(
         .timer(TokioTimer::new())
         .max_concurrent_streams(MAX_STREAMS)
         .max_header_list_size(MAX_HEADER_BYTES as u32);
-    let conn = builder.serve_connection_with_upgrades(TokioIo::new(tls), svc);
+    let conn = builder.serve_connection_with_upgrades(TokioIo::new(stream), svc);
     tokio::pin!(conn);
     let mut closing = false;
     let res = loop {
@@ -233,7 +294,7 @@ fn record_unparsable(he: &hyper::Error, tunnel: &Tunnel, ctx: &ProxyCtx) {
     if !(he.is_parse() || he.is_parse_too_large()) {
         return;
     }
-    let mut bad = Event::new(Proto::Tls, tunnel.peer);
+    let mut bad = Event::new(tunnel.proto(), tunnel.peer);
     bad.host = Some(tunnel.dest.target.to_string());
     bad.port = Some(tunnel.dest.port);
     bad.set_denied(Reason::Malformed);
@@ -251,17 +312,19 @@ async fn handle(
 ) -> Response<ProxyBody> {
     let policy = ctx.policy.snapshot();
     let dest = &tunnel.dest;
-    let mut ev = request_event(Proto::Tls, tunnel.peer, &req);
+    let mut ev = request_event(tunnel.proto(), tunnel.peer, &req);
     ev.host = Some(dest.target.to_string());
     ev.port = Some(dest.port);
     let (method, uri) = (req.method().clone(), req.uri().clone());
+    let scheme = tunnel.scheme;
     let what = move || {
-        let port = match dest.port {
-            443 => String::new(),
-            p => format!(":{p}"),
+        let port = match (scheme, dest.port) {
+            (Scheme::Https, 443) | (Scheme::Http, 80) => String::new(),
+            (_, p) => format!(":{p}"),
         };
         format!(
-            "{method} https://{}{port}{}",
+            "{method} {}://{}{port}{}",
+            scheme.as_str(),
             dest.target,
             truncate_path(uri.path())
         )
@@ -277,7 +340,7 @@ async fn handle(
     // identifies them, again, on the policy they are decided by.
     let edge = accepting(&ctx.recorder)
         .and_then(|()| identify(&policy, &mut ev, tunnel.token.as_deref()))
-        .and_then(|client| Ok((client, read_inner(&req, dest)?)));
+        .and_then(|client| Ok((client, read_inner(&req, dest, scheme)?)));
     let (client, path): (Option<ClientIdx>, String) = match edge {
         Ok(x) => x,
         Err(stop) => return responder.stop(ev, stop),
@@ -287,28 +350,29 @@ async fn handle(
         client,
         dest,
         path: &path,
-        scheme: Scheme::Https,
+        scheme,
     };
     decide_and_forward(&ctx, &policy, req, ev, inbound, &responder).await
 }
 
-/// A request inside the tunnel must be an https request for the CONNECT
-/// host: HTTP/2's :authority (or an absolute-form HTTP/1.1 target) and
-/// `Host` must both name it. The request goes there, whatever it says, so
-/// one that says otherwise is refused, not redirected. Returns the
-/// normalised path.
-fn read_inner<B>(req: &Request<B>, dest: &Dest) -> Result<String, Stop> {
+/// A request inside the tunnel must be a request of the tunnel's scheme
+/// for the CONNECT host: HTTP/2's :authority (or an absolute-form HTTP/1.1
+/// target) and `Host` must both name it. The request goes there, whatever
+/// it says, so one that says otherwise is refused, not redirected. Returns
+/// the normalised path.
+fn read_inner<B>(req: &Request<B>, dest: &Dest, scheme: Scheme) -> Result<String, Stop> {
     if req.method() == http::Method::CONNECT {
-        return Err(Stop::malformed("CONNECT inside an intercepted tunnel"));
+        return Err(Stop::malformed("CONNECT inside a tunnel"));
     }
     if req
         .uri()
         .scheme_str()
-        .is_some_and(|s| !s.eq_ignore_ascii_case("https"))
+        .is_some_and(|s| !s.eq_ignore_ascii_case(scheme.as_str()))
     {
-        return Err(Stop::malformed(
-            "only https requests are served inside a tunnel",
-        ));
+        return Err(Stop::malformed(format!(
+            "only {} requests are served inside this tunnel",
+            scheme.as_str()
+        )));
     }
     if let Some(a) = req.uri().authority() {
         match parse_authority(a.as_str(), Some(dest.port)) {

@@ -12,8 +12,9 @@ use crate::policy::{Exception, MissingSni, Reason};
 
 /// Largest ClientHello we buffer (handshake messages may span records).
 pub const MAX_HELLO: usize = 64 << 10;
-/// Longest wait for the client's first bytes (the ClientHello) where one
-/// is due: an opaque tunnel to port 443, a captured connection to it.
+/// Longest wait for the client's ClientHello where one is due: an opaque
+/// tunnel to port 443, a captured connection to it, and the rest of one
+/// that has begun (on any port).
 pub const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -70,7 +71,10 @@ pub fn parse(buf: &[u8]) -> Hello {
     if buf.is_empty() {
         return Hello::Incomplete;
     }
-    if buf[0] != 0x16 {
+    // A TLS record of type handshake, major version 3: anything else is
+    // not TLS (off port 443 such bytes pass; a binary protocol may well
+    // start with 0x16).
+    if buf[0] != 0x16 || buf.get(1).is_some_and(|v| *v != 0x03) {
         return Hello::NotTls;
     }
     // Reassemble the handshake payload from consecutive handshake records.
@@ -173,9 +177,9 @@ fn parse_hello_body(r: &mut Reader<'_>) -> Option<Hello> {
 /// What a tunnel's ClientHello must name: the CONNECT host, or nothing at
 /// all when `settings.tls.missing_sni` allows it for this destination.
 pub(crate) struct SniRule {
-    /// Opaque tunnels: only port 443 is checked. Intercepted tunnels always
-    /// are (egressd reads their ClientHello itself).
-    check: bool,
+    /// Port 443: only TLS may pass. Elsewhere bytes that are not TLS pass
+    /// (a ClientHello, on any port, must name the host).
+    tls_only: bool,
     target: Target,
     missing: MissingSni,
     exact_host: bool,
@@ -192,17 +196,17 @@ impl SniRule {
             _ => false,
         };
         SniRule {
-            check: dest.port == 443,
+            tls_only: dest.port == 443,
             target: dest.target.clone(),
             missing,
             exact_host,
         }
     }
 
-    /// Whether the ClientHello is checked at all (an opaque tunnel to a
-    /// port other than 443 carries what it likes).
-    pub(crate) fn applies(&self) -> bool {
-        self.check
+    /// Whether the client must speak TLS first (port 443): then it is
+    /// waited for, and anything else closes the tunnel.
+    pub(crate) fn tls_only(&self) -> bool {
+        self.tls_only
     }
 
     /// `None` when the hello may pass; else the reason and a note.
@@ -244,6 +248,7 @@ impl SniRule {
                     }
                 }
             }
+            Hello::NotTls if !self.tls_only => None,
             Hello::NotTls => Some((
                 Reason::SniMismatch,
                 "the client sent non-TLS bytes to port 443".into(),
@@ -324,6 +329,8 @@ mod tests {
         );
         assert_eq!(parse(b"GET / HTTP/1.1\r\n"), Hello::NotTls);
         assert_eq!(parse(&[0x16, 3, 1, 0, 0]), Hello::Malformed);
+        assert_eq!(parse(&[0x16, 0x17, 0x18]), Hello::NotTls);
+        assert_eq!(parse(&[0x16]), Hello::Incomplete);
     }
 
     #[test]

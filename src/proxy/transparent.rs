@@ -470,6 +470,7 @@ async fn carry(
             token: None,
             dest,
             sni: rule,
+            scheme: Scheme::Https,
         });
         let ctx2 = ctx.clone();
         drop(policy);

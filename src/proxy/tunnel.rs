@@ -1,33 +1,42 @@
 //! CONNECT tunnels: the edge. The decision is made on the request-target
 //! authority alone, before any byte reaches the destination; a refused
 //! CONNECT gets its 403 and the connection is closed, so nothing the client
-//! pipelined behind it is ever read as a request. On port 443 the
-//! ClientHello is read first and a server name other than the CONNECT host
-//! closes the tunnel (`sni_mismatch`, no domain fronting). Then `relay`
+//! pipelined behind it is ever read as a request. The client's first bytes
+//! are read before any goes upstream: a ClientHello (on any port) naming
+//! another host than the CONNECT's closes the tunnel (`sni_mismatch`, no
+//! domain fronting), and on port 443 bytes that are not TLS close it too.
+//! Off port 443 a server that speaks first (SSH, SMTP) is not kept
+//! waiting: its greeting means no ClientHello is coming first. Then `relay`
 //! moves the bytes both ways.
 //!
-//! With interception enabled (`--ca-dir`), a CONNECT whose exception needs
-//! method/path rules or injected credentials is handed to `mitm` instead:
-//! egressd terminates TLS and decides each request inside.
+//! A CONNECT whose exception needs method/path rules or injected
+//! credentials is handed to `mitm` instead, which decides each request
+//! inside: off port 443 by its first bytes, plain HTTP served as HTTP (no
+//! CA needed) and TLS intercepted with `--ca-dir`; on port 443 (TLS only)
+//! intercepted, and refused `inspection_required` without a CA.
 
+use std::io;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 
 use http::{Request, Response, StatusCode};
 use hyper::body::Incoming;
 use hyper::upgrade::Upgraded;
 use hyper_util::rt::TokioIo;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
 
-use super::admit::{admit, request_token, Draft};
+use super::admit::{admit, identify, request_token, Draft};
 use super::dest::{check_host_headers, parse_authority, Dest};
+use super::exchange::Scheme;
 use super::mitm;
-use super::relay::{self, pipe::PipePool};
-use super::respond::{self, ProxyBody, Responder, Stop};
+use super::relay::{self, pipe::PipePool, IDLE_TIMEOUT};
+use super::respond::{self, record_stop, ProxyBody, Responder, Stop};
 use super::sni::{self, Hello, SniRule, HELLO_TIMEOUT};
 use super::upstream;
-use super::ProxyCtx;
+use super::{ProxyCtx, HEADER_READ_TIMEOUT};
 use crate::metrics::ActiveGuard;
 use crate::policy::{self, ClientIdx, Decision, Exception, Policy, Proto, Reason, Verdict};
 use crate::record::{Event, Recorder};
@@ -70,7 +79,7 @@ pub async fn handle(
     Draft::publish(&req, &ev);
     let sni = SniRule::new(&dest, d.exception, policy.settings.missing_sni);
     if d.verdict == Verdict::Intercept {
-        return intercept(req, ev, dest, sni, &ctx, &responder);
+        return inspect(req, ev, dest, sni, &ctx, &responder);
     }
     let upstream_conn = match connect(&ctx, &policy, &mut ev, client, &dest, &d, now).await {
         Ok(c) => c,
@@ -140,18 +149,25 @@ fn decide<'p>(
         method: None,
         path: None,
         qtype: None,
-        can_intercept: ctx.mitm.is_some(),
+        can_intercept: can_inspect(ctx, dest),
     };
     let d = policy.decide(&preq, now);
     ev.set_decision(&d, policy.settings.mode);
     d
 }
 
-/// Hands an intercepted CONNECT to `mitm` once hyper gives up the
-/// connection. Nothing is resolved or dialled yet: each request inside is
-/// decided on its own and reaches the origin through the shared request
-/// path. This line records the tunnel; each request gets its own.
-fn intercept(
+/// Whether egressd can look inside a tunnel to `dest`: plain HTTP always
+/// (no CA needed), which any port but 443 may carry; TLS with a CA.
+fn can_inspect(ctx: &ProxyCtx, dest: &Dest) -> bool {
+    ctx.mitm.is_some() || dest.port != 443
+}
+
+/// Hands a CONNECT whose exception needs inspection to `mitm` once hyper
+/// gives up the connection. Nothing is resolved or dialled yet: each
+/// request inside is decided on its own and reaches the origin through the
+/// shared request path. This line records the tunnel; each request gets
+/// its own.
+fn inspect(
     req: Request<Incoming>,
     mut ev: Event,
     dest: Dest,
@@ -159,34 +175,160 @@ fn intercept(
     ctx: &Arc<ProxyCtx>,
     responder: &Responder<'_>,
 ) -> Response<ProxyBody> {
-    let Some(mitm) = ctx.mitm.clone() else {
-        return responder.deny(ev, Reason::InspectionRequired, None);
-    };
     let token = match request_token(&req) {
         Ok(t) => t,
         Err(e) => return responder.deny(ev, Reason::ClientNotAllowed, Some(e.to_string())),
     };
     ev.status = Some(200);
-    ev.note = Some("intercepted".into());
-    let tunnel = Arc::new(mitm::Tunnel {
+    let tunnel = mitm::Tunnel {
         peer: ev.src,
         token,
         dest,
         sni,
-    });
+        scheme: Scheme::Https,
+    };
     let ctx = ctx.clone();
     let permit = req.extensions().get::<Permit>().cloned();
     tokio::spawn(async move {
         let _active = ActiveGuard::new(&ctx.recorder.metrics, Proto::Connect);
-        match hyper::upgrade::on(req).await {
-            Ok(up) => mitm::run(TokioIo::new(up), tunnel, ev, ctx, mitm, permit).await,
+        let up = match hyper::upgrade::on(req).await {
+            Ok(up) => up,
             Err(e) => {
                 ev.error = Some(format!("upgrade: {e}"));
+                return ctx.recorder.record(ev);
+            }
+        };
+        if tunnel.dest.port == 443 {
+            // TLS only: mitm reads the ClientHello and checks it.
+            let Some(mitm) = ctx.mitm.clone() else {
+                return record_stop(&ctx.recorder, ev, no_ca());
+            };
+            ev.note = Some("intercepted".into());
+            let io = TokioIo::new(up);
+            return mitm::run(io, Arc::new(tunnel), ev, ctx, mitm, permit).await;
+        }
+        match take_socket(up) {
+            Ok((client, first)) => by_first_bytes(client, first, tunnel, ev, ctx, permit).await,
+            Err(e) => {
+                ev.error = Some(e.into());
                 ctx.recorder.record(ev);
             }
         }
     });
     established()
+}
+
+fn no_ca() -> Stop {
+    Stop::Deny(Reason::InspectionRequired, None)
+}
+
+/// The client's socket back from hyper, with whatever the client sent
+/// behind its CONNECT.
+fn take_socket(up: Upgraded) -> Result<(TcpStream, Vec<u8>), &'static str> {
+    match up.downcast::<TokioIo<TcpStream>>() {
+        Ok(parts) => Ok((parts.io.into_inner(), parts.read_buf.to_vec())),
+        Err(_) => Err("tunnel: client connection is not a TCP socket"),
+    }
+}
+
+/// An inspected tunnel off port 443, by what the client sends first:
+/// plain HTTP is served as HTTP; TLS is intercepted with a CA, and without
+/// one it is what the policy gives a CONNECT egressd cannot look into
+/// (`inspection_required`, or an opaque tunnel by another exception or in
+/// report mode), once its ClientHello names the host.
+async fn by_first_bytes(
+    mut client: TcpStream,
+    mut first: Vec<u8>,
+    mut tunnel: mitm::Tunnel,
+    mut ev: Event,
+    ctx: Arc<ProxyCtx>,
+    permit: Option<Permit>,
+) {
+    let rec = &ctx.recorder;
+    // Enough to tell TLS (0x16 0x03) from anything else.
+    let deadline = tokio::time::Instant::now() + HEADER_READ_TIMEOUT;
+    let mut buf = vec![0u8; HELLO_READ];
+    while first.is_empty() || first == [0x16] {
+        let why = match tokio::time::timeout_at(deadline, client.read(&mut buf)).await {
+            Ok(Ok(0)) => "client closed before its first bytes".to_string(),
+            Ok(Ok(n)) => {
+                first.extend_from_slice(&buf[..n]);
+                continue;
+            }
+            Ok(Err(e)) => format!("reading the first bytes: {e}"),
+            Err(_) => "no first bytes in time".to_string(),
+        };
+        ev.error = Some(why);
+        return rec.record(ev);
+    }
+    if sni::parse(&first) == Hello::NotTls {
+        ev.note = Some("plain HTTP, decided per request".into());
+        tunnel.scheme = Scheme::Http;
+        let io = Prefixed::new(first, client);
+        return mitm::run_plain(io, Arc::new(tunnel), ev, ctx.clone(), permit).await;
+    }
+    if let Some(mitm) = ctx.mitm.clone() {
+        ev.note = Some("intercepted".into());
+        let io = Prefixed::new(first, client);
+        return mitm::run(io, Arc::new(tunnel), ev, ctx.clone(), mitm, permit).await;
+    }
+    if let Some((reason, note)) = read_hello(&mut client, &mut first, &tunnel.sni).await {
+        ev.set_denied(reason);
+        ev.note = Some(note);
+        return rec.record(ev);
+    }
+    let policy = ctx.policy.snapshot();
+    let now = unix_now();
+    let opaque = async {
+        let who = identify(&policy, &mut ev, tunnel.token.as_deref())?;
+        let d = decide_opaque(&policy, who, &tunnel.dest, &mut ev, now);
+        if !d.is_allowed() {
+            return Err(Stop::Decided);
+        }
+        let conn = connect(&ctx, &policy, &mut ev, who, &tunnel.dest, &d, now).await?;
+        Ok(conn)
+    };
+    let mut upstream_conn = match opaque.await {
+        Ok(c) => c,
+        Err(stop) => return record_stop(rec, ev, stop),
+    };
+    if let Err(e) = upstream_conn.write_all(&first).await {
+        ev.error = Some(format!("upstream write: {e}"));
+        return rec.record(ev);
+    }
+    drop(policy);
+    relay::tcp(
+        client,
+        upstream_conn,
+        first.len() as u64,
+        ev,
+        rec.clone(),
+        &ctx.pipes,
+    )
+    .await;
+}
+
+/// The decision for a tunnel egressd cannot look into, noted in `ev`.
+fn decide_opaque<'p>(
+    policy: &'p Policy,
+    client: Option<ClientIdx>,
+    dest: &Dest,
+    ev: &mut Event,
+    now: i64,
+) -> Decision<'p> {
+    let preq = policy::Request {
+        proto: Proto::Connect,
+        client,
+        target: &dest.target,
+        port: dest.port,
+        method: None,
+        path: None,
+        qtype: None,
+        can_intercept: false,
+    };
+    let d = policy.decide(&preq, now);
+    ev.set_decision(&d, policy.settings.mode);
+    d
 }
 
 /// A connection to the first checked address of `dest` that answers,
@@ -204,7 +346,7 @@ async fn connect(
         upstream::check_destination(ctx, policy, d.exception, client, dest, ev, now).await?;
     let conn = upstream::connect_checked(ctx, &addrs, ev).await?;
     debug_assert!(
-        !d.exception.is_some_and(Exception::needs_inspection),
+        d.report_only || !d.exception.is_some_and(Exception::needs_inspection),
         "opaque tunnels are never allowed for exceptions needing inspection"
     );
     Ok(conn)
@@ -223,15 +365,29 @@ async fn run_tunnel(
     // Take the client's socket back from hyper, with whatever the client
     // sent behind its CONNECT, so the tunnel can copy socket to socket and
     // hold no buffer while idle.
-    let (mut client, mut first) = match up.downcast::<TokioIo<TcpStream>>() {
-        Ok(parts) => (parts.io.into_inner(), parts.read_buf.to_vec()),
-        Err(_) => {
-            ev.error = Some("tunnel: client connection is not a TCP socket".into());
+    let (mut client, mut first) = match take_socket(up) {
+        Ok(x) => x,
+        Err(e) => {
+            ev.error = Some(e.into());
             rec.record(ev);
             return;
         }
     };
-    if rule.applies() {
+    // Off port 443 a server may speak first (SSH, SMTP): its greeting
+    // means the client's first bytes are an answer, not a ClientHello.
+    let server_first = if first.is_empty() && !rule.tls_only() {
+        match server_speaks_first(&client, &upstream_conn).await {
+            Some(s) => s,
+            None => {
+                ev.error = Some("tunnel idle before its first byte".into());
+                rec.record(ev);
+                return;
+            }
+        }
+    } else {
+        false
+    };
+    if !server_first {
         if let Some((reason, note)) = read_hello(&mut client, &mut first, &rule).await {
             ev.set_denied(reason);
             ev.note = Some(note);
@@ -251,16 +407,23 @@ async fn run_tunnel(
     relay::tcp(client, upstream_conn, first.len() as u64, ev, rec, pipes).await;
 }
 
-/// Reads the client's ClientHello into `first` (which holds what arrived
-/// with the CONNECT), at most [`HELLO_TIMEOUT`]: `None` when it may pass,
-/// else the reason and a note.
+/// Reads the client's first bytes into `first` (which holds what arrived
+/// with the CONNECT) until they are judged: a whole ClientHello, or bytes
+/// that are not TLS (which pass off port 443). At most [`HELLO_TIMEOUT`]
+/// on port 443; elsewhere the client may take as long as an idle tunnel
+/// lasts before its first byte, and then [`HELLO_TIMEOUT`] for the rest of
+/// a ClientHello. `None` when they may pass, else the reason and a note.
 async fn read_hello(
     client: &mut TcpStream,
     first: &mut Vec<u8>,
     rule: &SniRule,
 ) -> Option<(Reason, String)> {
     let mut buf = vec![0u8; HELLO_READ];
-    let deadline = tokio::time::Instant::now() + HELLO_TIMEOUT;
+    let now = tokio::time::Instant::now;
+    let mut deadline = match (first.is_empty(), rule.tls_only()) {
+        (true, false) => now() + IDLE_TIMEOUT,
+        _ => now() + HELLO_TIMEOUT,
+    };
     loop {
         match sni::parse(first) {
             Hello::Incomplete if first.len() < sni::MAX_HELLO => {}
@@ -269,6 +432,9 @@ async fn read_hello(
         let why = match tokio::time::timeout_at(deadline, client.read(&mut buf)).await {
             Ok(Ok(0)) => "client closed before its ClientHello".to_string(),
             Ok(Ok(n)) => {
+                if first.is_empty() {
+                    deadline = deadline.min(now() + HELLO_TIMEOUT);
+                }
                 first.extend_from_slice(&buf[..n]);
                 continue;
             }
@@ -276,5 +442,97 @@ async fn read_hello(
             Err(_) => "no ClientHello in time".to_string(),
         };
         return Some((Reason::SniMismatch, why));
+    }
+}
+
+/// Whether the server spoke before the client (`None`: neither did while
+/// an idle tunnel lasts). Only readiness is looked at; nothing is read.
+async fn server_speaks_first(client: &TcpStream, upstream: &TcpStream) -> Option<bool> {
+    let first = async {
+        tokio::select! {
+            biased;
+            r = client.readable() => r.is_err(),
+            r = upstream.readable() => r.is_ok(),
+        }
+    };
+    tokio::time::timeout(IDLE_TIMEOUT, first).await.ok()
+}
+
+/// A stream whose first bytes were already read: they are read again
+/// first, then the stream itself.
+struct Prefixed<S> {
+    first: Vec<u8>,
+    at: usize,
+    inner: S,
+}
+
+impl<S> Prefixed<S> {
+    fn new(first: Vec<u8>, inner: S) -> Prefixed<S> {
+        Prefixed {
+            first,
+            at: 0,
+            inner,
+        }
+    }
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Prefixed<S> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = &mut *self;
+        if this.at < this.first.len() {
+            let n = buf.remaining().min(this.first.len() - this.at);
+            buf.put_slice(&this.first[this.at..this.at + n]);
+            this.at += n;
+            if this.at == this.first.len() {
+                this.first = Vec::new();
+                this.at = 0;
+            }
+            return Poll::Ready(Ok(()));
+        }
+        Pin::new(&mut this.inner).poll_read(cx, buf)
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Prefixed<S> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+    }
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn prefixed_reads_its_first_bytes_then_the_stream() {
+        let inner: &[u8] = b" world";
+        let mut p = Prefixed::new(b"hello".to_vec(), inner);
+        let mut out = String::new();
+        p.read_to_string(&mut out).await.unwrap();
+        assert_eq!(out, "hello world");
     }
 }

@@ -24,7 +24,7 @@ use super::respond::Stop;
 use super::ProxyCtx;
 use crate::dns::{ResolveError, Resolver, TunnelOutcome};
 use crate::policy::host::Target;
-use crate::policy::{ClientIdx, Exception, Policy, Reason};
+use crate::policy::{enforced, ClientIdx, Exception, Policy, Reason};
 use crate::record::{Attempts, Event, UpstreamFailure};
 
 /// Longest wait for one TCP connect to a destination (or the upstream proxy).
@@ -312,13 +312,20 @@ pub async fn resolve_checked(
     now: i64,
     attempts: &mut Attempts,
 ) -> Result<Checked, Refusal> {
+    // The guards answer to the one rule for report mode, as the
+    // resolver's do (`policy::enforced`).
+    let mode = policy.settings.mode;
+    let mut notes = Vec::new();
     let ips: Vec<IpAddr> = match target {
         Target::Ip(ip) => vec![*ip],
         Target::Name(host) => {
             if let Some(exc) = exception {
                 let (outcome, why) = resolver.tunnel_assess(policy, client, host, exc, now);
                 if outcome == TunnelOutcome::Block {
-                    return Err(Refusal::Policy(Reason::DnsTunnel, why));
+                    if enforced(mode, Reason::DnsTunnel) {
+                        return Err(Refusal::Policy(Reason::DnsTunnel, why));
+                    }
+                    notes.extend(why);
                 }
             }
             resolver
@@ -337,22 +344,31 @@ pub async fn resolve_checked(
         } else if policy.addr_allowed(exception, ip) {
             ok.push(sa);
         } else {
-            refused.push(ip.to_string());
+            refused.push(sa);
+        }
+    }
+    let list = || {
+        let l: Vec<String> = refused.iter().map(|a| a.ip().to_string()).collect();
+        l.join(",")
+    };
+    if !refused.is_empty() {
+        if enforced(mode, Reason::PrivateAddress) {
+            notes.push(format!("refused non-public {}", list()));
+        } else {
+            notes.push(format!("would refuse non-public {}", list()));
+            ok.extend(refused.iter().copied());
         }
     }
     if ok.is_empty() {
         if looped {
             return Err(Refusal::Policy(Reason::LoopDetected, None));
         }
-        return Err(Refusal::Policy(
-            Reason::PrivateAddress,
-            Some(format!("refused non-public {}", refused.join(","))),
-        ));
+        return Err(Refusal::Policy(Reason::PrivateAddress, notes.pop()));
     }
     // IPv4 first: many sandboxes and hosts have no IPv6 route, and a v6
     // failure costs a connect timeout.
     ok.sort_by_key(|a| a.is_ipv6());
-    let note = (!refused.is_empty()).then(|| format!("refused non-public {}", refused.join(",")));
+    let note = (!notes.is_empty()).then(|| notes.join("; "));
     Ok(Checked { addrs: ok, note })
 }
 

@@ -883,3 +883,56 @@ fn websocket_upgrade_passes_after_the_decision() {
     assert_eq!(resp.status, 403);
     assert_eq!(s.api.count(), before);
 }
+
+/// With a CA too, a CONNECT whose first bytes are plain HTTP is served as
+/// HTTP (it used to be taken for TLS to intercept and fail with "corrupt
+/// message"): each request decided, the token injected, the tunnel kept.
+#[test]
+fn plain_http_inside_a_connect_is_served_with_a_ca_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let certs = dir.path().join("certs");
+    assert!(ca_init(&certs).status.success());
+    let l = lab()
+        .names(&["ws.test"])
+        .egressd(|b| {
+            b.env("EGRESSD_CA_DIR", certs.to_str().unwrap())
+                .env("GH_TOKEN", TOKEN)
+        })
+        .start(|ports| {
+            policy()
+                .exception("ws")
+                .reason("plain HTTP with path rules and a token")
+                .host("ws.test")
+                .cidr(LOOPBACK)
+                .port(ports.origin)
+                .path("/ok/**")
+                .with(
+                    "inject",
+                    r#"{ headers: { Authorization: "Bearer ${env:GH_TOKEN}" } }"#,
+                )
+        });
+    let mut lines = Lines::new(&l.e);
+    let o = l.port();
+    let mut s = connect(l.e.proxy);
+    write!(s, "CONNECT ws.test:{o} HTTP/1.1\r\n\r\n").unwrap();
+    let mut r = BufReader::new(s.try_clone().unwrap());
+    assert_eq!(read_response(&mut r).unwrap().status, 200);
+    for (path, status) in [("/ok/a", 200), ("/no", 403), ("/ok/b", 200)] {
+        write!(s, "GET {path} HTTP/1.1\r\nHost: ws.test:{o}\r\n\r\n").unwrap();
+        let resp = read_response(&mut r).unwrap_or_else(|| panic!("{path}: no answer"));
+        assert_eq!(resp.status, status, "{path}: {}", resp.text());
+        let line = lines.one(path);
+        assert_eq!(line["proto"], "http", "{line}");
+    }
+    drop((s, r));
+    lines.one("the tunnel");
+    let seen = l.origin.seen.lock().unwrap().clone();
+    assert_eq!(seen.len(), 2);
+    for x in &seen {
+        assert_eq!(
+            x.header("authorization"),
+            Some(format!("Bearer {TOKEN}").as_str())
+        );
+    }
+    assert!(!raw_log(&l.e).contains(TOKEN));
+}

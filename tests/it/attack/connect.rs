@@ -428,3 +428,186 @@ fn splice_extension(hello: &mut Vec<u8>, ext: &[u8]) {
     bump(hello, 6, 3);
     bump(hello, exts_len_at, 2);
 }
+
+/// The ClientHello is checked on every port, not only 443: a tunnel to
+/// the echo server's port carrying a ClientHello for another name closes
+/// before a byte reaches it. Non-TLS bytes pass off port 443, and a server
+/// that speaks first (SSH, SMTP) is never held up waiting for the client.
+#[test]
+fn the_server_name_is_checked_on_every_port() {
+    let banner = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let bport = banner.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for c in banner.incoming() {
+            let Ok(mut c) = c else { continue };
+            let _ = c.write_all(b"SSH-2.0-banner\r\n");
+            let mut buf = [0u8; 64];
+            while let Ok(n) = c.read(&mut buf) {
+                if n == 0 || c.write_all(&buf[..n]).is_err() {
+                    break;
+                }
+            }
+        }
+    });
+    let l = crate::support::lab()
+        .names(&["allowed.test", "api.allowed.test"])
+        .start(|ports| {
+            policy()
+                .exception("tunnel")
+                .reason("the echo server and the banner server")
+                .hosts(&["allowed.test", "api.allowed.test"])
+                .cidr(LOOPBACK)
+                .ports(&[ports.echo, bport])
+        });
+    let mut lines = Lines::new(&l.e);
+    let p = l.echo.port();
+    let open = |port: u16| {
+        let mut s = connect(l.e.proxy);
+        write!(s, "CONNECT allowed.test:{port} HTTP/1.1\r\n\r\n").unwrap();
+        let mut r = BufReader::new(s.try_clone().unwrap());
+        assert_eq!(read_response(&mut r).unwrap().status, 200);
+        (s, r)
+    };
+    for (sni, chunk) in [("api.allowed.test", 4096), ("evil.test", 1), ("", 4096)] {
+        let (mut s, mut r) = open(p);
+        for c in build_client_hello(Some(sni), false).chunks(chunk) {
+            if s.write_all(c).is_err() {
+                break;
+            }
+        }
+        let mut back = Vec::new();
+        let _ = r.read_to_end(&mut back);
+        assert!(back.is_empty(), "{sni:?}: the echo server got the hello");
+        let line = lines.one(sni);
+        assert_denied_line(&line, "sni_mismatch", Some(200), sni);
+        assert_eq!(line["bytes_up"], 0, "{sni:?}");
+    }
+    // Controls: the CONNECT host's hello, and bytes that are not TLS.
+    for bytes in [
+        build_client_hello(Some("allowed.test"), false),
+        b"ping".to_vec(),
+    ] {
+        let (mut s, mut r) = open(p);
+        s.write_all(&bytes).unwrap();
+        let mut back = vec![0u8; bytes.len()];
+        r.read_exact(&mut back).unwrap();
+        assert_eq!(back, bytes);
+        drop((s, r));
+        assert_eq!(lines.one("control")["decision"], "allow");
+    }
+    // The server speaks first: its banner arrives before the client sent a byte.
+    let (mut s, mut r) = open(bport);
+    let mut banner = String::new();
+    std::io::BufRead::read_line(&mut r, &mut banner).unwrap();
+    assert_eq!(banner, "SSH-2.0-banner\r\n");
+    s.write_all(b"SSH-2.0-client\r\n").unwrap();
+    let mut back = String::new();
+    std::io::BufRead::read_line(&mut r, &mut back).unwrap();
+    assert_eq!(back, "SSH-2.0-client\r\n");
+    drop((s, r));
+    assert_eq!(lines.one("server first")["decision"], "allow");
+    lines.done("every port");
+    l.assert_clean(&["allowed.test", "api.allowed.test"]);
+}
+
+/// A CONNECT whose exception restricts paths carries plain HTTP: it is
+/// served as HTTP, one decision per request inside the tunnel (no CA is
+/// needed), each request's Host must be the CONNECT host, and a 403 leaves
+/// the connection open for the next request.
+#[test]
+fn plain_http_inside_a_connect_is_decided_per_request() {
+    let l = crate::support::lab()
+        .names(&["plain.test", "evil.test"])
+        .start(|ports| {
+            policy()
+                .exception("inspected")
+                .reason("the origin, /ok only")
+                .host("plain.test")
+                .cidr(LOOPBACK)
+                .port(ports.origin)
+                .path("/ok/**")
+        });
+    let mut lines = Lines::new(&l.e);
+    let o = l.port();
+    let mut s = connect(l.e.proxy);
+    write!(s, "CONNECT plain.test:{o} HTTP/1.1\r\n\r\n").unwrap();
+    let mut r = BufReader::new(s.try_clone().unwrap());
+    let resp = read_response(&mut r).unwrap();
+    assert_eq!((resp.status, resp.reason()), (200, None), "{}", resp.text());
+    for (path, host, status, reason) in [
+        ("/ok/1", format!("plain.test:{o}"), 200, "exception"),
+        ("/admin", format!("plain.test:{o}"), 403, "path_not_allowed"),
+        ("/ok/2", format!("evil.test:{o}"), 403, "host_mismatch"),
+        // A port-less Host means the CONNECT's port, as for the CONNECT.
+        ("/ok/3", "plain.test".to_string(), 200, "exception"),
+        ("/ok/4", format!("PLAIN.test:{o}"), 200, "exception"),
+    ] {
+        write!(s, "GET {path} HTTP/1.1\r\nHost: {host}\r\n\r\n").unwrap();
+        let resp = read_response(&mut r).unwrap_or_else(|| panic!("{path}: no answer"));
+        assert_eq!(resp.status, status, "{path} {host}: {}", resp.text());
+        let line = lines.one(path);
+        assert_eq!(
+            (&line["proto"], &line["path"]),
+            (&"http".into(), &path.into())
+        );
+        assert_eq!(line["reason"], reason, "{path}: {line}");
+        if status == 403 {
+            assert_eq!(resp.reason(), Some(reason), "{path}");
+        }
+    }
+    drop((s, r));
+    let line = lines.one("the tunnel");
+    assert_eq!(
+        (&line["proto"], &line["decision"]),
+        (&"connect".into(), &"allow".into())
+    );
+    lines.done("plain http inside");
+    let served: Vec<String> = l
+        .origin
+        .seen
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|x| x.target.clone())
+        .collect();
+    assert_eq!(served, ["/ok/1", "/ok/3", "/ok/4"]);
+    l.assert_clean(&["plain.test"]);
+}
+
+/// TLS inside a CONNECT whose exception needs inspection, and no CA to
+/// look inside: the tunnel closes `inspection_required` once the hello is
+/// read (`sni_mismatch` when it names another host); nothing reaches the
+/// destination.
+#[test]
+fn tls_that_cannot_be_inspected_is_refused_off_port_443_too() {
+    let l = crate::support::lab()
+        .names(&["allowed.test"])
+        .start(|ports| {
+            policy()
+                .exception("inspected")
+                .reason("the echo server, /ok only")
+                .host("allowed.test")
+                .cidr(LOOPBACK)
+                .port(ports.echo)
+                .path("/ok/**")
+        });
+    let mut lines = Lines::new(&l.e);
+    for (sni, reason) in [
+        ("allowed.test", "inspection_required"),
+        ("evil.test", "sni_mismatch"),
+    ] {
+        let mut s = connect(l.e.proxy);
+        write!(s, "CONNECT allowed.test:{} HTTP/1.1\r\n\r\n", l.echo.port()).unwrap();
+        let mut r = BufReader::new(s.try_clone().unwrap());
+        assert_eq!(read_response(&mut r).unwrap().status, 200);
+        s.write_all(&build_client_hello(Some(sni), false)).unwrap();
+        let mut back = Vec::new();
+        let _ = r.read_to_end(&mut back);
+        assert!(back.is_empty(), "{sni}: the echo server got the hello");
+        let line = lines.one(sni);
+        assert_denied_line(&line, reason, Some(200), sni);
+        assert_eq!(line["bytes_up"], 0, "{sni}");
+    }
+    lines.done("tls without a CA");
+    l.assert_clean(&["allowed.test"]);
+}

@@ -363,6 +363,88 @@ fn any_null_and_zone_transfers_are_never_answered() {
     assert!(l.dns.names().is_empty(), "{:?}", l.dns.names());
 }
 
+/// Precedence: a name no exception covers is `no_exception`, whatever the
+/// type asked (ANY and zone transfers included): the type matters only
+/// once a name is covered. Nothing is asked upstream.
+#[test]
+fn a_name_no_exception_covers_is_no_exception_whatever_its_type() {
+    let l = lab();
+    let mut lines = Lines::new(&l.e);
+    for t in [
+        RecordType::ANY,
+        RecordType::NULL,
+        RecordType::AXFR,
+        RecordType::IXFR,
+        RecordType::TXT,
+        RecordType::A,
+        RecordType::Unknown(65280),
+    ] {
+        for n in ["nobody.test.", "x.other.test."] {
+            let what = format!("{n} {t}");
+            let r = ask_udp(l.e.dns, &dns_query(n, t));
+            assert_dns_denied(&r, "no_exception", &what);
+            assert_denied_line(&lines.one(&what), "no_exception", None, &what);
+        }
+    }
+    let r = ask_tcp(l.e.dns, &dns_query("nobody.test.", RecordType::AXFR));
+    assert_dns_denied(&r, "no_exception", "AXFR over TCP");
+    lines.one("axfr tcp");
+    lines.done("uncovered names");
+    assert!(l.dns.names().is_empty(), "{:?}", l.dns.names());
+}
+
+/// An upstream whose reply is truncated over TCP too has given no answer:
+/// the client gets SERVFAIL, never an empty NOERROR it would take for "no
+/// such records" (and cache).
+#[test]
+fn an_upstream_truncating_over_tcp_too_is_servfail() {
+    let l = lab();
+    let mut lines = Lines::new(&l.e);
+    l.dns.set_script(|q, _tcp| {
+        let mut r = response_to(q);
+        if qname(q) == "big.test" {
+            r.metadata.truncation = true;
+        } else {
+            r.add_answer(addr_rr(&format!("{}.", qname(q)), "93.184.216.34"));
+        }
+        DnsAct::Answer(r)
+    });
+    for what in ["udp", "tcp"] {
+        let q = dns_query("big.test.", RecordType::A);
+        let r = match what {
+            "udp" => ask_udp(l.e.dns, &q),
+            _ => ask_tcp(l.e.dns, &q),
+        };
+        assert_eq!(
+            r.metadata.response_code,
+            ResponseCode::ServFail,
+            "{what}: {r:?}"
+        );
+        assert!(r.answers.is_empty(), "{what}");
+        let line = lines.one(what);
+        assert_eq!(line["rcode"], "SERVFAIL", "{line}");
+        assert!(
+            line["error"]
+                .as_str()
+                .is_some_and(|e| e.contains("truncated")),
+            "{line}"
+        );
+    }
+    assert!(
+        l.dns
+            .queries()
+            .iter()
+            .any(|q| q.tcp && q.name == "big.test"),
+        "egressd never retried over TCP"
+    );
+    // Control: a name answered in full is answered.
+    let r = ask_udp(l.e.dns, &dns_query("allowed.test.", RecordType::A));
+    assert_eq!(r.metadata.response_code, ResponseCode::NoError);
+    assert_eq!(r.answers.len(), 1);
+    lines.one("control");
+    lines.done("tc over tcp");
+}
+
 #[test]
 fn random_subdomain_floods() {
     let l = lab();

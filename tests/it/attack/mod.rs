@@ -14,6 +14,7 @@
 //! | `targets.rs` | request-target vs `Host`, userinfo, schemes, ports, egressd itself |
 //! | `connect.rs` | CONNECT authorities, pipelining, SNI, non-TLS bytes |
 //! | `rebinding.rs` | DNS rebinding, time-of-check/time-of-use, redirects |
+//! | `report_mode.rs` | `mode: report` against the guards: {enforce, report} × {policy denial, tunnel, private address} × {dns, http, connect} |
 //! | `smuggling.rs` | CL.TE, TE.CL, framing tricks, pipelining (origin bytes checked) |
 //! | `framing.rs` | strict framing past hyper: transfer codings, canonical lengths, ambiguous answers, head and extension bounds, `Host` lists, method overrides |
 //! | `upgrades.rs` | h2c, HTTP/2 prior knowledge, WebSocket |
@@ -38,6 +39,7 @@ mod hostnames;
 mod literals;
 mod log_stall;
 mod rebinding;
+mod report_mode;
 mod smuggling;
 mod targets;
 mod upgrades;

@@ -241,3 +241,62 @@ fn a_denied_upgrade_is_a_denied_request() {
     assert_eq!(l.origin.requests().len(), 1);
     assert_clean(&l);
 }
+
+/// Chromium sends `ws://host/x` through a proxy as `CONNECT host:80` and
+/// a plain Upgrade request inside. With an exception that restricts paths
+/// the upgrade is decided like any request (no CA needed) and bridged only
+/// when allowed; the connection stays open after a refusal.
+#[test]
+fn websocket_inside_a_connect_is_decided_and_bridged() {
+    let l = lab();
+    let mut lines = Lines::new(&l.e);
+    let p = l.port();
+    let origin_form =
+        |path: &str| ws_head(p, path).replacen(&format!("http://allowed.test:{p}"), "", 1);
+    let mut s = connect(l.e.proxy);
+    write!(
+        s,
+        "CONNECT allowed.test:{p} HTTP/1.1\r\nHost: allowed.test:{p}\r\n\r\n"
+    )
+    .unwrap();
+    let mut r = BufReader::new(s.try_clone().unwrap());
+    let resp = read_response(&mut r).unwrap();
+    assert_eq!((resp.status, resp.reason()), (200, None), "{}", resp.text());
+    s.write_all(origin_form("/admin/switch").as_bytes())
+        .unwrap();
+    let resp = read_response(&mut r).unwrap();
+    assert_eq!(
+        (resp.status, resp.reason()),
+        (403, Some("path_not_allowed"))
+    );
+    assert_denied_line(
+        &lines.one("/admin"),
+        "path_not_allowed",
+        Some(403),
+        "/admin",
+    );
+    s.write_all(origin_form("/public/switch").as_bytes())
+        .unwrap();
+    let resp = read_response(&mut r).unwrap();
+    assert_eq!(resp.status, 101);
+    s.write_all(b"frames").unwrap();
+    let mut back = [0u8; 6];
+    r.read_exact(&mut back).unwrap();
+    assert_eq!(&back, b"frames");
+    s.shutdown(std::net::Shutdown::Write).unwrap();
+    let mut tail = Vec::new();
+    let _ = r.read_to_end(&mut tail);
+    let got = lines.next_n("websocket and tunnel", 2);
+    let ws = got
+        .iter()
+        .find(|x| x["proto"] == "http")
+        .expect("the websocket's line");
+    assert_eq!(
+        (&ws["status"], &ws["decision"]),
+        (&101.into(), &"allow".into())
+    );
+    assert_eq!(ws["path"], "/public/switch");
+    assert!(got.iter().any(|x| x["proto"] == "connect"), "{got:?}");
+    lines.done("websocket in connect");
+    assert_clean(&l);
+}
