@@ -10,6 +10,13 @@
 //! WebSocket that outlives hyper's connection (an upgrade) keeps it. The
 //! drain at shutdown waits for the last of them.
 //!
+//! Each permit also counts against its client's share
+//! (`settings.limits.connections_per_client`, read at accept, so a reload
+//! applies to the connections after it): the named client its source
+//! identifies, else the source address. A connection past its client's
+//! share holds nothing: it is answered `503` (`overloaded`) at once, with
+//! no request read, and closed; others are not affected.
+//!
 //! Owns the connection bounds and timeouts of the client side. Does not
 //! own what a request is answered (the front-ends) or the line of a
 //! request hyper could not parse beyond writing it here.
@@ -22,42 +29,74 @@ use std::time::Duration;
 
 use http::{Request, Response};
 use hyper::body::Incoming;
+use http_body_util::BodyExt;
 use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::admit::Unanswered;
-use super::respond::ProxyBody;
-use super::{forward, tunnel, ProxyCtx, HEADER_READ_TIMEOUT, MAX_HEADER_BYTES};
+use super::respond::{self, ProxyBody};
+use super::{forward, tunnel, ProxyCtx, MAX_HEADER_BYTES};
 use crate::metrics::ActiveGuard;
-use crate::policy::{Proto, Reason};
+use crate::policy::{Policy, Proto, Reason};
 use crate::record::Event;
-use crate::shutdown::{Permit, Shutdown};
+use crate::shutdown::{Holder, Permit, Shutdown};
 
 /// How long accepting pauses after it failed (EMFILE and friends), instead
 /// of spinning.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
+/// Connections being refused at once (past their client's share), per
+/// listener; beyond it a refused connection is closed unanswered.
+const MAX_REFUSING: usize = 256;
+/// How long a refused connection may take to read its `503`: the refusal
+/// is written, then what the client sends is read and dropped until it
+/// closes (so that closing does not reset the answer away) or this ends.
+const REFUSAL_LINGER: Duration = Duration::from_secs(2);
+
+/// How a listener refuses a connection past its client's share.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Refusal {
+    /// Answer `503` (the proxy port: every client speaks HTTP first).
+    Http,
+    /// Close it (capture listeners: the client may be speaking TLS).
+    Close,
+}
 
 /// Serves the proxy port until `shutdown` fires; then stops accepting and
 /// lets open connections finish on their own.
 pub async fn serve(listener: TcpListener, ctx: Arc<ProxyCtx>, shutdown: Shutdown) {
-    accept_loop(listener, ctx, shutdown, "", serve_conn).await
+    accept_loop(listener, ctx, shutdown, "", Refusal::Http, serve_conn).await
+}
+
+/// Whose share a connection from `ip` counts against: the named client
+/// its source identifies, else its address.
+fn holder_of(policy: &Policy, ip: std::net::IpAddr) -> (Holder, Option<Arc<str>>) {
+    let named = policy.client_id(policy.identify(ip, None).ok().flatten());
+    match named {
+        Some(id) => (Holder::Named(id.clone()), Some(id.clone())),
+        None => (Holder::addr(ip), None),
+    }
 }
 
 /// Accepts connections on `listener` until `shutdown` fires, while the
 /// proxy's [`MAX_CONNECTIONS`](super::MAX_CONNECTIONS) permits last (beyond them clients wait in
 /// the backlog), and runs `conn` for each on its own task, with its
-/// permit. Shared by the proxy port and transparent capture; `what` names
-/// the listener in accept errors.
+/// permit, counted against its client's share; past the share it is
+/// refused as `refusal` says. Shared by the proxy port and transparent
+/// capture; `what` names the listener in accept errors.
 pub(crate) async fn accept_loop<F, Fut>(
     listener: TcpListener,
     ctx: Arc<ProxyCtx>,
     mut shutdown: Shutdown,
     what: &str,
+    refusal: Refusal,
     conn: F,
 ) where
     F: Fn(TcpStream, SocketAddr, Arc<ProxyCtx>, Permit) -> Fut,
     Fut: Future<Output = ()> + Send + 'static,
 {
+    let refusing = Arc::new(Semaphore::new(MAX_REFUSING));
     loop {
         let permit = tokio::select! {
             p = ctx.connections.acquire() => p,
@@ -75,8 +114,86 @@ pub(crate) async fn accept_loop<F, Fut>(
             _ = shutdown.fired() => return,
         };
         let _ = stream.set_nodelay(true);
-        tokio::spawn(conn(stream, peer, ctx.clone(), permit));
+        let policy = ctx.policy.snapshot();
+        let (holder, named) = holder_of(&policy, peer.ip());
+        let max = policy.settings.limits.connections_per_client;
+        if permit.count_against(holder, max) {
+            tokio::spawn(conn(stream, peer, ctx.clone(), permit));
+        } else {
+            drop(permit);
+            let slot = refusing.clone().try_acquire_owned().ok();
+            refuse(stream, peer, named, max, &ctx, refusal, slot);
+        }
     }
+}
+
+/// A connection past its client's share of `max`: one line, reason
+/// `overloaded`, and (for [`Refusal::Http`], while a refusal slot is free)
+/// a `503` written at once on a task of its own, no request read.
+fn refuse(
+    stream: TcpStream,
+    peer: SocketAddr,
+    named: Option<Arc<str>>,
+    max: u32,
+    ctx: &ProxyCtx,
+    refusal: Refusal,
+    slot: Option<OwnedSemaphorePermit>,
+) {
+    let mut ev = Event::new(Proto::Http, peer);
+    if let Some(id) = named {
+        ev.client = id;
+    }
+    ev.set_denied(Reason::Overloaded);
+    let detail = format!("this client already has {max} connections open, its share");
+    let slot = match (refusal, slot) {
+        (Refusal::Http, Some(slot)) => slot,
+        (_, _) => {
+            ev.add_note(Some(format!("{detail}; closed unanswered")));
+            ctx.recorder.record(ev);
+            return;
+        }
+    };
+    let resp = respond::deny(
+        Reason::Overloaded,
+        "this connection",
+        &ctx.policy.snapshot().settings.contact,
+        Some(&detail),
+        true,
+    );
+    ev.status = Some(resp.status().as_u16());
+    ev.add_note(Some(detail));
+    ctx.recorder.record(ev);
+    tokio::spawn(async move {
+        let _slot = slot;
+        let _ = tokio::time::timeout(REFUSAL_LINGER, answer_and_close(stream, resp)).await;
+    });
+}
+
+/// Writes `resp` (a complete in-memory answer) as HTTP/1.1, then reads and
+/// drops what the client sends until it closes.
+async fn answer_and_close(mut stream: TcpStream, resp: Response<ProxyBody>) {
+    let (parts, body) = resp.into_parts();
+    let Ok(body) = body.collect().await.map(|b| b.to_bytes()) else {
+        return;
+    };
+    let mut head = format!(
+        "HTTP/1.1 {} {}\r\n",
+        parts.status.as_u16(),
+        parts.status.canonical_reason().unwrap_or("")
+    );
+    for (name, value) in &parts.headers {
+        if let Ok(v) = value.to_str() {
+            head.push_str(&format!("{name}: {v}\r\n"));
+        }
+    }
+    head.push_str(&format!("content-length: {}\r\n\r\n", body.len()));
+    let mut out = head.into_bytes();
+    out.extend_from_slice(&body);
+    if stream.write_all(&out).await.is_err() || stream.shutdown().await.is_err() {
+        return;
+    }
+    let mut sink = [0u8; 4096];
+    while matches!(stream.read(&mut sink).await, Ok(n) if n > 0) {}
 }
 
 async fn serve_conn(stream: TcpStream, peer: SocketAddr, ctx: Arc<ProxyCtx>, permit: Permit) {
@@ -103,6 +220,8 @@ pub(crate) async fn serve_http1<F, Fut>(
     Fut: Future<Output = Response<ProxyBody>> + Send + 'static,
 {
     let _active = ActiveGuard::new(&ctx.recorder.metrics, Proto::Http);
+    let header_timeout =
+        Duration::from_secs(ctx.policy.snapshot().settings.limits.header_timeout_secs);
     let c2 = ctx.clone();
     let answer = Arc::new(answer);
     let svc = hyper::service::service_fn(move |mut req: Request<Incoming>| {
@@ -112,7 +231,7 @@ pub(crate) async fn serve_http1<F, Fut>(
     });
     let res = hyper::server::conn::http1::Builder::new()
         .timer(TokioTimer::new())
-        .header_read_timeout(HEADER_READ_TIMEOUT)
+        .header_read_timeout(header_timeout)
         .max_buf_size(MAX_HEADER_BYTES)
         .keep_alive(true)
         .serve_connection(TokioIo::new(stream), svc)
