@@ -143,11 +143,7 @@ impl Permit {
     /// when the share is full. Counting against a holder it already counts
     /// against is a no-op.
     pub fn count_against(&self, holder: Holder, max: u32) -> bool {
-        let mut holders = self
-            .share
-            .holders
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
+        let mut holders = self.share.holders.lock().unwrap_or_else(|e| e.into_inner());
         if holders.contains(&holder) {
             return true;
         }

@@ -169,7 +169,10 @@ impl Loops {
     /// continues in a task. Past the client's share, the refusal is
     /// answered inline: no task, no upstream.
     async fn udp_query(&self, raw: Vec<u8>, src: SocketAddr, tasks: &mut JoinSet<()>) {
-        let Some(permit) = self.queries.try_acquire_share(&self.handler.policy, src.ip()) else {
+        let Some(permit) = self
+            .queries
+            .try_acquire_share(&self.handler.policy, src.ip())
+        else {
             if let Some(bytes) = self.handler.process(raw, src, Protocol::Udp, true).await {
                 let _ = self.udp.try_send_to(&bytes, src);
             }

@@ -421,9 +421,7 @@ validated!(
     u64,
     |s| match parse_duration(s) {
         Some(n) if (MIN_HEADER_TIMEOUT_SECS..=MAX_HEADER_TIMEOUT_SECS).contains(&n) => Ok(n),
-        Some(_) => Err(format!(
-            "header_timeout {s:?} is out of range: 1s to 5m"
-        )),
+        Some(_) => Err(format!("header_timeout {s:?} is out of range: 1s to 5m")),
         None => Err(format!(
             "invalid duration {s:?}: expected a number with s, m, h or d (10s)"
         )),

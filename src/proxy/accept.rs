@@ -28,8 +28,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use http::{Request, Response};
-use hyper::body::Incoming;
 use http_body_util::BodyExt;
+use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -46,13 +46,13 @@ use crate::shutdown::{Holder, Permit, Shutdown};
 /// How long accepting pauses after it failed (EMFILE and friends), instead
 /// of spinning.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
-/// Connections being refused at once (past their client's share), per
-/// listener; beyond it a refused connection is closed unanswered.
-const MAX_REFUSING: usize = 256;
-/// How long a refused connection may take to read its `503`: the refusal
-/// is written, then what the client sends is read and dropped until it
-/// closes (so that closing does not reset the answer away) or this ends.
-const REFUSAL_LINGER: Duration = Duration::from_secs(2);
+/// Refused connections (past their client's share) kept open a moment
+/// after their `503`, per listener; beyond it one is closed right after.
+const MAX_REFUSING: usize = 1024;
+/// How long a refused connection stays after its `503`: what the client
+/// sends is read and dropped until it closes (so that closing does not
+/// reset the answer away) or this ends.
+const REFUSAL_LINGER: Duration = Duration::from_secs(1);
 
 /// How a listener refuses a connection past its client's share.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -128,8 +128,10 @@ pub(crate) async fn accept_loop<F, Fut>(
 }
 
 /// A connection past its client's share of `max`: one line, reason
-/// `overloaded`, and (for [`Refusal::Http`], while a refusal slot is free)
-/// a `503` written at once on a task of its own, no request read.
+/// `overloaded`, and for [`Refusal::Http`] a `503` written at once, no
+/// request read. While a refusal slot is free, the connection then stays
+/// a moment on a task of its own, reading and dropping what the client
+/// sends, so that closing it does not reset the answer away.
 fn refuse(
     stream: TcpStream,
     peer: SocketAddr,
@@ -145,14 +147,11 @@ fn refuse(
     }
     ev.set_denied(Reason::Overloaded);
     let detail = format!("this client already has {max} connections open, its share");
-    let slot = match (refusal, slot) {
-        (Refusal::Http, Some(slot)) => slot,
-        (_, _) => {
-            ev.add_note(Some(format!("{detail}; closed unanswered")));
-            ctx.recorder.record(ev);
-            return;
-        }
-    };
+    if refusal == Refusal::Close {
+        ev.add_note(Some(format!("{detail}; closed")));
+        ctx.recorder.record(ev);
+        return;
+    }
     let resp = respond::deny(
         Reason::Overloaded,
         "this connection",
@@ -162,19 +161,32 @@ fn refuse(
     );
     ev.status = Some(resp.status().as_u16());
     ev.add_note(Some(detail));
+    // A new connection's send buffer is empty: the answer fits at once.
+    let written = match encode(resp) {
+        Some(bytes) => stream.try_write(&bytes).is_ok_and(|n| n == bytes.len()),
+        None => false,
+    };
+    if !written {
+        ev.status = None;
+        ev.error = Some("the 503 could not be written".into());
+    }
     ctx.recorder.record(ev);
-    tokio::spawn(async move {
-        let _slot = slot;
-        let _ = tokio::time::timeout(REFUSAL_LINGER, answer_and_close(stream, resp)).await;
-    });
+    if let (true, Some(slot)) = (written, slot) {
+        tokio::spawn(async move {
+            let _slot = slot;
+            let _ = tokio::time::timeout(REFUSAL_LINGER, linger(stream)).await;
+        });
+    }
 }
 
-/// Writes `resp` (a complete in-memory answer) as HTTP/1.1, then reads and
-/// drops what the client sends until it closes.
-async fn answer_and_close(mut stream: TcpStream, resp: Response<ProxyBody>) {
+/// `resp` (an answer whose body is in memory) as HTTP/1.1 bytes.
+fn encode(resp: Response<ProxyBody>) -> Option<Vec<u8>> {
     let (parts, body) = resp.into_parts();
-    let Ok(body) = body.collect().await.map(|b| b.to_bytes()) else {
-        return;
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    let mut collect = std::pin::pin!(body.collect());
+    let body = match collect.as_mut().poll(&mut cx) {
+        std::task::Poll::Ready(Ok(b)) => b.to_bytes(),
+        _ => return None,
     };
     let mut head = format!(
         "HTTP/1.1 {} {}\r\n",
@@ -182,14 +194,18 @@ async fn answer_and_close(mut stream: TcpStream, resp: Response<ProxyBody>) {
         parts.status.canonical_reason().unwrap_or("")
     );
     for (name, value) in &parts.headers {
-        if let Ok(v) = value.to_str() {
-            head.push_str(&format!("{name}: {v}\r\n"));
-        }
+        head.push_str(&format!("{name}: {}\r\n", value.to_str().ok()?));
     }
     head.push_str(&format!("content-length: {}\r\n\r\n", body.len()));
     let mut out = head.into_bytes();
     out.extend_from_slice(&body);
-    if stream.write_all(&out).await.is_err() || stream.shutdown().await.is_err() {
+    Some(out)
+}
+
+/// Ends the sending side, then reads and drops what the client sends
+/// until it closes.
+async fn linger(mut stream: TcpStream) {
+    if stream.shutdown().await.is_err() {
         return;
     }
     let mut sink = [0u8; 4096];
