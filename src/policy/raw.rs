@@ -216,8 +216,8 @@ impl<'de> Deserialize<'de> for ConnectionsField {
                 match u32::try_from(n) {
                     Ok(n) if range.contains(&n) => Ok(ConnectionsField(n)),
                     _ => Err(E::custom(format!(
-                        "connections_per_client must be {MIN_CONNECTIONS_PER_CLIENT} to \
-                         {MAX_CONNECTIONS_PER_CLIENT} (the proxy's bound on all connections), not {n}"
+                        "must be {MIN_CONNECTIONS_PER_CLIENT} to {MAX_CONNECTIONS_PER_CLIENT} \
+                         (the proxy's bound on all connections), not {n}"
                     ))),
                 }
             }
@@ -225,13 +225,12 @@ impl<'de> Deserialize<'de> for ConnectionsField {
                 match u64::try_from(n) {
                     Ok(n) => self.visit_u64(n),
                     Err(_) => Err(E::custom(format!(
-                        "connections_per_client must be {MIN_CONNECTIONS_PER_CLIENT} to \
-                         {MAX_CONNECTIONS_PER_CLIENT}, not {n}"
+                        "must be {MIN_CONNECTIONS_PER_CLIENT} to {MAX_CONNECTIONS_PER_CLIENT}, not {n}"
                     ))),
                 }
             }
         }
-        d.deserialize_u64(V)
+        d.deserialize_any(V)
     }
 }
 
@@ -421,7 +420,7 @@ validated!(
     u64,
     |s| match parse_duration(s) {
         Some(n) if (MIN_HEADER_TIMEOUT_SECS..=MAX_HEADER_TIMEOUT_SECS).contains(&n) => Ok(n),
-        Some(_) => Err(format!("header_timeout {s:?} is out of range: 1s to 5m")),
+        Some(_) => Err(format!("{s:?} is out of range: 1s to 5m")),
         None => Err(format!(
             "invalid duration {s:?}: expected a number with s, m, h or d (10s)"
         )),
@@ -429,7 +428,7 @@ validated!(
     || json_schema!({
         "description": "A duration from 1s to 5m: a whole number and a unit, s or m (10s, 1m).",
         "type": "string",
-        "pattern": "^\\s*[0-9]+[smhdw]\\s*$"
+        "pattern": "^\\s*0*(([1-9][0-9]?|[12][0-9]{2}|300)s|[1-5]m)\\s*$"
     })
 );
 validated!(
