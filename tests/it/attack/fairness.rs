@@ -415,3 +415,68 @@ fn dns_queries_in_flight_are_bounded_per_client() {
     assert_eq!(lines.len(), 6);
     assert!(lines.iter().all(|l| l["qname"] == "slow.allowed.test"));
 }
+
+#[test]
+fn a_client_known_by_its_token_has_one_share_across_addresses() {
+    let digest: String = ring::digest::digest(&ring::digest::SHA256, b"agent-token")
+        .as_ref()
+        .iter()
+        .map(|x| format!("{x:02x}"))
+        .collect();
+    let l = lab().names(&["allowed.test"]).start(|ports| {
+        policy()
+            .exception("origin")
+            .host("allowed.test")
+            .cidr(LOOPBACK)
+            .port(ports.origin)
+            .client_token("agent", &digest)
+            .setting("limits", "{ connections_per_client: 2 }")
+    });
+    let url = format!("http://allowed.test:{}/", l.port());
+    // Basic agent:agent-token
+    let get_with_token = |s: &mut TcpStream| {
+        s.write_all(
+            format!(
+                "GET {url} HTTP/1.1\r\nHost: allowed.test\r\n\
+                 Proxy-Authorization: Basic YWdlbnQ6YWdlbnQtdG9rZW4=\r\n\r\n"
+            )
+            .as_bytes(),
+        )
+        .unwrap();
+        read_response(&mut BufReader::new(s.try_clone().unwrap())).expect("an answer")
+    };
+    let mut lines = Lines::new(&l.e);
+    let mut held = Vec::new();
+    for from in [HOG, Ipv4Addr::new(127, 0, 0, 4)] {
+        let mut s = connect_from(from, l.e.proxy);
+        let r = get_with_token(&mut s);
+        assert_eq!(r.status, 200, "from {from}: {}", r.text());
+        held.push(s);
+    }
+    lines.next_n("two requests with the token", 2);
+    // A third address, each within its own share, but the token's client
+    // has its two.
+    let third = Ipv4Addr::new(127, 0, 0, 5);
+    let mut s = connect_from(third, l.e.proxy);
+    let r = get_with_token(&mut s);
+    assert_eq!(
+        (r.status, r.reason()),
+        (503, Some("overloaded")),
+        "{}",
+        r.text()
+    );
+    let line = lines.one("the refusal");
+    assert_eq!(
+        (line["reason"].as_str(), line["client"].as_str()),
+        (Some("overloaded"), Some("agent"))
+    );
+    // The address itself is not refused: without the token it is served.
+    let r = get_from(third, l.e.proxy, &url);
+    assert_eq!(r.status, 200);
+    // Once one of the client's connections closes, the token is served.
+    drop(held.pop());
+    eventually("the token client's slot back", || {
+        let mut s = connect_from(third, l.e.proxy);
+        (get_with_token(&mut s).status == 200).then_some(())
+    });
+}
