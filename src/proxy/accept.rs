@@ -122,12 +122,12 @@ pub(crate) async fn accept_loop<F, Fut>(
         } else {
             drop(permit);
             let slot = refusing.clone().try_acquire_owned().ok();
-            refuse(stream, peer, named, max, &ctx, refusal, slot);
+            refuse(stream, peer, named, &policy, &ctx, refusal, slot);
         }
     }
 }
 
-/// A connection past its client's share of `max`: one line, reason
+/// A connection past its client's share: one line, reason
 /// `overloaded`, and for [`Refusal::Http`] a `503` written at once, no
 /// request read. While a refusal slot is free, the connection then stays
 /// a moment on a task of its own, reading and dropping what the client
@@ -136,7 +136,7 @@ fn refuse(
     stream: TcpStream,
     peer: SocketAddr,
     named: Option<Arc<str>>,
-    max: u32,
+    policy: &Policy,
     ctx: &ProxyCtx,
     refusal: Refusal,
     slot: Option<OwnedSemaphorePermit>,
@@ -146,6 +146,7 @@ fn refuse(
         ev.client = id;
     }
     ev.set_denied(Reason::Overloaded);
+    let max = policy.settings.limits.connections_per_client;
     let detail = format!("this client already has {max} connections open, its share");
     if refusal == Refusal::Close {
         ev.add_note(Some(format!("{detail}; closed")));
@@ -155,7 +156,7 @@ fn refuse(
     let resp = respond::deny(
         Reason::Overloaded,
         "this connection",
-        &ctx.policy.snapshot().settings.contact,
+        &policy.settings.contact,
         Some(&detail),
         true,
     );
