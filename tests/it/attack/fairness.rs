@@ -480,3 +480,54 @@ fn a_client_known_by_its_token_has_one_share_across_addresses() {
         (get_with_token(&mut s).status == 200).then_some(())
     });
 }
+
+#[test]
+fn a_named_clients_dns_queries_in_flight_share_one_bound() {
+    let l = lab().names(&["allowed.test"]).start(|ports| {
+        policy()
+            .exception("origin")
+            .hosts(&["allowed.test", "slow.allowed.test"])
+            .cidr(LOOPBACK)
+            .port(ports.origin)
+            .client_from("hog", &["127.0.0.2/32", "127.0.0.4/32"])
+            .setting("limits", "{ connections_per_client: 4 }")
+    });
+    l.dns.silent("slow.allowed.test");
+    let q = dns_query("slow.allowed.test", RecordType::A)
+        .to_vec()
+        .unwrap();
+    // Three slow queries from one of the client's addresses, then three
+    // from the other: the last two are past the client's four.
+    let first = UdpSocket::bind((HOG, 0)).unwrap();
+    for _ in 0..3 {
+        first.send_to(&q, l.e.dns).unwrap();
+    }
+    let second = UdpSocket::bind((Ipv4Addr::new(127, 0, 0, 4), 0)).unwrap();
+    second.set_read_timeout(Some(DEADLINE)).unwrap();
+    // One receive queue: they arrive in the order sent.
+    for _ in 0..3 {
+        second.send_to(&q, l.e.dns).unwrap();
+    }
+    let mut buf = vec![0u8; 65535];
+    for i in 0..2 {
+        let (n, _) = second.recv_from(&mut buf).expect("a refusal at once");
+        let r = Message::from_vec(&buf[..n]).unwrap();
+        assert_eq!(
+            ede_text(&r).as_deref(),
+            Some("egressd: overloaded"),
+            "reply {i}: {r}"
+        );
+    }
+    let lines = eventually("two overloaded lines", || {
+        let l: Vec<_> = complete_lines(&l.e)
+            .into_iter()
+            .filter(|l| l["reason"] == "overloaded")
+            .collect();
+        (l.len() >= 2).then_some(l)
+    });
+    assert_eq!(lines.len(), 2);
+    assert!(lines.iter().all(|l| l["client"] == "hog"), "{lines:?}");
+    // Another address is not the named client, and has its own share.
+    let r = ask_from(OTHER, l.e.dns, "allowed.test", WAIT);
+    assert_eq!(r.metadata.response_code, ResponseCode::NoError, "{r}");
+}
