@@ -21,15 +21,17 @@
 //!
 //! We run our own receive loops rather than hickory's `Server` so that the
 //! bounds come before the work: a query is only spawned once it holds a slot
-//! of [`MAX_INFLIGHT`] and of its client's [`MAX_INFLIGHT_PER_CLIENT`]
-//! (otherwise it is answered `REFUSED`, reason `overloaded`, inline), TCP
+//! of [`MAX_INFLIGHT`] and of its client's share (the named client its
+//! source identifies, else its address: [`MAX_INFLIGHT_PER_CLIENT`], or
+//! `settings.limits.connections_per_client` if smaller), otherwise it is
+//! answered `REFUSED`, reason `overloaded`, inline; TCP
 //! connections are capped per client and in all, and packets hickory would
 //! reject before any handler runs are still logged as `malformed`.
 
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::future::Future;
-use std::net::{IpAddr, Ipv6Addr, SocketAddr};
+use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, LazyLock, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -62,13 +64,13 @@ use crate::policy::{
     Request as PolicyRequest, TunnelAction,
 };
 use crate::record::{Event, Recorder};
-use crate::shutdown::Shutdown;
+use crate::shutdown::{Holder, Shutdown};
 use crate::time::unix_now;
 
 /// Queries being answered at once, from all clients together.
 pub const MAX_INFLIGHT: usize = 1024;
-/// Queries being answered at once for one client address (an IPv6 client is
-/// its /64): one client cannot starve the others.
+/// Queries being answered at once for one client (a named client, else an
+/// address; an IPv6 client is its /64): one client cannot starve the others.
 pub const MAX_INFLIGHT_PER_CLIENT: usize = 64;
 /// Open TCP connections, in all and per client address.
 pub const MAX_TCP_CONNECTIONS: usize = 256;
@@ -167,7 +169,10 @@ impl Loops {
     /// continues in a task. Past the client's share, the refusal is
     /// answered inline: no task, no upstream.
     async fn udp_query(&self, raw: Vec<u8>, src: SocketAddr, tasks: &mut JoinSet<()>) {
-        let Some(permit) = self.queries.try_acquire(src.ip()) else {
+        let Some(permit) = self
+            .queries
+            .try_acquire_share(&self.handler.policy, src.ip())
+        else {
             if let Some(bytes) = self.handler.process(raw, src, Protocol::Udp, true).await {
                 let _ = self.udp.try_send_to(&bytes, src);
             }
@@ -248,7 +253,7 @@ async fn tcp_connection(
             Ok(Ok(_)) => {}
             _ => return,
         }
-        let reply = match queries.try_acquire(src.ip()) {
+        let reply = match queries.try_acquire_share(&handler.policy, src.ip()) {
             Some(_permit) => handler.process(raw, src, Protocol::Tcp, false).await,
             None => handler.process(raw, src, Protocol::Tcp, true).await,
         };
@@ -263,10 +268,10 @@ async fn tcp_connection(
     }
 }
 
-/// Counts work in flight, in all and per client address.
+/// Counts work in flight, in all and per client.
 struct Limiter {
     global: Arc<Semaphore>,
-    per_client: Mutex<HashMap<IpAddr, usize>>,
+    per_client: Mutex<HashMap<Holder, usize>>,
     per_client_max: usize,
 }
 
@@ -274,7 +279,7 @@ struct Limiter {
 struct Permit {
     _global: OwnedSemaphorePermit,
     limiter: Arc<Limiter>,
-    key: IpAddr,
+    key: Holder,
 }
 
 impl Limiter {
@@ -286,12 +291,30 @@ impl Limiter {
         })
     }
 
+    /// A slot for client address `ip`.
     fn try_acquire(self: &Arc<Self>, ip: IpAddr) -> Option<Permit> {
-        let key = client_key(ip);
+        self.try_acquire_for(Holder::addr(ip), self.per_client_max)
+    }
+
+    /// A slot for the client `policy` names by source `ip` (else the
+    /// address), within the share `settings.limits` leaves it.
+    fn try_acquire_share(self: &Arc<Self>, policy: &PolicyHandle, ip: IpAddr) -> Option<Permit> {
+        let p = policy.snapshot();
+        let max = self
+            .per_client_max
+            .min(p.settings.limits.connections_per_client as usize);
+        let key = match p.client_id(p.identify(ip, None).ok().flatten()) {
+            Some(id) => Holder::Named(id.clone()),
+            None => Holder::addr(ip),
+        };
+        self.try_acquire_for(key, max)
+    }
+
+    fn try_acquire_for(self: &Arc<Self>, key: Holder, max: usize) -> Option<Permit> {
         let global = self.global.clone().try_acquire_owned().ok()?;
         let mut map = lock(&self.per_client);
-        let n = map.entry(key).or_insert(0);
-        if *n >= self.per_client_max {
+        let n = map.entry(key.clone()).or_insert(0);
+        if *n >= max {
             return None;
         }
         *n += 1;
@@ -306,21 +329,12 @@ impl Limiter {
 impl Drop for Permit {
     fn drop(&mut self) {
         let mut map = lock(&self.limiter.per_client);
-        if let std::collections::hash_map::Entry::Occupied(mut n) = map.entry(self.key) {
+        if let std::collections::hash_map::Entry::Occupied(mut n) = map.entry(self.key.clone()) {
             *n.get_mut() -= 1;
             if *n.get() == 0 {
                 n.remove();
             }
         }
-    }
-}
-
-/// Clients are counted by address; an IPv6 client by its /64, which is what
-/// one host can usually pick addresses from.
-fn client_key(ip: IpAddr) -> IpAddr {
-    match crate::policy::canonical_ip(ip) {
-        IpAddr::V6(v6) => IpAddr::V6(Ipv6Addr::from(u128::from(v6) & !((1u128 << 64) - 1))),
-        v4 => v4,
     }
 }
 
@@ -1310,8 +1324,8 @@ mod tests {
         drop(p1);
         assert!(l.try_acquire(a).is_some());
         // One IPv6 /64 is one client.
-        let v6a: IpAddr = "2001:db8::1".parse().unwrap();
-        let v6b: IpAddr = "2001:db8::2".parse().unwrap();
-        assert_eq!(client_key(v6a), client_key(v6b));
+        let l = Limiter::new(3, 1);
+        let _v6 = l.try_acquire("2001:db8::1".parse().unwrap()).unwrap();
+        assert!(l.try_acquire("2001:db8::2".parse().unwrap()).is_none());
     }
 }

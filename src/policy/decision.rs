@@ -210,7 +210,7 @@ impl Reason {
             Reason::Malformed => "the request is malformed",
             Reason::LogUnavailable => "the decision log cannot be written, so egressd refuses new requests until it can",
             Reason::LoopDetected => "the destination is egressd itself",
-            Reason::Overloaded => "too many requests from this client are in flight",
+            Reason::Overloaded => "this client has more connections or queries open than its share",
             Reason::UpstreamError => "the destination could not be reached",
         }
     }

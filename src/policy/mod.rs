@@ -157,6 +157,37 @@ pub struct DnsSettings {
     pub cache_max_ttl: u64,
 }
 
+/// `settings.limits`: each client's share, and the header timeout. Read
+/// when a connection is accepted, so that a reload applies to the
+/// connections that come after it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Open connections per client (named client by source, else source
+    /// address), [`MIN_CONNECTIONS_PER_CLIENT`]..=[`MAX_CONNECTIONS_PER_CLIENT`].
+    pub connections_per_client: u32,
+    /// Seconds a client has to send a request head,
+    /// [`MIN_HEADER_TIMEOUT_SECS`]..=[`MAX_HEADER_TIMEOUT_SECS`].
+    pub header_timeout_secs: u64,
+}
+
+pub const DEFAULT_CONNECTIONS_PER_CLIENT: u32 = 1024;
+pub const MIN_CONNECTIONS_PER_CLIENT: u32 = 1;
+/// The proxy's bound on all connections together (`proxy::MAX_CONNECTIONS`):
+/// a larger share would be no share.
+pub const MAX_CONNECTIONS_PER_CLIENT: u32 = 16_384;
+pub const DEFAULT_HEADER_TIMEOUT_SECS: u64 = 10;
+pub const MIN_HEADER_TIMEOUT_SECS: u64 = 1;
+pub const MAX_HEADER_TIMEOUT_SECS: u64 = 300;
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            connections_per_client: DEFAULT_CONNECTIONS_PER_CLIENT,
+            header_timeout_secs: DEFAULT_HEADER_TIMEOUT_SECS,
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct Settings {
     pub mode: Mode,
@@ -165,6 +196,7 @@ pub struct Settings {
     pub contact: String,
     pub dns: DnsSettings,
     pub missing_sni: MissingSni,
+    pub limits: Limits,
     /// Where the settings block was, if any (for lint messages).
     pub location: Option<(PathBuf, usize)>,
 }
@@ -183,6 +215,7 @@ impl Default for Settings {
                 cache_max_ttl: 86400,
             },
             missing_sni: MissingSni::ExactOnly,
+            limits: Limits::default(),
             location: None,
         }
     }

@@ -18,6 +18,10 @@ use serde::de::{self, Deserializer};
 use serde::Deserialize;
 
 use super::host::HostPattern;
+use super::{
+    MAX_CONNECTIONS_PER_CLIENT, MAX_HEADER_TIMEOUT_SECS, MIN_CONNECTIONS_PER_CLIENT,
+    MIN_HEADER_TIMEOUT_SECS,
+};
 use crate::time::{parse_date, parse_duration};
 
 /// One egressd policy file. A policy is a directory of such files (or one
@@ -56,6 +60,8 @@ pub struct RawSettings {
     pub dns: Option<RawDns>,
     /// TLS checks on CONNECT tunnels.
     pub tls: Option<RawTls>,
+    /// Each client's share of egressd, and how long a request head may take.
+    pub limits: Option<RawLimits>,
 }
 
 /// What a request no exception allows gets.
@@ -177,6 +183,69 @@ pub enum TunnelAction {
 pub struct RawTls {
     /// What to do with a CONNECT to 443 whose ClientHello has no SNI or uses ECH.
     pub missing_sni: Option<MissingSni>,
+}
+
+/// Bounds that keep one client from starving the others.
+#[derive(Debug, Default, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RawLimits {
+    /// Connections one client (a named client identified by source, else a
+    /// source address) may hold open at once, tunnels included; past it a
+    /// new connection gets `503 overloaded` (default 1024, 1 to 16384).
+    pub connections_per_client: Option<ConnectionsField>,
+    /// How long a client has to send a request head, from the connection's
+    /// start or the end of its previous request (default 10s, 1s to 5m).
+    pub header_timeout: Option<HeaderTimeoutField>,
+}
+
+/// `limits.connections_per_client`: a whole number within its range,
+/// checked here so that an error points at the value.
+#[derive(Debug, Clone, Copy)]
+pub struct ConnectionsField(pub u32);
+
+impl<'de> Deserialize<'de> for ConnectionsField {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl de::Visitor<'_> for V {
+            type Value = ConnectionsField;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a whole number of connections")
+            }
+            fn visit_u64<E: de::Error>(self, n: u64) -> Result<ConnectionsField, E> {
+                let range = MIN_CONNECTIONS_PER_CLIENT..=MAX_CONNECTIONS_PER_CLIENT;
+                match u32::try_from(n) {
+                    Ok(n) if range.contains(&n) => Ok(ConnectionsField(n)),
+                    _ => Err(E::custom(format!(
+                        "must be {MIN_CONNECTIONS_PER_CLIENT} to {MAX_CONNECTIONS_PER_CLIENT} \
+                         (the proxy's bound on all connections), not {n}"
+                    ))),
+                }
+            }
+            fn visit_i64<E: de::Error>(self, n: i64) -> Result<ConnectionsField, E> {
+                match u64::try_from(n) {
+                    Ok(n) => self.visit_u64(n),
+                    Err(_) => Err(E::custom(format!(
+                        "must be {MIN_CONNECTIONS_PER_CLIENT} to {MAX_CONNECTIONS_PER_CLIENT}, not {n}"
+                    ))),
+                }
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+impl JsonSchema for ConnectionsField {
+    fn schema_name() -> Cow<'static, str> {
+        "ConnectionsField".into()
+    }
+    fn json_schema(_: &mut SchemaGenerator) -> Schema {
+        json_schema!({
+            "description": "A number of connections.",
+            "type": "integer",
+            "minimum": MIN_CONNECTIONS_PER_CLIENT,
+            "maximum": MAX_CONNECTIONS_PER_CLIENT
+        })
+    }
 }
 
 /// A ClientHello without a server name (or with ECH).
@@ -344,6 +413,22 @@ validated!(
         "description": "A duration: a whole number and a unit, s, m, h, d or w (90d, 12h).",
         "type": "string",
         "pattern": "^\\s*[0-9]+[smhdw]\\s*$"
+    })
+);
+validated!(
+    HeaderTimeoutField,
+    u64,
+    |s| match parse_duration(s) {
+        Some(n) if (MIN_HEADER_TIMEOUT_SECS..=MAX_HEADER_TIMEOUT_SECS).contains(&n) => Ok(n),
+        Some(_) => Err(format!("{s:?} is out of range: 1s to 5m")),
+        None => Err(format!(
+            "invalid duration {s:?}: expected a number with s, m, h or d (10s)"
+        )),
+    },
+    || json_schema!({
+        "description": "A duration from 1s to 5m: a whole number and a unit, s or m (10s, 1m).",
+        "type": "string",
+        "pattern": "^\\s*0*(([1-9][0-9]?|[12][0-9]{2}|300)s|[1-5]m)\\s*$"
     })
 );
 validated!(

@@ -10,6 +10,13 @@
 //! WebSocket that outlives hyper's connection (an upgrade) keeps it. The
 //! drain at shutdown waits for the last of them.
 //!
+//! Each permit also counts against its client's share
+//! (`settings.limits.connections_per_client`, read at accept, so a reload
+//! applies to the connections after it): the named client its source
+//! identifies, else the source address. A connection past its client's
+//! share holds nothing: it is answered `503` (`overloaded`) at once, with
+//! no request read, and closed; others are not affected.
+//!
 //! Owns the connection bounds and timeouts of the client side. Does not
 //! own what a request is answered (the front-ends) or the line of a
 //! request hyper could not parse beyond writing it here.
@@ -21,43 +28,75 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use http::{Request, Response};
+use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::admit::Unanswered;
-use super::respond::ProxyBody;
-use super::{forward, tunnel, ProxyCtx, HEADER_READ_TIMEOUT, MAX_HEADER_BYTES};
+use super::respond::{self, ProxyBody};
+use super::{forward, tunnel, ProxyCtx, MAX_HEADER_BYTES};
 use crate::metrics::ActiveGuard;
-use crate::policy::{Proto, Reason};
+use crate::policy::{Policy, Proto, Reason};
 use crate::record::Event;
-use crate::shutdown::{Permit, Shutdown};
+use crate::shutdown::{Holder, Permit, Shutdown};
 
 /// How long accepting pauses after it failed (EMFILE and friends), instead
 /// of spinning.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
+/// Refused connections (past their client's share) kept open a moment
+/// after their `503`, per listener; beyond it one is closed right after.
+const MAX_REFUSING: usize = 1024;
+/// How long a refused connection stays after its `503`: what the client
+/// sends is read and dropped until it closes (so that closing does not
+/// reset the answer away) or this ends.
+const REFUSAL_LINGER: Duration = Duration::from_secs(1);
+
+/// How a listener refuses a connection past its client's share.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Refusal {
+    /// Answer `503` (the proxy port: every client speaks HTTP first).
+    Http,
+    /// Close it (capture listeners: the client may be speaking TLS).
+    Close,
+}
 
 /// Serves the proxy port until `shutdown` fires; then stops accepting and
 /// lets open connections finish on their own.
 pub async fn serve(listener: TcpListener, ctx: Arc<ProxyCtx>, shutdown: Shutdown) {
-    accept_loop(listener, ctx, shutdown, "", serve_conn).await
+    accept_loop(listener, ctx, shutdown, "", Refusal::Http, serve_conn).await
+}
+
+/// Whose share a connection from `ip` counts against: the named client
+/// its source identifies, else its address.
+fn holder_of(policy: &Policy, ip: std::net::IpAddr) -> (Holder, Option<Arc<str>>) {
+    let named = policy.client_id(policy.identify(ip, None).ok().flatten());
+    match named {
+        Some(id) => (Holder::Named(id.clone()), Some(id.clone())),
+        None => (Holder::addr(ip), None),
+    }
 }
 
 /// Accepts connections on `listener` until `shutdown` fires, while the
 /// proxy's [`MAX_CONNECTIONS`](super::MAX_CONNECTIONS) permits last (beyond them clients wait in
 /// the backlog), and runs `conn` for each on its own task, with its
-/// permit. Shared by the proxy port and transparent capture; `what` names
-/// the listener in accept errors.
+/// permit, counted against its client's share; past the share it is
+/// refused as `refusal` says. Shared by the proxy port and transparent
+/// capture; `what` names the listener in accept errors.
 pub(crate) async fn accept_loop<F, Fut>(
     listener: TcpListener,
     ctx: Arc<ProxyCtx>,
     mut shutdown: Shutdown,
     what: &str,
+    refusal: Refusal,
     conn: F,
 ) where
     F: Fn(TcpStream, SocketAddr, Arc<ProxyCtx>, Permit) -> Fut,
     Fut: Future<Output = ()> + Send + 'static,
 {
+    let refusing = Arc::new(Semaphore::new(MAX_REFUSING));
     loop {
         let permit = tokio::select! {
             p = ctx.connections.acquire() => p,
@@ -75,8 +114,103 @@ pub(crate) async fn accept_loop<F, Fut>(
             _ = shutdown.fired() => return,
         };
         let _ = stream.set_nodelay(true);
-        tokio::spawn(conn(stream, peer, ctx.clone(), permit));
+        let policy = ctx.policy.snapshot();
+        let (holder, named) = holder_of(&policy, peer.ip());
+        let max = policy.settings.limits.connections_per_client;
+        if permit.count_against(holder, max) {
+            tokio::spawn(conn(stream, peer, ctx.clone(), permit));
+        } else {
+            drop(permit);
+            let slot = refusing.clone().try_acquire_owned().ok();
+            refuse(stream, peer, named, &policy, &ctx, refusal, slot);
+        }
     }
+}
+
+/// A connection past its client's share: one line, reason
+/// `overloaded`, and for [`Refusal::Http`] a `503` written at once, no
+/// request read. While a refusal slot is free, the connection then stays
+/// a moment on a task of its own, reading and dropping what the client
+/// sends, so that closing it does not reset the answer away.
+fn refuse(
+    stream: TcpStream,
+    peer: SocketAddr,
+    named: Option<Arc<str>>,
+    policy: &Policy,
+    ctx: &ProxyCtx,
+    refusal: Refusal,
+    slot: Option<OwnedSemaphorePermit>,
+) {
+    let mut ev = Event::new(Proto::Http, peer);
+    if let Some(id) = named {
+        ev.client = id;
+    }
+    ev.set_denied(Reason::Overloaded);
+    let max = policy.settings.limits.connections_per_client;
+    let detail = format!("this client already has {max} connections open, its share");
+    if refusal == Refusal::Close {
+        ev.add_note(Some(format!("{detail}; closed")));
+        ctx.recorder.record(ev);
+        return;
+    }
+    let resp = respond::deny(
+        Reason::Overloaded,
+        "this connection",
+        &policy.settings.contact,
+        Some(&detail),
+        true,
+    );
+    ev.status = Some(resp.status().as_u16());
+    ev.add_note(Some(detail));
+    // A new connection's send buffer is empty: the answer fits at once.
+    let written = match encode(resp) {
+        Some(bytes) => stream.try_write(&bytes).is_ok_and(|n| n == bytes.len()),
+        None => false,
+    };
+    if !written {
+        ev.status = None;
+        ev.error = Some("the 503 could not be written".into());
+    }
+    ctx.recorder.record(ev);
+    if let (true, Some(slot)) = (written, slot) {
+        tokio::spawn(async move {
+            let _slot = slot;
+            let _ = tokio::time::timeout(REFUSAL_LINGER, linger(stream)).await;
+        });
+    }
+}
+
+/// `resp` (an answer whose body is in memory) as HTTP/1.1 bytes.
+fn encode(resp: Response<ProxyBody>) -> Option<Vec<u8>> {
+    let (parts, body) = resp.into_parts();
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    let mut collect = std::pin::pin!(body.collect());
+    let body = match collect.as_mut().poll(&mut cx) {
+        std::task::Poll::Ready(Ok(b)) => b.to_bytes(),
+        _ => return None,
+    };
+    let mut head = format!(
+        "HTTP/1.1 {} {}\r\n",
+        parts.status.as_u16(),
+        parts.status.canonical_reason().unwrap_or("")
+    );
+    for (name, value) in &parts.headers {
+        head.push_str(&format!("{name}: {}\r\n", value.to_str().ok()?));
+    }
+    head.push_str(&format!("content-length: {}\r\n\r\n", body.len()));
+    let mut out = head.into_bytes();
+    out.extend_from_slice(&body);
+    Some(out)
+}
+
+/// Ends the sending side, then reads and drops what the client sends
+/// until it closes.
+async fn linger(mut stream: TcpStream) {
+    if stream.shutdown().await.is_err() {
+        return;
+    }
+    let mut sink = [0u8; 4096];
+    while matches!(stream.read(&mut sink).await, Ok(n) if n > 0) {}
 }
 
 async fn serve_conn(stream: TcpStream, peer: SocketAddr, ctx: Arc<ProxyCtx>, permit: Permit) {
@@ -103,6 +237,8 @@ pub(crate) async fn serve_http1<F, Fut>(
     Fut: Future<Output = Response<ProxyBody>> + Send + 'static,
 {
     let _active = ActiveGuard::new(&ctx.recorder.metrics, Proto::Http);
+    let header_timeout =
+        Duration::from_secs(ctx.policy.snapshot().settings.limits.header_timeout_secs);
     let c2 = ctx.clone();
     let answer = Arc::new(answer);
     let svc = hyper::service::service_fn(move |mut req: Request<Incoming>| {
@@ -112,7 +248,7 @@ pub(crate) async fn serve_http1<F, Fut>(
     });
     let res = hyper::server::conn::http1::Builder::new()
         .timer(TokioTimer::new())
-        .header_read_timeout(HEADER_READ_TIMEOUT)
+        .header_read_timeout(header_timeout)
         .max_buf_size(MAX_HEADER_BYTES)
         .max_header_size(MAX_HEADER_BYTES)
         .keep_alive(true)

@@ -20,6 +20,7 @@ use http::Request;
 use super::respond::Stop;
 use crate::policy::{ClientIdx, Policy, Reason, UnknownToken};
 use crate::record::{Event, Recorder};
+use crate::shutdown::{Holder, Permit};
 
 /// The whole step, for a request that carries its own token: the log is
 /// writable, then the client is identified and named in `ev`.
@@ -34,7 +35,9 @@ pub(crate) fn admit<B>(
 }
 
 /// The client a request comes from, by the token it carries or else its
-/// source, named in `ev`.
+/// source, named in `ev`. A client its token names is known only now: its
+/// connection counts against that client's share too (`overloaded` past
+/// it), as it counts against its source's since it was accepted.
 pub(crate) fn client_of<B>(
     policy: &Policy,
     ev: &mut Event,
@@ -42,7 +45,16 @@ pub(crate) fn client_of<B>(
 ) -> Result<Option<ClientIdx>, Stop> {
     let token = request_token(req)
         .map_err(|e| Stop::Deny(Reason::ClientNotAllowed, Some(e.to_string())))?;
-    identify(policy, ev, token.as_deref())
+    let client = identify(policy, ev, token.as_deref())?;
+    let conn = req.extensions().get::<Permit>();
+    if let (Some(_), Some(id), Some(conn)) = (&token, policy.client_id(client), conn) {
+        let max = policy.settings.limits.connections_per_client;
+        if !conn.count_against(Holder::Named(id.clone()), max) {
+            let detail = format!("client {id} already has {max} connections open, its share");
+            return Err(Stop::Deny(Reason::Overloaded, Some(detail)));
+        }
+    }
+    Ok(client)
 }
 
 /// Refuses while the decision log cannot be written.

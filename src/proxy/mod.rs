@@ -46,8 +46,11 @@ pub use relay::IDLE_TIMEOUT;
 /// Client connections served at once (every listener together, tunnels
 /// and upgrades included); further clients wait in the backlog.
 pub const MAX_CONNECTIONS: u32 = 16_384;
-/// Longest wait for a complete request head.
-pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
+/// Longest wait for a complete request head by default
+/// (`settings.limits.header_timeout`; requests inside intercepted TLS
+/// always get this one).
+pub const HEADER_READ_TIMEOUT: Duration =
+    Duration::from_secs(crate::policy::DEFAULT_HEADER_TIMEOUT_SECS);
 /// Largest request head accepted (hyper answers 431 beyond it).
 pub const MAX_HEADER_BYTES: usize = 64 << 10;
 

@@ -56,7 +56,7 @@ use http::{header, Method, Request, Response};
 use hyper::body::Incoming;
 use tokio::net::{TcpListener, TcpStream};
 
-use super::accept::{accept_loop, serve_http1};
+use super::accept::{accept_loop, serve_http1, Refusal};
 use super::admit::{accepting, client_of, identify};
 use super::dest::{parse_authority, Dest};
 use super::exchange::{decide_and_forward, request_event, truncate_path, Inbound, Scheme};
@@ -94,7 +94,15 @@ const FROM_DNS: &str = "a DNS answer egressd gave";
 /// Serves one capture listener until `shutdown` fires; open connections
 /// finish on their own.
 pub async fn serve(listener: TcpListener, ctx: Arc<ProxyCtx>, shutdown: Shutdown) {
-    accept_loop(listener, ctx, shutdown, " on the capture listener", handle).await
+    accept_loop(
+        listener,
+        ctx,
+        shutdown,
+        " on the capture listener",
+        Refusal::Close,
+        handle,
+    )
+    .await
 }
 
 /// What the first bytes of a captured connection say it is.

@@ -337,6 +337,69 @@ fn errors_carry_file_line_column() {
 }
 
 #[test]
+fn limits_are_read_in_range_and_their_errors_point_at_the_value() {
+    let dir = scratch();
+    let f = dir.file(
+        "p.yaml",
+        "settings:\n  limits:\n    connections_per_client: 8\n    header_timeout: 2m\nexceptions: []\n",
+    );
+    let p = compile_one(&f, &std::fs::read_to_string(&f).unwrap()).unwrap();
+    assert_eq!(
+        (
+            p.settings.limits.connections_per_client,
+            p.settings.limits.header_timeout_secs
+        ),
+        (8, 120)
+    );
+    let p = compile_one(&f, "exceptions: []\n").unwrap();
+    assert_eq!(
+        (
+            p.settings.limits.connections_per_client,
+            p.settings.limits.header_timeout_secs
+        ),
+        (1024, 10),
+        "the defaults"
+    );
+    let cases: &[(&str, usize, usize, &str)] = &[
+        (
+            "    connections_per_client: 0\n",
+            3,
+            29,
+            "must be 1 to 16384",
+        ),
+        ("    connections_per_client: 16385\n", 3, 29, "not 16385"),
+        (
+            "    connections_per_client: -1\n",
+            3,
+            29,
+            "must be 1 to 16384",
+        ),
+        ("    header_timeout: 0s\n", 3, 21, "out of range: 1s to 5m"),
+        (
+            "    header_timeout: 301s\n",
+            3,
+            21,
+            "out of range: 1s to 5m",
+        ),
+        ("    header_timeout: soon\n", 3, 21, "invalid duration"),
+        (
+            "    header_timout: 5s\n",
+            3,
+            5,
+            "unknown field `header_timout`",
+        ),
+    ];
+    for (body, line, col, msg) in cases {
+        let text = format!("settings:\n  limits:\n{body}exceptions: []\n");
+        let errs = errors_at(&text);
+        assert_eq!(errs.len(), 1, "{body}: {errs:?}");
+        let (l, c, m) = &errs[0];
+        assert!(m.contains(msg), "{body}: {m}");
+        assert_eq!((*l, *c), (*line, *col), "{body}: {m}");
+    }
+}
+
+#[test]
 fn entry_errors_point_at_the_exception() {
     let text = format!(
         "{HEAD}{}  - id: nobody\n    reason: r\n    hosts: [b.example]\n  - id: why\n    owner: o\n    hosts: [c.example]\n",

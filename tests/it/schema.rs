@@ -234,6 +234,9 @@ const VALID: &[(&str, &str)] = &[
     cache_max_ttl: 1d
   tls:
     missing_sni: deny
+  limits:
+    connections_per_client: 256
+    header_timeout: 30s
 exceptions:
   - id: pypi
     owner: python-platform
@@ -276,6 +279,13 @@ const INVALID: &[(&str, &str)] = &[
     ("ports-empty", "exceptions:\n  - id: x\n    owner: o\n    reason: r\n    hosts: [a.example.com]\n    ports: []\n"),
     ("tunnel-length-a-word", "settings:\n  dns:\n    tunnel: { max_name_len: long }\n"),
     ("mode-bad", "settings:\n  mode: enforcing\n"),
+    ("unknown-limits-key", "settings:\n  limits: { connections: 5 }\n"),
+    ("connections-per-client-zero", "settings:\n  limits: { connections_per_client: 0 }\n"),
+    ("connections-per-client-too-many", "settings:\n  limits: { connections_per_client: 16385 }\n"),
+    ("connections-per-client-a-word", "settings:\n  limits: { connections_per_client: many }\n"),
+    ("header-timeout-zero", "settings:\n  limits: { header_timeout: 0s }\n"),
+    ("header-timeout-too-long", "settings:\n  limits: { header_timeout: 1h }\n"),
+    ("header-timeout-no-unit", "settings:\n  limits: { header_timeout: 10 }\n"),
     ("private-destinations-bad", "settings:\n  private_destinations: block\n"),
     ("rcode-bad", "settings:\n  dns:\n    deny_rcode: servfail\n"),
     ("tunnel-action-bad", "settings:\n  dns:\n    tunnel: { action: warn }\n"),

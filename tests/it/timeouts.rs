@@ -191,6 +191,29 @@ async fn a_request_head_that_does_not_end_in_time_closes_the_connection() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_connection_that_sends_nothing_is_closed_after_the_header_timeout() {
+    let e = InProcess::start(&loopback_policy(80), &[]).await;
+    let mut c = TcpStream::connect(e.running.proxy).await.unwrap();
+    closed_after(&mut c, HEADER_READ_TIMEOUT - MARGIN).await;
+    e.running.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_header_timeout_is_the_policys() {
+    let policy = format!(
+        "settings:\n  limits: {{ header_timeout: 45s }}\n{}",
+        loopback_policy(80)
+    );
+    let e = InProcess::start(&policy, &[]).await;
+    let mut c = TcpStream::connect(e.running.proxy).await.unwrap();
+    c.write_all(b"GET http://127.0.0.1/ HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+        .await
+        .unwrap();
+    closed_after(&mut c, Duration::from_secs(45) - MARGIN).await;
+    e.running.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
 async fn an_origin_that_does_not_answer_in_time_gets_a_504() {
     let origin = silent_origin().await;
     let e = InProcess::start(&loopback_policy(origin.port()), &[]).await;

@@ -5,8 +5,8 @@ use std::collections::HashMap;
 
 use super::locate::locate;
 use super::Errors;
-use crate::policy::raw::{RawClient, RawDns, RawFile, RawSettings, RawTunnel};
-use crate::policy::{Client, DnsSettings, Settings, Source};
+use crate::policy::raw::{RawClient, RawDns, RawFile, RawLimits, RawSettings, RawTunnel};
+use crate::policy::{Client, DnsSettings, Limits, Settings, Source};
 
 /// The settings and clients of the one file that has a `settings:` block
 /// (a second one is an error).
@@ -36,6 +36,9 @@ pub(super) fn settings(
         apply(s, &mut settings);
         if let Some(dns) = &s.dns {
             apply_dns(dns, &mut settings.dns, src, errs);
+        }
+        if let Some(l) = &s.limits {
+            apply_limits(l, &mut settings.limits);
         }
         clients = named_clients(&s.clients, src, errs);
     }
@@ -113,6 +116,16 @@ fn apply_tunnel(t: &RawTunnel, out: &mut DnsSettings) {
     set!(alert_window, alert_window_secs);
     set!(block_window, block_window_secs);
     set!(cooldown, cooldown_secs);
+}
+
+/// `settings.limits` (its ranges were checked when it was read).
+fn apply_limits(l: &RawLimits, out: &mut Limits) {
+    if let Some(n) = l.connections_per_client {
+        out.connections_per_client = n.0;
+    }
+    if let Some(d) = &l.header_timeout {
+        out.header_timeout_secs = d.0;
+    }
 }
 
 /// `settings.clients`: unique ids, each with sources or a token.

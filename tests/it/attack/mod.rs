@@ -21,6 +21,7 @@
 //! | `dns.rs` | the resolver: packet abuse, floods, hostile upstream answers |
 //! | `dns_tools/` | DNS tunnels: real iodine and dns2tcp in a namespace lab, generated tunnels, the benign corpus |
 //! | `ech.rs` | ECH configurations in HTTPS/SVCB answers |
+//! | `fairness.rs` | one client holding thousands of connections or DNS queries: others keep their share |
 //! | `faults.rs` | resets, dead upstreams, reload storms, drain, rotation, full sink |
 //! | `log_stall.rs` | a decision log that stops taking lines: stalled FIFO, `/dev/full`, full tmpfs |
 //!
@@ -33,6 +34,7 @@ mod connect;
 mod dns;
 mod dns_tools;
 mod ech;
+mod fairness;
 mod faults;
 mod framing;
 mod hostnames;
