@@ -26,6 +26,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use hickory_proto::rr::rdata::A;
+use hickory_proto::rr::{RData, Record};
+
+use super::inside::{is_inside, Pool};
 use super::Resolver;
 use crate::policy::canonical_ip;
 use crate::policy::host::Host;
@@ -132,22 +136,63 @@ impl Table {
 pub(super) struct AnswerMemory {
     on: AtomicBool,
     table: Mutex<Table>,
+    /// Each allowed name's own address inside the sandbox (`inside`).
+    inside: Mutex<Pool>,
 }
 
 impl AnswerMemory {
     fn table(&self) -> MutexGuard<'_, Table> {
         self.table.lock().unwrap_or_else(|e| e.into_inner())
     }
+    fn inside(&self) -> MutexGuard<'_, Pool> {
+        self.inside.lock().unwrap_or_else(|e| e.into_inner())
+    }
 }
 
 impl Resolver {
-    /// Starts (or stops) remembering answers: on while a transparent
+    /// Starts (or stops) remembering answers, and answering each allowed
+    /// name with its own address (`inside`): on while a transparent
     /// listener is served.
     pub fn remember_answers(&self, on: bool) {
         self.answers().on.store(on, Ordering::Relaxed);
         if !on {
             *self.answers().table() = Table::default();
+            *self.answers().inside() = Pool::default();
         }
+    }
+
+    /// The records answered to the sandbox for `host`, an allowed name:
+    /// as resolved when answers are not remembered; else its own address
+    /// ([`inside`](super::inside)) in place of the first A record, and no
+    /// other address — no further A, no AAAA, no HTTPS or SVCB record
+    /// (whose hints name real addresses). Other records (CNAME, TXT, MX…)
+    /// are kept.
+    pub fn inside_records(&self, records: Vec<Record>, host: &Host) -> Vec<Record> {
+        if !self.answers().on.load(Ordering::Relaxed) {
+            return records;
+        }
+        let mut given = false;
+        let mut out = Vec::with_capacity(records.len());
+        for mut r in records {
+            match r.data {
+                RData::A(_) if !given => {
+                    given = true;
+                    r.data = RData::A(A(self.answers().inside().address(host)));
+                    out.push(r);
+                }
+                RData::A(_) | RData::AAAA(_) | RData::HTTPS(_) | RData::SVCB(_) => {}
+                _ => out.push(r),
+            }
+        }
+        out
+    }
+
+    /// The name whose own address inside the sandbox `ip` is, if any.
+    pub fn inside_name(&self, ip: IpAddr) -> Option<Host> {
+        if !self.answers().on.load(Ordering::Relaxed) {
+            return None;
+        }
+        self.answers().inside().name(ip)
     }
 
     /// Remembers that the DNS front-end answered `ip` to `client` for
@@ -172,6 +217,9 @@ impl Resolver {
         let mem = self.answers();
         if !mem.on.load(Ordering::Relaxed) {
             return Vec::new();
+        }
+        if is_inside(ip) {
+            return mem.inside().name(ip).into_iter().collect();
         }
         let key = (ClientKey::of(client), canonical_ip(ip));
         mem.table().get(&key, Instant::now())

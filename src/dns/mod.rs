@@ -26,6 +26,7 @@ mod answers;
 mod budget;
 mod ech;
 mod fast;
+pub mod inside;
 mod resolver;
 mod server;
 

@@ -705,7 +705,9 @@ impl Handler {
     /// its addresses remembered for transparent capture, which decides a
     /// connection that carries no name by the allowed name its client
     /// resolved to that address here.
-    fn reply(&self, mut records: Vec<Record>, lookup: &Lookup, host: &Host, src: IpAddr) -> Reply {
+    fn reply(&self, records: Vec<Record>, lookup: &Lookup, host: &Host, src: IpAddr) -> Reply {
+        // Under transparent capture: the name's own address (`inside`).
+        let mut records = self.resolver.inside_records(records, host);
         let answer = &lookup.answer;
         let mut authority = answer.authority.clone();
         for r in records.iter_mut().chain(authority.iter_mut()) {

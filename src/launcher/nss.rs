@@ -30,9 +30,8 @@ const CERTUTIL_DIRS: &[&str] = &["/usr/bin", "/bin"];
 
 /// The database's files (name, contents), or why there is none.
 pub fn database(ca_cert: &Path) -> Result<Vec<(String, Vec<u8>)>, String> {
-    let certutil = find_certutil().ok_or_else(|| {
-        "certutil was not found (install libnss3-tools)".to_string()
-    })?;
+    let certutil = find_certutil()
+        .ok_or_else(|| "certutil was not found (install libnss3-tools)".to_string())?;
     let scratch = std::env::temp_dir().join(format!("egressd-nssdb-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&scratch);
     {
