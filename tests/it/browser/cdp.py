@@ -4,12 +4,14 @@
 No debugging port is opened and nothing is downloaded: Chromium reads
 commands on fd 3 and writes replies on fd 4, NUL-delimited JSON.
 
-    cdp.py [--url URL] [--eval JS] [--idle SECS] [--timeout SECS] -- CHROMIUM ARGS...
+    cdp.py [--trust PEM] [--url URL] [--eval JS] [--idle SECS] [--timeout SECS] -- CHROMIUM ARGS...
 
 With --url: opens a tab, navigates there, waits for the load event, then
 prints the JSON value of JS (awaited when it is a promise) on stdout as
 `RESULT <json>`. With --idle: leaves Chromium alone for SECS first (to
-see what it sends by itself). Exit status 0 once the result is printed;
+see what it sends by itself). With --trust: the CA certificate in PEM is added to the NSS database in
+$HOME/.pki/nssdb first (made if missing), as trusted for TLS servers.
+Exit status 0 once the result is printed;
 2 when Chromium exited or did not answer in time.
 """
 
@@ -101,14 +103,28 @@ class Pipe:
             self.events.append(m)
 
 
+def trust(pem):
+    db = "sql:" + os.path.join(os.environ["HOME"], ".pki", "nssdb")
+    if not os.path.exists(os.path.join(db[4:], "cert9.db")):
+        os.makedirs(db[4:], mode=0o700, exist_ok=True)
+        subprocess.run(["certutil", "-N", "-d", db, "--empty-password"], check=True)
+    subprocess.run(
+        ["certutil", "-A", "-d", db, "-t", "C,,", "-n", os.path.basename(pem), "-i", pem],
+        check=True,
+    )
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--url")
     ap.add_argument("--eval", default="null")
     ap.add_argument("--idle", type=float, default=0)
     ap.add_argument("--timeout", type=float, default=60)
+    ap.add_argument("--trust", action="append", default=[])
     ap.add_argument("argv", nargs="+")
     a = ap.parse_args()
+    for pem in a.trust:
+        trust(pem)
     deadline = time.monotonic() + a.timeout + a.idle
     p = Pipe(a.argv)
     try:
