@@ -63,7 +63,7 @@ class Handler(BaseHTTPRequestHandler):
         if path == "/sw.js":
             return self.reply(200, "text/javascript", SW)
         if path == "/redirect":
-            return self.reply(302, "text/plain", b"", [("Location", "http://denied.test/redirected")])
+            return self.reply(302, "text/plain", b"", [("Location", "http://redirected.test/redirected")])
         self.reply(404, "text/plain", b"not here\n")
 
     def websocket(self):
