@@ -30,6 +30,10 @@
 //!   (`dns::answers`: the first of them the policy allows); else by the
 //!   address itself (which only an exception's `cidrs` can allow). On port
 //!   443 the ClientHello rules of CONNECT apply (`SniRule`).
+//! - to a name's own address inside the sandbox (`dns::inside`, 198.18/15):
+//!   by that name alone; a TLS server name naming another is refused
+//!   (`sni_mismatch`), so no connection carries two names' requests (HTTP/2
+//!   coalescing).
 //!
 //! Where the connection goes: never blindly to the original destination.
 //! The decided name is resolved and every address checked, as for a proxied

@@ -100,9 +100,18 @@ fn in_netns<T: Send + 'static>(name: &str, f: impl FnOnce() -> T + Send + 'stati
         if unsafe { libc::unshare(libc::CLONE_NEWNET) } != 0 {
             return Err(io::Error::last_os_error());
         }
-        let mut cmds = vec![vec!["link".to_string(), "set".into(), "lo".into(), "up".into()]];
+        let mut cmds = vec![vec![
+            "link".to_string(),
+            "set".into(),
+            "lo".into(),
+            "up".into(),
+        ]];
         for ip in [ORIGIN_IP, CANARY_IP, METADATA_IP] {
-            cmds.push(["addr", "add", &format!("{ip}/32"), "dev", "lo"].map(String::from).to_vec());
+            cmds.push(
+                ["addr", "add", &format!("{ip}/32"), "dev", "lo"]
+                    .map(String::from)
+                    .to_vec(),
+            );
         }
         for args in cmds {
             let out = Command::new("ip").args(&args).output()?;
@@ -139,7 +148,8 @@ impl Drop for Killed {
 /// A UDP socket that counts datagrams for as long as the test runs.
 fn udp_counter(ip: &str, port: u16) -> Arc<AtomicUsize> {
     let s = UdpSocket::bind((ip.parse::<IpAddr>().unwrap(), port)).unwrap();
-    s.set_read_timeout(Some(Duration::from_millis(200))).unwrap();
+    s.set_read_timeout(Some(Duration::from_millis(200)))
+        .unwrap();
     let hits = Arc::new(AtomicUsize::new(0));
     let h = hits.clone();
     thread::spawn(move || {
@@ -223,8 +233,14 @@ fn stage() -> Stage {
         (format!("{METADATA_IP}:80"), canary_on(ip(METADATA_IP), 80)),
     ];
     let udp_canaries = vec![
-        (format!("udp {CANARY_IP}:3478 (STUN)"), udp_counter(CANARY_IP, 3478)),
-        (format!("udp {CANARY_IP}:443 (QUIC)"), udp_counter(CANARY_IP, 443)),
+        (
+            format!("udp {CANARY_IP}:3478 (STUN)"),
+            udp_counter(CANARY_IP, 3478),
+        ),
+        (
+            format!("udp {CANARY_IP}:443 (QUIC)"),
+            udp_counter(CANARY_IP, 443),
+        ),
     ];
     Stage {
         dns,
@@ -336,7 +352,11 @@ impl Stage {
         // A datagram in flight is not waited for by anything else.
         thread::sleep(Duration::from_millis(300));
         for (what, n) in &self.udp_canaries {
-            assert_eq!(n.load(Ordering::SeqCst), 0, "the canary on {what} got datagrams");
+            assert_eq!(
+                n.load(Ordering::SeqCst),
+                0,
+                "the canary on {what} got datagrams"
+            );
         }
     }
 }
@@ -383,14 +403,27 @@ fn probe_page(mode: Mode) {
 
         // Every control loaded.
         for (name, res) in v["controls"].as_object().unwrap() {
-            assert_eq!(res["ok"], true, "control {name} did not load: {res}\n{table:#?}");
+            assert_eq!(
+                res["ok"], true,
+                "control {name} did not load: {res}\n{table:#?}"
+            );
         }
         let seen = s.seen();
-        for want in ["GET page.test /img.svg", "GET page.test /data", "GET page.test /sw.js"] {
-            assert!(seen.iter().any(|l| l == want), "{want} not served: {seen:?}");
+        for want in [
+            "GET page.test /img.svg",
+            "GET page.test /data",
+            "GET page.test /sw.js",
+        ] {
+            assert!(
+                seen.iter().any(|l| l == want),
+                "{want} not served: {seen:?}"
+            );
         }
         assert!(
-            s.tls.requests().iter().any(|(m, t)| m == "GET" && t.ends_with("/ok/1")),
+            s.tls
+                .requests()
+                .iter()
+                .any(|(m, t)| m == "GET" && t.ends_with("/ok/1")),
             "the intercepted fetch did not reach the origin: {:?}",
             s.tls.requests()
         );
@@ -404,7 +437,10 @@ fn probe_page(mode: Mode) {
 
         // Every probe failed in the page.
         for (name, res) in v["probes"].as_object().unwrap() {
-            assert_eq!(res["ok"], false, "probe {name} succeeded: {res}\n{table:#?}");
+            assert_eq!(
+                res["ok"], false,
+                "probe {name} succeeded: {res}\n{table:#?}"
+            );
         }
         // HTTP/2 coalescing: the POST never reached the origin, and egressd
         // decided it (intercepted, as coalesce.test's rules need).
@@ -422,11 +458,17 @@ fn probe_page(mode: Mode) {
         // Deny lines for the probes that reach egressd.
         let host = |h: &'static str| move |l: &Value| l["host"] == h;
         for (what, ok) in [
-            ("denied.test subresources and fetch", denied(&lines, host("denied.test"))),
+            (
+                "denied.test subresources and fetch",
+                denied(&lines, host("denied.test")),
+            ),
             ("the IP literal", denied(&lines, host(CANARY_IP))),
             ("the metadata address", denied(&lines, host(METADATA_IP))),
             ("DNS-over-HTTPS", denied(&lines, host("doh.test"))),
-            ("the redirect's target", denied(&lines, host("redirected.test"))),
+            (
+                "the redirect's target",
+                denied(&lines, host("redirected.test")),
+            ),
             ("the beacon", denied(&lines, host("beacon.test"))),
         ] {
             assert!(ok, "no deny line for {what}: {lines:#?}");
@@ -439,7 +481,8 @@ fn probe_page(mode: Mode) {
         match mode {
             // Plain HTTP captured is decided request by request.
             Mode::Transparent => assert!(
-                denied(&lines, |l| l["host"] == "wsrule.test" && l["path"] == "/ws/no"),
+                denied(&lines, |l| l["host"] == "wsrule.test"
+                    && l["path"] == "/ws/no"),
                 "no deny line for ws://wsrule.test/ws/no: {lines:#?}"
             ),
             // PENDING (branch h-connect): through the proxy, ws:// is a
@@ -476,7 +519,10 @@ fn idle_chromium_background_traffic_is_silenced_by_the_flags_or_denied() {
             assert_eq!(r.code, 0, "{}", r.context());
             let lines = r.log_lines();
             for l in &lines {
-                assert_eq!(l["decision"], "deny", "Chromium's own request was allowed: {l}");
+                assert_eq!(
+                    l["decision"], "deny",
+                    "Chromium's own request was allowed: {l}"
+                );
             }
             lines
                 .iter()
@@ -533,6 +579,9 @@ fn chromium_keeps_its_own_sandbox_under_egressd_run() {
         "Seccomp-BPF sandbox\tYes",
         "You are adequately sandboxed.",
     ] {
-        assert!(text.contains(want), "{want:?} not in chrome://sandbox:\n{text}");
+        assert!(
+            text.contains(want),
+            "{want:?} not in chrome://sandbox:\n{text}"
+        );
     }
 }
