@@ -26,6 +26,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use hickory_proto::op::ResponseCode;
+use hickory_proto::rr::rdata::A;
+use hickory_proto::rr::{Name, RData, Record, RecordType};
+
+use super::inside::{is_inside, Pool};
 use super::Resolver;
 use crate::policy::canonical_ip;
 use crate::policy::host::Host;
@@ -132,22 +137,79 @@ impl Table {
 pub(super) struct AnswerMemory {
     on: AtomicBool,
     table: Mutex<Table>,
+    /// Each allowed name's own address inside the sandbox (`inside`).
+    inside: Mutex<Pool>,
 }
 
 impl AnswerMemory {
     fn table(&self) -> MutexGuard<'_, Table> {
         self.table.lock().unwrap_or_else(|e| e.into_inner())
     }
+    fn inside(&self) -> MutexGuard<'_, Pool> {
+        self.inside.lock().unwrap_or_else(|e| e.into_inner())
+    }
 }
 
 impl Resolver {
-    /// Starts (or stops) remembering answers: on while a transparent
+    /// Starts (or stops) remembering answers, and answering each allowed
+    /// name with its own address (`inside`): on while a transparent
     /// listener is served.
     pub fn remember_answers(&self, on: bool) {
         self.answers().on.store(on, Ordering::Relaxed);
         if !on {
             *self.answers().table() = Table::default();
+            *self.answers().inside() = Pool::default();
         }
+    }
+
+    /// The records answered to the sandbox for `host`, an allowed name, to
+    /// a `qtype` query: as resolved when answers are not remembered; else
+    /// its own address ([`inside`](super::inside)) and no other — the first
+    /// A record's data replaced, no further A, no AAAA, no HTTPS or SVCB
+    /// record (whose hints name real addresses); other records (CNAME, TXT,
+    /// MX…) kept. An A query for a name that has no A record but exists
+    /// (an IPv6-only name) gets its address too: egressd reaches the name
+    /// over whichever family it has.
+    pub fn inside_records(
+        &self,
+        records: Vec<Record>,
+        host: &Host,
+        qtype: u16,
+        rcode: ResponseCode,
+    ) -> Vec<Record> {
+        if !self.answers().on.load(Ordering::Relaxed) {
+            return records;
+        }
+        let mut given = false;
+        let mut out = Vec::with_capacity(records.len());
+        for mut r in records {
+            match r.data {
+                RData::A(_) if !given => {
+                    given = true;
+                    r.data = RData::A(A(self.answers().inside().address(host)));
+                    out.push(r);
+                }
+                RData::A(_) | RData::AAAA(_) | RData::HTTPS(_) | RData::SVCB(_) => {}
+                _ => out.push(r),
+            }
+        }
+        let cname = out.iter().any(|r| matches!(r.data, RData::CNAME(_)));
+        if !given && !cname && qtype == u16::from(RecordType::A) && rcode == ResponseCode::NoError {
+            if let Ok(mut name) = Name::from_ascii(host.as_str()) {
+                name.set_fqdn(true);
+                let a = A(self.answers().inside().address(host));
+                out.push(Record::from_rdata(name, 0, RData::A(a)));
+            }
+        }
+        out
+    }
+
+    /// The name whose own address inside the sandbox `ip` is, if any.
+    pub fn inside_name(&self, ip: IpAddr) -> Option<Host> {
+        if !self.answers().on.load(Ordering::Relaxed) {
+            return None;
+        }
+        self.answers().inside().name(ip)
     }
 
     /// Remembers that the DNS front-end answered `ip` to `client` for
@@ -172,6 +234,9 @@ impl Resolver {
         let mem = self.answers();
         if !mem.on.load(Ordering::Relaxed) {
             return Vec::new();
+        }
+        if is_inside(ip) {
+            return mem.inside().name(ip).into_iter().collect();
         }
         let key = (ClientKey::of(client), canonical_ip(ip));
         mem.table().get(&key, Instant::now())
@@ -269,5 +334,67 @@ mod tests {
             t0 + MAX_REMEMBER,
         );
         assert_eq!(t.map.len(), 1);
+    }
+
+    fn rec(owner: &str, data: RData) -> Record {
+        let mut n = Name::from_ascii(owner).unwrap();
+        n.set_fqdn(true);
+        Record::from_rdata(n, 60, data)
+    }
+
+    #[test]
+    fn inside_each_name_is_answered_with_its_own_address_only() {
+        let r = Resolver::new(Vec::new(), crate::metrics::Metrics::new());
+        let a = |s: &str| RData::A(A(s.parse().unwrap()));
+        let aaaa = |s: &str| RData::AAAA(hickory_proto::rr::rdata::AAAA(s.parse().unwrap()));
+        let upstream = vec![
+            rec(
+                "www.x.test",
+                RData::CNAME(hickory_proto::rr::rdata::CNAME(
+                    Name::from_ascii("cdn.test.").unwrap(),
+                )),
+            ),
+            rec("cdn.test", a("192.0.2.1")),
+            rec("cdn.test", a("192.0.2.2")),
+            rec("cdn.test", aaaa("2001:db8::1")),
+        ];
+        let ok = ResponseCode::NoError;
+        // Off (egressd serve): as resolved.
+        assert_eq!(
+            r.inside_records(upstream.clone(), &h("www.x.test"), 1, ok),
+            upstream
+        );
+        r.remember_answers(true);
+        let got = r.inside_records(upstream.clone(), &h("www.x.test"), 1, ok);
+        assert_eq!(got.len(), 2, "{got:?}");
+        assert!(matches!(got[0].data, RData::CNAME(_)));
+        assert_eq!(got[1].data, a("198.18.0.1"));
+        // Another name on the same real addresses: another address.
+        let other = vec![rec("y.test", a("192.0.2.1"))];
+        assert_eq!(
+            r.inside_records(other, &h("y.test"), 1, ok)[0].data,
+            a("198.18.0.2")
+        );
+        assert_eq!(r.inside_name(ip("198.18.0.1")), Some(h("www.x.test")));
+        assert_eq!(
+            r.recall(ip("127.0.0.1"), ip("198.18.0.2")),
+            vec![h("y.test")]
+        );
+        // AAAA: no real address leaks.
+        let v6 = vec![rec("y.test", aaaa("2001:db8::1"))];
+        assert!(r
+            .inside_records(v6.clone(), &h("y.test"), 28, ok)
+            .is_empty());
+        // An IPv6-only name still gets its address for an A query; a name
+        // that does not exist gets none.
+        let got = r.inside_records(Vec::new(), &h("v6only.test"), 1, ok);
+        assert_eq!(got.len(), 1);
+        assert_eq!(got[0].data, a("198.18.0.3"));
+        assert!(r
+            .inside_records(Vec::new(), &h("nx.test"), 1, ResponseCode::NXDomain)
+            .is_empty());
+        // Off again: forgotten.
+        r.remember_answers(false);
+        assert_eq!(r.inside_name(ip("198.18.0.1")), None);
     }
 }

@@ -11,7 +11,8 @@
 //! filtering non-public addresses out of answers, removing ECH
 //! configurations from HTTPS/SVCB answers (`ech`), the per-client tunnel
 //! budget, and (for transparent capture) which allowed name each answered
-//! address came from (`answers`). What it does not own: the decision itself
+//! address came from (`answers`) and each allowed name's own address inside
+//! the sandbox (`inside`). What it does not own: the decision itself
 //! (`Policy::decide`), the log line and metrics (`Recorder::record`), or
 //! binding sockets (`app`).
 //!
@@ -26,6 +27,7 @@ mod answers;
 mod budget;
 mod ech;
 mod fast;
+pub mod inside;
 mod resolver;
 mod server;
 

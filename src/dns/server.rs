@@ -681,7 +681,7 @@ impl Handler {
             }
         };
         match rebinding_filter(policy, &d, &lookup.answer.records, ev) {
-            Ok(records) => self.reply(records, &lookup, &host, src),
+            Ok(records) => self.reply(records, &lookup, &host, qtype, src),
             Err(refused) => refused,
         }
     }
@@ -720,8 +720,19 @@ impl Handler {
     /// its addresses remembered for transparent capture, which decides a
     /// connection that carries no name by the allowed name its client
     /// resolved to that address here.
-    fn reply(&self, mut records: Vec<Record>, lookup: &Lookup, host: &Host, src: IpAddr) -> Reply {
+    fn reply(
+        &self,
+        records: Vec<Record>,
+        lookup: &Lookup,
+        host: &Host,
+        qtype: u16,
+        src: IpAddr,
+    ) -> Reply {
         let answer = &lookup.answer;
+        // Under transparent capture: the name's own address (`inside`).
+        let mut records = self
+            .resolver
+            .inside_records(records, host, qtype, answer.rcode);
         let mut authority = answer.authority.clone();
         for r in records.iter_mut().chain(authority.iter_mut()) {
             r.ttl = lookup.ttl;

@@ -29,6 +29,7 @@ pub mod env;
 pub mod identity;
 pub mod limits;
 pub mod namespaces;
+pub mod nss;
 pub mod plan;
 pub mod relay;
 pub mod seccomp;
@@ -284,8 +285,18 @@ fn gather(args: &RunArgs) -> Result<HostFacts, String> {
             // The system roots plus egressd's CA, rewritten for each run so a
             // renewed CA or updated roots are picked up.
             let bundle = crate::tls::sandbox_ca_bundle(&dir).map_err(|e| at(&e))?;
+            let cert = crate::tls::ca_cert_path(&dir);
+            let nssdb = nss::database(&cert).unwrap_or_else(|e| {
+                eprintln!(
+                    "egressd run: no NSS database for the sandbox's HOME ({e}): Chromium and \
+                     other NSS programs inside will refuse intercepted sites; programs that \
+                     read SSL_CERT_FILE and the other CA variables still trust egressd's CA"
+                );
+                Vec::new()
+            });
             Some(plan::CaTrust {
-                cert: crate::tls::ca_cert_path(&dir),
+                nssdb,
+                cert,
                 bundle,
                 system_bundle: crate::tls::roots::system_bundle()
                     .and_then(|p| p.canonicalize().ok()),

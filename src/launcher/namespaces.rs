@@ -29,7 +29,7 @@ use std::io;
 use std::net::{Ipv6Addr, TcpListener, UdpSocket};
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -814,6 +814,10 @@ fn setup_filesystem(plan: &Plan, mut idmapped: IdmappedTrees) -> Result<(), Stri
                     libc::MS_NOSUID | libc::MS_NODEV,
                     &format!("mode={mode:o}{owner}{size}"),
                 )?;
+                // Before anything deeper is mounted over HOME.
+                if l.path() == plan.home {
+                    write_home_files(&at, &plan.home_files, id.uid, id.gid)?;
+                }
             }
             (Layer::Bind { .. }, Some((tree, is_dir))) => attach(tree, &at, !is_dir)?,
             (Layer::Bind { .. }, None) => unreachable!("every bind was cloned"),
@@ -877,6 +881,45 @@ fn setup_filesystem(plan: &Plan, mut idmapped: IdmappedTrees) -> Result<(), Stri
             plan.cwd.display()
         )),
     }
+}
+
+/// The plan's files for HOME (the NSS database), into the fresh tmpfs at
+/// `home`: directories 0700 and files 0600, all owned by CMD's uid and gid
+/// so CMD can read and update them. Nothing else is in that tmpfs yet, so
+/// no path here can be a link planted by anyone.
+fn write_home_files(
+    home: &Path,
+    files: &[(PathBuf, Vec<u8>)],
+    uid: u32,
+    gid: u32,
+) -> Result<(), String> {
+    let own = |p: &Path| {
+        std::os::unix::fs::chown(p, Some(uid), Some(gid))
+            .map_err(|e| format!("cannot give {} to CMD: {e}", p.display()))
+    };
+    for (rel, bytes) in files {
+        let at = home.join(rel);
+        let mut dir = home.to_path_buf();
+        for c in rel.parent().into_iter().flat_map(|p| p.components()) {
+            dir.push(c);
+            if fs::symlink_metadata(&dir).is_err() {
+                fs::DirBuilder::new()
+                    .mode(0o700)
+                    .create(&dir)
+                    .map_err(|e| format!("cannot make {}: {e}", dir.display()))?;
+                own(&dir)?;
+            }
+        }
+        fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&at)
+            .and_then(|mut f| io::Write::write_all(&mut f, bytes))
+            .map_err(|e| format!("cannot write {}: {e}", at.display()))?;
+        own(&at)?;
+    }
+    Ok(())
 }
 
 // ---------------------------------------------------------------- CMD

@@ -139,6 +139,10 @@ pub struct CaTrust {
     pub bundle: PathBuf,
     /// The distribution's CA bundle, which the sandbox's copy replaces.
     pub system_bundle: Option<PathBuf>,
+    /// The files of an NSS database trusting the CA (`nss::database`;
+    /// empty when none could be made), written into HOME's
+    /// [`nss::NSSDB_DIR`](super::nss::NSSDB_DIR).
+    pub nssdb: Vec<(String, Vec<u8>)>,
 }
 
 /// The options of `egressd run` that shape the sandbox (the CLI's view of
@@ -220,6 +224,9 @@ pub struct Plan {
     pub proxy_url: String,
     /// `--transparent`.
     pub transparent: Option<Transparent>,
+    /// Files written into the fresh HOME before CMD starts, owned by CMD
+    /// (paths relative to HOME; directories made as needed, mode 0700).
+    pub home_files: Vec<(PathBuf, Vec<u8>)>,
 }
 
 impl Plan {
@@ -405,7 +412,11 @@ pub fn build(opts: &Options, host: &HostFacts) -> Result<Plan, PlanError> {
     let mut masks: Vec<Mask> = Vec::new();
     let mut files = Vec::new();
     let mut ca_env: Vec<(&str, PathBuf)> = Vec::new();
+    let mut home_files = Vec::new();
     if let Some(ca) = &host.ca {
+        for (name, bytes) in &ca.nssdb {
+            home_files.push((Path::new(super::nss::NSSDB_DIR).join(name), bytes.clone()));
+        }
         let inside = PathBuf::from(CA_DIR_INSIDE);
         let (bundle, cert) = (inside.join(CA_BUNDLE_NAME), inside.join(CA_CERT_NAME));
         masks.push(Mask {
@@ -554,6 +565,7 @@ pub fn build(opts: &Options, host: &HostFacts) -> Result<Plan, PlanError> {
         egress,
         proxy_url,
         transparent,
+        home_files,
     })
 }
 
@@ -1008,8 +1020,14 @@ mod tests {
             cert: "/home/me/certs/ca.pem".into(),
             bundle: "/home/me/certs/sandbox-bundle.pem".into(),
             system_bundle: Some("/etc/ssl/certs/ca-certificates.crt".into()),
+            nssdb: vec![("cert9.db".into(), b"db".to_vec())],
         });
         let p = build(&opts(), &hf).unwrap();
+        assert_eq!(
+            p.home_files,
+            [(PathBuf::from(".pki/nssdb/cert9.db"), b"db".to_vec())],
+            "the NSS database goes into HOME"
+        );
         assert_eq!(
             p.view.masks,
             [Mask {

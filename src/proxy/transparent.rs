@@ -30,6 +30,10 @@
 //!   (`dns::answers`: the first of them the policy allows); else by the
 //!   address itself (which only an exception's `cidrs` can allow). On port
 //!   443 the ClientHello rules of CONNECT apply (`SniRule`).
+//! - to a name's own address inside the sandbox (`dns::inside`, 198.18/15):
+//!   by that name alone; a TLS server name naming another is refused
+//!   (`sni_mismatch`), so no connection carries two names' requests (HTTP/2
+//!   coalescing).
 //!
 //! Where the connection goes: never blindly to the original destination.
 //! The decided name is resolved and every address checked, as for a proxied
@@ -65,6 +69,7 @@ use super::respond::{self, record_stop, ProxyBody, Responder, Stop};
 use super::sni::{self, Hello, SniRule, HELLO_TIMEOUT};
 use super::upstream;
 use super::{forward, mitm, tunnel, ProxyCtx};
+use crate::dns::inside;
 use crate::metrics::ActiveGuard;
 use crate::policy::host::{parse_host, Target};
 use crate::policy::path::normalize_path;
@@ -90,6 +95,7 @@ const MAX_METHOD: usize = 16;
 const FROM_SNI: &str = "the TLS server name";
 const FROM_HOST: &str = "the Host header";
 const FROM_DNS: &str = "a DNS answer egressd gave";
+const FROM_INSIDE: &str = "the address egressd gave that name inside the sandbox";
 
 /// Serves one capture listener until `shutdown` fires; open connections
 /// finish on their own.
@@ -509,10 +515,42 @@ fn candidates(
     peer: SocketAddr,
     orig: SocketAddr,
 ) -> Result<(Vec<Target>, Option<&'static str>), Stop> {
-    if let Kind::Tls(Hello::ClientHello {
-        sni: Some(name), ..
-    }) = kind
-    {
+    let sni = match kind {
+        Kind::Tls(Hello::ClientHello {
+            sni: Some(name), ..
+        }) => Some(name),
+        _ => None,
+    };
+    // A name's own address inside the sandbox carries that name only: a
+    // client cannot coalesce another name's requests onto it.
+    if inside::is_inside(orig.ip()) {
+        let Some(own) = ctx.resolver.inside_name(orig.ip()) else {
+            return Err(Stop::Deny(
+                Reason::NoException,
+                Some(format!(
+                    "{} is no name's address inside the sandbox (an answer from before \
+                     egressd started, or given up since)",
+                    orig.ip()
+                )),
+            ));
+        };
+        if let Some(name) = sni {
+            if parse_host(name).ok().as_ref() != Some(&own) {
+                return Err(Stop::Deny(
+                    Reason::SniMismatch,
+                    Some(format!(
+                        "the TLS server name {name} is not {own}, whose address inside the \
+                         sandbox {} is: a connection to one name's address carries that name \
+                         only",
+                        orig.ip()
+                    )),
+                ));
+            }
+        }
+        let source = if sni.is_some() { FROM_SNI } else { FROM_INSIDE };
+        return Ok((vec![Target::Name(own)], Some(source)));
+    }
+    if let Some(name) = sni {
         return match parse_host(name) {
             Ok(h) => Ok((vec![Target::Name(h)], Some(FROM_SNI))),
             Err(e) => Err(Stop::malformed(format!(
@@ -546,7 +584,16 @@ fn decide_captured<'p>(
     let (candidates, source) = match candidates(kind, ctx, peer, orig) {
         Ok(c) => c,
         Err(stop) => {
-            ev.note = Some(note(orig, Some(FROM_SNI)));
+            let sni = match kind {
+                Kind::Tls(Hello::ClientHello { sni, .. }) => sni.clone(),
+                _ => None,
+            };
+            ev.note = Some(note(orig, sni.as_ref().map(|_| FROM_SNI)));
+            ev.host = match sni {
+                // A name that is not a host name is not logged as one.
+                Some(n) => parse_host(&n).ok().map(|h| h.to_string()),
+                None => Some(canonical_ip(orig.ip()).to_string()),
+            };
             return Err(stop);
         }
     };
@@ -619,7 +666,8 @@ async fn connect_captured(
 ) -> Result<TcpStream, Stop> {
     let checked = upstream::check_destination(ctx, policy, exception, who, dest, ev, now).await?;
     let addrs = prefer_original(checked, orig);
-    if canonical_ip(addrs[0].ip()) != canonical_ip(orig.ip()) {
+    // A name's own address inside is never dialled: it stands for the name.
+    if canonical_ip(addrs[0].ip()) != canonical_ip(orig.ip()) && !inside::is_inside(orig.ip()) {
         ev.add_note(Some(format!(
             "{} is not a checked address of {}: connected to one that is",
             orig.ip(),

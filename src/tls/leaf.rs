@@ -53,8 +53,10 @@ impl LeafCache {
         self.minted.load(Ordering::Relaxed)
     }
 
-    /// The server config presenting a leaf for `target`: cached, or minted
-    /// now. Minting happens outside the lock; two first connections racing
+    /// The server config presenting a leaf for `target`, followed by the CA
+    /// certificate (so a client that holds the CA only as a trust anchor by
+    /// name, or logs the chain, sees where the leaf comes from): cached, or
+    /// minted now. Minting happens outside the lock; two first connections racing
     /// may both mint, and the later one is kept.
     pub fn server_config(&self, target: &Target) -> Result<Arc<ServerConfig>, TlsError> {
         let now = unix_now();
@@ -71,7 +73,7 @@ impl LeafCache {
         let mut config = ServerConfig::builder_with_provider(super::provider())
             .with_safe_default_protocol_versions()?
             .with_no_client_auth()
-            .with_single_cert(vec![leaf.cert], leaf.key)?;
+            .with_single_cert(vec![leaf.cert, self.ca.cert().clone()], leaf.key)?;
         config.alpn_protocols = SERVER_ALPN.iter().map(|p| p.to_vec()).collect();
         let config = Arc::new(config);
         let renew_at = (now + LEAF_REUSE.as_secs() as i64).min(leaf.not_after - 3600);

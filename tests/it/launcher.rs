@@ -991,7 +991,11 @@ exceptions:
          curl -sS -o /dev/null -w 'curl=%{{http_code}} verify=%{{ssl_verify_result}}\\n' https://allowed.test:{port}/x; \
          python3 -c 'import urllib.request as u, urllib.error as e
 try: u.urlopen(\"https://allowed.test:{port}/y\", timeout=10)
-except e.HTTPError as x: print(\"python=%d\" % x.code)'",
+except e.HTTPError as x: print(\"python=%d\" % x.code)'; \
+         echo chain=$(openssl s_client -proxy 127.0.0.1:3128 -connect allowed.test:{port} \
+           -servername allowed.test -showcerts </dev/null 2>/dev/null | grep -c 'BEGIN CERT'); \
+         stat -c 'nssdb=%u %a' $HOME/.pki/nssdb/cert9.db; \
+         echo trust=$(certutil -L -d sql:$HOME/.pki/nssdb | awk '$1 == \"egressd\" {{print $2}}')",
         key = certs.join("ca.key").display()
     );
     let r = run()
@@ -1016,6 +1020,12 @@ except e.HTTPError as x: print(\"python=%d\" % x.code)'",
     );
     assert!(r.stdout.contains("curl=502 verify=0"), "{}", r.context());
     assert!(r.stdout.contains("python=502"), "{}", r.context());
+    // The leaf comes with the CA that signed it.
+    assert!(r.stdout.contains("chain=2"), "{}", r.context());
+    // Chromium's trust store: an NSS database in HOME, CMD's own, with
+    // egressd's CA trusted for TLS servers (C) and nothing else.
+    assert!(r.stdout.contains("nssdb=1000 600"), "{}", r.context());
+    assert!(r.stdout.contains("trust=C,,\n"), "{}", r.context());
     let l = r.line(|l| l["proto"] == "tls" && l["path"] == "/x");
     assert_eq!(l["exception"], "inspected");
     assert_eq!(o.count(), 0);

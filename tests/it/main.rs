@@ -4,6 +4,7 @@
 mod support;
 
 mod attack;
+mod browser;
 mod check_formats;
 mod deny_answers;
 mod deploy;

@@ -117,6 +117,13 @@ impl TlsOrigin {
     pub(crate) fn count(&self) -> usize {
         self.seen.lock().unwrap().len()
     }
+    /// Every request's method and target, in order.
+    pub(crate) fn requests(&self) -> Vec<(String, String)> {
+        let seen = self.seen.lock().unwrap();
+        seen.iter()
+            .map(|s| (s.method.clone(), s.target.clone()))
+            .collect()
+    }
 }
 
 impl Listener for TlsOrigin {
@@ -130,8 +137,14 @@ fn tls_origin(ck: CertKey, alpn: &[&[u8]]) -> TlsOrigin {
 }
 
 /// [`tls_origin`] on another local address.
-pub(crate) fn tls_origin_on(
-    ip: std::net::IpAddr,
+pub(crate) fn tls_origin_on(ip: std::net::IpAddr, ck: CertKey, alpn: &[&[u8]]) -> TlsOrigin {
+    tls_origin_at(std::net::SocketAddr::new(ip, 0), ck, alpn)
+}
+
+/// A [`TlsOrigin`] on `at` (a fixed port, for a browser that is given URLs
+/// without one).
+pub(crate) fn tls_origin_at(
+    at: std::net::SocketAddr,
     (cert, key): CertKey,
     alpn: &[&[u8]],
 ) -> TlsOrigin {
@@ -143,7 +156,7 @@ pub(crate) fn tls_origin_on(
         .unwrap();
     config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
     let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
-    let l = std::net::TcpListener::bind((ip, 0)).unwrap();
+    let l = std::net::TcpListener::bind(at).unwrap();
     l.set_nonblocking(true).unwrap();
     let addr = l.local_addr().unwrap();
     let seen = Arc::new(Mutex::new(Vec::new()));

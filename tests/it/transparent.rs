@@ -5,10 +5,10 @@
 //! `lo`), in which the stand-in origins listen on TEST-NET addresses
 //! (192.0.2.10; 192.0.2.77 for a canary) put on that `lo`. Those must be
 //! non-loopback addresses: the sandbox's capture rules leave loopback
-//! alone. The fake upstream DNS answers `allowed.test` with 192.0.2.10, so
-//! the address the sandbox connects to and the checked address egressd
-//! dials are the same one, local to the test's namespace; nothing leaves
-//! it. Making that namespace takes root (CI runs as root); elsewhere these
+//! alone. The fake upstream DNS answers `allowed.test` with 192.0.2.10;
+//! inside the sandbox egressd answers each allowed name with an address of
+//! its own (198.18.0.x, `dns::inside`) and dials the name's checked
+//! address, local to the test's namespace; nothing leaves it. Making that namespace takes root (CI runs as root); elsewhere these
 //! tests say SKIPPED.
 
 use std::io::{self, Read, Write};
@@ -30,6 +30,10 @@ const ORIGIN_IP: &str = "192.0.2.10";
 const CANARY_IP: &str = "192.0.2.77";
 /// An address nobody resolved and nothing listens on.
 const UNRESOLVED_IP: &str = "192.0.2.99";
+/// The first address egressd gives a name inside the sandbox: every name
+/// gets one of its own (`dns::inside`), and egressd dials the name's
+/// checked address ([`ORIGIN_IP`]) instead.
+const INSIDE_FIRST: &str = "198.18.0.1";
 
 fn ip(s: &str) -> IpAddr {
     s.parse().unwrap()
@@ -233,7 +237,7 @@ else:
         for want in [
             "hello from origin /curl",
             "hello from tls origin /tls",
-            &format!("resolved {ORIGIN_IP}"),
+            &format!("resolved {INSIDE_FIRST}"),
             "hello from origin /raw",
         ] {
             assert!(r.stdout.contains(want), "{want}: {}", r.context());
@@ -274,7 +278,7 @@ else:
             assert!(note(l).starts_with("transparent: to "), "{l}");
             assert!(note(l).ends_with("name from the Host header"), "{l}");
         }
-        assert!(note(&http[0]).starts_with(&format!("transparent: to {ORIGIN_IP}:{h},")));
+        assert!(note(&http[0]).starts_with(&format!("transparent: to {INSIDE_FIRST}:{h},")));
         if v6 {
             assert!(note(&http[2]).starts_with(&format!("transparent: to [2001:db8::10]:{h},")));
         }
@@ -285,7 +289,7 @@ else:
         assert_eq!(l["addr"], format!("{ORIGIN_IP}:{t}"));
         assert_eq!(
             note(&l),
-            format!("transparent: to {ORIGIN_IP}:{t}, name from the TLS server name")
+            format!("transparent: to {INSIDE_FIRST}:{t}, name from the TLS server name")
         );
         assert!(l["bytes_up"].as_u64().unwrap() > 0 && l["bytes_down"].as_u64().unwrap() > 0);
     });
@@ -395,7 +399,10 @@ except ConnectionResetError:
         assert_eq!(l["addr"], format!("{ORIGIN_IP}:{b}"));
         assert_eq!(
             note(&l),
-            format!("transparent: to {ORIGIN_IP}:{b}, name from a DNS answer egressd gave")
+            format!(
+                "transparent: to {INSIDE_FIRST}:{b}, name from the address egressd gave that \
+                 name inside the sandbox"
+            )
         );
         assert!(l["bytes_down"].as_u64().unwrap() >= 22, "{l}");
         let l = r.line(|l| l["proto"] == "connect" && l["decision"] == "deny");
@@ -409,6 +416,63 @@ except ConnectionResetError:
         assert_eq!(l["port"], 3129);
         let connects = lines_with(&r, |l| l["proto"] == "connect").len();
         assert_eq!(connects, 3, "one line per connection");
+    });
+}
+
+#[test]
+fn each_name_has_its_own_address_inside_so_no_connection_is_shared_across_names() {
+    in_test_netns("each_name_has_its_own_address_inside…", || {
+        let w = world();
+        let t = w.tls.port();
+        let policy = format!(
+            r#"
+exceptions:
+  - id: both
+    owner: test-team
+    reason: two names on one origin address
+    hosts: [allowed.test, denied.test]
+    cidrs: [{ORIGIN_IP}/32]
+    ports: [{t}]
+"#
+        );
+        // Both names of the world's certificate, both allowed here, on one
+        // real address (what lets a browser coalesce): inside, two addresses; a connection to
+        // allowed.test's address naming denied.test is refused.
+        let script = format!(
+            "a=$(getent ahostsv4 allowed.test | head -1 | cut -d' ' -f1); \
+             b=$(getent ahostsv4 denied.test | head -1 | cut -d' ' -f1); \
+             echo \"a=$a b=$b\"; \
+             curl --noproxy '*' -sS --cacert \"$1\" https://denied.test:{t}/own && echo; \
+             curl --noproxy '*' -sS --cacert \"$1\" --resolve denied.test:{t}:$a \
+               https://denied.test:{t}/shared -o /dev/null -w 'shared=%{{http_code}}\\n' \
+               || echo shared=refused"
+        );
+        let r = run()
+            .policy(&policy)
+            .dns(w.dns.addr)
+            .arg("--transparent")
+            .arg("--ro")
+            .arg(w.ca_file.parent().unwrap())
+            .cmd(&["sh", "-c", &script, "sh", w.ca_file.to_str().unwrap()]);
+        assert_eq!(r.code, 0, "{}", r.context());
+        assert!(
+            r.stdout.contains("a=198.18.0.1 b=198.18.0.2"),
+            "{}",
+            r.context()
+        );
+        assert!(
+            r.stdout.contains("hello from tls origin /own"),
+            "{}",
+            r.context()
+        );
+        assert!(r.stdout.contains("shared=refused"), "{}", r.context());
+        assert_eq!(w.tls.count(), 1, "the shared connection reached nothing");
+        let l = r.line(|l| l["reason"] == "sni_mismatch");
+        assert_eq!(l["host"], "denied.test", "{l}");
+        assert!(
+            l["note"].as_str().unwrap().contains("is not allowed.test"),
+            "{l}"
+        );
     });
 }
 
@@ -571,7 +635,7 @@ print('dns from', src[0], 'answer', socket.inet_ntoa(resp[-4:]))
         assert!(r.stdout.contains("quic EPERM"), "{}", r.context());
         assert!(
             r.stdout
-                .contains(&format!("dns from 198.51.100.53 answer {ORIGIN_IP}")),
+                .contains(&format!("dns from 198.51.100.53 answer {INSIDE_FIRST}")),
             "{}",
             r.context()
         );
