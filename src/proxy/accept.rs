@@ -153,13 +153,17 @@ fn refuse(
         ctx.recorder.record(ev);
         return;
     }
-    let resp = respond::deny(
-        Reason::Overloaded,
-        "this connection",
-        &policy.settings.contact,
-        Some(&detail),
-        true,
-    );
+    // Nothing of the request was read: the answer is text, and no
+    // exception could change it, so it offers no stub.
+    let denial = respond::Denial {
+        reason: Reason::Overloaded,
+        what: "this connection",
+        contact: &policy.settings.contact,
+        detail: Some(&detail),
+        explain: None,
+        stub: None,
+    };
+    let resp = respond::deny(&denial, true, false);
     ev.status = Some(resp.status().as_u16());
     ev.add_note(Some(detail));
     // A new connection's send buffer is empty: the answer fits at once.

@@ -403,14 +403,6 @@ fn probe_page(mode: Mode) {
 
         // Every control loaded.
         for (name, res) in v["controls"].as_object().unwrap() {
-            // PENDING (branch h-connect): through the proxy, ws:// is a
-            // CONNECT to port 80 with plain HTTP inside, which egressd must
-            // decide request by request to let an allowed path through;
-            // until then only the transparent run can load this control.
-            if name == "websocket_path_rule" && mode == Mode::Proxy {
-                eprintln!("PENDING h-connect: control {name}: {res}");
-                continue;
-            }
             assert_eq!(
                 res["ok"], true,
                 "control {name} did not load: {res}\n{table:#?}"
@@ -486,19 +478,13 @@ fn probe_page(mode: Mode) {
             !seen.iter().any(|l| l.contains("/ws/no")),
             "the denied WebSocket path reached the origin: {seen:?}"
         );
-        match mode {
-            // Plain HTTP captured is decided request by request.
-            Mode::Transparent => assert!(
-                denied(&lines, |l| l["host"] == "wsrule.test"
-                    && l["path"] == "/ws/no"),
-                "no deny line for ws://wsrule.test/ws/no: {lines:#?}"
-            ),
-            // PENDING (branch h-connect): through the proxy, ws:// is a
-            // CONNECT to port 80 with plain HTTP inside; until egressd
-            // decides each request in such a tunnel, the denied path fails
-            // (asserted above) without a deny line of its own.
-            Mode::Proxy => {}
-        }
+        // Plain HTTP, captured or inside the CONNECT to port 80 that a
+        // proxied ws:// becomes, is decided request by request.
+        assert!(
+            denied(&lines, |l| l["host"] == "wsrule.test"
+                && l["path"] == "/ws/no"),
+            "no deny line for ws://wsrule.test/ws/no: {lines:#?}"
+        );
         s.assert_canaries_silent();
         assert_only_asked(&s.dns, ALLOWED);
     });
