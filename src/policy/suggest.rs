@@ -128,8 +128,8 @@ fn literal_path(path: &str) -> bool {
 }
 
 /// An exception id for `host`: the policy's id alphabet, `ip-` for IP
-/// literals.
-fn stub_id(host: &str, is_ip: bool) -> String {
+/// literals (also the report's stubs).
+pub fn stub_id(host: &str, is_ip: bool) -> String {
     let id: String = host
         .chars()
         .map(|c| match c {
@@ -138,7 +138,6 @@ fn stub_id(host: &str, is_ip: bool) -> String {
             _ => '-',
         })
         .collect();
-    let id = id.trim_matches('-').to_string();
     if is_ip {
         format!("ip-{id}")
     } else {
@@ -183,7 +182,11 @@ pub fn exception_stub(
     let _ = writeln!(
         y,
         "  - id: {}",
-        stub_id(name.as_deref().unwrap_or(a.host), ip.is_some())
+        stub_id(
+            name.as_deref()
+                .unwrap_or(a.host.trim_start_matches('[').trim_end_matches(']')),
+            ip.is_some()
+        )
     );
     let _ = writeln!(y, "    owner:     # TODO: the team answerable for it");
     let _ = writeln!(y, "    reason:    # TODO: why sandboxes need it");

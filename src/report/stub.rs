@@ -37,15 +37,7 @@ pub fn exception_stub(domain: &str, d: &DeniedUse, now: i64) -> String {
             "  # exception {e} already names this destination; widening it may be the smaller change"
         );
     }
-    let id: String = domain
-        .chars()
-        .map(|c| match c {
-            'a'..='z' | '0'..='9' | '.' | '_' | '-' => c,
-            'A'..='Z' => c.to_ascii_lowercase(),
-            _ => '-',
-        })
-        .collect();
-    let id = if d.is_ip { format!("ip-{id}") } else { id };
+    let id = crate::policy::suggest::stub_id(domain, d.is_ip);
     let _ = writeln!(y, "  - id: {id}");
     let _ = writeln!(y, "    owner:     # TODO: the team answerable for it");
     let _ = writeln!(y, "    reason:    # TODO: why sandboxes need it");
