@@ -15,6 +15,15 @@ pub(crate) fn pip_install(args: &str) -> String {
     )
 }
 
+/// Shell for a fresh venv whose packages `uv pip` installs (uv trusts
+/// egressd's CA through `SSL_CERT_FILE`, which `egressd run` sets).
+pub(crate) fn uv_install(args: &str) -> String {
+    format!(
+        "set -e\n/usr/bin/python3 -m venv --without-pip /tmp/v\n\
+         uv pip install --no-cache --python /tmp/v/bin/python {args}\n"
+    )
+}
+
 /// Shell for a fresh npm project in /tmp/app.
 pub(crate) fn npm_project() -> &'static str {
     "set -e\nmkdir -p /tmp/app && cd /tmp/app\n\
@@ -193,4 +202,55 @@ fn go_gets_through_egressd_intercepting() {
     all_allowed_inspected(&r, "proxy.golang.org");
     // The `!` case encoding reached the proxy.
     assert!(!l.reg.hits_for("/acme/%21left/@v/").is_empty());
+}
+
+#[test]
+fn uv_installs_through_egressd_intercepting() {
+    let test = "packages::clients::uv";
+    if !have("uv", test) {
+        return;
+    }
+    let Some(l) = lab(test) else { return };
+    l.reg.publish(Eco::Pypi, "uv-dep", "0.9.0", 30 * DAY, &[]);
+    l.reg
+        .publish(Eco::Pypi, "uv-top", "1.0.0", 30 * DAY, &[("uv-dep", "<1")]);
+    let r = l.run(
+        &registry_exceptions(),
+        &format!(
+            "{}/tmp/v/bin/python -c 'import uv_top, uv_dep; print(\"installed\", uv_top.__version__, uv_dep.__version__)'",
+            uv_install("uv-top")
+        ),
+    );
+    assert_eq!(r.code, 0, "{}", ctx(&r));
+    assert!(r.stdout.contains("installed 1.0.0 0.9.0"), "{}", ctx(&r));
+    all_allowed_inspected(&r, "pypi.org");
+    all_allowed_inspected(&r, "files.pythonhosted.org");
+}
+
+#[test]
+fn pnpm_installs_through_egressd_intercepting() {
+    let test = "packages::clients::pnpm";
+    if !have("pnpm", test) {
+        return;
+    }
+    let Some(l) = lab(test) else { return };
+    l.reg.publish(Eco::Npm, "pn-right", "2.0.1", 30 * DAY, &[]);
+    l.reg.publish(
+        Eco::Npm,
+        "pn-left",
+        "1.3.0",
+        30 * DAY,
+        &[("pn-right", "^2")],
+    );
+    let r = l.run(
+        &registry_exceptions(),
+        &format!(
+            "{}pnpm add pn-left@^1\n\
+             node -e 'console.log(\"installed\", require(\"pn-left\"))'",
+            npm_project()
+        ),
+    );
+    assert_eq!(r.code, 0, "{}", ctx(&r));
+    assert!(r.stdout.contains("installed 1.3.0"), "{}", ctx(&r));
+    all_allowed_inspected(&r, "registry.npmjs.org");
 }
