@@ -241,8 +241,7 @@ pub(crate) async fn serve_http1<F, Fut>(
     Fut: Future<Output = Response<ProxyBody>> + Send + 'static,
 {
     let _active = ActiveGuard::new(&ctx.recorder.metrics, Proto::Http);
-    let header_timeout =
-        Duration::from_secs(ctx.policy.snapshot().settings.limits.header_timeout_secs);
+    let header_timeout = ctx.header_timeout();
     let c2 = ctx.clone();
     let answer = Arc::new(answer);
     let svc = hyper::service::service_fn(move |mut req: Request<Incoming>| {

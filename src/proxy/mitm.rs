@@ -42,7 +42,7 @@ use super::respond::{self, ProxyBody, Responder, Stop};
 use super::sni::{Hello, SniRule};
 use super::tls_origins::TlsOrigins;
 use super::upstream::Egress;
-use super::{ProxyCtx, HEADER_READ_TIMEOUT, MAX_HEADER_BYTES};
+use super::{ProxyCtx, MAX_HEADER_BYTES};
 use crate::policy::path::normalize_path;
 use crate::policy::{ClientIdx, Proto, Reason};
 use crate::record::Event;
@@ -251,7 +251,7 @@ async fn serve_inside<S>(
     builder
         .http1()
         .timer(TokioTimer::new())
-        .header_read_timeout(HEADER_READ_TIMEOUT)
+        .header_read_timeout(ctx.header_timeout())
         .max_buf_size(MAX_HEADER_BYTES)
         .keep_alive(true);
     builder

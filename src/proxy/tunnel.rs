@@ -36,7 +36,7 @@ use super::relay::{self, pipe::PipePool, IDLE_TIMEOUT};
 use super::respond::{self, record_stop, ProxyBody, Responder, Stop};
 use super::sni::{self, Hello, SniRule, HELLO_TIMEOUT};
 use super::upstream;
-use super::{ProxyCtx, HEADER_READ_TIMEOUT};
+use super::ProxyCtx;
 use crate::metrics::ActiveGuard;
 use crate::policy::{self, ClientIdx, Decision, Exception, Policy, Proto, Reason, Verdict};
 use crate::record::{Event, Recorder};
@@ -246,7 +246,7 @@ async fn by_first_bytes(
 ) {
     let rec = &ctx.recorder;
     // Enough to tell TLS (0x16 0x03) from anything else.
-    let deadline = tokio::time::Instant::now() + HEADER_READ_TIMEOUT;
+    let deadline = tokio::time::Instant::now() + ctx.header_timeout();
     let mut buf = vec![0u8; HELLO_READ];
     while first.is_empty() || first == [0x16] {
         let why = match tokio::time::timeout_at(deadline, client.read(&mut buf)).await {
