@@ -17,6 +17,7 @@
 
 mod accept;
 mod admit;
+pub(crate) mod chunks;
 pub mod dest;
 mod exchange;
 pub mod forward;

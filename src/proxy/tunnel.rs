@@ -29,6 +29,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
 
 use super::admit::{admit, identify, request_token, Draft};
+use super::chunks::ChunkGuard;
 use super::dest::{check_host_headers, parse_authority, Dest};
 use super::exchange::Scheme;
 use super::mitm;
@@ -225,8 +226,8 @@ fn no_ca() -> Stop {
 /// The client's socket back from hyper, with whatever the client sent
 /// behind its CONNECT.
 fn take_socket(up: Upgraded) -> Result<(TcpStream, Vec<u8>), &'static str> {
-    match up.downcast::<TokioIo<TcpStream>>() {
-        Ok(parts) => Ok((parts.io.into_inner(), parts.read_buf.to_vec())),
+    match up.downcast::<TokioIo<ChunkGuard<TcpStream>>>() {
+        Ok(parts) => Ok((parts.io.into_inner().into_inner(), parts.read_buf.to_vec())),
         Err(_) => Err("tunnel: client connection is not a TCP socket"),
     }
 }
