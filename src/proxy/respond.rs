@@ -19,7 +19,11 @@ use crate::policy::{Proto, Reason};
 use crate::record::{Event, Recorder, UpstreamFailure};
 use crate::time::unix_now;
 
-pub type ProxyBody = BoxBody<Bytes, hyper::Error>;
+/// What a body handed to hyper may fail with: the origin's error, or
+/// egressd's own (a download cut for not matching its pin).
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+pub type ProxyBody = BoxBody<Bytes, BoxError>;
 
 pub const REASON_HEADER: &str = "x-egressd-reason";
 

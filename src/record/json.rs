@@ -61,6 +61,14 @@ impl Event {
         uint(out, self.bytes_down);
         out.extend_from_slice(b",\"duration_ms\":");
         uint(out, self.duration_ms);
+        if let Some(p) = &self.package {
+            out.extend_from_slice(b",\"package\":");
+            package(out, p);
+        }
+        if let Some(o) = self.origin {
+            out.extend_from_slice(b",\"origin\":");
+            json_str(out, o);
+        }
         for (key, value) in [
             (&b",\"qname\":"[..], self.qname.as_deref()),
             (b",\"qtype\":", self.qtype.as_deref()),
@@ -75,6 +83,24 @@ impl Event {
         }
         out.extend_from_slice(b"}\n");
     }
+}
+
+/// The `package` object: `{ecosystem, name, version, set}` and, for a
+/// filtered index only, `versions_hidden`.
+pub(super) fn package(out: &mut Vec<u8>, p: &super::PackageLine) {
+    out.extend_from_slice(b"{\"ecosystem\":");
+    word(out, p.ecosystem.as_str());
+    out.extend_from_slice(b",\"name\":");
+    opt_str(out, p.name.as_deref());
+    out.extend_from_slice(b",\"version\":");
+    opt_str(out, p.version.as_deref());
+    out.extend_from_slice(b",\"set\":");
+    opt_str(out, p.set.as_deref());
+    if let Some(n) = p.versions_hidden() {
+        out.extend_from_slice(b",\"versions_hidden\":");
+        uint(out, n);
+    }
+    out.push(b'}');
 }
 
 pub(super) fn opt_str(out: &mut Vec<u8>, s: Option<&str>) {

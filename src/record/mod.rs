@@ -18,6 +18,8 @@ use std::time::Instant;
 
 use crate::log::LogSink;
 use crate::metrics::Metrics;
+use crate::policy::packages::decide::PackageReason;
+use crate::policy::packages::Ecosystem;
 use crate::policy::{Decision, Logged, Mode, Proto, Reason};
 use crate::time::unix_now_millis;
 
@@ -61,7 +63,42 @@ pub struct Event {
     /// Extra detail, e.g. which resolved addresses were refused; written
     /// only when set.
     pub note: Option<String>,
+    /// A request the package gate decided (DESIGN "Packages"); written
+    /// only when set, and counted in the package metrics.
+    pub package: Option<Box<PackageLine>>,
+    /// `"egressd"` for a request egressd made for itself (an index the
+    /// gate fetched to authorise a download); written only when set.
+    pub origin: Option<&'static str>,
     pub started: Option<Instant>,
+}
+
+/// What the package gate decided about one request: the line's `package`
+/// object, and the labels of `egressd_package_decisions_total`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PackageLine {
+    pub ecosystem: Ecosystem,
+    /// Normalised; `None` only for a registry path the gate could not read
+    /// (`package_unparseable`).
+    pub name: Option<String>,
+    /// `None` for an index document.
+    pub version: Option<String>,
+    /// The set that allowed, or whose entry held or denied.
+    pub set: Option<Arc<str>>,
+    /// The package denial; `None` when the gate allowed (the metric's
+    /// `reason="exception"`).
+    pub reason: Option<PackageReason>,
+    /// Versions a filtered index hid, per reason (the line writes their
+    /// total as `versions_hidden`, only for a filtered index).
+    pub hidden: Option<Vec<(PackageReason, u32)>>,
+}
+
+impl PackageLine {
+    /// The line's `versions_hidden`: set for a filtered index only.
+    pub fn versions_hidden(&self) -> Option<u64> {
+        self.hidden
+            .as_ref()
+            .map(|h| h.iter().map(|(_, n)| u64::from(*n)).sum())
+    }
 }
 
 /// The `client` of a request no client entry names.
@@ -99,6 +136,8 @@ impl Event {
             upstream: None,
             dns_attempts: Attempts::default(),
             note: None,
+            package: None,
+            origin: None,
             started: Some(Instant::now()),
         }
     }
@@ -306,6 +345,16 @@ impl Recorder {
         for (kind, n) in ev.dns_attempts.failed() {
             self.metrics
                 .count_upstream_error(Proto::Dns, kind.as_str(), n);
+        }
+        if let Some(p) = &ev.package {
+            let set = p.set.as_deref().unwrap_or("-");
+            let reason = p.reason.map_or("exception", PackageReason::as_str);
+            self.metrics
+                .count_package(p.ecosystem, set, ev.decision.as_str(), reason);
+            for (r, n) in p.hidden.iter().flatten() {
+                self.metrics
+                    .count_versions_hidden(p.ecosystem, set, r.as_str(), u64::from(*n));
+            }
         }
     }
 }
