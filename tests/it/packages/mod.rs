@@ -1,0 +1,159 @@
+//! The package gate with real clients: `pip`, `npm`, `cargo` and `go` run
+//! inside `egressd run` and install from the fake public registries of
+//! `support/registry.rs` (HTTPS on 127.77.0.x:443, their own test CA),
+//! which egressd reaches because its upstream DNS fake answers
+//! `pypi.org`, `registry.npmjs.org`, `index.crates.io`, `proxy.golang.org`
+//! and their file hosts with that address. egressd intercepts (`--ca-dir`)
+//! and trusts the registries' CA (`--upstream-ca`); the clients trust
+//! egressd's CA through the variables `egressd run` sets (`PIP_CERT`,
+//! `REQUESTS_CA_BUNDLE`, `npm_config_cafile`, `NODE_EXTRA_CA_CERTS`,
+//! `CARGO_HTTP_CAINFO`, `SSL_CERT_FILE`) and reach it through
+//! `HTTPS_PROXY`: no client is configured for a mirror or a proxy by hand.
+//!
+//! One registry and one fake DNS serve the whole module ([`lab`]); each
+//! test publishes packages under names of its own and runs its own
+//! `egressd run` with its own policy.
+//!
+//! Go: `GOPROXY` is left at its default (`https://proxy.golang.org,direct`).
+//! `GONOSUMDB` names the lab's module prefix: the checksum database's
+//! answers are signed with sum.golang.org's private key, which no test can
+//! forge, and a company serving its own modules sets exactly this for
+//! them; go still records and checks `go.sum`.
+//!
+//! Needs root (port 443, namespaces) and the four clients; elsewhere
+//! SKIPPED (a failure in CI, which installs them).
+
+mod clients;
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::OnceLock;
+
+use crate::launcher::{is_root, run, Outcome};
+use crate::support::*;
+
+/// Go modules in the lab live under this prefix (and `GONOSUMDB` names it).
+pub(crate) const GO_PREFIX: &str = "git.lab.example";
+
+/// What every test of the module shares.
+pub(crate) struct PkgLab {
+    pub(crate) reg: Registry,
+    pub(crate) dns: FakeDns,
+    /// egressd's interception CA (`--ca-dir`).
+    certs: PathBuf,
+    /// The registries' CA (`--upstream-ca`).
+    reg_ca: PathBuf,
+    /// The Rust toolchain, shown read-only inside so cargo runs there.
+    toolchain: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+static LAB: OnceLock<Option<PkgLab>> = OnceLock::new();
+
+/// The module's lab, made on first use; `None` (SKIPPED, said once per
+/// test) where it cannot be made: not root.
+pub(crate) fn lab(test: &str) -> Option<&'static PkgLab> {
+    let l = LAB.get_or_init(make_lab).as_ref();
+    if l.is_none() {
+        eprintln!("SKIPPED {test}: the package lab needs root (port 443, namespaces)");
+    }
+    l
+}
+
+fn make_lab() -> Option<PkgLab> {
+    if !is_root() {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CI runs the package lab as root"
+        );
+        return None;
+    }
+    let reg = try_registry().expect("bind the fake registry on 127.77.0.x:443");
+    let dns = fake_dns();
+    for h in REGISTRY_HOSTS {
+        dns.set(h, &[&reg.ip()]);
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let certs = dir.path().join("certs");
+    let init = Command::new(env!("CARGO_BIN_EXE_egressd"))
+        .args(["ca", "init", "--dir"])
+        .arg(&certs)
+        .output()
+        .unwrap();
+    assert!(init.status.success(), "{init:?}");
+    let reg_ca = dir.path().join("registry-ca.pem");
+    std::fs::write(&reg_ca, &reg.ca_pem).unwrap();
+    let sysroot = Command::new("rustc")
+        .args(["--print", "sysroot"])
+        .output()
+        .expect("rustc --print sysroot");
+    let toolchain = PathBuf::from(String::from_utf8(sysroot.stdout).unwrap().trim());
+    Some(PkgLab {
+        reg,
+        dns,
+        certs,
+        reg_ca,
+        toolchain,
+        _dir: dir,
+    })
+}
+
+/// Fails in CI when `tool` is missing; elsewhere says SKIPPED.
+pub(crate) fn have(tool: &str, test: &str) -> bool {
+    let ok = on_path(tool).is_some();
+    if !ok {
+        assert!(std::env::var_os("CI").is_none(), "CI must install {tool}");
+        eprintln!("SKIPPED {test}: no {tool}");
+    }
+    ok
+}
+
+/// The exceptions that let the registries' hosts in (on the lab's
+/// loopback address), inspected so each request is its own decision.
+pub(crate) fn registry_exceptions() -> String {
+    let mut y = String::from("exceptions:\n");
+    for (id, hosts) in [
+        ("pypi", "[pypi.org, files.pythonhosted.org]"),
+        ("npm", "[registry.npmjs.org]"),
+        ("crates", "[index.crates.io, static.crates.io, crates.io]"),
+        ("go", "[proxy.golang.org, sum.golang.org]"),
+    ] {
+        y.push_str(&format!(
+            "  - id: {id}\n    owner: platform\n    reason: the {id} registry\n    \
+             hosts: {hosts}\n    cidrs: [127.0.0.0/8]\n    ports: [443]\n    paths: [\"/**\"]\n"
+        ));
+    }
+    y
+}
+
+impl PkgLab {
+    /// `egressd run` with `policy`, intercepting, running `script` in `sh`.
+    pub(crate) fn run(&self, policy: &str, script: &str) -> Outcome {
+        let cargo_bin = self.toolchain.join("bin");
+        let path = format!("{}:/usr/local/bin:/usr/bin:/bin", cargo_bin.display());
+        run()
+            .policy(policy)
+            .dns(self.dns.addr)
+            .arg("--ca-dir")
+            .arg(&self.certs)
+            .arg("--upstream-ca")
+            .arg(&self.reg_ca)
+            .arg("--ro")
+            .arg(&self.toolchain)
+            .arg("--env")
+            .arg(format!("PATH={path}"))
+            .arg("--env")
+            .arg(format!("GONOSUMDB={GO_PREFIX}"))
+            .arg("--env")
+            .arg("GOFLAGS=-modcacherw")
+            .arg("--timeout")
+            .arg("55s")
+            .cmd(&["sh", "-c", script])
+    }
+}
+
+/// An outcome's output and its decision log, for a failure message.
+pub(crate) fn ctx(r: &Outcome) -> String {
+    let lines: Vec<String> = r.log_lines().iter().map(|l| l.to_string()).collect();
+    format!("{}\n--- decisions\n{}", r.context(), lines.join("\n"))
+}
