@@ -37,7 +37,7 @@ use super::respond::{self, BoxError, ProxyBody, Responder};
 use super::tls_origins::UpstreamAddr;
 use super::upstream;
 use super::ProxyCtx;
-use crate::policy::host::parse_target;
+use crate::policy::host::{parse_target, Target};
 use crate::policy::packages::classify::{
     self, classify, go_mod_path, index_location, Classified, IndexForm, Kind, PackageRef,
 };
@@ -48,6 +48,7 @@ use crate::policy::packages::name::PackageName;
 use crate::policy::packages::stamp::parse_http_date;
 use crate::policy::packages::view::IndexView;
 use crate::policy::packages::Ecosystem;
+use crate::policy::path::{normalize_path, PathError};
 use crate::policy::{self, enforced, ClientIdx, Decision, Mode, Policy, Proto, Reason};
 use crate::record::{Event, PackageLine, UpstreamFailure};
 use crate::tls::lru::Lru;
@@ -222,11 +223,12 @@ pub(crate) async fn gate<B>(
         .and_then(|v| v.to_str().ok())
         .map(str::to_string);
     let mode = policy.settings.mode;
+    let read_as = public_path(pkgs.settings.mirror(eco), &path);
     let r = match classify(
         Some(eco),
         &host,
         req.method().as_str(),
-        &path,
+        &read_as,
         accept.as_deref(),
     ) {
         Classified::NotRegistry | Classified::Registry(..) => return Gate::Pass(ev),
@@ -538,6 +540,18 @@ fn deny(
     ev.add_note(d.detail);
     responder.rec.record(ev);
     Ok(resp)
+}
+
+/// The path `paths:` rules see: [`normalize_path`]'s, except that on an
+/// npm registry host `%2f`/`%2F` is the scope separator (`/@s%2fn` is the
+/// package `@s/n`, what npm itself sends), not an encoded `/` to refuse.
+pub(crate) fn policy_path(target: &Target, raw: &str) -> Result<String, PathError> {
+    let npm = matches!(target, Target::Name(h)
+        if classify::registry_ecosystem(h.as_str()) == Some(Ecosystem::Npm));
+    if npm && (raw.contains("%2f") || raw.contains("%2F")) {
+        return normalize_path(&raw.replace("%2f", "/").replace("%2F", "/"));
+    }
+    normalize_path(raw)
 }
 
 // ---------------------------------------------------------------- index responses
@@ -1191,7 +1205,6 @@ pub(crate) async fn mirror_addrs(
     dest: &Dest,
     ev: &mut Event,
 ) -> Result<Vec<SocketAddr>, String> {
-    use crate::policy::host::Target;
     let ips = match &dest.target {
         Target::Ip(ip) => vec![*ip],
         Target::Name(h) => ctx
@@ -1219,6 +1232,10 @@ pub(crate) async fn mirror_addrs(
 /// requests to the file hosts keep their path (mirror documents' file URLs
 /// were rewritten to the public file host with the mirror's path).
 pub(crate) fn mirror_path(m: &Mirror, eco: Ecosystem, host: &str, path: &str) -> String {
+    let base = mirror_base(m);
+    if base != "/" && path.starts_with(base) {
+        return path.to_string();
+    }
     let index_root = match (eco, host) {
         (Ecosystem::Pypi, "pypi.org") => Some("/simple/"),
         (Ecosystem::Pypi, _) => None,
@@ -1229,6 +1246,30 @@ pub(crate) fn mirror_path(m: &Mirror, eco: Ecosystem, host: &str, path: &str) ->
         Some(rest) => format!("{}{rest}", m.path),
         None => path.to_string(),
     }
+}
+
+/// Where a mirror keeps its documents and files: its URL's path, without
+/// PyPI's `simple/` (`/api/pypi/simple/` keeps files under `/api/pypi/`).
+fn mirror_base(m: &Mirror) -> &str {
+    match m.ecosystem {
+        Ecosystem::Pypi => m.path.strip_suffix("simple/").unwrap_or(&m.path),
+        _ => &m.path,
+    }
+}
+
+/// The registry path a request names, for classifying it: a path under
+/// the mirror's base (a URL egressd rewrote from a mirror's document) is
+/// read without that base (`/api/pypi/packages/…` is `/packages/…`).
+fn public_path<'a>(m: Option<&Mirror>, path: &'a str) -> std::borrow::Cow<'a, str> {
+    if let Some(m) = m {
+        let base = mirror_base(m);
+        if base != "/" {
+            if let Some(rest) = path.strip_prefix(base) {
+                return format!("/{rest}").into();
+            }
+        }
+    }
+    path.into()
 }
 
 /// The public host a mirror's absolute URLs are rewritten to: the
@@ -1522,6 +1563,12 @@ settings:
             mirror_path(m, Ecosystem::Pypi, "files.pythonhosted.org", f),
             f
         );
+        assert_eq!(
+            public_path(Some(m), f),
+            "/packages/ab/cd/requests-2.32.3-py3-none-any.whl"
+        );
+        assert_eq!(public_path(None, f), f);
+        assert_eq!(public_path(Some(m), "/simple/x/"), "/simple/x/");
         let doc = br#"<a href="https://mirror.corp:8443/api/pypi/packages/x.whl#sha256=00">x</a> https://mirror.corporate/ https://mirror.corp:8443"#;
         assert_eq!(
             String::from_utf8(rewrite_mirror_urls(m, doc)).unwrap(),
@@ -1589,5 +1636,21 @@ settings:
         assert!(h.get(header::IF_MODIFIED_SINCE).is_none());
         assert_eq!(h[header::ACCEPT_ENCODING], "gzip");
         assert_eq!(h[header::ACCEPT], "text/html");
+    }
+}
+
+#[cfg(test)]
+mod path_tests {
+    use super::*;
+
+    #[test]
+    fn npm_scope_separators_are_slashes_for_path_rules() {
+        let npm = parse_target("registry.npmjs.org").unwrap();
+        let other = parse_target("api.test").unwrap();
+        assert_eq!(policy_path(&npm, "/@lab%2fscoped").unwrap(), "/@lab/scoped");
+        assert_eq!(policy_path(&npm, "/@lab%2Fscoped").unwrap(), "/@lab/scoped");
+        assert!(policy_path(&other, "/@lab%2fscoped").is_err());
+        // Dot segments stay refused however they are spelled.
+        assert!(policy_path(&npm, "/a%2f..%2fb").is_err());
     }
 }
