@@ -607,7 +607,7 @@ fn decode(encoding: Option<&HeaderValue>, raw: Vec<u8>) -> Result<Vec<u8>, Filte
         "" | "identity" => Ok(raw),
         "gzip" | "x-gzip" => {
             let mut out = Vec::new();
-            flate2::read::GzDecoder::new(&raw[..])
+            flate2::read::MultiGzDecoder::new(&raw[..])
                 .take(MAX_INDEX_BYTES as u64 + 1)
                 .read_to_end(&mut out)
                 .map_err(|e| unfilterable(format!("gzip: {e}")))?;

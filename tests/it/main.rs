@@ -15,6 +15,7 @@ mod fuzz_regressions;
 mod launcher;
 mod lifecycle;
 mod ocsf;
+mod package_gate;
 mod packages;
 mod packages_import;
 mod policy_ci;
