@@ -23,6 +23,7 @@
 //! Needs root (port 443, namespaces) and the four clients; elsewhere
 //! SKIPPED (a failure in CI, which installs them).
 
+mod bench;
 mod clients;
 
 use std::path::PathBuf;
@@ -124,6 +125,26 @@ pub(crate) fn registry_exceptions() -> String {
         ));
     }
     y
+}
+
+/// The registry exceptions with the gate on for every ecosystem
+/// (`min_age: 3d`), and the `packages:` sets in `sets` (YAML list items).
+pub(crate) fn gated(sets: &str) -> String {
+    format!(
+        "settings:\n  contact: \"#pkg-help\"\n  packages: {{ enforce: [pypi, npm, cargo, go], min_age: 3d }}\n\
+         {}packages:\n{sets}",
+        registry_exceptions()
+    )
+}
+
+/// One `packages:` set: `allow` items as YAML flow items.
+pub(crate) fn set(id: &str, eco: &str, allow: &[&str]) -> String {
+    let items: Vec<String> = allow.iter().map(|a| format!("      - {a}\n")).collect();
+    format!(
+        "  - id: {id}\n    owner: platform\n    reason: the lab's approved {eco} packages\n    \
+         ecosystem: {eco}\n    allow:\n{}",
+        items.concat()
+    )
 }
 
 impl PkgLab {
