@@ -38,6 +38,8 @@ use super::respond::{self, BoxError, ProxyBody, Responder, Stop};
 use super::tls_origins::{TlsClient, UpstreamAddr};
 use super::upstream::{self, Egress};
 use super::ProxyCtx;
+use crate::policy::packages::compile::{Mirror, PackagePolicy};
+use crate::policy::packages::Ecosystem;
 use crate::policy::{self, ClientIdx, Decision, Exception, Policy, Proto, Reason};
 use crate::record::{Event, Recorder, UpstreamFailure};
 use crate::shutdown::Permit;
@@ -127,6 +129,7 @@ pub(crate) async fn decide_and_forward(
     }
     let mut req = req;
     Draft::publish(&req, &ev);
+    let mut mirror = None;
     let (plan, mut ev) = match package_gated(policy, inbound.dest) {
         None => (None, ev),
         Some(eco) => {
@@ -149,12 +152,20 @@ pub(crate) async fn decide_and_forward(
             {
                 Gate::Pass(ev) => (None, ev),
                 Gate::Answered(resp) => return resp,
-                Gate::Forward(plan, ev) => (Some(plan), ev),
+                Gate::Forward(plan, ev) => {
+                    mirror = plan.mirror.clone().map(|m| (plan.eco, m));
+                    (Some(plan), ev)
+                }
+                Gate::Mirror(eco, m, ev) => {
+                    mirror = Some((eco, m));
+                    (None, ev)
+                }
             }
         }
     };
     Draft::publish(&req, &ev);
-    match reach_origin(ctx, policy, req, &mut ev, &inbound, &d, now, plan.as_ref()).await {
+    let route = mirror.as_ref().map(|(e, m)| (*e, m));
+    match reach_origin(ctx, policy, req, &mut ev, &inbound, &d, now, route).await {
         Ok(sent) => match plan {
             Some(p)
                 if matches!(p.what, PlanKind::Index { .. })
@@ -321,10 +332,10 @@ async fn reach_origin(
     inbound: &Inbound<'_>,
     d: &Decision<'_>,
     now: i64,
-    plan: Option<&Plan>,
+    mirror: Option<(Ecosystem, &Mirror)>,
 ) -> Result<Sent, Stop> {
-    if let Some((p, m)) = plan.and_then(|p| p.mirror.as_ref().map(|m| (p, m))) {
-        return reach_mirror(ctx, policy, req, ev, inbound, p, m).await;
+    if let Some((eco, m)) = mirror {
+        return reach_mirror(ctx, policy, req, ev, inbound, eco, m).await;
     }
     let checked = upstream::check_destination(
         ctx,
@@ -350,8 +361,8 @@ async fn reach_mirror(
     mut req: Request<Incoming>,
     ev: &mut Event,
     inbound: &Inbound<'_>,
-    plan: &Plan,
-    m: &crate::policy::packages::compile::Mirror,
+    eco: Ecosystem,
+    m: &Mirror,
 ) -> Result<Sent, Stop> {
     let unreachable_mirror = |why: String| unreachable(UpstreamFailure::Connect, why, false);
     let dest = packages::mirror_dest(m).map_err(unreachable_mirror)?;
@@ -364,11 +375,11 @@ async fn reach_mirror(
         .path_and_query()
         .map_or("/", |p| p.as_str())
         .to_string();
-    let path = packages::mirror_path(m, plan.eco, &host, &pq);
+    let path = packages::mirror_path(m, eco, &host, &pq);
     *req.uri_mut() = path
         .parse()
         .map_err(|_| Stop::Deny(Reason::Malformed, Some("unparsable mirror path".into())))?;
-    ev.add_note(Some(format!("via the {} mirror", plan.eco.as_str())));
+    ev.add_note(Some(format!("via the {} mirror", eco.as_str())));
     let scheme = if m.scheme == http::uri::Scheme::HTTP {
         Scheme::Http
     } else {
@@ -708,14 +719,13 @@ pub(crate) fn truncate_path(p: &str) -> String {
 }
 
 /// The ecosystem whose registry `dest` is, when the policy enforces it.
-fn package_gated(_policy: &Policy, _dest: &Dest) -> Option<crate::policy::packages::Ecosystem> {
+fn package_gated(_policy: &Policy, _dest: &Dest) -> Option<Ecosystem> {
     None // PENDING pkg-load: policy.package_gated(host)
 }
 
 /// The policy's package sets.
-fn package_policy(_policy: &Policy) -> &crate::policy::packages::compile::PackagePolicy {
-    static NONE: std::sync::LazyLock<crate::policy::packages::compile::PackagePolicy> =
-        std::sync::LazyLock::new(Default::default); // PENDING pkg-load: &policy.packages
+fn package_policy(_policy: &Policy) -> &PackagePolicy {
+    static NONE: std::sync::LazyLock<PackagePolicy> = std::sync::LazyLock::new(Default::default); // PENDING pkg-load: &policy.packages
     &NONE
 }
 

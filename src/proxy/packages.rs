@@ -146,6 +146,9 @@ pub(crate) enum Gate {
     Answered(Response<ProxyBody>),
     /// Forwarded; its response handled as the plan says.
     Forward(Plan, Event),
+    /// A registry resource that names no package (PyPI's project list,
+    /// cargo's `config.json`), sent to the ecosystem's mirror.
+    Mirror(Ecosystem, Mirror, Event),
 }
 
 /// What to do with the response of a request the gate let through.
@@ -231,7 +234,13 @@ pub(crate) async fn gate<B>(
         &read_as,
         accept.as_deref(),
     ) {
-        Classified::NotRegistry | Classified::Registry(..) => return Gate::Pass(ev),
+        Classified::Registry(..) => {
+            return match pkgs.settings.mirror(eco) {
+                Some(m) => Gate::Mirror(eco, m.clone(), ev),
+                None => Gate::Pass(ev),
+            }
+        }
+        Classified::NotRegistry => return Gate::Pass(ev),
         Classified::Unparseable { ecosystem, why } => {
             let reason = PackageReason::Unparseable;
             let mut line = package_line(ecosystem, None, None);
