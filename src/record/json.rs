@@ -425,6 +425,49 @@ mod tests {
     }
 
     #[test]
+    fn package_requests_carry_their_package_and_own_fetches_their_origin() {
+        use crate::policy::packages::decide::PackageReason;
+        use crate::policy::packages::Ecosystem;
+        let mut ev = Event::new(Proto::Tls, "10.0.0.1:1".parse().unwrap());
+        assert!(line(&ev).get("package").is_none());
+        assert!(line(&ev).get("origin").is_none());
+        ev.package = Some(Box::new(crate::record::PackageLine {
+            ecosystem: Ecosystem::Pypi,
+            name: Some("requests".into()),
+            version: None,
+            set: Some(Arc::from("py-agent-runtime")),
+            reason: None,
+            hidden: Some(vec![
+                (PackageReason::TooNew, 2),
+                (PackageReason::VersionNotApproved, 1),
+            ]),
+        }));
+        ev.origin = Some("egressd");
+        let v = line(&ev);
+        assert_eq!(
+            v["package"],
+            serde_json::json!({"ecosystem": "pypi", "name": "requests", "version": null,
+                               "set": "py-agent-runtime", "versions_hidden": 3})
+        );
+        assert_eq!(v["origin"], "egressd");
+        // A download: a version, no versions_hidden.
+        let p = ev.package.as_mut().unwrap();
+        p.version = Some("2.32.\"3".into());
+        p.hidden = None;
+        p.set = None;
+        let v = line(&ev);
+        assert_eq!(
+            v["package"],
+            serde_json::json!({"ecosystem": "pypi", "name": "requests", "version": "2.32.\"3", "set": null})
+        );
+        let mut o = Vec::new();
+        ev.write_ocsf(&mut o);
+        let o: serde_json::Value = serde_json::from_slice(&o).unwrap();
+        assert_eq!(o["unmapped"]["egressd"]["package"], v["package"]);
+        assert_eq!(o["unmapped"]["egressd"]["origin"], "egressd");
+    }
+
+    #[test]
     fn optional_fields_appear_only_when_set() {
         let mut ev = Event::new(Proto::Dns, "[::1]:5353".parse().unwrap());
         let v = line(&ev);

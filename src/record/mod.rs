@@ -399,6 +399,39 @@ mod tests {
     }
 
     #[test]
+    fn package_requests_are_counted_by_ecosystem_set_decision_and_reason() {
+        let (_dir, rec) = recorder();
+        let pkg = |set: Option<&str>, reason, hidden| {
+            Some(Box::new(PackageLine {
+                ecosystem: Ecosystem::Npm,
+                name: Some("left-pad".into()),
+                version: None,
+                set: set.map(Arc::from),
+                reason,
+                hidden,
+            }))
+        };
+        let mut ok = Event::new(Proto::Tls, "10.0.0.1:1".parse().unwrap());
+        ok.decision = Logged::Allow;
+        ok.reason = Reason::Exception;
+        ok.package = pkg(Some("js"), None, Some(vec![(PackageReason::TooNew, 3)]));
+        rec.record(ok);
+        let mut no = Event::new(Proto::Tls, "10.0.0.1:1".parse().unwrap());
+        no.package = pkg(None, Some(PackageReason::NotApproved), None);
+        rec.record(no);
+        rec.record(Event::new(Proto::Tls, "10.0.0.1:1".parse().unwrap()));
+        let m = &rec.metrics;
+        let d = |l: &[&str]| m.package_decisions.with_label_values(l).get();
+        assert_eq!(d(&["npm", "js", "allow", "exception"]), 1);
+        assert_eq!(d(&["npm", "-", "deny", "package_not_approved"]), 1);
+        let h = m
+            .package_versions_hidden
+            .with_label_values(&["npm", "js", "package_too_new"])
+            .get();
+        assert_eq!(h, 3);
+    }
+
+    #[test]
     fn denials_are_counted_by_reason() {
         let (_dir, rec) = recorder();
         for r in Reason::ALL.into_iter().filter(|r| *r != Reason::Exception) {
