@@ -350,7 +350,10 @@ impl Metrics {
         let p = proto.index();
         self.hot_requests[p][denied as usize].inc();
         if denied {
-            match &self.hot_denied[p][reason.index()] {
+            match self.hot_denied[p]
+                .get(reason.index())
+                .and_then(Option::as_ref)
+            {
                 Some(c) => c.inc(),
                 None => self
                     .denied

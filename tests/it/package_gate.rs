@@ -396,9 +396,20 @@ fn npm_packuments_hold_new_versions_back_and_keep_the_rest_byte_identical() {
     );
     let kept = serde_json::to_string(&upstream["versions"]["1.0.0"]).unwrap();
     assert!(r.text().contains(&kept), "1.0.0 as the registry wrote it");
-    let l = g.line_for("/left-pad");
-    assert_eq!(l["package"]["set"], "js");
-    assert_eq!(l["package"]["versions_hidden"], 1);
+    // Over HTTP/2 too, byte for byte the same document.
+    let h2 = g.curl(
+        &["--http2", "-H", "Accept: application/json"],
+        &url("registry.npmjs.org", "/left-pad"),
+    );
+    assert_eq!(h2.status, 200, "{h2:?}");
+    assert!(h2.status_line.starts_with("HTTP/2"), "{}", h2.status_line);
+    assert_eq!(h2.body, r.body);
+    let lines = g.lines_for("/left-pad", 2);
+    assert_eq!(lines.len(), 2, "one line per request");
+    for l in lines {
+        assert_eq!(l["package"]["set"], "js");
+        assert_eq!(l["package"]["versions_hidden"], 1);
+    }
 }
 
 // ---------------------------------------------------------------- denials, per client
@@ -834,4 +845,64 @@ fn a_mirror_gets_its_credential_and_the_sandbox_never_sees_it() {
     assert!(!log.contains(TOKEN), "the credential reached the log");
     let l = g.line_for(&format!("/api/pypi{public_file}"));
     assert_eq!(l["package"]["version"], "2.31.0");
+}
+
+// ---------------------------------------------------------------- Go's times
+
+#[test]
+fn go_lists_are_timed_by_each_mod_files_last_modified() {
+    let Some(g) = start(
+        "go_lists_are_timed_by_each_mod_files_last_modified",
+        |r| {
+            r.publish_all(
+                Eco::Go,
+                &[
+                    ("git.lab.example/timed", "v1.0.0", 10 * DAY),
+                    ("git.lab.example/timed", "v1.1.0", DAY),
+                ],
+            )
+        },
+        |_| {
+            policy_yaml(
+                "",
+                "",
+            )
+            .replace(
+                "    allow: [\"git.lab.example/ok >=v2.0.0\"]\n",
+                "    allow: [\"git.lab.example/ok >=v2.0.0\"]\n  - id: gotimed\n    owner: go-team\n    reason: vetted\n    ecosystem: go\n    min_age: 3d\n    allow: [git.lab.example/timed]\n",
+            )
+        },
+    ) else {
+        return;
+    };
+    let list = g.get(&url("proxy.golang.org", "/git.lab.example/timed/@v/list"));
+    assert_eq!(list.status, 200, "{list:?}");
+    assert_eq!(list.text(), "v1.0.0\n", "v1.1.0 is a day old");
+    // egressd read each version's .mod for its Last-Modified, as its own
+    // requests.
+    for v in ["v1.0.0", "v1.1.0"] {
+        let p = format!("/git.lab.example/timed/@v/{v}.mod");
+        let own = g.line_for(&p);
+        assert_eq!(own["origin"], "egressd", "{own}");
+        assert_eq!(own["status"], 200);
+    }
+    let l = g.line_for("/git.lab.example/timed/@v/list");
+    assert_eq!(l["package"]["versions_hidden"], 1);
+    assert_eq!(l["package"]["set"], "gotimed");
+    // @latest points at the newest allowed version, not the registry's.
+    let latest = g.get(&url("proxy.golang.org", "/git.lab.example/timed/@latest"));
+    assert_eq!(latest.status, 200, "{latest:?}");
+    assert_eq!(latest.json()["Version"], "v1.0.0", "{}", latest.text());
+    // The download of the held version, and the times were not read again.
+    let zip = g.get(&url(
+        "proxy.golang.org",
+        "/git.lab.example/timed/@v/v1.1.0.zip",
+    ));
+    assert_eq!(zip.status, 403, "{zip:?}");
+    assert_eq!(
+        zip.header("x-egressd-reason").as_deref(),
+        Some("package_too_new")
+    );
+    assert_eq!(g.reg.hits_for("v1.1.0.mod").len(), 1);
+    assert!(g.reg.hits_for("v1.1.0.zip").is_empty());
 }
