@@ -620,6 +620,15 @@ fn a_file_that_does_not_match_its_pin_is_cut_short() {
     let r = g.get(&idna);
     assert_eq!((r.status, r.code), (200, 0), "{r:?}");
     assert_eq!(g.line_for(&path_of(&idna))["decision"], "allow");
+    // With pins, only pinned files download: idna's sdist is not pinned.
+    let sdist = g.reg.pypi_url("idna", &sdist_name("idna", "1.0"));
+    let r = g.get(&sdist);
+    assert_eq!(r.status, 403, "{r:?}");
+    assert_eq!(
+        r.header("x-egressd-reason").as_deref(),
+        Some("package_integrity_mismatch")
+    );
+    assert!(g.reg.hits_for(&sdist_name("idna", "1.0")).is_empty());
 
     // The registry now serves other bytes under the pinned file's URL
     // (its index still lists the pinned digest).
@@ -644,7 +653,8 @@ fn a_file_that_does_not_match_its_pin_is_cut_short() {
         ("decision", "deny"),
         ("reason", "package_integrity_mismatch"),
     ];
-    assert_eq!(g.metric("egressd_package_decisions_total", &cut), 1.0);
+    // The unpinned sdist and the cut wheel.
+    assert_eq!(g.metric("egressd_package_decisions_total", &cut), 2.0);
 }
 
 // ---------------------------------------------------------------- unfilterable indexes
