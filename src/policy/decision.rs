@@ -7,6 +7,7 @@
 //! decision: writing it down and counting it is `record`, answering it the
 //! front-ends.
 
+use super::packages::decide::PackageReason;
 use super::raw::Mode;
 use super::Exception;
 
@@ -112,12 +113,23 @@ pub enum Reason {
     LoopDetected,
     Overloaded,
     UpstreamError,
+    // The package gate's (DESIGN "Packages"), in `PackageReason::ALL` order.
+    PackageNotApproved,
+    PackageVersionNotApproved,
+    PackageTooNew,
+    PackageTimeUnknown,
+    PackageDenied,
+    PackageSetExpired,
+    PackageNotListed,
+    PackageIntegrityMismatch,
+    PackageIndexUnfilterable,
+    PackageUnparseable,
 }
 
 impl Reason {
     /// Every reason, for pre-creating metric series, in declaration order
     /// (so that `ALL[r.index()] == r`).
-    pub const ALL: [Reason; 18] = [
+    pub const ALL: [Reason; 28] = [
         Reason::Exception,
         Reason::NoException,
         Reason::Expired,
@@ -136,6 +148,16 @@ impl Reason {
         Reason::LoopDetected,
         Reason::Overloaded,
         Reason::UpstreamError,
+        Reason::PackageNotApproved,
+        Reason::PackageVersionNotApproved,
+        Reason::PackageTooNew,
+        Reason::PackageTimeUnknown,
+        Reason::PackageDenied,
+        Reason::PackageSetExpired,
+        Reason::PackageNotListed,
+        Reason::PackageIntegrityMismatch,
+        Reason::PackageIndexUnfilterable,
+        Reason::PackageUnparseable,
     ];
 
     /// Position in [`Reason::ALL`]: metrics find a reason's series by it.
@@ -163,6 +185,7 @@ impl Reason {
             Reason::LoopDetected => "loop_detected",
             Reason::Overloaded => "overloaded",
             Reason::UpstreamError => "upstream_error",
+            r => r.package().map_or("upstream_error", PackageReason::as_str),
         }
     }
 
@@ -178,6 +201,18 @@ impl Reason {
             | Reason::PathNotAllowed
             | Reason::InspectionRequired
             | Reason::QtypeNotAllowed => true,
+            // What the package sets decide; a registry path the gate
+            // cannot read and an index it cannot filter are not the
+            // sets' decisions and are always refused.
+            Reason::PackageUnparseable | Reason::PackageIndexUnfilterable => false,
+            Reason::PackageNotApproved
+            | Reason::PackageVersionNotApproved
+            | Reason::PackageTooNew
+            | Reason::PackageTimeUnknown
+            | Reason::PackageDenied
+            | Reason::PackageSetExpired
+            | Reason::PackageNotListed
+            | Reason::PackageIntegrityMismatch => true,
             Reason::Exception
             | Reason::PrivateAddress
             | Reason::HostMismatch
@@ -212,6 +247,52 @@ impl Reason {
             Reason::LoopDetected => "the destination is egressd itself",
             Reason::Overloaded => "this client has more connections or queries open than its share",
             Reason::UpstreamError => "the destination could not be reached",
+            Reason::PackageNotApproved => "no approved package set for this client lists this package",
+            Reason::PackageVersionNotApproved => "the package is approved, but not this version",
+            Reason::PackageTooNew => "this version was published more recently than its package set's min_age allows",
+            Reason::PackageTimeUnknown => "the registry gives no publish time for this version, and settings.packages.time_unknown is deny",
+            Reason::PackageDenied => "a package set denies this package or version",
+            Reason::PackageSetExpired => "the package set that approved this package has expired",
+            Reason::PackageNotListed => "the package's filtered index does not list this file",
+            Reason::PackageIntegrityMismatch => "the file does not match the sha256 its package set pins",
+            Reason::PackageIndexUnfilterable => "the registry's index could not be read or filtered, and is never passed on unfiltered",
+            Reason::PackageUnparseable => "egressd cannot read this registry request as a package request",
+        }
+    }
+}
+
+impl Reason {
+    /// The package gate's reason this is, if it is one.
+    pub fn package(self) -> Option<PackageReason> {
+        Some(match self {
+            Reason::PackageNotApproved => PackageReason::NotApproved,
+            Reason::PackageVersionNotApproved => PackageReason::VersionNotApproved,
+            Reason::PackageTooNew => PackageReason::TooNew,
+            Reason::PackageTimeUnknown => PackageReason::TimeUnknown,
+            Reason::PackageDenied => PackageReason::Denied,
+            Reason::PackageSetExpired => PackageReason::SetExpired,
+            Reason::PackageNotListed => PackageReason::NotListed,
+            Reason::PackageIntegrityMismatch => PackageReason::IntegrityMismatch,
+            Reason::PackageIndexUnfilterable => PackageReason::IndexUnfilterable,
+            Reason::PackageUnparseable => PackageReason::Unparseable,
+            _ => return None,
+        })
+    }
+}
+
+impl From<PackageReason> for Reason {
+    fn from(r: PackageReason) -> Reason {
+        match r {
+            PackageReason::NotApproved => Reason::PackageNotApproved,
+            PackageReason::VersionNotApproved => Reason::PackageVersionNotApproved,
+            PackageReason::TooNew => Reason::PackageTooNew,
+            PackageReason::TimeUnknown => Reason::PackageTimeUnknown,
+            PackageReason::Denied => Reason::PackageDenied,
+            PackageReason::SetExpired => Reason::PackageSetExpired,
+            PackageReason::NotListed => Reason::PackageNotListed,
+            PackageReason::IntegrityMismatch => Reason::PackageIntegrityMismatch,
+            PackageReason::IndexUnfilterable => Reason::PackageIndexUnfilterable,
+            PackageReason::Unparseable => Reason::PackageUnparseable,
         }
     }
 }

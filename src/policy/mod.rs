@@ -374,6 +374,8 @@ pub struct Policy {
     /// Hash of every file's path and bytes; reload skips identical content.
     pub digest: [u8; 32],
     matcher: Matcher,
+    /// The approved package sets and `settings.packages`.
+    pub packages: packages::compile::PackagePolicy,
 }
 
 impl fmt::Debug for Policy {
@@ -386,6 +388,13 @@ impl fmt::Debug for Policy {
 }
 
 impl Policy {
+    /// The ecosystem whose public registry `host` is, when
+    /// `settings.packages.enforce` names it: its requests go through the
+    /// package gate, so a CONNECT to it needs interception.
+    pub fn package_gated(&self, host: &str) -> Option<packages::Ecosystem> {
+        packages::classify::registry_ecosystem(host).filter(|e| self.packages.settings.enforces(*e))
+    }
+
     /// The one decision function. Pure: same policy, request and time give
     /// the same decision. Among the exceptions that allow the request, the
     /// first in load order (files sorted by name, then position) is named.
@@ -466,7 +475,11 @@ impl Policy {
                 if !e.ports.contains(&req.port) {
                     return Err(Stage::Port);
                 }
-                if e.needs_inspection() {
+                // An enforced registry host is read request by request
+                // (the package gate), as `paths:` are.
+                let gated = matches!(req.target,
+                    host::Target::Name(h) if self.package_gated(h.as_str()).is_some());
+                if e.needs_inspection() || gated {
                     return if req.can_intercept {
                         Ok(true)
                     } else {

@@ -35,6 +35,10 @@ pub struct RawFile {
     /// What is allowed out. Everything no exception allows is denied.
     #[serde(default)]
     pub exceptions: Vec<RawException>,
+    /// Approved package sets: which packages (and versions) of PyPI, npm,
+    /// crates.io and Go modules may be installed (DESIGN "Packages").
+    #[serde(default)]
+    pub packages: Vec<super::packages::raw::RawPackageSet>,
 }
 
 /// Settings for the whole policy.
@@ -62,6 +66,9 @@ pub struct RawSettings {
     pub tls: Option<RawTls>,
     /// Each client's share of egressd, and how long a request head may take.
     pub limits: Option<RawLimits>,
+    /// The package gate: which ecosystems it enforces, the default
+    /// `min_age`, what an unknown publish time means, and mirrors.
+    pub packages: Option<super::packages::raw::RawPackageSettings>,
 }
 
 /// What a request no exception allows gets.

@@ -719,14 +719,16 @@ pub(crate) fn truncate_path(p: &str) -> String {
 }
 
 /// The ecosystem whose registry `dest` is, when the policy enforces it.
-fn package_gated(_policy: &Policy, _dest: &Dest) -> Option<Ecosystem> {
-    None // PENDING pkg-load: policy.package_gated(host)
+fn package_gated(policy: &Policy, dest: &Dest) -> Option<Ecosystem> {
+    match &dest.target {
+        crate::policy::host::Target::Name(h) => policy.package_gated(h.as_str()),
+        crate::policy::host::Target::Ip(_) => None,
+    }
 }
 
 /// The policy's package sets.
-fn package_policy(_policy: &Policy) -> &PackagePolicy {
-    static NONE: std::sync::LazyLock<PackagePolicy> = std::sync::LazyLock::new(Default::default); // PENDING pkg-load: &policy.packages
-    &NONE
+fn package_policy(policy: &Policy) -> &PackagePolicy {
+    &policy.packages
 }
 
 /// Removes hop-by-hop headers, including those the `Connection` header names.

@@ -133,8 +133,7 @@ impl Views {
 
 /// The line's reason for a package denial.
 fn line_reason(r: PackageReason) -> Reason {
-    let _ = r;
-    Reason::NoException // PENDING pkg-load: Reason::from(r)
+    Reason::from(r)
 }
 
 /// What the gate makes of one request.

@@ -36,7 +36,7 @@ pub fn status_for(reason: Reason) -> StatusCode {
     match reason {
         Reason::Malformed => StatusCode::BAD_REQUEST,
         Reason::LogUnavailable | Reason::Overloaded => StatusCode::SERVICE_UNAVAILABLE,
-        Reason::UpstreamError => StatusCode::BAD_GATEWAY,
+        Reason::UpstreamError | Reason::PackageIndexUnfilterable => StatusCode::BAD_GATEWAY,
         _ => StatusCode::FORBIDDEN,
     }
 }

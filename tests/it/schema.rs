@@ -237,6 +237,31 @@ const VALID: &[(&str, &str)] = &[
   limits:
     connections_per_client: 256
     header_timeout: 30s
+  packages:
+    enforce: [pypi, npm]
+    min_age: 3d
+    time_unknown: allow
+    mirrors:
+      pypi: { url: "https://mirror.example/api/pypi/simple/", inject: { headers: { Authorization: "Bearer ${env:MIRROR_TOKEN}" } } }
+      npm: { url: "https://mirror.example/api/npm/npm/", inject: { headers: { Authorization: "Bearer ${env:MIRROR_TOKEN}" } } }
+      cargo: { url: "https://mirror.example/api/cargo/", inject: { headers: { X-Token: plain } } }
+      go: { url: "http://10.0.0.8:8081/go/", inject: { headers: {} } }
+packages:
+  - id: py-runtime
+    owner: python-platform
+    reason: vetted runtime deps
+    ticket: SEC-2
+    expires: 2099-06-01
+    ecosystem: pypi
+    clients: ["ci-*"]
+    min_age: 7d
+    allow:
+      - requests >=2.31,<3
+      - { name: numpy, versions: ">=1.26", min_age: 0d }
+      - { name: certifi, versions: "==2024.8.30", sha256: "9F86D081884C7D659A2FEAA0C55AD015A3BF4F1B2B0B822CD15D6C15B0F00A08" }
+    deny:
+      - urllib3 <1.26
+      - { name: ultralytics, versions: "==8.3.41", reason: compromised release }
 exceptions:
   - id: pypi
     owner: python-platform

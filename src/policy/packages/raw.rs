@@ -15,6 +15,10 @@ use std::fmt;
 use serde::de::{self, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
 
+use std::borrow::Cow;
+
+use schemars::{json_schema, JsonSchema, Schema, SchemaGenerator};
+
 use super::Ecosystem;
 use crate::policy::raw::{DateField, DurationField, IdField, RawInject};
 
@@ -271,6 +275,133 @@ impl<'de> Deserialize<'de> for RawDeny {
             }
         }
         d.deserialize_any(V)
+    }
+}
+
+// The JSON Schema of the package keys, by hand: the entries have their own
+// deserialisers (one string or a mapping), which schemars cannot derive.
+
+/// `schema` with a description.
+fn described(description: &str, mut schema: serde_json::Value) -> serde_json::Value {
+    schema["description"] = description.into();
+    schema
+}
+
+fn ecosystem_schema(description: &str) -> serde_json::Value {
+    described(
+        description,
+        serde_json::json!({"type": "string", "enum": ["pypi", "npm", "cargo", "go"]}),
+    )
+}
+
+fn duration_schema(description: &str) -> serde_json::Value {
+    described(
+        description,
+        serde_json::json!({"type": "string", "pattern": "^[0-9]+[smhdw]$"}),
+    )
+}
+
+fn string_schema(description: &str) -> serde_json::Value {
+    described(description, serde_json::json!({"type": "string"}))
+}
+
+impl JsonSchema for RawPackageSet {
+    fn schema_name() -> Cow<'static, str> {
+        "RawPackageSet".into()
+    }
+    fn json_schema(_: &mut SchemaGenerator) -> Schema {
+        let sha = serde_json::json!({"type": "string", "pattern": "^[0-9a-fA-F]{64}$"});
+        let name = string_schema("The package's name (normalised per ecosystem before matching).");
+        let versions = string_schema(
+            "A version constraint in the ecosystem's syntax (PEP 440, node-semver, cargo, Go semver).",
+        );
+        let allow_map = serde_json::json!({
+            "type": "object", "additionalProperties": false, "required": ["name"],
+            "properties": {
+                "name": name,
+                "versions": versions,
+                "min_age": duration_schema("This entry's min_age, over the set's."),
+                "sha256": described(
+                    "Pinned sha256 digests (one, or a list): with pins, only those files download.",
+                    serde_json::json!({"anyOf": [sha, {"type": "array", "items": sha}]})),
+            }
+        });
+        let deny_map = serde_json::json!({
+            "type": "object", "additionalProperties": false, "required": ["name"],
+            "properties": {
+                "name": name,
+                "versions": versions,
+                "reason": string_schema("Why it is denied (shown in the denial)."),
+            }
+        });
+        let short = string_schema("name [version constraint in the ecosystem's syntax]");
+        json_schema!({
+            "description": "One approved package set: who owns it, why, and which packages of one ecosystem it allows (and denies).",
+            "type": "object",
+            "additionalProperties": false,
+            "required": ["id", "owner", "reason", "ecosystem"],
+            "properties": {
+                "id": described("Unique across sets and exceptions: in logs, metrics and the report.",
+                    serde_json::json!({"type": "string", "pattern": "^[a-z0-9._-]+$"})),
+                "owner": string_schema("The team answerable for the set."),
+                "reason": string_schema("Why these packages are needed."),
+                "ticket": string_schema("The change or security ticket."),
+                "expires": described("After this date (YYYY-MM-DD) the set approves nothing.",
+                    serde_json::json!({"type": "string", "pattern": "^[0-9]{4}-[0-9]{2}-[0-9]{2}$"})),
+                "ecosystem": ecosystem_schema("The registry the set's packages come from."),
+                "clients": described("Client id patterns the set applies to (default: every client).",
+                    serde_json::json!({"type": "array", "items": {"type": "string"}})),
+                "min_age": duration_schema("Versions published less than this ago are held back (default settings.packages.min_age)."),
+                "allow": described("Approved packages: \"name [constraint]\" or a mapping.",
+                    serde_json::json!({"type": "array", "items": {"anyOf": [short, allow_map]}})),
+                "deny": described("Packages or versions denied in every set: \"name [constraint]\" or a mapping.",
+                    serde_json::json!({"type": "array", "items": {"anyOf": [short, deny_map]}}))
+            }
+        })
+    }
+}
+
+impl JsonSchema for RawPackageSettings {
+    fn schema_name() -> Cow<'static, str> {
+        "RawPackageSettings".into()
+    }
+    fn json_schema(_: &mut SchemaGenerator) -> Schema {
+        let mirror = |eco: &str| {
+            serde_json::json!({
+                "description": format!("Fetch {eco} from this mirror instead of the public registry."),
+                "type": "object",
+                "additionalProperties": false,
+                "required": ["url"],
+                "properties": {
+                    "url": described("The mirror's index URL (https:// or http://).",
+                        serde_json::json!({"type": "string", "pattern": "^https?://"})),
+                    "inject": {
+                        "description": "Headers added to requests sent to the mirror (never shown to the sandbox).",
+                        "type": "object", "additionalProperties": false,
+                        "properties": {"headers": {
+                            "description": "Header name to value; ${env:NAME} and ${file:PATH} are expanded.",
+                            "type": "object", "additionalProperties": {"type": "string"}}}
+                    }
+                }
+            })
+        };
+        json_schema!({
+            "description": "The package gate's settings.",
+            "type": "object",
+            "additionalProperties": false,
+            "properties": {
+                "enforce": described("Ecosystems whose registry traffic goes through the package gate.",
+                    serde_json::json!({"type": "array", "items": ecosystem_schema("An ecosystem.")})),
+                "min_age": duration_schema("Versions published less than this ago are held back (default 0)."),
+                "time_unknown": described("A version without a trustworthy publish time: deny (default) or allow.",
+                    serde_json::json!({"type": "string", "enum": ["deny", "allow"]})),
+                "mirrors": {
+                    "description": "Per ecosystem: a mirror to fetch from instead of the public registry.",
+                    "type": "object", "additionalProperties": false,
+                    "properties": {"pypi": mirror("PyPI"), "npm": mirror("npm"), "cargo": mirror("crates.io"), "go": mirror("Go modules")}
+                }
+            }
+        })
     }
 }
 
