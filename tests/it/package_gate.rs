@@ -558,7 +558,15 @@ fn a_download_before_any_index_is_authorised_by_egressds_own_fetch() {
         dl["package"],
         serde_json::json!({"ecosystem": "pypi", "name": "requests", "version": "2.31.0", "set": "py"})
     );
-    assert!(own["ts"].as_str() <= dl["ts"].as_str());
+    // The download arrived first and waited for egressd's fetch: that
+    // line is written first.
+    let order: Vec<_> =
+        g.e.log_lines()
+            .into_iter()
+            .filter(|l| l["proto"] == "tls")
+            .collect();
+    assert_eq!(order[0]["origin"], "egressd", "{order:?}");
+    assert_eq!(order[1]["path"], path_of(&ok).as_str());
 
     // Decided on the view egressd keeps: no second index fetch.
     let too_new = g
