@@ -647,11 +647,10 @@ fn answer(
     let (parts, body) = resp.into_parts();
     let (inner, integrity): (ProxyBody, _) = match plan {
         Some(Plan {
-            what: PlanKind::Download { verify },
-            enforce,
+            what: PlanKind::Download { verify, cut },
             ..
         }) if !verify.is_empty() && parts.status == StatusCode::OK => {
-            let v = packages::Verified::new(body, verify, enforce);
+            let v = packages::Verified::new(body, verify, cut);
             let outcome = v.outcome.clone();
             (v.boxed(), Some(outcome))
         }

@@ -171,8 +171,9 @@ pub(crate) enum PlanKind {
         /// The client's `If-None-Match`, answered against the filtered ETag.
         if_none_match: Option<HeaderValue>,
     },
-    /// A download whose body must hash to one of these (empty: any).
-    Download { verify: Vec<[u8; 32]> },
+    /// A download whose body must hash to one of these (empty: any);
+    /// `cut`: a mismatch ends the transfer (the mode enforces it).
+    Download { verify: Vec<[u8; 32]>, cut: bool },
     /// Anything else the gate allowed (per-version metadata, Go `.mod`).
     Other { go_mod: Option<String> },
 }
@@ -344,6 +345,7 @@ pub(crate) async fn gate<B>(
             req.headers_mut().remove(header::IF_RANGE);
             PlanKind::Download {
                 verify: d.verify_sha256.clone(),
+                cut: enforced(mode, line_reason(PackageReason::IntegrityMismatch)),
             }
         }
         (Kind::Meta(classify::MetaKind::GoMod), _) => PlanKind::Other {

@@ -2,7 +2,7 @@
 //! the first load and every reload go through ([`compile`]), one call per
 //! concern: every file parsed (an empty one refused: it is a half-written
 //! file), the settings ([`settings`]), the exceptions and the matcher over
-//! them ([`exceptions`]). Every error is collected with its
+//! them ([`exceptions`]), the package sets ([`packages`]). Every error is collected with its
 //! file:line:column ([`locate`]); a policy with any error is refused whole.
 //!
 //! Owns validation. Does not own reading files (`read_sources`) or the
@@ -10,11 +10,9 @@
 
 mod exceptions;
 mod locate;
+mod packages;
 mod settings;
 
-use super::packages::compile::{
-    compile as compile_packages, CompileInput, PackagePolicy, SetSource,
-};
 use super::raw::RawFile;
 use super::{Diagnostic, LoadError, Policy, Source};
 
@@ -38,79 +36,19 @@ pub fn compile_digested(
     let mut errors = Errors::default();
     let (settings, clients) = settings::settings(&parsed, &mut errors);
     let (exceptions, matcher) = exceptions::exceptions(&parsed, &clients, env, &mut errors);
-    let packages = packages(
-        &parsed,
-        &clients,
-        &exceptions,
-        &settings.contact,
-        env,
-        &mut errors,
-    );
+    let packages = packages::packages(&parsed, &settings, &clients, &exceptions, env, &mut errors);
     if !errors.0.is_empty() {
         return Err(LoadError(errors.0));
     }
     Ok(Policy {
-        packages,
         settings,
         clients,
         exceptions,
         files: sources.iter().map(|s| s.path.clone()).collect(),
         digest,
         matcher,
+        packages,
     })
-}
-
-/// The package sets and `settings.packages` (`policy::packages::compile`),
-/// their errors located like every other.
-fn packages(
-    parsed: &[(&Source, RawFile)],
-    clients: &[super::Client],
-    exceptions: &[super::Exception],
-    contact: &str,
-    env: &dyn Fn(&str) -> Option<String>,
-    errors: &mut Errors,
-) -> PackagePolicy {
-    let files: Vec<SetSource<'_>> = parsed
-        .iter()
-        .map(|(src, f)| SetSource {
-            file: &src.path,
-            text: &src.text,
-            sets: &f.packages,
-        })
-        .collect();
-    let settings = parsed.iter().find_map(|(src, f)| {
-        let p = f.settings.as_ref()?.packages.as_ref()?;
-        Some((src.path.as_path(), src.text.as_str(), p))
-    });
-    let ids: Vec<&str> = clients.iter().map(|c| &*c.id).collect();
-    let exception_file = |id: &str| {
-        exceptions
-            .iter()
-            .find(|e| &*e.id == id)
-            .map(|e| e.file.clone())
-    };
-    let input = CompileInput {
-        files: &files,
-        settings,
-        clients: &ids,
-        exception_id: &exception_file,
-        expand: &|v| exceptions::expand_secret(v, env),
-        contact,
-    };
-    match compile_packages(&input) {
-        Ok(p) => p,
-        Err(diags) => {
-            for d in diags {
-                errors.0.push(super::Diagnostic {
-                    file: d.file,
-                    line: d.line,
-                    column: d.column,
-                    message: d.message,
-                });
-            }
-            PackagePolicy::default()
-        }
-    }
 }
 
 /// Every file as YAML; any file that is empty or does not parse stops the

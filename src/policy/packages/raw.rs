@@ -12,59 +12,106 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
-use serde::de::{self, Deserializer, MapAccess, SeqAccess, Visitor};
-use serde::Deserialize;
-
 use std::borrow::Cow;
 
 use schemars::{json_schema, JsonSchema, Schema, SchemaGenerator};
+use serde::de::{self, Deserializer, MapAccess, SeqAccess, Visitor};
+use serde::Deserialize;
 
 use super::Ecosystem;
 use crate::policy::raw::{DateField, DurationField, IdField, RawInject};
 
-/// One approved set (`packages:` list item).
-#[derive(Debug, Deserialize)]
+/// One approved package set: the packages of one ecosystem that may be
+/// installed, who answers for them and why.
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RawPackageSet {
+    /// Unique across all files, exceptions included; names the set in logs,
+    /// metrics and reports.
     pub id: IdField,
+    /// The team answerable for the set (required).
+    #[schemars(required, with = "String", pattern("\\S"))]
     pub owner: Option<String>,
+    /// Why the set exists, for the next reviewer (required).
+    #[schemars(required, with = "String", pattern("\\S"))]
     pub reason: Option<String>,
+    /// Where the set was approved (a ticket id or URL).
     pub ticket: Option<String>,
+    /// From this date on the set approves nothing (`package_set_expired`).
     pub expires: Option<DateField>,
-    /// Required; an `Option` so that its absence is reported at the set.
+    /// The registry the set's names belong to (required).
+    // An `Option` so that its absence is reported at the set.
+    #[schemars(required, with = "Ecosystem")]
     pub ecosystem: Option<Ecosystem>,
+    /// Client id patterns (`ci-*`) the set applies to; default every client.
+    #[schemars(length(min = 1))]
     pub clients: Option<Vec<String>>,
+    /// Versions published less than this ago are held back; default
+    /// `settings.packages.min_age`.
     pub min_age: Option<DurationField>,
+    /// Approved packages: `name [constraint]` in the ecosystem's syntax, or
+    /// `{name, versions, min_age, sha256}`.
     #[serde(default)]
     pub allow: Vec<RawAllow>,
+    /// Denied packages or versions: beat every allow of every set.
     #[serde(default)]
     pub deny: Vec<RawDeny>,
 }
 
-/// `settings.packages`.
-#[derive(Debug, Default, Deserialize)]
+/// `settings.packages`: the package gate.
+#[derive(Debug, Default, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RawPackageSettings {
+    /// Ecosystems whose registry traffic goes through the gate (needs
+    /// interception: without `--ca-dir` their CONNECTs are refused).
+    #[schemars(length(min = 1))]
     pub enforce: Option<Vec<Ecosystem>>,
+    /// Versions published less than this ago are held back (default 0d).
     pub min_age: Option<DurationField>,
+    /// A version whose publish time the registry does not say: `deny`
+    /// (default) or `allow`.
     pub time_unknown: Option<TimeUnknown>,
+    /// Per ecosystem, a mirror to fetch from instead of the public registry.
     #[serde(default)]
+    #[schemars(with = "MirrorsSchema")]
     pub mirrors: BTreeMap<Ecosystem, RawMirror>,
 }
 
+/// The schema of `mirrors:` (a map by ecosystem, spelled out so that each
+/// key is described).
+#[derive(JsonSchema)]
+#[serde(deny_unknown_fields)]
+#[allow(dead_code)]
+struct MirrorsSchema {
+    /// Where PyPI requests (pypi.org, files.pythonhosted.org) are sent.
+    pypi: Option<RawMirror>,
+    /// Where npm registry requests are sent.
+    npm: Option<RawMirror>,
+    /// Where crates.io requests (index, downloads) are sent.
+    cargo: Option<RawMirror>,
+    /// Where Go module proxy requests are sent.
+    go: Option<RawMirror>,
+}
+
 /// What to do with a version whose publish time the registry does not say.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, JsonSchema, Default)]
 #[serde(rename_all = "lowercase")]
 pub enum TimeUnknown {
+    /// Hold the version back (`package_time_unknown`).
     #[default]
     Deny,
+    /// Treat it as old enough.
     Allow,
 }
 
-#[derive(Debug, Deserialize)]
+/// A mirror of one ecosystem's registry.
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RawMirror {
+    /// The mirror's index URL (`https://mirror.corp/api/pypi/pypi/simple/`).
+    #[schemars(pattern("^https?://"))]
     pub url: String,
+    /// Credentials sent to the mirror, never shown to the sandbox.
     pub inject: Option<RawInject>,
 }
 
@@ -278,132 +325,92 @@ impl<'de> Deserialize<'de> for RawDeny {
     }
 }
 
-// The JSON Schema of the package keys, by hand: the entries have their own
-// deserialisers (one string or a mapping), which schemars cannot derive.
-
-/// `schema` with a description.
-fn described(description: &str, mut schema: serde_json::Value) -> serde_json::Value {
-    schema["description"] = description.into();
-    schema
-}
-
-fn ecosystem_schema(description: &str) -> serde_json::Value {
-    described(
-        description,
-        serde_json::json!({"type": "string", "enum": ["pypi", "npm", "cargo", "go"]}),
-    )
-}
-
-fn duration_schema(description: &str) -> serde_json::Value {
-    described(
-        description,
-        serde_json::json!({"type": "string", "pattern": "^[0-9]+[smhdw]$"}),
-    )
-}
-
-fn string_schema(description: &str) -> serde_json::Value {
-    described(description, serde_json::json!({"type": "string"}))
-}
-
-impl JsonSchema for RawPackageSet {
+impl JsonSchema for RawAllow {
     fn schema_name() -> Cow<'static, str> {
-        "RawPackageSet".into()
+        "RawAllow".into()
     }
-    fn json_schema(_: &mut SchemaGenerator) -> Schema {
-        let sha = serde_json::json!({"type": "string", "pattern": "^[0-9a-fA-F]{64}$"});
-        let name = string_schema("The package's name (normalised per ecosystem before matching).");
-        let versions = string_schema(
-            "A version constraint in the ecosystem's syntax (PEP 440, node-semver, cargo, Go semver).",
-        );
-        let allow_map = serde_json::json!({
-            "type": "object", "additionalProperties": false, "required": ["name"],
-            "properties": {
-                "name": name,
-                "versions": versions,
-                "min_age": duration_schema("This entry's min_age, over the set's."),
-                "sha256": described(
-                    "Pinned sha256 digests (one, or a list): with pins, only those files download.",
-                    serde_json::json!({"anyOf": [sha, {"type": "array", "items": sha}]})),
-            }
-        });
-        let deny_map = serde_json::json!({
-            "type": "object", "additionalProperties": false, "required": ["name"],
-            "properties": {
-                "name": name,
-                "versions": versions,
-                "reason": string_schema("Why it is denied (shown in the denial)."),
-            }
-        });
-        let short = string_schema("name [version constraint in the ecosystem's syntax]");
+    fn json_schema(g: &mut SchemaGenerator) -> Schema {
+        let dur = g.subschema_for::<DurationField>();
         json_schema!({
-            "description": "One approved package set: who owns it, why, and which packages of one ecosystem it allows (and denies).",
-            "type": "object",
-            "additionalProperties": false,
-            "required": ["id", "owner", "reason", "ecosystem"],
-            "properties": {
-                "id": described("Unique across sets and exceptions: in logs, metrics and the report.",
-                    serde_json::json!({"type": "string", "pattern": "^[a-z0-9._-]+$"})),
-                "owner": string_schema("The team answerable for the set."),
-                "reason": string_schema("Why these packages are needed."),
-                "ticket": string_schema("The change or security ticket."),
-                "expires": described("After this date (YYYY-MM-DD) the set approves nothing.",
-                    serde_json::json!({"type": "string", "pattern": "^[0-9]{4}-[0-9]{2}-[0-9]{2}$"})),
-                "ecosystem": ecosystem_schema("The registry the set's packages come from."),
-                "clients": described("Client id patterns the set applies to (default: every client).",
-                    serde_json::json!({"type": "array", "items": {"type": "string"}})),
-                "min_age": duration_schema("Versions published less than this ago are held back (default settings.packages.min_age)."),
-                "allow": described("Approved packages: \"name [constraint]\" or a mapping.",
-                    serde_json::json!({"type": "array", "items": {"anyOf": [short, allow_map]}})),
-                "deny": described("Packages or versions denied in every set: \"name [constraint]\" or a mapping.",
-                    serde_json::json!({"type": "array", "items": {"anyOf": [short, deny_map]}}))
-            }
-        })
-    }
-}
-
-impl JsonSchema for RawPackageSettings {
-    fn schema_name() -> Cow<'static, str> {
-        "RawPackageSettings".into()
-    }
-    fn json_schema(_: &mut SchemaGenerator) -> Schema {
-        let mirror = |eco: &str| {
-            serde_json::json!({
-                "description": format!("Fetch {eco} from this mirror instead of the public registry."),
-                "type": "object",
-                "additionalProperties": false,
-                "required": ["url"],
-                "properties": {
-                    "url": described("The mirror's index URL (https:// or http://).",
-                        serde_json::json!({"type": "string", "pattern": "^https?://"})),
-                    "inject": {
-                        "description": "Headers added to requests sent to the mirror (never shown to the sandbox).",
-                        "type": "object", "additionalProperties": false,
-                        "properties": {"headers": {
-                            "description": "Header name to value; ${env:NAME} and ${file:PATH} are expanded.",
-                            "type": "object", "additionalProperties": {"type": "string"}}}
+            "description": "An approved package: \"name [constraint]\" (`requests >=2.31,<3`) \
+                or a mapping. Constraints use the ecosystem's syntax.",
+            "anyOf": [
+                {"type": "string", "pattern": "\\S"},
+                {
+                    "type": "object",
+                    "additionalProperties": false,
+                    "required": ["name"],
+                    "properties": {
+                        "name": {
+                            "description": "The package name, as the registry spells it \
+                                (normalised per ecosystem when matched).",
+                            "type": "string",
+                            "pattern": "^\\s*\\S+\\s*$"
+                        },
+                        "versions": {
+                            "description": "A version constraint in the ecosystem's syntax \
+                                (`>=2.31,<3`, `^1.2.0`, `>=v1.2.0, <v2.0.0`); default any.",
+                            "type": "string",
+                            "pattern": "\\S"
+                        },
+                        "min_age": {
+                            "description": "This entry's min_age, over the set's and the settings'.",
+                            "allOf": [dur]
+                        },
+                        "sha256": {
+                            "description": "Pinned file digests: only these files download.",
+                            "anyOf": [
+                                {"type": "string", "pattern": SHA256_PATTERN},
+                                {"type": "array", "minItems": 1,
+                                 "items": {"type": "string", "pattern": SHA256_PATTERN}}
+                            ]
+                        }
                     }
                 }
-            })
-        };
-        json_schema!({
-            "description": "The package gate's settings.",
-            "type": "object",
-            "additionalProperties": false,
-            "properties": {
-                "enforce": described("Ecosystems whose registry traffic goes through the package gate.",
-                    serde_json::json!({"type": "array", "items": ecosystem_schema("An ecosystem.")})),
-                "min_age": duration_schema("Versions published less than this ago are held back (default 0)."),
-                "time_unknown": described("A version without a trustworthy publish time: deny (default) or allow.",
-                    serde_json::json!({"type": "string", "enum": ["deny", "allow"]})),
-                "mirrors": {
-                    "description": "Per ecosystem: a mirror to fetch from instead of the public registry.",
-                    "type": "object", "additionalProperties": false,
-                    "properties": {"pypi": mirror("PyPI"), "npm": mirror("npm"), "cargo": mirror("crates.io"), "go": mirror("Go modules")}
-                }
-            }
+            ]
         })
     }
 }
+
+impl JsonSchema for RawDeny {
+    fn schema_name() -> Cow<'static, str> {
+        "RawDeny".into()
+    }
+    fn json_schema(_: &mut SchemaGenerator) -> Schema {
+        json_schema!({
+            "description": "A denied package, or versions of it: \"name [constraint]\" or a \
+                mapping. Beats every allow.",
+            "anyOf": [
+                {"type": "string", "pattern": "\\S"},
+                {
+                    "type": "object",
+                    "additionalProperties": false,
+                    "required": ["name"],
+                    "properties": {
+                        "name": {
+                            "description": "The package name.",
+                            "type": "string",
+                            "pattern": "^\\s*\\S+\\s*$"
+                        },
+                        "versions": {
+                            "description": "The denied versions, in the ecosystem's syntax; \
+                                default every version.",
+                            "type": "string",
+                            "pattern": "\\S"
+                        },
+                        "reason": {
+                            "description": "Why it is denied (shown in the deny message).",
+                            "type": "string"
+                        }
+                    }
+                }
+            ]
+        })
+    }
+}
+
+/// What [`parse_sha256_hex`] accepts.
+const SHA256_PATTERN: &str = "^\\s*(?:sha256:)?[0-9A-Fa-f]{64}\\s*$";
 
 #[cfg(test)]
 mod tests {
