@@ -16,6 +16,7 @@ mod launcher;
 mod lifecycle;
 mod ocsf;
 mod package_gate;
+mod package_policy;
 mod packages;
 mod packages_import;
 mod policy_ci;
