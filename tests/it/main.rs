@@ -10,6 +10,7 @@ mod deny_answers;
 mod deploy;
 mod dns;
 mod examples;
+mod explain_packages;
 mod forward;
 mod fuzz_regressions;
 mod launcher;
