@@ -16,6 +16,7 @@ mod fuzz_regressions;
 mod launcher;
 mod lifecycle;
 mod ocsf;
+mod package_gate;
 mod package_policy;
 mod packages;
 mod packages_import;
