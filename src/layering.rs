@@ -49,6 +49,7 @@ const TOP: &[&str] = &[
 /// (and the context in `proxy/mod.rs`). The edges (forward, tunnel, mitm,
 /// transparent) sit on the shared steps, never the other way round.
 const PROXY: &[&str] = &[
+    "chunks",
     "dest",
     "respond",
     "admit",

@@ -89,7 +89,6 @@ const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
 const MAX_UDP_QUERY: usize = 4096;
 /// RFC 8914 INFO-CODEs used here.
 const EDE_OTHER: u16 = 0;
-const EDE_NOT_READY: u16 = 14;
 const EDE_BLOCKED: u16 = 15;
 /// The EDNS option code of Extended DNS Errors.
 pub(super) const EDNS_EDE: u16 = 15;
@@ -634,10 +633,14 @@ impl Handler {
             ));
         }
         if !self.recorder.accepting() {
+            // A denial like any other (DESIGN "DNS answers": `REFUSED`, EDE
+            // 15 naming the reason), but never `NXDOMAIN` whatever
+            // `deny_rcode` says: an outage says nothing about the name,
+            // and a negative answer would be cached past it.
             ev.set_denied(Reason::LogUnavailable);
             return Some(Reply::error(
-                ResponseCode::ServFail,
-                Some((EDE_NOT_READY, ede_text(Reason::LogUnavailable))),
+                ResponseCode::Refused,
+                Some((EDE_BLOCKED, ede_text(Reason::LogUnavailable))),
             ));
         }
         None

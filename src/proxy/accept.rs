@@ -24,6 +24,7 @@
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -36,6 +37,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::admit::Unanswered;
+use super::chunks::{self, ChunkGuard};
 use super::respond::{self, ProxyBody};
 use super::{forward, tunnel, ProxyCtx, MAX_HEADER_BYTES};
 use crate::metrics::ActiveGuard;
@@ -241,14 +243,22 @@ pub(crate) async fn serve_http1<F, Fut>(
     Fut: Future<Output = Response<ProxyBody>> + Send + 'static,
 {
     let _active = ActiveGuard::new(&ctx.recorder.metrics, Proto::Http);
-    let header_timeout =
-        Duration::from_secs(ctx.policy.snapshot().settings.limits.header_timeout_secs);
+    let header_timeout = ctx.header_timeout();
     let c2 = ctx.clone();
     let answer = Arc::new(answer);
+    let stream = ChunkGuard::new(stream);
+    let upgraded = stream.upgraded();
     let svc = hyper::service::service_fn(move |mut req: Request<Incoming>| {
         req.extensions_mut().insert(permit.clone());
-        let (ctx, answer) = (c2.clone(), answer.clone());
-        async move { Ok::<_, Infallible>(answer(req, ctx).await) }
+        let (ctx, answer, upgraded) = (c2.clone(), answer.clone(), upgraded.clone());
+        async move {
+            let method = req.method().clone();
+            let resp = answer(req, ctx).await;
+            if chunks::is_upgrade(&method, resp.status()) {
+                upgraded.store(true, Ordering::Release);
+            }
+            Ok::<_, Infallible>(resp)
+        }
     });
     let res = hyper::server::conn::http1::Builder::new()
         .timer(TokioTimer::new())

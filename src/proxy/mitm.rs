@@ -34,6 +34,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio_rustls::server::TlsStream;
 
 use super::admit::{accepting, identify};
+use super::chunks::{self, ChunkGuard};
 use super::dest::{check_host_headers, parse_authority, Dest};
 use super::exchange::{decide_and_forward, request_event, truncate_path, Inbound, Scheme};
 use super::relay::meter::{Activity, Metered};
@@ -42,7 +43,7 @@ use super::respond::{self, ProxyBody, Responder, Stop};
 use super::sni::{Hello, SniRule};
 use super::tls_origins::TlsOrigins;
 use super::upstream::Egress;
-use super::{ProxyCtx, HEADER_READ_TIMEOUT, MAX_HEADER_BYTES};
+use super::{ProxyCtx, MAX_HEADER_BYTES};
 use crate::policy::path::normalize_path;
 use crate::policy::{ClientIdx, Proto, Reason};
 use crate::record::Event;
@@ -240,18 +241,27 @@ async fn serve_inside<S>(
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let (c2, t2) = (ctx.clone(), tunnel.clone());
+    let stream = ChunkGuard::new(stream);
+    let upgraded = stream.upgraded();
     let svc = hyper::service::service_fn(move |mut req: Request<Incoming>| {
         if let Some(p) = &permit {
             req.extensions_mut().insert(p.clone());
         }
-        let (ctx, tunnel) = (c2.clone(), t2.clone());
-        async move { Ok::<_, Infallible>(handle(req, tunnel, ctx).await) }
+        let (ctx, tunnel, upgraded) = (c2.clone(), t2.clone(), upgraded.clone());
+        async move {
+            let method = req.method().clone();
+            let resp = handle(req, tunnel, ctx).await;
+            if chunks::is_upgrade(&method, resp.status()) {
+                upgraded.store(true, std::sync::atomic::Ordering::Release);
+            }
+            Ok::<_, Infallible>(resp)
+        }
     });
     let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
     builder
         .http1()
         .timer(TokioTimer::new())
-        .header_read_timeout(HEADER_READ_TIMEOUT)
+        .header_read_timeout(ctx.header_timeout())
         .max_buf_size(MAX_HEADER_BYTES)
         .keep_alive(true);
     builder

@@ -17,6 +17,7 @@
 
 mod accept;
 mod admit;
+pub(crate) mod chunks;
 pub mod dest;
 mod exchange;
 pub mod forward;
@@ -47,8 +48,7 @@ pub use relay::IDLE_TIMEOUT;
 /// and upgrades included); further clients wait in the backlog.
 pub const MAX_CONNECTIONS: u32 = 16_384;
 /// Longest wait for a complete request head by default
-/// (`settings.limits.header_timeout`; requests inside intercepted TLS
-/// always get this one).
+/// (`settings.limits.header_timeout`, see [`ProxyCtx::header_timeout`]).
 pub const HEADER_READ_TIMEOUT: Duration =
     Duration::from_secs(crate::policy::DEFAULT_HEADER_TIMEOUT_SECS);
 /// Largest request head accepted (hyper answers 431 beyond it).
@@ -74,6 +74,13 @@ pub struct ProxyCtx {
 }
 
 impl ProxyCtx {
+    /// Longest wait for a complete request head, as the policy says now
+    /// (`settings.limits.header_timeout`): on the proxy port, on capture
+    /// listeners and inside inspected tunnels alike.
+    pub(crate) fn header_timeout(&self) -> Duration {
+        Duration::from_secs(self.policy.snapshot().settings.limits.header_timeout_secs)
+    }
+
     /// The HTTPS clients requests inside intercepted tunnels reach their
     /// origins through (`None` without `--ca-dir`).
     pub(crate) fn tls_origins(&self) -> Option<&tls_origins::TlsOrigins> {

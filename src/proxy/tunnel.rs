@@ -29,6 +29,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
 
 use super::admit::{admit, identify, request_token, Draft};
+use super::chunks::ChunkGuard;
 use super::dest::{check_host_headers, parse_authority, Dest};
 use super::exchange::Scheme;
 use super::mitm;
@@ -36,7 +37,7 @@ use super::relay::{self, pipe::PipePool, IDLE_TIMEOUT};
 use super::respond::{self, record_stop, ProxyBody, Responder, Stop};
 use super::sni::{self, Hello, SniRule, HELLO_TIMEOUT};
 use super::upstream;
-use super::{ProxyCtx, HEADER_READ_TIMEOUT};
+use super::ProxyCtx;
 use crate::metrics::ActiveGuard;
 use crate::policy::{self, ClientIdx, Decision, Exception, Policy, Proto, Reason, Verdict};
 use crate::record::{Event, Recorder};
@@ -225,8 +226,8 @@ fn no_ca() -> Stop {
 /// The client's socket back from hyper, with whatever the client sent
 /// behind its CONNECT.
 fn take_socket(up: Upgraded) -> Result<(TcpStream, Vec<u8>), &'static str> {
-    match up.downcast::<TokioIo<TcpStream>>() {
-        Ok(parts) => Ok((parts.io.into_inner(), parts.read_buf.to_vec())),
+    match up.downcast::<TokioIo<ChunkGuard<TcpStream>>>() {
+        Ok(parts) => Ok((parts.io.into_inner().into_inner(), parts.read_buf.to_vec())),
         Err(_) => Err("tunnel: client connection is not a TCP socket"),
     }
 }
@@ -246,7 +247,7 @@ async fn by_first_bytes(
 ) {
     let rec = &ctx.recorder;
     // Enough to tell TLS (0x16 0x03) from anything else.
-    let deadline = tokio::time::Instant::now() + HEADER_READ_TIMEOUT;
+    let deadline = tokio::time::Instant::now() + ctx.header_timeout();
     let mut buf = vec![0u8; HELLO_READ];
     while first.is_empty() || first == [0x16] {
         let why = match tokio::time::timeout_at(deadline, client.read(&mut buf)).await {

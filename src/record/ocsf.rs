@@ -24,7 +24,8 @@ use std::net::IpAddr;
 
 use super::json::{ip, json_str, uint, word};
 use super::Event;
-use crate::policy::{Logged, Mode, Proto};
+use crate::policy::decision::enforced;
+use crate::policy::{Logged, Proto};
 
 /// The OCSF schema version the events follow.
 pub const OCSF_VERSION: &str = "1.8.0";
@@ -62,26 +63,18 @@ const RCODES: &[(&str, u64, &str)] = &[
     ("NOTZONE", 10, "NotZone"),
 ];
 
-/// The outcome: (`action_id`, `action`, `disposition_id`, `disposition`).
+/// The outcome: (`action_id`, `action`, `disposition_id`, `disposition`),
+/// from the decision and its reason, never from the answer's status: a
+/// tunnel closed for `sni_mismatch` was answered `200` before its first
+/// bytes were judged, and was blocked all the same.
 fn outcome(ev: &Event) -> (u64, &'static str, u64, &'static str) {
     match ev.decision {
         Logged::Allow => (1, "Allowed", 1, "Allowed"),
         // Report mode logs a denial it let through as the denial it would
-        // be: OCSF's "observed, no action taken". A request that report
-        // mode did not pass (malformed, overload, …) was blocked.
-        Logged::Deny if ev.mode == Mode::Report && went_through(ev) => {
-            (3, "Observed", 15, "Detected")
-        }
+        // be: OCSF's "observed, no action taken". What report mode does
+        // not relax (malformed, mismatched SNI, overload, …) was blocked.
+        Logged::Deny if !enforced(ev.mode, ev.reason) => (3, "Observed", 15, "Detected"),
         Logged::Deny => (2, "Denied", 2, "Blocked"),
-    }
-}
-
-/// Whether the request was answered as allowed: a 1xx-3xx status, or a
-/// DNS answer that is not an error.
-fn went_through(ev: &Event) -> bool {
-    match ev.proto {
-        Proto::Dns => ev.rcode.as_deref() == Some("NOERROR"),
-        _ => ev.status.is_some_and(|s| s < 400),
     }
 }
 
@@ -381,7 +374,7 @@ fn int(out: &mut Vec<u8>, v: i64) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy::Reason;
+    use crate::policy::{Mode, Reason};
     use std::sync::Arc;
 
     fn event(ev: &Event) -> serde_json::Value {
@@ -465,9 +458,22 @@ mod tests {
             (v["action_id"].clone(), v["disposition_id"].clone()),
             (3.into(), 15.into())
         );
-        // …but a request it could not pass was blocked all the same.
-        ev.status = Some(400);
-        assert_eq!(event(&ev)["disposition_id"], 2);
+        // …but what report mode does not relax was blocked all the same,
+        // whatever the status: a tunnel is answered 200 before its
+        // ClientHello is judged.
+        for reason in [
+            Reason::SniMismatch,
+            Reason::Malformed,
+            Reason::PrivateAddress,
+        ] {
+            ev.set_denied(reason);
+            let v = event(&ev);
+            assert_eq!(
+                (v["action_id"].clone(), v["disposition_id"].clone()),
+                (2.into(), 2.into()),
+                "{reason:?}"
+            );
+        }
     }
 
     #[test]

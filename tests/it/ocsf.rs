@@ -760,3 +760,47 @@ fn an_unwritable_ocsf_log_fails_closed() {
         "requests went through while the log was down"
     );
 }
+
+/// Report mode relaxes the allowlist only: a tunnel whose ClientHello names
+/// another host is closed in either mode. Its CONNECT was answered `200`
+/// before the hello was read, and the event says Blocked all the same.
+#[test]
+fn a_report_mode_sni_mismatch_is_blocked_whatever_the_status() {
+    use egressd::proxy::sni::build_client_hello;
+    use std::io::{BufReader, Read, Write};
+
+    let echo = echo_on("127.0.0.1".parse().unwrap(), 0);
+    let dns = fake_dns();
+    dns.set("allowed.test", &["127.0.0.1"]);
+    let port = echo.port();
+    let p = policy(port).replace("settings:\n", "settings:\n  mode: report\n");
+    let e = egressd()
+        .policy("p.yaml", &p)
+        .dns(dns.addr)
+        .arg("--log-format")
+        .arg("ocsf")
+        .start();
+    let mut s = connect(e.proxy);
+    write!(s, "CONNECT allowed.test:{port} HTTP/1.1\r\n\r\n").unwrap();
+    let mut r = BufReader::new(s.try_clone().unwrap());
+    assert_eq!(read_response(&mut r).unwrap().status, 200);
+    s.write_all(&build_client_hello(Some("evil.test"), false))
+        .unwrap();
+    let mut back = Vec::new();
+    let _ = r.read_to_end(&mut back);
+    assert!(back.is_empty(), "the hello reached the echo server");
+    let line = eventually("the tunnel's event", || e.log_lines().pop());
+    let errs = Schema::load().validate(&line);
+    assert!(errs.is_empty(), "{errs:#?}\nin {line:#}");
+    assert_eq!(line["status_code"], "sni_mismatch", "{line:#}");
+    assert_eq!(line["unmapped"]["egressd"]["mode"], "report", "{line:#}");
+    assert_eq!(
+        (
+            line["action_id"].clone(),
+            line["disposition_id"].clone(),
+            line["disposition"].clone()
+        ),
+        (2.into(), 2.into(), "Blocked".into()),
+        "{line:#}"
+    );
+}

@@ -213,6 +213,33 @@ async fn the_header_timeout_is_the_policys() {
     e.running.shutdown().await;
 }
 
+/// A CONNECT whose exception needs inspection (`methods`), off port 443
+/// so its plain HTTP is served inside the tunnel: both the wait for its
+/// first bytes and the wait for a request head in it are the policy's
+/// header timeout, not egressd's default.
+#[tokio::test(start_paused = true)]
+async fn the_header_timeout_inside_an_inspected_tunnel_is_the_policys() {
+    let port = silent_origin().await.port();
+    let policy = format!(
+        "settings:\n  limits: {{ header_timeout: 45s }}\nexceptions:\n  - id: local\n    owner: tests\n    reason: r\n    cidrs: [127.0.0.0/8]\n    ports: [{port}]\n    methods: [GET]\n"
+    );
+    let e = InProcess::start(&policy, &[]).await;
+    let target = format!("127.0.0.1:{port}");
+    // Nothing sent after the CONNECT: is it TLS or HTTP?
+    let mut c = e.tunnel(&target).await;
+    closed_after(&mut c, Duration::from_secs(45) - MARGIN).await;
+    // A request head that never ends, inside the tunnel.
+    let mut c = e.tunnel(&target).await;
+    c.write_all(format!("GET / HTTP/1.1\r\nHost: {target}\r\n").as_bytes())
+        .await
+        .unwrap();
+    closed_after(&mut c, Duration::from_secs(45) - MARGIN).await;
+    let lines = e.lines();
+    let l = line_with(&lines, "error", "no first bytes in time");
+    assert_eq!(l["proto"], "connect");
+    e.running.shutdown().await;
+}
+
 #[tokio::test(start_paused = true)]
 async fn an_origin_that_does_not_answer_in_time_gets_a_504() {
     let origin = silent_origin().await;

@@ -583,6 +583,74 @@ fn denied_names_are_refused_and_logged() {
     });
 }
 
+/// The capture listener's refusal past a client's share: a captured
+/// connection carries no request egressd could answer yet (it may be TLS
+/// or anything), so it is closed with nothing written, and logged
+/// `overloaded`. Closing the held connection gives the share back.
+#[test]
+fn a_captured_connection_past_the_clients_share_is_closed_and_logged() {
+    in_test_netns("a_captured_connection_past_the_clients_share…", || {
+        let w = world();
+        let h = w.http.addr.port();
+        let raw = format!(
+            r#"
+import socket, time
+ip = socket.getaddrinfo('allowed.test', {h}, socket.AF_INET, socket.SOCK_STREAM)[0][4][0]
+held = socket.create_connection((ip, {h}), timeout=10)
+held.sendall(b'GET /held HTTP/1.1\r\nHost: allowed.test:{h}\r\n')
+over = socket.create_connection((ip, {h}), timeout=10)
+try:
+    got = over.recv(4096)
+    print('over:', 'closed' if got == b'' else repr(got))
+except ConnectionResetError:
+    print('over: closed')
+held.close()
+for attempt in range(100):
+    s = socket.create_connection((ip, {h}), timeout=10)
+    s.sendall(b'GET /after HTTP/1.1\r\nHost: allowed.test:{h}\r\nConnection: close\r\n\r\n')
+    try:
+        data = s.recv(4096)
+    except ConnectionResetError:
+        data = b''
+    if data:
+        print('after:', data.split(b'\r\n', 1)[0].decode())
+        break
+    time.sleep(0.05)
+"#
+        );
+        let policy = w.policy().replace(
+            "settings:\n",
+            "settings:\n  limits: { connections_per_client: 1 }\n",
+        );
+        let r = run()
+            .policy(&policy)
+            .dns(w.dns.addr)
+            .arg("--transparent")
+            .cmd(&["python3", "-c", &raw]);
+        assert_eq!(r.code, 0, "{}", r.context());
+        assert!(r.stdout.contains("over: closed"), "{}", r.context());
+        assert!(r.stdout.contains("after: HTTP/1.1 200"), "{}", r.context());
+        let targets: Vec<String> = w
+            .http
+            .seen
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|s| s.target.clone())
+            .collect();
+        assert_eq!(targets, ["/after"], "{}", r.context());
+        let over = lines_with(&r, |l| l["reason"] == "overloaded");
+        assert!(!over.is_empty(), "{}", r.context());
+        let l = &over[0];
+        assert_eq!(l["decision"], "deny", "{l}");
+        assert!(l["status"].is_null(), "nothing was written: {l}");
+        assert!(
+            note(l).ends_with("already has 1 connections open, its share; closed"),
+            "{l}"
+        );
+    });
+}
+
 #[test]
 fn udp_other_than_dns_is_dropped_and_dns_anywhere_reaches_egressd() {
     in_test_netns("udp_other_than_dns_is_dropped…", || {

@@ -14,7 +14,7 @@ use std::io::{BufReader, ErrorKind, Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpStream, UdpSocket};
 use std::time::{Duration, Instant};
 
-use hickory_proto::op::{Message, ResponseCode};
+use hickory_proto::op::ResponseCode;
 use hickory_proto::rr::RecordType;
 
 use super::*;
@@ -44,52 +44,6 @@ fn raise_nofile(want: u64) {
         "this test needs {want} open files; the hard limit is {}",
         lim.rlim_max
     );
-}
-
-/// A TCP connection to `to` from the loopback address `from`.
-fn connect_from(from: Ipv4Addr, to: SocketAddr) -> TcpStream {
-    thread_local! {
-        static RT: tokio::runtime::Runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_io()
-            .build()
-            .unwrap();
-    }
-    let s = RT.with(|rt| {
-        rt.block_on(async {
-            let sock = tokio::net::TcpSocket::new_v4().unwrap();
-            sock.bind(SocketAddr::from((from, 0))).unwrap();
-            sock.connect(to).await.unwrap().into_std().unwrap()
-        })
-    });
-    s.set_nonblocking(false).unwrap();
-    s.set_read_timeout(Some(DEADLINE)).unwrap();
-    s
-}
-
-/// One `GET` through the proxy from `from`, answered within [`WAIT`].
-fn get_from(from: Ipv4Addr, proxy: SocketAddr, url: &str) -> Response {
-    let mut s = connect_from(from, proxy);
-    s.set_read_timeout(Some(WAIT)).unwrap();
-    let host = host_of(url);
-    s.write_all(
-        format!("GET {url} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n").as_bytes(),
-    )
-    .unwrap();
-    read_response(&mut BufReader::new(s))
-        .unwrap_or_else(|| panic!("no answer to GET {url} from {from} within {WAIT:?}"))
-}
-
-/// One UDP query from `from`, answered within `wait`.
-fn ask_from(from: Ipv4Addr, server: SocketAddr, n: &str, wait: Duration) -> Message {
-    let s = UdpSocket::bind((from, 0)).unwrap();
-    s.set_read_timeout(Some(wait)).unwrap();
-    s.send_to(&dns_query(n, RecordType::A).to_vec().unwrap(), server)
-        .unwrap();
-    let mut buf = vec![0u8; 65535];
-    let (len, _) = s
-        .recv_from(&mut buf)
-        .unwrap_or_else(|e| panic!("no answer to {n} from {from} within {wait:?}: {e}"));
-    Message::from_vec(&buf[..len]).unwrap()
 }
 
 /// A 503 `overloaded`, written at once to a connection that sent nothing,
@@ -196,22 +150,7 @@ fn a_client_holding_3000_connections_leaves_the_others_their_share() {
         .all(|l| l["status"] == 503 && l["decision"] == "deny"));
 
     // The other client is not affected, by the proxy or the resolver.
-    for i in 0..20 {
-        let r = get_from(OTHER, l.e.proxy, &url);
-        assert_eq!(
-            r.status,
-            200,
-            "request {i} of the other client: {}",
-            r.text()
-        );
-        let a = ask_from(OTHER, l.e.dns, "allowed.test", WAIT);
-        assert_eq!(
-            a.metadata.response_code,
-            ResponseCode::NoError,
-            "query {i}: {a}"
-        );
-        assert!(!a.answers.is_empty(), "query {i}: {a}");
-    }
+    assert_served(OTHER, l.e.proxy, l.e.dns, &url, 20, WAIT);
     assert!(overloaded_from(&l.e, OTHER).is_empty());
 
     // The hog's share is still full: its next connection is refused too...
@@ -292,6 +231,7 @@ fn tunnels_count_against_the_share_for_as_long_as_they_are_open() {
         OTHER,
         l.e.proxy,
         &format!("http://allowed.test:{}/", l.port()),
+        WAIT,
     );
     assert_eq!(r.status, 200);
     lines.one("the other client's request");
@@ -324,14 +264,9 @@ fn a_named_client_has_one_share_across_its_sources() {
     ];
     lines.next_n("three requests", 3);
     let r = open_from(second_source, l.e.proxy, &url).expect_err("a fourth connection");
-    assert_eq!((r.status, r.reason()), (503, Some("overloaded")));
-    let line = lines.one("the refusal");
-    assert_eq!(
-        (line["reason"].as_str(), line["client"].as_str()),
-        (Some("overloaded"), Some("hog"))
-    );
+    assert_overloaded_for(&r, &mut lines, "hog");
     // The addresses outside the named client have shares of their own.
-    let r = get_from(OTHER, l.e.proxy, &url);
+    let r = get_from(OTHER, l.e.proxy, &url, WAIT);
     assert_eq!(r.status, 200);
 }
 
@@ -384,21 +319,7 @@ fn dns_queries_in_flight_are_bounded_per_client() {
         let q = dns_query("slow.allowed.test", RecordType::A);
         hog.send_to(&q.to_vec().unwrap(), l.e.dns).unwrap();
     }
-    let mut buf = vec![0u8; 65535];
-    for i in 0..6 {
-        let (n, _) = hog.recv_from(&mut buf).expect("a refusal at once");
-        let r = Message::from_vec(&buf[..n]).unwrap();
-        assert_eq!(
-            r.metadata.response_code,
-            ResponseCode::Refused,
-            "reply {i}: {r}"
-        );
-        assert_eq!(
-            ede_text(&r).as_deref(),
-            Some("egressd: overloaded"),
-            "reply {i}"
-        );
-    }
+    recv_overloaded(&hog, 6);
     // Meanwhile another client's queries are answered.
     for i in 0..5 {
         let r = ask_from(OTHER, l.e.dns, "allowed.test", WAIT);
@@ -459,19 +380,9 @@ fn a_client_known_by_its_token_has_one_share_across_addresses() {
     let third = Ipv4Addr::new(127, 0, 0, 5);
     let mut s = connect_from(third, l.e.proxy);
     let r = get_with_token(&mut s);
-    assert_eq!(
-        (r.status, r.reason()),
-        (503, Some("overloaded")),
-        "{}",
-        r.text()
-    );
-    let line = lines.one("the refusal");
-    assert_eq!(
-        (line["reason"].as_str(), line["client"].as_str()),
-        (Some("overloaded"), Some("agent"))
-    );
+    assert_overloaded_for(&r, &mut lines, "agent");
     // The address itself is not refused: without the token it is served.
-    let r = get_from(third, l.e.proxy, &url);
+    let r = get_from(third, l.e.proxy, &url, WAIT);
     assert_eq!(r.status, 200);
     // Once one of the client's connections closes, the token is served.
     drop(held.pop());
@@ -508,16 +419,7 @@ fn a_named_clients_dns_queries_in_flight_share_one_bound() {
     for _ in 0..3 {
         second.send_to(&q, l.e.dns).unwrap();
     }
-    let mut buf = vec![0u8; 65535];
-    for i in 0..2 {
-        let (n, _) = second.recv_from(&mut buf).expect("a refusal at once");
-        let r = Message::from_vec(&buf[..n]).unwrap();
-        assert_eq!(
-            ede_text(&r).as_deref(),
-            Some("egressd: overloaded"),
-            "reply {i}: {r}"
-        );
-    }
+    recv_overloaded(&second, 2);
     let lines = eventually("two overloaded lines", || {
         let l: Vec<_> = complete_lines(&l.e)
             .into_iter()

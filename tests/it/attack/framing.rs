@@ -7,6 +7,7 @@
 //! has an exception with no `methods` (override headers pass untouched there).
 
 use std::io::{BufReader, Write};
+use std::net::TcpStream;
 
 use super::*;
 
@@ -51,17 +52,6 @@ fn lab() -> Lab<RawOrigin> {
                 .cidr(LOOPBACK)
                 .port(ports.origin)
         })
-}
-
-/// A request on `host` for `path`, `extra` header lines after the Host
-/// header, and the empty line.
-fn head_on(l: &Lab<RawOrigin>, host: &str, method: &str, path: &str, extra: &str) -> String {
-    let p = l.port();
-    format!("{method} http://{host}:{p}{path} HTTP/1.1\r\nHost: {host}:{p}\r\n{extra}\r\n")
-}
-
-fn head(l: &Lab<RawOrigin>, method: &str, path: &str, extra: &str) -> String {
-    head_on(l, "allowed.test", method, path, extra)
 }
 
 /// The origin saw no request for anything but `/public/…`, nothing framed
@@ -381,33 +371,28 @@ fn heads_over_64_kib_get_431() {
 
 /// A chunk extension carries nothing egressd forwards (extensions are
 /// dropped), but it is a place to hide bytes and to make a parser buffer:
-/// a large one gets `400 malformed`, and the request never completes at
-/// the origin.
+/// each size line is bounded (below), and a body's extensions together at
+/// 16 KiB. Past either the request gets `400 malformed` and never
+/// completes at the origin.
 #[test]
-fn large_chunk_extensions_get_400() {
+fn a_bodys_extensions_over_16_kib_together_get_400() {
     let l = lab();
     let mut lines = Lines::new(&l.e);
     let p = l.port();
     let next = format!(
         "GET http://allowed.test:{p}/public/next HTTP/1.1\r\nHost: allowed.test:{p}\r\n\r\n"
     );
+    let each = format!("1;x={}\r\na\r\n", "e".repeat(3 << 10));
     for chunks in [
-        format!("5;x={}\r\nhello\r\n0\r\n\r\n", "e".repeat(1 << 20)),
-        format!("5;x={}\r\nhello\r\n0\r\n\r\n", "e".repeat(20 << 10)),
-        format!(
-            "5\r\nhello\r\n5;x={}\r\nworld\r\n0\r\n\r\n",
-            "e".repeat(20 << 10)
-        ),
+        format!("{}0\r\n\r\n", each.repeat(6)),
+        format!("5\r\nhello\r\n{}0\r\n\r\n", each.repeat(20)),
     ] {
         let raw =
             head(&l, "POST", "/public/ext", "Transfer-Encoding: chunked\r\n") + &chunks + &next;
         let s = connect(l.e.proxy);
         // Written beside the reader: egressd may answer before it has read
         // everything.
-        let mut w = s.try_clone().unwrap();
-        let writer = std::thread::spawn(move || {
-            let _ = w.write_all(raw.as_bytes());
-        });
+        let writer = write_beside(&s, raw);
         let mut r = BufReader::new(s);
         let got = read_response(&mut r).expect("an answer");
         assert_eq!(got.status, 400, "{}", got.text());
@@ -436,6 +421,121 @@ fn large_chunk_extensions_get_400() {
     );
     assert_eq!(done[0].body, b"hello");
     lines.done("extensions");
+    assert_clean(&l);
+}
+
+/// A connection to egressd ready for requests on allowed.test: on the
+/// proxy port (`inside`: false), or plain HTTP inside a CONNECT, which
+/// the exception's `methods` make egressd serve itself (the code that
+/// serves intercepted TLS). The request target for `path` in each.
+fn open_for_requests(l: &Lab<RawOrigin>, inside: bool) -> (TcpStream, BufReader<TcpStream>) {
+    let mut s = connect(l.e.proxy);
+    let mut r = BufReader::new(s.try_clone().unwrap());
+    if inside {
+        let p = l.port();
+        write!(
+            s,
+            "CONNECT allowed.test:{p} HTTP/1.1\r\nHost: allowed.test:{p}\r\n\r\n"
+        )
+        .unwrap();
+        assert_eq!(read_response(&mut r).expect("a CONNECT answer").status, 200);
+    }
+    (s, r)
+}
+
+/// Chunk-size lines (the size and its extensions) are bounded at 4 KiB
+/// on every path a client's request body is read: past it the request
+/// gets `400 malformed` with its line, the connection closes, and the
+/// request never completes at the origin. hyper alone lets each of these
+/// through (it bounds a body's extensions together, at 16 KiB).
+#[test]
+fn chunk_size_lines_over_4_kib_get_400_on_every_path() {
+    let l = lab();
+    let mut lines = Lines::new(&l.e);
+    let p = l.port();
+    for inside in [false, true] {
+        let target = |path: &str| match inside {
+            true => path.to_string(),
+            false => format!("http://allowed.test:{p}{path}"),
+        };
+        let post = |path: &str, extra: &str| {
+            format!(
+                "POST {} HTTP/1.1\r\nHost: allowed.test:{p}\r\nTransfer-Encoding: chunked\r\n{extra}\r\n",
+                target(path)
+            )
+        };
+        let next = format!(
+            "GET {} HTTP/1.1\r\nHost: allowed.test:{p}\r\n\r\n",
+            target("/public/next")
+        );
+        let ext = |n: usize| "e".repeat(n);
+        for (what, chunks) in [
+            (
+                "5 KiB extension",
+                format!("5;x={}\r\nhello\r\n0\r\n\r\n", ext(5 << 10)),
+            ),
+            (
+                "5 KiB extension on a later chunk",
+                format!("5\r\nhello\r\n5;x={}\r\nworld\r\n0\r\n\r\n", ext(5 << 10)),
+            ),
+            (
+                "5 KiB of leading zeros",
+                format!("{}5\r\nhello\r\n0\r\n\r\n", "0".repeat(5 << 10)),
+            ),
+            (
+                "1 MiB extension",
+                format!("5;x={}\r\nhello\r\n0\r\n\r\n", ext(1 << 20)),
+            ),
+        ] {
+            let what = format!("{what}, inside a CONNECT: {inside}");
+            let raw = post("/public/ext", "") + &chunks + &next;
+            let (s, mut r) = open_for_requests(&l, inside);
+            // Written beside the reader: egressd answers before it has
+            // read everything.
+            let writer = write_beside(&s, raw);
+            let got = read_response(&mut r).unwrap_or_else(|| panic!("{what}: no answer"));
+            assert_eq!(got.status, 400, "{what}: {}", got.text());
+            assert!(
+                read_response(&mut r).is_none(),
+                "{what}: the connection stayed open"
+            );
+            writer.join().unwrap();
+            // Inside a CONNECT the tunnel's own line follows.
+            let logged = lines.next_n(&what, 1 + usize::from(inside));
+            let line = logged
+                .iter()
+                .find(|l| l["reason"] == "malformed")
+                .unwrap_or_else(|| panic!("{what}: {logged:?}"));
+            assert_denied_line(line, "malformed", Some(400), &what);
+            assert!(line.to_string().contains("4 KiB"), "{what}: {line}");
+        }
+        // Up to the bound, the extension is dropped and the body forwarded.
+        let raw = post("/public/ext-3k", "Connection: close\r\n")
+            + &format!("5;x={}\r\nhello\r\n0\r\n\r\n", ext(3 << 10));
+        let (mut s, mut r) = open_for_requests(&l, inside);
+        s.write_all(raw.as_bytes()).unwrap();
+        let got = read_response(&mut r).expect("an answer");
+        assert_eq!(got.status, 200, "3 KiB, inside: {inside}: {}", got.text());
+        drop((s, r));
+        let logged = lines.next_n("3 KiB", 1 + usize::from(inside));
+        assert!(
+            logged.iter().all(|l| l["decision"] == "allow"),
+            "{logged:?}"
+        );
+    }
+    let done: Vec<(String, Vec<u8>)> = l
+        .origin
+        .requests()
+        .into_iter()
+        .map(|r| (r.target, r.body))
+        .collect();
+    let three_k = ("/public/ext-3k".to_string(), b"hello".to_vec());
+    assert_eq!(
+        done,
+        [three_k.clone(), three_k],
+        "only the requests within the bound completed at the origin"
+    );
+    lines.done("chunk-size lines");
     assert_clean(&l);
 }
 

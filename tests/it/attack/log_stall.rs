@@ -1,7 +1,7 @@
 //! A decision log that stops taking lines (issue 14, item 1): a FIFO whose
 //! reader stops reading, `/dev/full`, a full tmpfs. Traffic must never
 //! leave without a record: egressd refuses (`503 log_unavailable`, DNS
-//! `SERVFAIL`) once the unwritten lines are a second old, and at exit every
+//! `REFUSED`) once the unwritten lines are a second old, and at exit every
 //! line the sink did not take is on stderr behind
 //! `egressd: unwritten decision:`, with its count. Each test checks the
 //! ledger: every request sent has exactly one line, in the sink or on
@@ -180,7 +180,7 @@ fn assert_connect_and_dns_refused(e: &Egressd, port: u16) {
     .expect("an answer to CONNECT");
     assert_eq!((r.status, r.reason()), (503, Some("log_unavailable")));
     let r = ask_udp(e.dns, &dns_query("busy.test.", RecordType::A));
-    assert_eq!(r.metadata.response_code, ResponseCode::ServFail);
+    assert_eq!(r.metadata.response_code, ResponseCode::Refused);
     assert_eq!(ede_text(&r).as_deref(), Some("egressd: log_unavailable"));
 }
 

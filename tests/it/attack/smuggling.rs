@@ -41,15 +41,6 @@ fn assert_clean(l: &Lab<RawOrigin>) {
     l.assert_clean(&["allowed.test"]);
 }
 
-/// A request for `path` on the allowed origin, `extra` header lines after
-/// the Host header, and the empty line.
-fn head(l: &Lab<RawOrigin>, method: &str, path: &str, extra: &str) -> String {
-    let p = l.port();
-    format!(
-        "{method} http://allowed.test:{p}{path} HTTP/1.1\r\nHost: allowed.test:{p}\r\n{extra}\r\n"
-    )
-}
-
 /// Content-Length and Transfer-Encoding together: chunked wins, the
 /// connection closes after the response, and what Content-Length would
 /// have left over is never a request — at egressd or at the origin.
