@@ -286,19 +286,45 @@ fn go_download_of_a_held_version_fails_with_the_text_body() {
 // ---------------------------------------------------------------- unapproved names
 
 #[test]
-fn pip_typo_is_denied_with_did_you_mean() {
+fn pip_typo_is_denied_and_its_download_says_did_you_mean() {
     let Some(l) = lab("packages::scenarios::pip_typo") else {
         return;
     };
     l.reg.publish(Eco::Pypi, "requests", "2.32.3", OLD, &[]);
     l.reg.publish(Eco::Pypi, "reqeusts", "0.0.1", OLD, &[]);
+    let url = l.reg.pypi_url("reqeusts", &wheel_name("reqeusts", "0.0.1"));
     let policy = gated(&set("py-lab", "pypi", &["requests"]));
-    let r = l.run(&policy, &pip_install("reqeusts"));
+    let pip = "/usr/bin/python3 -m pip --python /tmp/v/bin/python install --no-cache-dir \
+               --disable-pip-version-check --no-input";
+    let r = l.run(
+        &policy,
+        &format!(
+            "/usr/bin/python3 -m venv --without-pip /tmp/v\n\
+             {pip} reqeusts || {pip} 'reqeusts @ {url}'"
+        ),
+    );
     assert_ne!(r.code, 0, "{}", ctx(&r));
-    let line = assert_denied(&r, "reqeusts", "package_not_approved");
-    assert_eq!(line["status"], 403, "{line}");
-    // egressd run tells the agent at exit.
-    assert!(r.stderr.contains("did you mean requests?"), "{}", ctx(&r));
+    // The index: pip says only "from versions: none".
+    assert!(
+        r.stderr
+            .contains("No matching distribution found for reqeusts"),
+        "{}",
+        ctx(&r)
+    );
+    // A download (a lockfile's URL): the reason phrase, with the name meant.
+    assert!(
+        r.stderr.contains(
+            "403 Client Error: Forbidden (egressd: package_not_approved reqeusts@0.0.1; did you mean requests?)"
+        ),
+        "{}",
+        ctx(&r)
+    );
+    let lines = package_lines(&r, "reqeusts");
+    assert_eq!(lines.len(), 2, "{}", ctx(&r));
+    for line in &lines {
+        assert_eq!(line["reason"], "package_not_approved", "{line}");
+        assert_eq!(line["status"], 403, "{line}");
+    }
     assert!(
         l.reg.hits_for("reqeusts").is_empty(),
         "the typo reached the registry"
