@@ -633,3 +633,23 @@ fn pnpm_typo_is_denied_with_did_you_mean() {
     assert_denied(&r, "chlak", "package_not_approved");
     assert!(r.stdout.contains("did you mean chalk?"), "{}", ctx(&r));
 }
+
+// ---------------------------------------------------------------- egressd run's summary at exit
+
+/// DESIGN, "Packages": `egressd run` prints its command's package denials
+/// on stderr when it exits. For pip that is the only place the agent sees
+/// "did you mean" for a typo it installs by name (pip hides an index's
+/// 403 below -vv).
+#[test]
+fn egressd_run_prints_its_commands_package_denials_at_exit() {
+    let Some(l) = lab("packages::scenarios::exit_summary") else {
+        return;
+    };
+    l.reg.publish(Eco::Pypi, "requests", "2.32.3", OLD, &[]);
+    let policy = gated(&set("py-lab", "pypi", &["requests"]));
+    let r = l.run(&policy, &pip_install("reqeusts"));
+    assert_ne!(r.code, 0, "{}", ctx(&r));
+    assert_denied(&r, "reqeusts", "package_not_approved");
+    assert!(r.stderr.contains("reqeusts"), "{}", ctx(&r));
+    assert!(r.stderr.contains("did you mean requests?"), "{}", ctx(&r));
+}
