@@ -378,10 +378,14 @@ async fn tls(args: &Args) -> io::Result<String> {
                     let _ = t.shutdown().await;
                     Ok::<_, io::Error>(())
                 };
-                match tokio::time::timeout(STEP_TIMEOUT, one).await {
-                    Ok(Ok(())) => {}
-                    _ => {
-                        errors.fetch_add(1, Ordering::Relaxed);
+                let failed = match tokio::time::timeout(STEP_TIMEOUT, one).await {
+                    Ok(Ok(())) => None,
+                    Ok(Err(e)) => Some(e.to_string()),
+                    Err(_) => Some("timed out".to_string()),
+                };
+                if let Some(e) = failed {
+                    if errors.fetch_add(1, Ordering::Relaxed) == 0 {
+                        eprintln!("loadgen: tls: first error: {e}");
                     }
                 }
             }
