@@ -219,6 +219,7 @@ pub async fn start(args: &ServeArgs, listeners: Listeners) -> Result<Running> {
         egress,
         mitm,
         connections: connections.clone(),
+        package_views: proxy::packages::Views::new(),
     });
     for l in transparent_l {
         tokio::spawn(proxy::transparent::serve(l, ctx.clone(), shutdown.clone()));

@@ -41,14 +41,17 @@ pub enum Command {
     },
     /// Print the policy's JSON Schema (for editors and CI validators).
     Schema,
-    /// Say which exception (if any) allows a target, and why not otherwise.
+    /// Say which exception (if any) allows a target, and why not otherwise;
+    /// for `pkg:ECOSYSTEM/NAME[@VERSION]`, the package gate's decision.
     Explain {
         #[arg(long, env = "EGRESSD_POLICY", default_value = "policy/")]
         policy: PathBuf,
         /// Decide as this client (an id from settings.clients).
         #[arg(long)]
         client: Option<String>,
-        /// `https://host/path`, `http://host:port/path`, `host:port`, `GET http://…`, or `dns:name[/TYPE]`.
+        /// `https://host/path`, `http://host:port/path`, `host:port`, `GET http://…`,
+        /// `dns:name[/TYPE]`, or `pkg:pypi/requests@2.32.3` (`pkg:npm/@scope/name@1.0.0`,
+        /// `pkg:cargo/serde`, `pkg:go/golang.org/x/text@v0.14.0`; no version: the index).
         #[arg(required = true, num_args = 1..=2)]
         target: Vec<String>,
     },

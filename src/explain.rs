@@ -6,6 +6,8 @@
 //! resolves names, so for a name it states the private-address rule rather
 //! than applying it. IP-literal targets get the full address check.
 
+mod package;
+
 use std::io::{self, Write};
 use std::net::IpAddr;
 use std::path::Path;
@@ -52,9 +54,14 @@ pub fn run_explain(
             return USAGE;
         }
     };
+    let sets = match policy.packages.sets.len() {
+        0 => String::new(),
+        1 => ", 1 package set".into(),
+        n => format!(", {n} package sets"),
+    };
     let _ = writeln!(
         out,
-        "policy:  {} ({} exception{} in {} file{}, mode {})",
+        "policy:  {} ({} exception{}{sets} in {} file{}, mode {})",
         policy_path.display(),
         policy.exceptions.len(),
         if policy.exceptions.len() == 1 {
@@ -78,7 +85,11 @@ pub fn explain(
     now: i64,
     out: &mut dyn Write,
 ) -> i32 {
-    let query = match Query::parse(target) {
+    let query = match target.trim().strip_prefix("pkg:") {
+        Some(spec) => package::PkgQuery::parse(spec).map(Asked::Package),
+        None => Query::parse(target).map(Asked::Request),
+    };
+    let query = match query {
         Ok(q) => q,
         Err(msg) => {
             let _ = writeln!(out, "error: {msg}");
@@ -109,6 +120,19 @@ pub fn explain(
         policy,
         client: client_idx,
         now,
+    };
+    let query = match query {
+        Asked::Request(q) => q,
+        Asked::Package(q) => {
+            let answer = ctx
+                .client_line(out)
+                .and_then(|()| package::explain(policy, client_idx, &q, now, out));
+            return match answer {
+                Ok(true) => ALLOWED,
+                Ok(false) => DENIED,
+                Err(_) => USAGE,
+            };
+        }
     };
     match ctx.run(&query, out) {
         Ok(Answer::Allowed) => ALLOWED,
@@ -165,7 +189,15 @@ pub fn decide_target<'p>(
 }
 
 const TARGET_FORMS: &str = "TARGET is one of: https://host/path, http://host:port/path, \
-     host:port, 'GET http://host/path', 'POST https://host/path', dns:name, dns:name/TXT";
+     host:port, 'GET http://host/path', 'POST https://host/path', dns:name, dns:name/TXT, \
+     pkg:ECOSYSTEM/NAME[@VERSION] (pkg:pypi/requests@2.32.3, pkg:npm/@scope/name@1.0.0, \
+     pkg:cargo/serde, pkg:go/golang.org/x/text@v0.14.0)";
+
+/// What `explain` was asked about.
+enum Asked {
+    Request(Query),
+    Package(package::PkgQuery),
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kind {
@@ -377,17 +409,31 @@ impl<'p> Ctx<'p> {
         self.policy.decide(req, self.now)
     }
 
-    /// Prints the whole answer.
-    fn run(&self, q: &Query, out: &mut dyn Write) -> io::Result<Answer> {
+    /// `client:` and the blank line after it.
+    fn client_line(&self, out: &mut dyn Write) -> io::Result<()> {
         let who = match self.client {
             Some(c) => format!("{} (--client)", self.policy.clients[c as usize].id),
-            None if self.policy.exceptions.iter().any(|e| e.clients.is_some()) => {
-                "anonymous (some exceptions are for named clients; ask with --client ID)".into()
+            None if self.policy.exceptions.iter().any(|e| e.clients.is_some())
+                || self
+                    .policy
+                    .packages
+                    .sets
+                    .iter()
+                    .any(|s| s.clients.is_some()) =>
+            {
+                "anonymous (some exceptions or package sets are for named clients; ask with \
+                 --client ID)"
+                    .into()
             }
             None => "anonymous".into(),
         };
         writeln!(out, "client:  {who}")?;
-        writeln!(out)?;
+        writeln!(out)
+    }
+
+    /// Prints the whole answer.
+    fn run(&self, q: &Query, out: &mut dyn Write) -> io::Result<Answer> {
+        self.client_line(out)?;
         let answer = match q.kind {
             Kind::Dns(t) => Answer::from(self.explain_dns(q, t, out)?),
             Kind::Http => Answer::from(self.explain_http(q, out)?),

@@ -58,6 +58,7 @@ const PROXY: &[&str] = &[
     "upstream",
     "pool",
     "tls_origins",
+    "packages",
     "exchange",
     "mitm",
     "tunnel",

@@ -23,6 +23,7 @@ use prometheus::{
 };
 use tokio::net::TcpListener;
 
+use crate::policy::packages::Ecosystem;
 use crate::policy::{Policy, Proto, Reason};
 use crate::time::{unix_now, unix_now_millis};
 
@@ -50,6 +51,10 @@ pub struct Metrics {
     pub upstream_errors: IntCounterVec,
     pub dns_cache: IntCounterVec,
     pub policy_loaded_at: Gauge,
+    /// Package requests by ecosystem, set (`-`: none), decision and reason
+    /// (`exception` when allowed). No package label: names are unbounded.
+    pub package_decisions: IntCounterVec,
+    pub package_versions_hidden: IntCounterVec,
     /// Per-exception series of the serving policy, by id. Requests count
     /// through these handles: a request decided under an exception that a
     /// reload has since removed cannot bring its series back.
@@ -182,6 +187,18 @@ impl Metrics {
         .expect("valid");
         r.register(Box::new(policy_loaded_at.clone()))
             .expect("unique");
+        let package_decisions = counter_vec(
+            &r,
+            "egressd_package_decisions_total",
+            "Package requests decided by the package gate.",
+            &["ecosystem", "set", "decision", "reason"],
+        );
+        let package_versions_hidden = counter_vec(
+            &r,
+            "egressd_package_versions_hidden_total",
+            "Versions filtered out of index documents, by reason.",
+            &["ecosystem", "set", "reason"],
+        );
         for p in ["http", "connect", "tls", "dns"] {
             for d in ["allow", "deny"] {
                 requests.with_label_values(&[p, d]);
@@ -249,6 +266,8 @@ impl Metrics {
             upstream_errors,
             dns_cache,
             policy_loaded_at,
+            package_decisions,
+            package_versions_hidden,
             live: ArcSwap::from_pointee(HashMap::new()),
             sync: Mutex::new(()),
             ready: AtomicBool::new(false),
@@ -331,7 +350,10 @@ impl Metrics {
         let p = proto.index();
         self.hot_requests[p][denied as usize].inc();
         if denied {
-            match &self.hot_denied[p][reason.index()] {
+            match self.hot_denied[p]
+                .get(reason.index())
+                .and_then(Option::as_ref)
+            {
                 Some(c) => c.inc(),
                 None => self
                     .denied
@@ -359,6 +381,21 @@ impl Metrics {
     pub fn count_upstream_error(&self, proto: Proto, kind: &str, n: u64) {
         self.upstream_errors
             .with_label_values(&[proto.as_str(), kind])
+            .inc_by(n);
+    }
+
+    /// Counts one package request (called by `Recorder::record` only).
+    pub fn count_package(&self, eco: Ecosystem, set: &str, decision: &str, reason: &str) {
+        self.package_decisions
+            .with_label_values(&[eco.as_str(), set, decision, reason])
+            .inc();
+    }
+
+    /// Counts `n` versions a filtered index hid for `reason` (called by
+    /// `Recorder::record` only).
+    pub fn count_versions_hidden(&self, eco: Ecosystem, set: &str, reason: &str, n: u64) {
+        self.package_versions_hidden
+            .with_label_values(&[eco.as_str(), set, reason])
             .inc_by(n);
     }
 

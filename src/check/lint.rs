@@ -3,7 +3,10 @@
 //! expired or are about to, wildcards that never expire or that span a public
 //! suffix anyone can register names under, exceptions an earlier one
 //! shadows, `cidrs` that reach non-public ranges, client patterns that match
-//! no client, and credentials injected on plain HTTP.
+//! no client, and credentials injected on plain HTTP; and the package sets'
+//! lints ([`crate::policy::packages::compile::lints`]: a set whose ecosystem
+//! is not gated, an expired set, an allow a deny covers, every version with
+//! no release-age quarantine).
 //!
 //! `check` also runs the policy tests beside the policy ([`super::cases`]).
 //!
@@ -22,6 +25,7 @@ use psl::Psl;
 
 use crate::policy::addr;
 use crate::policy::host::{is_strict_subdomain, HostPattern};
+use crate::policy::packages::compile::{self as packages, PackageLintKind};
 use crate::policy::{Exception, Policy};
 use crate::time::format_date;
 
@@ -40,10 +44,14 @@ pub enum Lint {
     NonPublicCidr,
     UnknownClient,
     CleartextInject,
+    PackageNotEnforced,
+    PackageSetExpired,
+    PackageCoveredByDeny,
+    PackageNoQuarantine,
 }
 
 impl Lint {
-    pub const ALL: [Lint; 8] = [
+    pub const ALL: [Lint; 12] = [
         Lint::Expired,
         Lint::Expiring,
         Lint::WildcardNoExpiry,
@@ -52,6 +60,10 @@ impl Lint {
         Lint::NonPublicCidr,
         Lint::UnknownClient,
         Lint::CleartextInject,
+        Lint::PackageNotEnforced,
+        Lint::PackageSetExpired,
+        Lint::PackageCoveredByDeny,
+        Lint::PackageNoQuarantine,
     ];
 
     /// What the warning means, in one sentence (SARIF's rule list shows it).
@@ -69,6 +81,16 @@ impl Lint {
             Lint::NonPublicCidr => "The exception's cidrs reach non-public address ranges.",
             Lint::UnknownClient => "A client pattern matches no client in settings.clients.",
             Lint::CleartextInject => "Credentials are injected on plain HTTP (port 80).",
+            Lint::PackageNotEnforced => {
+                "A package set's ecosystem is not in settings.packages.enforce: its registry is not gated."
+            }
+            Lint::PackageSetExpired => "The package set has expired and approves nothing.",
+            Lint::PackageCoveredByDeny => {
+                "A deny entry covers every version an allow entry approves."
+            }
+            Lint::PackageNoQuarantine => {
+                "Every version of a package is approved with min_age 0: a compromised release installs at once."
+            }
         }
     }
 
@@ -82,6 +104,10 @@ impl Lint {
             Lint::NonPublicCidr => "non_public_cidr",
             Lint::UnknownClient => "unknown_client",
             Lint::CleartextInject => "cleartext_inject",
+            Lint::PackageNotEnforced => "package_not_enforced",
+            Lint::PackageSetExpired => "package_set_expired",
+            Lint::PackageCoveredByDeny => "package_covered_by_deny",
+            Lint::PackageNoQuarantine => "package_no_quarantine",
         }
     }
 }
@@ -142,6 +168,21 @@ pub fn lint(policy: &Policy, now: i64) -> Vec<Warning> {
         }
     }
     shadowed(policy, now, &mut out);
+    out.extend(
+        packages::lints(&policy.packages, now)
+            .into_iter()
+            .map(|l| Warning {
+                file: l.file,
+                line: l.line,
+                kind: match l.kind {
+                    PackageLintKind::NotEnforced => Lint::PackageNotEnforced,
+                    PackageLintKind::SetExpired => Lint::PackageSetExpired,
+                    PackageLintKind::CoveredByDeny => Lint::PackageCoveredByDeny,
+                    PackageLintKind::NoQuarantine => Lint::PackageNoQuarantine,
+                },
+                message: l.message,
+            }),
+    );
     out.sort_by(|a, b| (&a.file, a.line).cmp(&(&b.file, b.line)));
     out
 }

@@ -162,6 +162,13 @@ impl Resolver {
         }
     }
 
+    /// Whether answers are remembered (transparent capture): each answer
+    /// then has side effects per client, so none is served from the wire
+    /// cache.
+    pub(super) fn remembering_answers(&self) -> bool {
+        self.answers().on.load(Ordering::Relaxed)
+    }
+
     /// The records answered to the sandbox for `host`, an allowed name, to
     /// a `qtype` query: as resolved when answers are not remembered; else
     /// its own address ([`inside`](super::inside)) and no other — the first

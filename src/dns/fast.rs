@@ -44,21 +44,30 @@ pub(super) struct Query<'a> {
 }
 
 impl Query<'_> {
-    /// The name as a host name: labels lower-cased and joined by dots.
-    /// Every byte was checked by [`parse`] to be `[A-Za-z0-9_-]`.
-    pub fn host_text(&self) -> String {
-        let mut s = Vec::with_capacity(self.name.len());
+    /// The name as a host name, labels lower-cased and joined by dots,
+    /// written into `buf` (a name of at most 254 wire bytes is at most 253
+    /// characters): no allocation. Every byte was checked by [`parse`] to
+    /// be `[A-Za-z0-9_-]`.
+    pub fn host_text<'b>(&self, buf: &'b mut [u8; 256]) -> &'b str {
+        let mut n = 0;
         let mut rest = self.name;
         while let Some((&len, tail)) = rest.split_first() {
-            if !s.is_empty() {
-                s.push(b'.');
+            if n > 0 {
+                buf[n] = b'.';
+                n += 1;
             }
             let (label, after) = tail.split_at(len as usize);
-            s.extend_from_slice(label);
+            buf[n..n + label.len()].copy_from_slice(label);
+            n += label.len();
             rest = after;
         }
-        s.make_ascii_lowercase();
-        String::from_utf8(s).expect("parse admits ASCII label bytes only")
+        buf[..n].make_ascii_lowercase();
+        std::str::from_utf8(&buf[..n]).expect("parse admits ASCII label bytes only")
+    }
+
+    /// The name in wire form, as sent (no root byte).
+    pub fn name_wire(&self) -> &[u8] {
+        self.name
     }
 
     /// The largest UDP answer the client takes, as hickory reckons it.
@@ -175,29 +184,66 @@ pub(super) fn encode(
     max_size: u16,
     edns_payload: u16,
 ) -> Option<Vec<u8>> {
+    let mut buf = Vec::with_capacity(512);
+    encode_into(
+        &mut buf,
+        q,
+        rcode,
+        answers,
+        authority,
+        ede,
+        max_size,
+        edns_payload,
+    )
+    .then_some(buf)
+}
+
+/// The flags word of an answer to `q` with response code `rcode`: QR, RA,
+/// and the client's RD and CD.
+pub(super) fn answer_flags(q: &Query<'_>, rcode: u16) -> u16 {
+    QR | (q.flags & (RD | CD)) | RA | (rcode & 0xf)
+}
+
+/// [`encode`] into `buf` (emptied first; its capacity is reused, so a
+/// denial allocates nothing once it has grown). `false`: see [`encode`].
+#[allow(clippy::too_many_arguments)]
+pub(super) fn encode_into(
+    buf: &mut Vec<u8>,
+    q: &Query<'_>,
+    rcode: ResponseCode,
+    answers: &[Record],
+    authority: &[Record],
+    ede: Option<(u16, &str)>,
+    max_size: u16,
+    edns_payload: u16,
+) -> bool {
+    buf.clear();
     let code = u16::from(rcode);
     if code > 0xf {
-        return None;
+        return false;
     }
-    let flags = QR | (q.flags & (RD | CD)) | RA | code;
-    let mut buf = Vec::with_capacity(512);
+    let (Ok(an), Ok(ns)) = (u16::try_from(answers.len()), u16::try_from(authority.len())) else {
+        return false;
+    };
     for word in [
         q.id,
-        flags,
+        answer_flags(q, code),
         1,
-        u16::try_from(answers.len()).ok()?,
-        u16::try_from(authority.len()).ok()?,
+        an,
+        ns,
         u16::from(q.edns.is_some()),
     ] {
         buf.extend_from_slice(&word.to_be_bytes());
     }
     buf.extend_from_slice(q.question);
     for r in answers.iter().chain(authority) {
-        if !address_for_question(&mut buf, q, r) {
+        if !address_for_question(buf, q, r) {
             let at = buf.len();
-            let mut enc = BinEncoder::with_offset(&mut buf, at as u32);
+            let mut enc = BinEncoder::with_offset(buf, at as u32);
             enc.set_max_size(max_size);
-            r.emit(&mut enc).ok()?;
+            if r.emit(&mut enc).is_err() {
+                return false;
+            }
         }
     }
     if q.edns.is_some() {
@@ -209,7 +255,9 @@ pub(super) fn encode(
         buf.extend_from_slice(&[0, 0, 0, 0]);
         match ede {
             Some((info, text)) => {
-                let olen = u16::try_from(2 + text.len()).ok()?;
+                let Ok(olen) = u16::try_from(2 + text.len()) else {
+                    return false;
+                };
                 buf.extend_from_slice(&(4 + olen).to_be_bytes());
                 buf.extend_from_slice(&super::server::EDNS_EDE.to_be_bytes());
                 buf.extend_from_slice(&olen.to_be_bytes());
@@ -219,7 +267,7 @@ pub(super) fn encode(
             None => buf.extend_from_slice(&[0, 0]),
         }
     }
-    (buf.len() <= usize::from(max_size)).then_some(buf)
+    buf.len() <= usize::from(max_size)
 }
 
 /// Writes `r` when it is an A or AAAA record of the question's own name
@@ -300,7 +348,7 @@ pub(super) mod tests {
         assert_eq!(q.id, 0x1234);
         assert_eq!(q.qtype, 1);
         assert_eq!(q.edns, Some(1232));
-        assert_eq!(q.host_text(), "www.example.test");
+        assert_eq!(q.host_text(&mut [0; 256]), "www.example.test");
         assert_eq!(&q.question[..4], b"\x03WwW");
         let raw = query(7, 0, "a.test", 28, None);
         let q = parse(&raw).unwrap();

@@ -30,6 +30,7 @@ mod fast;
 pub mod inside;
 mod resolver;
 mod server;
+mod wire;
 
 use std::net::{IpAddr, SocketAddr};
 

@@ -204,6 +204,12 @@ impl Resolver {
         Some(Lookup { answer, ttl })
     }
 
+    /// Counts a query answered from the server's wire cache as a cache hit,
+    /// as it would have been one here.
+    pub(super) fn count_cache_hit(&self) {
+        self.cache_hits.inc();
+    }
+
     /// One (name, type) through the cache. The caller has decided the name
     /// may be resolved. The upstream exchanges that failed are noted in
     /// `attempts` by the query that made them (not by those that joined it).

@@ -56,6 +56,7 @@ use tokio::time::timeout;
 use super::budget::{under_wildcard, TunnelOutcome};
 use super::fast;
 use super::resolver::{rcode_name, Lookup, EDNS_PAYLOAD};
+use super::wire::{Key, WireCache};
 use super::Resolver;
 use crate::policy::host::{parse_host, Host, HostError, Target};
 use crate::policy::qtype::qtype_mnemonic;
@@ -120,6 +121,7 @@ pub async fn serve(
             policy,
             resolver,
             recorder,
+            wire: WireCache::default(),
         }),
         queries: Limiter::new(MAX_INFLIGHT, MAX_INFLIGHT_PER_CLIENT),
         conns: Limiter::new(MAX_TCP_CONNECTIONS, MAX_TCP_PER_CLIENT),
@@ -127,11 +129,13 @@ pub async fn serve(
     };
     let mut tasks: JoinSet<()> = JoinSet::new();
     let mut buf = vec![0u8; MAX_UDP_QUERY];
+    // The answers given without a task are written here, reusing its room.
+    let mut out = Vec::with_capacity(512);
     loop {
         tokio::select! {
             _ = shutdown.fired() => break,
             r = server.udp.recv_from(&mut buf) => match r {
-                Ok((n, src)) => server.udp_query(buf[..n].to_vec(), src, &mut tasks).await,
+                Ok((n, src)) => server.udp_query(&buf[..n], src, &mut tasks, &mut out).await,
                 // ICMP errors for earlier replies and the like: not fatal.
                 Err(_) => tokio::time::sleep(UDP_ERROR_PAUSE).await,
             },
@@ -163,15 +167,32 @@ struct Loops {
 
 impl Loops {
     /// One UDP packet. Denied and cached answers wait on nothing: they are
-    /// answered here, without a task per packet (a spawn, a JoinSet slot
-    /// and a scheduler pass). A query that must wait for an upstream
-    /// continues in a task. Past the client's share, the refusal is
-    /// answered inline: no task, no upstream.
-    async fn udp_query(&self, raw: Vec<u8>, src: SocketAddr, tasks: &mut JoinSet<()>) {
-        let Some(permit) = self
+    /// answered here ([`Handler::answer_now`], into `out`), without a copy
+    /// of the packet or a task per packet (a spawn, a JoinSet slot and a
+    /// scheduler pass). A query that must wait for an upstream continues in
+    /// a task. Past the client's share, the refusal is answered inline: no
+    /// task, no upstream.
+    async fn udp_query(
+        &self,
+        raw: &[u8],
+        src: SocketAddr,
+        tasks: &mut JoinSet<()>,
+        out: &mut Vec<u8>,
+    ) {
+        let permit = self
             .queries
-            .try_acquire_share(&self.handler.policy, src.ip())
-        else {
+            .try_acquire_share(&self.handler.policy, src.ip());
+        let overloaded = permit.is_none();
+        if let Now::Answered = self
+            .handler
+            .answer_now(raw, src, Protocol::Udp, overloaded, out)
+        {
+            drop(permit);
+            let _ = self.udp.try_send_to(out, src);
+            return;
+        }
+        let raw = raw.to_vec();
+        let Some(permit) = permit else {
             if let Some(bytes) = self.handler.process(raw, src, Protocol::Udp, true).await {
                 let _ = self.udp.try_send_to(&bytes, src);
             }
@@ -342,6 +363,16 @@ pub(super) struct Handler {
     policy: Arc<PolicyHandle>,
     resolver: Arc<Resolver>,
     recorder: Recorder,
+    /// Allowed answers as sent, for the queries that ask them again.
+    wire: WireCache,
+}
+
+/// What [`Handler::answer_now`] did with a packet.
+enum Now {
+    /// Decided, logged, and its answer written.
+    Answered,
+    /// Nothing done: it takes the general or the waiting path.
+    Later,
 }
 
 /// What to answer, before it is encoded.
@@ -384,10 +415,14 @@ impl Handler {
         protocol: Protocol,
         overloaded: bool,
     ) -> Option<Vec<u8>> {
+        let mut out = Vec::new();
+        if let Now::Answered = self.answer_now(&raw, src, protocol, overloaded, &mut out) {
+            return Some(out);
+        }
         if let Some(q) = fast::parse(&raw) {
             // A name that is not a host name goes the general way, which
             // tells a tunnel's data from a malformed name.
-            if let Ok(host) = parse_host(&q.host_text()) {
+            if let Ok(host) = parse_host(q.host_text(&mut [0; 256])) {
                 return Some(
                     self.respond_fast(&q, host, &raw, src, protocol, overloaded)
                         .await,
@@ -529,7 +564,8 @@ impl Handler {
         ev.qname = Some(host.to_string());
         Some(
             self.answer_host(&policy, client, host, qtype, ev, request.src().ip())
-                .await,
+                .await
+                .0,
         )
     }
 
@@ -543,6 +579,84 @@ impl Handler {
             ev.client = id.clone();
         }
         (policy, client)
+    }
+
+    /// Answers at once, into `out`, a query of the common shape that needs
+    /// no upstream: refused before the policy, denied by it, or allowed
+    /// with its answer in the wire cache. The decision is the same
+    /// [`decide_query`] and the budget the same [`Handler::spend_budget`]
+    /// as on every other path, both before the cache is read; the event is
+    /// recorded here. Anything else returns [`Now::Later`] having spent
+    /// nothing, recorded nothing and changed nothing.
+    fn answer_now(
+        &self,
+        raw: &[u8],
+        src: SocketAddr,
+        protocol: Protocol,
+        overloaded: bool,
+        out: &mut Vec<u8>,
+    ) -> Now {
+        let Some(q) = fast::parse(raw) else {
+            return Now::Later;
+        };
+        let Ok(host) = parse_host(q.host_text(&mut [0; 256])) else {
+            return Now::Later;
+        };
+        let max_size = max_size(&q, protocol);
+        let mut ev = Event::new(Proto::Dns, src);
+        let (policy, client) = self.attribute(&mut ev, src.ip());
+        ev.qname = Some(host.to_string());
+        ev.qtype = Some(qtype_mnemonic(q.qtype));
+        let reply = match self.refuse_early(&mut ev, overloaded) {
+            Some(r) => r,
+            None => {
+                let now = unix_now();
+                ev.host = Some(host.to_string());
+                let (d, host) = decide_query(&policy, client, host, q.qtype, &mut ev, now);
+                if !d.is_allowed() {
+                    deny(&policy, d.reason)
+                } else {
+                    if self.resolver.remembering_answers() {
+                        return Now::Later;
+                    }
+                    let key = Key::new(&q, d.exception);
+                    let at = std::time::Instant::now();
+                    let Some(rcode) = self.wire.answer(&policy, &key, &q, max_size, at, out) else {
+                        return Now::Later;
+                    };
+                    match self.spend_budget(&policy, client, &host, &d, &mut ev, now) {
+                        Err(refused) => refused,
+                        Ok(()) => {
+                            self.resolver.count_cache_hit();
+                            ev.rcode = Some(rcode_name(ResponseCode::from_low(rcode as u8)));
+                            drop(policy);
+                            self.recorder.record(ev);
+                            return Now::Answered;
+                        }
+                    }
+                }
+            }
+        };
+        drop(policy);
+        let ede = reply.ede.as_ref().map(|(c, t)| (*c, t.as_ref()));
+        let fits = fast::encode_into(
+            out,
+            &q,
+            reply.rcode,
+            &reply.records,
+            &reply.authority,
+            ede,
+            max_size,
+            EDNS_PAYLOAD,
+        );
+        if !fits {
+            // A refusal is a header, the question (at most 259 bytes) and
+            // an EDE: it fits 512 bytes, and without the EDE it surely does.
+            fast::encode_into(out, &q, reply.rcode, &[], &[], None, max_size, EDNS_PAYLOAD);
+        }
+        ev.rcode = Some(rcode_name(reply.rcode));
+        self.recorder.record(ev);
+        Now::Answered
     }
 
     /// The common shape ([`fast::parse`]): decided by the same
@@ -560,18 +674,14 @@ impl Handler {
         let (policy, client) = self.attribute(&mut ev, src.ip());
         ev.qname = Some(host.to_string());
         ev.qtype = Some(qtype_mnemonic(q.qtype));
-        let reply = match self.refuse_early(&mut ev, overloaded) {
-            Some(r) => r,
+        let (reply, keep) = match self.refuse_early(&mut ev, overloaded) {
+            Some(r) => (r, None),
             None => {
                 self.answer_host(&policy, client, host, q.qtype, &mut ev, src.ip())
                     .await
             }
         };
-        drop(policy);
-        let max_size = match protocol {
-            Protocol::Udp => q.max_payload().clamp(512, EDNS_PAYLOAD),
-            _ => u16::MAX,
-        };
+        let max_size = max_size(q, protocol);
         let ede = reply.ede.as_ref().map(|(c, t)| (*c, t.as_ref()));
         let bytes = match fast::encode(
             q,
@@ -582,10 +692,20 @@ impl Handler {
             max_size,
             EDNS_PAYLOAD,
         ) {
-            Some(b) => b,
+            Some(b) => {
+                if let Some(k) = keep {
+                    if !self.resolver.remembering_answers() {
+                        let key = Key::new(q, k.exception);
+                        self.wire
+                            .store(&policy, &key, &b, k.ttl, std::time::Instant::now());
+                    }
+                }
+                b
+            }
             // Too long for the client's UDP size: hickory truncates it.
             None => self.encode_general(raw, src, protocol, &reply).await,
         };
+        drop(policy);
         ev.rcode = Some(rcode_name(reply.rcode));
         self.recorder.record(ev);
         bytes
@@ -649,23 +769,23 @@ impl Handler {
     /// Decides a well-formed question for `host` and resolves it when
     /// allowed: the policy, the tunnel budget, the upstream answer and its
     /// rebinding filter. Shared by both wire paths.
-    async fn answer_host(
+    async fn answer_host<'p>(
         &self,
-        policy: &Policy,
+        policy: &'p Policy,
         client: Option<ClientIdx>,
         host: Host,
         qtype: u16,
         ev: &mut Event,
         src: IpAddr,
-    ) -> Reply {
+    ) -> (Reply, Option<Keep<'p>>) {
         let now = unix_now();
         ev.host = Some(host.to_string());
-        let d = decide_query(policy, client, &host, qtype, ev, now);
+        let (d, host) = decide_query(policy, client, host, qtype, ev, now);
         if !d.is_allowed() {
-            return deny(policy, d.reason);
+            return (deny(policy, d.reason), None);
         }
         if let Err(refused) = self.spend_budget(policy, client, &host, &d, ev, now) {
-            return refused;
+            return (refused, None);
         }
         // A cached answer waits on nothing; the upstream exchange's state
         // is boxed so it costs only the queries that need it.
@@ -680,12 +800,20 @@ impl Handler {
             Ok(l) => l,
             Err(e) => {
                 ev.error = Some(e.to_string());
-                return Reply::error(ResponseCode::ServFail, None);
+                return (Reply::error(ResponseCode::ServFail, None), None);
             }
         };
         match rebinding_filter(policy, &d, &lookup.answer.records, ev) {
-            Ok(records) => self.reply(records, &lookup, &host, qtype, src),
-            Err(refused) => refused,
+            Ok((records, clean)) => {
+                // Only an answer nothing was removed from (and nothing
+                // noted about) is the same for the next query to get.
+                let keep = clean.then_some(Keep {
+                    exception: d.exception,
+                    ttl: lookup.ttl,
+                });
+                (self.reply(records, &lookup, &host, qtype, src), keep)
+            }
+            Err(refused) => (refused, None),
         }
     }
 
@@ -820,16 +948,32 @@ fn applies(e: &Exception, client: Option<ClientIdx>, now: i64) -> bool {
         }
 }
 
-/// The one decision for a query, noted in `ev`.
+/// An allowed answer that the wire cache may keep: the exception that
+/// answered it, and the TTL its records were sent with.
+struct Keep<'p> {
+    exception: Option<&'p Exception>,
+    ttl: u32,
+}
+
+/// The largest answer `q` may get over `protocol`.
+fn max_size(q: &fast::Query<'_>, protocol: Protocol) -> u16 {
+    match protocol {
+        Protocol::Udp => q.max_payload().clamp(512, EDNS_PAYLOAD),
+        _ => u16::MAX,
+    }
+}
+
+/// The one decision for a query, noted in `ev`. The name goes into the
+/// policy's request and comes back: no copy of it is made.
 fn decide_query<'p>(
     policy: &'p Policy,
     client: Option<ClientIdx>,
-    host: &Host,
+    host: Host,
     qtype: u16,
     ev: &mut Event,
     now: i64,
-) -> Decision<'p> {
-    let target = Target::Name(host.clone());
+) -> (Decision<'p>, Host) {
+    let target = Target::Name(host);
     let req = PolicyRequest {
         proto: Proto::Dns,
         client,
@@ -842,7 +986,10 @@ fn decide_query<'p>(
     };
     let d = policy.decide(&req, now);
     ev.set_decision(&d, policy.settings.mode);
-    d
+    let Target::Name(host) = target else {
+        unreachable!("made as a name above")
+    };
+    (d, host)
 }
 
 /// Rebinding protection: the answer's addresses that the exception may
@@ -854,11 +1001,11 @@ fn rebinding_filter(
     d: &Decision<'_>,
     answer: &[Record],
     ev: &mut Event,
-) -> Result<Vec<Record>, Reply> {
+) -> Result<(Vec<Record>, bool), Reply> {
     let mut records = answer.to_vec();
     let filtered = filter_addresses(policy, d.exception, answer);
     if filtered.refused.is_empty() {
-        return Ok(records);
+        return Ok((records, true));
     }
     let mode = policy.settings.mode;
     let report = !enforced(mode, Reason::PrivateAddress);
@@ -884,7 +1031,7 @@ fn rebinding_filter(
         ev.add_note(Some(format!("removed {cidrs}: {list}")));
         records.retain(|r| refused_by(policy, d.exception, r).is_empty());
     }
-    Ok(records)
+    Ok((records, false))
 }
 
 /// An Extended DNS Error's text: `egressd: <reason>`, made once per reason.
@@ -1124,7 +1271,7 @@ fn display_name(name: &Name) -> String {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
     fn name(labels: &[&[u8]]) -> Name {
@@ -1221,6 +1368,7 @@ mod tests {
             policy: PolicyHandle::new(policy),
             resolver: Resolver::new(vec![fake_upstream().await], metrics.clone()),
             recorder: Recorder::new(sink.clone(), metrics),
+            wire: WireCache::default(),
         };
         let src: SocketAddr = "127.0.0.1:40000".parse().unwrap();
         let q = super::fast::tests::query;
@@ -1313,6 +1461,103 @@ mod tests {
         assert!(lines[16]["note"]
             .as_str()
             .is_some_and(|n| n.contains("127.0.0.6")));
+    }
+
+    /// Counts the allocations this thread makes (the test runner's other
+    /// threads are not counted).
+    struct Counting;
+
+    thread_local! {
+        static ALLOCATIONS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+    }
+
+    unsafe impl std::alloc::GlobalAlloc for Counting {
+        unsafe fn alloc(&self, l: std::alloc::Layout) -> *mut u8 {
+            ALLOCATIONS.with(|n| n.set(n.get() + 1));
+            unsafe { std::alloc::System.alloc(l) }
+        }
+        unsafe fn dealloc(&self, p: *mut u8, l: std::alloc::Layout) {
+            unsafe { std::alloc::System.dealloc(p, l) }
+        }
+        unsafe fn realloc(&self, p: *mut u8, l: std::alloc::Layout, n: usize) -> *mut u8 {
+            ALLOCATIONS.with(|c| c.set(c.get() + 1));
+            unsafe { std::alloc::System.realloc(p, l, n) }
+        }
+    }
+
+    #[global_allocator]
+    static COUNTING: Counting = Counting;
+
+    /// How many allocations `f` makes on this thread.
+    pub(crate) fn allocations(f: impl FnOnce()) -> usize {
+        let before = ALLOCATIONS.with(|n| n.get());
+        f();
+        ALLOCATIONS.with(|n| n.get()) - before
+    }
+
+    /// The allocations of a cached and of a denied answer, all of them
+    /// the decision event's (its `qname` and `host`) and its log line's,
+    /// none the answer's: with the log line and event left out (measured
+    /// on the wire cache alone in `wire::tests`), a hit allocates nothing.
+    #[tokio::test]
+    async fn answers_given_at_once_allocate_only_for_the_event() {
+        use crate::log::{LogSink, LogTarget};
+        use crate::metrics::Metrics;
+        let dir = tempfile::tempdir().unwrap();
+        let metrics = Metrics::new();
+        let sink =
+            LogSink::start(LogTarget::File(dir.path().join("log")), metrics.clone()).unwrap();
+        let policy = crate::policy::from_yaml(
+            "exceptions:\n\
+             - id: ok\n  owner: t\n  reason: t\n  hosts: [allowed.test]\n  cidrs: [127.0.0.0/8]\n",
+        )
+        .unwrap();
+        let h = Handler {
+            policy: PolicyHandle::new(policy),
+            resolver: Resolver::new(vec![fake_upstream().await], metrics.clone()),
+            recorder: Recorder::new(sink.clone(), metrics),
+            wire: WireCache::default(),
+        };
+        let src: SocketAddr = "127.0.0.1:40000".parse().unwrap();
+        let q = super::fast::tests::query;
+        let allowed = q(1, 0x0100, "AlLoWeD.test", 1, Some(1232));
+        let denied = q(2, 0x0100, "denied.test", 1, Some(1232));
+        // Fills the resolver's cache and the wire cache.
+        let fresh = h
+            .process(allowed.clone(), src, Protocol::Udp, false)
+            .await
+            .unwrap();
+        let mut out = Vec::with_capacity(512);
+        let now = |raw: &[u8], out: &mut Vec<u8>| {
+            allocations(|| {
+                let r = h.answer_now(raw, src, Protocol::Udp, false, out);
+                assert!(matches!(r, Now::Answered));
+            })
+        };
+        let hit = now(&allowed, &mut out);
+        let (got, want) = (
+            Message::from_vec(&out).unwrap(),
+            Message::from_vec(&fresh).unwrap(),
+        );
+        assert_eq!(got.metadata, want.metadata);
+        assert_eq!(got.queries, want.queries);
+        assert_eq!(got.answers.len(), 2);
+        for (g, w) in got.answers.iter().zip(&want.answers) {
+            assert_eq!((&g.name, &g.data), (&w.name, &w.data));
+            assert!(
+                g.ttl <= w.ttl && g.ttl + 1 >= w.ttl,
+                "aged by whole seconds"
+            );
+        }
+        // The first denial makes its reason's metric series and EDE text.
+        now(&denied, &mut out);
+        let refused = now(&denied, &mut out);
+        // The Host, the event's qname and host, the log line: four, on
+        // either path.
+        eprintln!("allocations per query: cached {hit}, denied {refused}");
+        assert!(hit <= 4, "cached: {hit} allocations");
+        assert!(refused <= 4, "denied: {refused} allocations");
+        assert!(sink.flush(Duration::from_secs(5)));
     }
 
     #[test]

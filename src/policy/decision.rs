@@ -7,6 +7,7 @@
 //! decision: writing it down and counting it is `record`, answering it the
 //! front-ends.
 
+use super::packages::decide::PackageReason;
 use super::raw::Mode;
 use super::Exception;
 
@@ -112,12 +113,22 @@ pub enum Reason {
     LoopDetected,
     Overloaded,
     UpstreamError,
+    PackageNotApproved,
+    PackageVersionNotApproved,
+    PackageTooNew,
+    PackageTimeUnknown,
+    PackageDenied,
+    PackageSetExpired,
+    PackageNotListed,
+    PackageIntegrityMismatch,
+    PackageIndexUnfilterable,
+    PackageUnparseable,
 }
 
 impl Reason {
     /// Every reason, for pre-creating metric series, in declaration order
     /// (so that `ALL[r.index()] == r`).
-    pub const ALL: [Reason; 18] = [
+    pub const ALL: [Reason; 28] = [
         Reason::Exception,
         Reason::NoException,
         Reason::Expired,
@@ -136,6 +147,16 @@ impl Reason {
         Reason::LoopDetected,
         Reason::Overloaded,
         Reason::UpstreamError,
+        Reason::PackageNotApproved,
+        Reason::PackageVersionNotApproved,
+        Reason::PackageTooNew,
+        Reason::PackageTimeUnknown,
+        Reason::PackageDenied,
+        Reason::PackageSetExpired,
+        Reason::PackageNotListed,
+        Reason::PackageIntegrityMismatch,
+        Reason::PackageIndexUnfilterable,
+        Reason::PackageUnparseable,
     ];
 
     /// Position in [`Reason::ALL`]: metrics find a reason's series by it.
@@ -163,13 +184,67 @@ impl Reason {
             Reason::LoopDetected => "loop_detected",
             Reason::Overloaded => "overloaded",
             Reason::UpstreamError => "upstream_error",
+            Reason::PackageNotApproved
+            | Reason::PackageVersionNotApproved
+            | Reason::PackageTooNew
+            | Reason::PackageTimeUnknown
+            | Reason::PackageDenied
+            | Reason::PackageSetExpired
+            | Reason::PackageNotListed
+            | Reason::PackageIntegrityMismatch
+            | Reason::PackageIndexUnfilterable
+            | Reason::PackageUnparseable => self.package().expect("a package reason").as_str(),
         }
     }
 
-    /// Whether the reason is the allowlist's (what the exceptions decide),
-    /// the only denials [`enforced`] relaxes in report mode.
+    /// The package gate's reason this is, if it is one.
+    pub fn package(self) -> Option<PackageReason> {
+        Some(match self {
+            Reason::PackageNotApproved => PackageReason::NotApproved,
+            Reason::PackageVersionNotApproved => PackageReason::VersionNotApproved,
+            Reason::PackageTooNew => PackageReason::TooNew,
+            Reason::PackageTimeUnknown => PackageReason::TimeUnknown,
+            Reason::PackageDenied => PackageReason::Denied,
+            Reason::PackageSetExpired => PackageReason::SetExpired,
+            Reason::PackageNotListed => PackageReason::NotListed,
+            Reason::PackageIntegrityMismatch => PackageReason::IntegrityMismatch,
+            Reason::PackageIndexUnfilterable => PackageReason::IndexUnfilterable,
+            Reason::PackageUnparseable => PackageReason::Unparseable,
+            _ => return None,
+        })
+    }
+
+    /// The HTTP status of a denial for this reason: a package index egressd
+    /// could not filter is the registry's fault (502); a request egressd
+    /// refused for overload or an unwritable log is 503; a destination it
+    /// could not reach 502; every policy denial 403.
+    pub fn status(self) -> u16 {
+        match self {
+            Reason::PackageIndexUnfilterable | Reason::UpstreamError => 502,
+            Reason::Overloaded | Reason::LogUnavailable => 503,
+            Reason::Malformed => 400,
+            _ => 403,
+        }
+    }
+
+    /// Whether the reason is the allowlist's (what the exceptions and the
+    /// package sets approve), the only denials [`enforced`] relaxes in
+    /// report mode. Of the package reasons, those a new set would change
+    /// are the allowlist's; an explicit `deny:` (a known-bad release), a
+    /// file whose bytes do not match its pin, and registry answers the gate
+    /// cannot read are guards and edge refusals, enforced in both modes.
     pub fn is_allowlist(self) -> bool {
         match self {
+            Reason::PackageNotApproved
+            | Reason::PackageVersionNotApproved
+            | Reason::PackageTooNew
+            | Reason::PackageTimeUnknown
+            | Reason::PackageSetExpired
+            | Reason::PackageNotListed => true,
+            Reason::PackageDenied
+            | Reason::PackageIntegrityMismatch
+            | Reason::PackageIndexUnfilterable
+            | Reason::PackageUnparseable => false,
             Reason::NoException
             | Reason::Expired
             | Reason::ClientNotAllowed
@@ -202,7 +277,7 @@ impl Reason {
             Reason::PortNotAllowed => "an exception names this destination, but not on this port",
             Reason::MethodNotAllowed => "an exception names this destination, but not for this method",
             Reason::PathNotAllowed => "an exception names this destination, but not for this path",
-            Reason::InspectionRequired => "the exceptions for this destination restrict methods or paths or inject credentials, which an opaque tunnel cannot enforce, and TLS interception is not enabled",
+            Reason::InspectionRequired => "the exceptions for this destination restrict methods or paths or inject credentials, or its registry is behind the package gate, which an opaque tunnel cannot enforce, and TLS interception is not enabled",
             Reason::HostMismatch => "the Host header does not match the request target",
             Reason::SniMismatch => "the TLS server name does not match the CONNECT host",
             Reason::QtypeNotAllowed => "this DNS record type is not allowed for this name",
@@ -212,6 +287,33 @@ impl Reason {
             Reason::LoopDetected => "the destination is egressd itself",
             Reason::Overloaded => "this client has more connections or queries open than its share",
             Reason::UpstreamError => "the destination could not be reached",
+            Reason::PackageNotApproved => "no package set approves this package",
+            Reason::PackageVersionNotApproved => "the package is approved, but not this version",
+            Reason::PackageTooNew => "this version was published more recently than the policy's min_age",
+            Reason::PackageTimeUnknown => "the registry does not say when this version was published, and time_unknown is deny",
+            Reason::PackageDenied => "a package set denies this package or version",
+            Reason::PackageSetExpired => "the package set that approved this package has expired",
+            Reason::PackageNotListed => "the registry's index does not list this version or file",
+            Reason::PackageIntegrityMismatch => "the file's sha256 is not one the package set pins",
+            Reason::PackageIndexUnfilterable => "the registry's index could not be read to filter it, so it is not passed on",
+            Reason::PackageUnparseable => "the package gate cannot tell which package this registry URL asks for",
+        }
+    }
+}
+
+impl From<PackageReason> for Reason {
+    fn from(r: PackageReason) -> Reason {
+        match r {
+            PackageReason::NotApproved => Reason::PackageNotApproved,
+            PackageReason::VersionNotApproved => Reason::PackageVersionNotApproved,
+            PackageReason::TooNew => Reason::PackageTooNew,
+            PackageReason::TimeUnknown => Reason::PackageTimeUnknown,
+            PackageReason::Denied => Reason::PackageDenied,
+            PackageReason::SetExpired => Reason::PackageSetExpired,
+            PackageReason::NotListed => Reason::PackageNotListed,
+            PackageReason::IntegrityMismatch => Reason::PackageIntegrityMismatch,
+            PackageReason::IndexUnfilterable => Reason::PackageIndexUnfilterable,
+            PackageReason::Unparseable => Reason::PackageUnparseable,
         }
     }
 }
@@ -293,6 +395,30 @@ mod tests {
         ] {
             assert!(enforced(Mode::Report, r), "{r:?}");
             assert!(!Decision::deny(r, None).under(Mode::Report).is_allowed());
+        }
+    }
+
+    #[test]
+    fn package_reasons_keep_their_wire_names_and_statuses() {
+        for p in PackageReason::ALL {
+            let r = Reason::from(p);
+            assert_eq!(r.as_str(), p.as_str());
+            assert_eq!(r.package(), Some(p));
+            assert_eq!(r.status(), p.status(), "{p:?}");
+        }
+        assert_eq!(Reason::PackageIndexUnfilterable.status(), 502);
+        assert_eq!(Reason::PackageNotApproved.status(), 403);
+        assert_eq!(Reason::NoException.package(), None);
+        // Report mode relaxes what a new set would approve, not the guards.
+        assert!(!enforced(Mode::Report, Reason::PackageNotApproved));
+        assert!(!enforced(Mode::Report, Reason::PackageTooNew));
+        for r in [
+            Reason::PackageDenied,
+            Reason::PackageIntegrityMismatch,
+            Reason::PackageIndexUnfilterable,
+            Reason::PackageUnparseable,
+        ] {
+            assert!(enforced(Mode::Report, r), "{r:?}");
         }
     }
 

@@ -374,6 +374,8 @@ pub struct Policy {
     /// Hash of every file's path and bytes; reload skips identical content.
     pub digest: [u8; 32],
     matcher: Matcher,
+    /// The approved package sets and `settings.packages` (empty without them).
+    pub packages: packages::compile::PackagePolicy,
 }
 
 impl fmt::Debug for Policy {
@@ -466,7 +468,7 @@ impl Policy {
                 if !e.ports.contains(&req.port) {
                     return Err(Stage::Port);
                 }
-                if e.needs_inspection() {
+                if e.needs_inspection() || self.gated_target(req.target) {
                     return if req.can_intercept {
                         Ok(true)
                     } else {
@@ -532,6 +534,22 @@ impl Policy {
             .iter()
             .position(|c| c.sources.iter().any(|n| n.contains(&src)))
             .map(|i| i as ClientIdx))
+    }
+
+    /// The ecosystem whose package gate `host` is behind: a public registry
+    /// host of an ecosystem in `settings.packages.enforce`. Every request to
+    /// it goes through the gate, so a CONNECT to it needs interception, as
+    /// an exception with `paths:` does.
+    pub fn package_gated(&self, host: &str) -> Option<packages::Ecosystem> {
+        packages::classify::registry_ecosystem(host)
+            .filter(|&eco| self.packages.settings.enforces(eco))
+    }
+
+    fn gated_target(&self, target: &Target) -> bool {
+        match target {
+            Target::Name(h) => self.package_gated(h.as_str()).is_some(),
+            Target::Ip(_) => false,
+        }
     }
 
     pub fn client_id(&self, c: Option<ClientIdx>) -> Option<&Arc<str>> {
@@ -705,5 +723,122 @@ mod tests {
         let yaml = "settings:\n  clients:\n    - id: x\n      sources: [10.0.0.0/8]\nexceptions:\n  - id: x\n    reason: r\n    hosts: [a.test]\n";
         let err = from_yaml(yaml).unwrap_err();
         assert_eq!(err.0[0].line, 6, "{err}");
+    }
+
+    const PACKAGES: &str = "settings:
+  clients:
+    - id: ci-1
+      sources: [10.8.0.0/16]
+  packages: { enforce: [pypi], min_age: 3d }
+exceptions:
+  - id: pypi
+    owner: o
+    reason: r
+    hosts: [pypi.org, files.pythonhosted.org, registry.npmjs.org]
+packages:
+  - id: py-runtime
+    owner: o
+    reason: r
+    ecosystem: pypi
+    clients: [\"ci-*\"]
+    allow: [\"requests >=2.31,<3\"]
+";
+
+    fn connect<'p>(p: &'p Policy, host: &str, can_intercept: bool) -> Decision<'p> {
+        let target = host::parse_target(host).unwrap();
+        let req = Request {
+            proto: Proto::Connect,
+            client: None,
+            target: &target,
+            port: 443,
+            method: None,
+            path: None,
+            qtype: None,
+            can_intercept,
+        };
+        p.decide(&req, 0)
+    }
+
+    #[test]
+    fn package_sets_and_settings_load_into_the_policy() {
+        let p = from_yaml(PACKAGES).unwrap();
+        assert_eq!(p.packages.sets.len(), 1);
+        let set = &p.packages.sets[0];
+        assert_eq!(&*set.id, "py-runtime");
+        assert_eq!(set.clients.as_deref(), Some(&[0u32][..]));
+        assert_eq!(p.packages.settings.min_age_secs, 3 * 86400);
+        assert!(p.packages.settings.enforces(packages::Ecosystem::Pypi));
+        assert!(!p.packages.settings.enforces(packages::Ecosystem::Npm));
+        // No sets, no settings: an empty package policy.
+        let none = from_yaml(
+            "exceptions:\n  - id: x\n    owner: o\n    reason: r\n    hosts: [pypi.org]\n",
+        )
+        .unwrap();
+        assert!(none.packages.sets.is_empty());
+        assert!(none.packages.settings.enforce.is_empty());
+        assert_eq!(none.package_gated("pypi.org"), None);
+    }
+
+    #[test]
+    fn an_enforced_ecosystems_registry_hosts_need_interception() {
+        let p = from_yaml(PACKAGES).unwrap();
+        assert_eq!(p.package_gated("pypi.org"), Some(packages::Ecosystem::Pypi));
+        assert_eq!(
+            p.package_gated("Files.PythonHosted.org."),
+            Some(packages::Ecosystem::Pypi)
+        );
+        assert_eq!(
+            p.package_gated("registry.npmjs.org"),
+            None,
+            "npm is not enforced"
+        );
+        assert_eq!(p.package_gated("example.com"), None);
+        let d = connect(&p, "pypi.org", false);
+        assert_eq!(
+            (d.verdict, d.reason),
+            (Verdict::Deny, Reason::InspectionRequired)
+        );
+        assert_eq!(d.exception.map(|e| &*e.id), Some("pypi"));
+        let d = connect(&p, "pypi.org", true);
+        assert_eq!(
+            (d.verdict, d.reason),
+            (Verdict::Intercept, Reason::Exception)
+        );
+        // Not enforced: an opaque tunnel as before.
+        let d = connect(&p, "registry.npmjs.org", false);
+        assert_eq!(d.verdict, Verdict::Allow);
+        // Report mode relaxes inspection_required like any allowlist denial.
+        let report =
+            from_yaml(&PACKAGES.replace("settings:\n", "settings:\n  mode: report\n")).unwrap();
+        let d = connect(&report, "pypi.org", false);
+        assert!(d.is_allowed() && d.report_only && d.reason == Reason::InspectionRequired);
+    }
+
+    #[test]
+    fn package_errors_are_located_policy_errors() {
+        let unknown = PACKAGES.replace(
+            "    ecosystem: pypi\n",
+            "    ecosystem: pypi\n    alow: [x]\n",
+        );
+        let err = from_yaml(&unknown).unwrap_err();
+        assert_eq!((err.0[0].line, err.0[0].column), (16, 5), "{err}");
+        assert!(err.0[0].message.contains("unknown field `alow`"), "{err}");
+
+        let constraint = PACKAGES.replace(">=2.31,<3", "~~2");
+        let err = from_yaml(&constraint).unwrap_err();
+        assert_eq!(err.0.len(), 1, "{err}");
+        assert_eq!(err.0[0].line, 17, "{err}");
+        assert!(err.0[0].message.contains("py-runtime"), "{err}");
+        assert!(
+            err.to_string().contains("<inline>:17:23: package set"),
+            "{err}"
+        );
+
+        // One id space for exceptions and sets.
+        let clash = PACKAGES.replace("  - id: py-runtime", "  - id: pypi");
+        let err = from_yaml(&clash).unwrap_err();
+        assert_eq!(err.0.len(), 1, "{err}");
+        assert_eq!((err.0[0].line, err.0[0].column), (12, 5), "{err}");
+        assert!(err.0[0].message.contains("also an exception id"), "{err}");
     }
 }

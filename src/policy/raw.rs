@@ -35,6 +35,10 @@ pub struct RawFile {
     /// What is allowed out. Everything no exception allows is denied.
     #[serde(default)]
     pub exceptions: Vec<RawException>,
+    /// Approved package sets (DESIGN "Packages"): with an ecosystem in
+    /// `settings.packages.enforce`, only the packages they approve install.
+    #[serde(default)]
+    pub packages: Vec<crate::policy::packages::raw::RawPackageSet>,
 }
 
 /// Settings for the whole policy.
@@ -62,6 +66,9 @@ pub struct RawSettings {
     pub tls: Option<RawTls>,
     /// Each client's share of egressd, and how long a request head may take.
     pub limits: Option<RawLimits>,
+    /// The package gate: which ecosystems' registry traffic goes through it,
+    /// the default `min_age`, and mirrors.
+    pub packages: Option<crate::policy::packages::raw::RawPackageSettings>,
 }
 
 /// What a request no exception allows gets.

@@ -31,12 +31,15 @@ use hyper_util::rt::TokioIo;
 
 use super::admit::Draft;
 use super::dest::Dest;
+use super::packages::{self, Gate, Plan, PlanKind};
 use super::pool;
 use super::relay::{self, meter::Counted};
-use super::respond::{self, ProxyBody, Responder, Stop};
+use super::respond::{self, BoxError, ProxyBody, Responder, Stop};
 use super::tls_origins::{TlsClient, UpstreamAddr};
 use super::upstream::{self, Egress};
 use super::ProxyCtx;
+use crate::policy::packages::compile::{Mirror, PackagePolicy};
+use crate::policy::packages::Ecosystem;
 use crate::policy::{self, ClientIdx, Decision, Exception, Policy, Proto, Reason};
 use crate::record::{Event, Recorder, UpstreamFailure};
 use crate::shutdown::Permit;
@@ -124,9 +127,70 @@ pub(crate) async fn decide_and_forward(
     if !d.is_allowed() {
         return responder.refuse(ev);
     }
+    let mut req = req;
     Draft::publish(&req, &ev);
-    match reach_origin(ctx, policy, req, &mut ev, &inbound, &d, now).await {
-        Ok(sent) => answer(sent, ev, &ctx.recorder),
+    let mut mirror = None;
+    let (plan, mut ev) = match package_gated(policy, inbound.dest) {
+        None => (None, ev),
+        Some(eco) => {
+            let pkgs = package_policy(policy);
+            let client = inbound.client;
+            match packages::gate(
+                ctx,
+                policy,
+                pkgs,
+                eco,
+                &mut req,
+                ev,
+                client,
+                inbound.dest,
+                &d,
+                now,
+                responder,
+            )
+            .await
+            {
+                Gate::Pass(ev) => (None, ev),
+                Gate::Answered(resp) => return resp,
+                Gate::Forward(plan, ev) => {
+                    mirror = plan.mirror.clone().map(|m| (plan.eco, m));
+                    (Some(plan), ev)
+                }
+                Gate::Mirror(eco, m, ev) => {
+                    mirror = Some((eco, m));
+                    (None, ev)
+                }
+            }
+        }
+    };
+    Draft::publish(&req, &ev);
+    let route = mirror.as_ref().map(|(e, m)| (*e, m));
+    match reach_origin(ctx, policy, req, &mut ev, &inbound, &d, now, route).await {
+        Ok(sent) => match plan {
+            Some(p)
+                if matches!(p.what, PlanKind::Index { .. })
+                    && sent.resp.status() == StatusCode::OK =>
+            {
+                let Sent {
+                    mut resp,
+                    lent,
+                    up_bytes,
+                    ..
+                } = sent;
+                strip_hop_by_hop(resp.headers_mut());
+                resp.headers_mut().append(header::VIA, VIA.clone());
+                let up = up_bytes.load(Ordering::Relaxed);
+                let pkgs = package_policy(policy);
+                let r = packages::answer_index(ctx, policy, pkgs, p, resp, ev, up, now, responder)
+                    .await;
+                // The whole body was read: the connection may be reused.
+                if let Some(l) = lent {
+                    l.give_back();
+                }
+                r
+            }
+            p => answer(sent, ev, ctx, p, policy.settings.mode),
+        },
         Err(stop) => responder.stop(ev, stop),
     }
 }
@@ -256,7 +320,10 @@ fn ambiguous_answer(h: &HeaderMap) -> Option<&'static str> {
 }
 
 /// An allowed request, on its way: checked addresses, the origin chosen,
-/// the request rewritten for it, sent.
+/// the request rewritten for it, sent. A package request for an ecosystem
+/// with a mirror goes to the mirror instead (its path mapped, its headers
+/// injected, its addresses not judged by the exceptions).
+#[allow(clippy::too_many_arguments)]
 async fn reach_origin(
     ctx: &ProxyCtx,
     policy: &Policy,
@@ -265,7 +332,11 @@ async fn reach_origin(
     inbound: &Inbound<'_>,
     d: &Decision<'_>,
     now: i64,
+    mirror: Option<(Ecosystem, &Mirror)>,
 ) -> Result<Sent, Stop> {
+    if let Some((eco, m)) = mirror {
+        return reach_mirror(ctx, policy, req, ev, inbound, eco, m).await;
+    }
     let checked = upstream::check_destination(
         ctx,
         policy,
@@ -281,6 +352,51 @@ async fn reach_origin(
     let client_upgrade = rewrite(&mut req, ctx, &origin, upgrade, d.exception, inbound.scheme)
         .map(|up| (up, req.extensions().get::<Permit>().cloned()));
     send(ctx, req, origin, client_upgrade, ev).await
+}
+
+/// [`reach_origin`] for a registry request served by its mirror.
+async fn reach_mirror(
+    ctx: &ProxyCtx,
+    policy: &Policy,
+    mut req: Request<Incoming>,
+    ev: &mut Event,
+    inbound: &Inbound<'_>,
+    eco: Ecosystem,
+    m: &Mirror,
+) -> Result<Sent, Stop> {
+    let unreachable_mirror = |why: String| unreachable(UpstreamFailure::Connect, why, false);
+    let dest = packages::mirror_dest(m).map_err(unreachable_mirror)?;
+    let addrs = packages::mirror_addrs(ctx, policy, &dest, ev)
+        .await
+        .map_err(|why| unreachable(UpstreamFailure::Resolve, why, false))?;
+    let host = inbound.dest.target.to_string();
+    let pq = req
+        .uri()
+        .path_and_query()
+        .map_or("/", |p| p.as_str())
+        .to_string();
+    let path = packages::mirror_path(m, eco, &host, &pq);
+    *req.uri_mut() = path
+        .parse()
+        .map_err(|_| Stop::Deny(Reason::Malformed, Some("unparsable mirror path".into())))?;
+    ev.add_note(Some(format!("via the {} mirror", eco.as_str())));
+    let scheme = if m.scheme == http::uri::Scheme::HTTP {
+        Scheme::Http
+    } else {
+        Scheme::Https
+    };
+    let via = Inbound {
+        client: inbound.client,
+        dest: &dest,
+        path: &path,
+        scheme,
+    };
+    let origin = Origin::choose(ctx, &req, ev, &via, &addrs, false)?;
+    rewrite(&mut req, ctx, &origin, None, None, scheme);
+    for h in &m.inject {
+        req.headers_mut().insert(h.name.clone(), h.value.clone());
+    }
+    send(ctx, req, origin, None, ev).await
 }
 
 fn unreachable(kind: UpstreamFailure, message: impl ToString, timeout: bool) -> Stop {
@@ -438,7 +554,7 @@ async fn send(
     let sent = async {
         match (&origin.tls, origin.addr) {
             (Some(c), _) => c
-                .request(req)
+                .request(req.map(|b| b.boxed()))
                 .await
                 .map(|r| (r, None))
                 .map_err(|e| error_chain(&e)),
@@ -489,7 +605,15 @@ async fn send(
 /// The origin's response, on its way to the client: hop-by-hop headers
 /// out, `Via` in, and either a body that writes the line when it ends or,
 /// for a WebSocket the origin accepted, the upgraded connection relayed.
-fn answer(sent: Sent, mut ev: Event, rec: &Recorder) -> Response<ProxyBody> {
+/// A pinned download's body is hashed on its way ([`packages::Verified`]).
+fn answer(
+    sent: Sent,
+    mut ev: Event,
+    ctx: &ProxyCtx,
+    plan: Option<Plan>,
+    mode: policy::Mode,
+) -> Response<ProxyBody> {
+    let rec = &ctx.recorder;
     let Sent {
         mut resp,
         lent,
@@ -517,14 +641,30 @@ fn answer(sent: Sent, mut ev: Event, rec: &Recorder) -> Response<ProxyBody> {
         let (parts, _) = resp.into_parts();
         return Response::from_parts(parts, respond::full(""));
     }
+    if let Some(p) = &plan {
+        packages::note_go_mod(ctx, p, resp.headers());
+    }
     let (parts, body) = resp.into_parts();
+    let (inner, integrity): (ProxyBody, _) = match plan {
+        Some(Plan {
+            what: PlanKind::Download { verify, cut },
+            ..
+        }) if !verify.is_empty() && parts.status == StatusCode::OK => {
+            let v = packages::Verified::new(body, verify, cut);
+            let outcome = v.outcome.clone();
+            (v.boxed(), Some(outcome))
+        }
+        _ => (body.map_err(BoxError::from).boxed(), None),
+    };
     let body = Recorded {
-        inner: body,
+        inner,
         up: up_bytes,
         down: 0,
         event: Some(ev),
         recorder: rec.clone(),
         lent,
+        integrity,
+        mode,
     };
     Response::from_parts(parts, body.boxed())
 }
@@ -575,6 +715,19 @@ pub(crate) fn truncate_path(p: &str) -> String {
         end -= 1;
     }
     format!("{}…", &p[..end])
+}
+
+/// The ecosystem whose registry `dest` is, when the policy enforces it.
+fn package_gated(policy: &Policy, dest: &Dest) -> Option<Ecosystem> {
+    match &dest.target {
+        crate::policy::host::Target::Name(h) => policy.package_gated(h.as_str()),
+        crate::policy::host::Target::Ip(_) => None,
+    }
+}
+
+/// The policy's package sets.
+fn package_policy(policy: &Policy) -> &PackagePolicy {
+    &policy.packages
 }
 
 /// Removes hop-by-hop headers, including those the `Connection` header names.
@@ -662,7 +815,7 @@ fn error_chain(e: &dyn std::error::Error) -> String {
 /// A response body that writes the request's log line once it is done
 /// (fully sent, failed, or abandoned by the client): one line, always.
 struct Recorded {
-    inner: Incoming,
+    inner: ProxyBody,
     up: Arc<AtomicU64>,
     down: u64,
     event: Option<Event>,
@@ -670,6 +823,9 @@ struct Recorded {
     /// The pooled origin connection, given back once the response has
     /// been read to its end (and dropped, closing it, otherwise).
     lent: Option<pool::Lent>,
+    /// A pinned download's check ([`packages::Verified`]'s outcome).
+    integrity: Option<Arc<std::sync::atomic::AtomicU8>>,
+    mode: policy::Mode,
 }
 
 impl Recorded {
@@ -685,6 +841,9 @@ impl Recorded {
             if error.is_some() {
                 ev.error = error;
             }
+            if let Some(outcome) = &self.integrity {
+                packages::note_integrity(&mut ev, outcome.load(Ordering::Relaxed), self.mode);
+            }
             self.recorder.record(ev);
         }
     }
@@ -692,11 +851,11 @@ impl Recorded {
 
 impl Body for Recorded {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = BoxError;
     fn poll_frame(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let r = Pin::new(&mut self.inner).poll_frame(cx);
         match &r {
             Poll::Ready(Some(Ok(f))) => {

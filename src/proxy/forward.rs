@@ -15,7 +15,6 @@ use super::dest::{check_host_headers, parse_authority, Dest};
 use super::exchange::{decide_and_forward, request_event, truncate_path, Inbound, Scheme};
 use super::respond::{self, ProxyBody, Responder, Stop};
 use super::ProxyCtx;
-use crate::policy::path::normalize_path;
 use crate::policy::Proto;
 use crate::record::Event;
 
@@ -75,7 +74,7 @@ fn read_target<B>(req: &Request<B>, ev: &mut Event) -> Result<(Dest, String), St
     ev.host = Some(dest.target.to_string());
     ev.port = Some(dest.port);
     check_host_headers(req.headers(), &dest).map_err(|(r, d)| Stop::Deny(r, d))?;
-    let path = normalize_path(uri.path()).map_err(Stop::malformed)?;
+    let path = super::packages::policy_path(&dest.target, uri.path()).map_err(Stop::malformed)?;
     ev.path = Some(truncate_path(&path));
     Ok((dest, path))
 }

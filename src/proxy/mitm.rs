@@ -44,7 +44,6 @@ use super::sni::{Hello, SniRule};
 use super::tls_origins::TlsOrigins;
 use super::upstream::Egress;
 use super::{ProxyCtx, MAX_HEADER_BYTES};
-use crate::policy::path::normalize_path;
 use crate::policy::{ClientIdx, Proto, Reason};
 use crate::record::Event;
 use crate::shutdown::Permit;
@@ -392,5 +391,5 @@ fn read_inner<B>(req: &Request<B>, dest: &Dest, scheme: Scheme) -> Result<String
         }
     }
     check_host_headers(req.headers(), dest).map_err(|(r, d)| Stop::Deny(r, d))?;
-    normalize_path(req.uri().path()).map_err(Stop::malformed)
+    super::packages::policy_path(&dest.target, req.uri().path()).map_err(Stop::malformed)
 }

@@ -22,6 +22,7 @@ pub mod dest;
 mod exchange;
 pub mod forward;
 pub mod mitm;
+pub(crate) mod packages;
 pub mod pool;
 pub(crate) mod relay;
 pub mod respond;
@@ -71,6 +72,8 @@ pub struct ProxyCtx {
     /// One per open client connection, [`MAX_CONNECTIONS`] in all: the
     /// bound, and what a drain waits for.
     pub connections: Permits,
+    /// The package gate's views of registry indexes (short-lived cache).
+    pub(crate) package_views: packages::Views,
 }
 
 impl ProxyCtx {

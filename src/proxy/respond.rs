@@ -19,7 +19,11 @@ use crate::policy::{Proto, Reason};
 use crate::record::{Event, Recorder, UpstreamFailure};
 use crate::time::unix_now;
 
-pub type ProxyBody = BoxBody<Bytes, hyper::Error>;
+/// What a body handed to hyper may fail with: the origin's error, or
+/// egressd's own (a download cut for not matching its pin).
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+pub type ProxyBody = BoxBody<Bytes, BoxError>;
 
 pub const REASON_HEADER: &str = "x-egressd-reason";
 
@@ -32,7 +36,7 @@ pub fn status_for(reason: Reason) -> StatusCode {
     match reason {
         Reason::Malformed => StatusCode::BAD_REQUEST,
         Reason::LogUnavailable | Reason::Overloaded => StatusCode::SERVICE_UNAVAILABLE,
-        Reason::UpstreamError => StatusCode::BAD_GATEWAY,
+        Reason::UpstreamError | Reason::PackageIndexUnfilterable => StatusCode::BAD_GATEWAY,
         _ => StatusCode::FORBIDDEN,
     }
 }

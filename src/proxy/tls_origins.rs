@@ -16,7 +16,6 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use http::Uri;
-use hyper::body::Incoming;
 use hyper_util::client::legacy::connect::{Connected, Connection};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
@@ -25,7 +24,6 @@ use rustls_pki_types::ServerName;
 use tokio::net::TcpStream;
 
 use super::dest::Dest;
-use super::relay::meter::Counted;
 use super::upstream::{Egress, POOL_IDLE, POOL_MAX_IDLE_PER_ADDR};
 use crate::policy::host::Target;
 use crate::tls::lru::Lru;
@@ -42,8 +40,12 @@ pub const MAX_ORIGINS: usize = 256;
 #[derive(Debug, Clone, Copy)]
 pub struct UpstreamAddr(pub SocketAddr);
 
+/// What an HTTPS request to an origin carries: a client's body (counted)
+/// or egressd's own empty one (an index the package gate reads).
+pub type OutBody = http_body_util::combinators::BoxBody<bytes::Bytes, hyper::Error>;
+
 /// An HTTPS client bound to one origin name and its checked addresses.
-pub type TlsClient = Client<TlsConnect, Counted<Incoming>>;
+pub type TlsClient = Client<TlsConnect, OutBody>;
 
 #[derive(Clone, PartialEq, Eq, Hash)]
 struct OriginKey {

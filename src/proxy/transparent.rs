@@ -72,7 +72,6 @@ use super::{forward, mitm, tunnel, ProxyCtx};
 use crate::dns::inside;
 use crate::metrics::ActiveGuard;
 use crate::policy::host::{parse_host, Target};
-use crate::policy::path::normalize_path;
 use crate::policy::{
     self, canonical_ip, ClientIdx, Decision, Exception, Policy, Proto, Reason, Verdict,
 };
@@ -429,7 +428,7 @@ fn captured_path<B>(req: &Request<B>, dest: &Dest, orig: SocketAddr) -> Result<S
             )),
         ));
     }
-    normalize_path(req.uri().path()).map_err(Stop::malformed)
+    super::packages::policy_path(&dest.target, req.uri().path()).map_err(Stop::malformed)
 }
 
 /// The name of a connection that names nothing itself: the most recent

@@ -61,6 +61,14 @@ impl Event {
         uint(out, self.bytes_down);
         out.extend_from_slice(b",\"duration_ms\":");
         uint(out, self.duration_ms);
+        if let Some(p) = &self.package {
+            out.extend_from_slice(b",\"package\":");
+            package(out, p);
+        }
+        if let Some(o) = self.origin {
+            out.extend_from_slice(b",\"origin\":");
+            json_str(out, o);
+        }
         for (key, value) in [
             (&b",\"qname\":"[..], self.qname.as_deref()),
             (b",\"qtype\":", self.qtype.as_deref()),
@@ -75,6 +83,24 @@ impl Event {
         }
         out.extend_from_slice(b"}\n");
     }
+}
+
+/// The `package` object: `{ecosystem, name, version, set}` and, for a
+/// filtered index only, `versions_hidden`.
+pub(super) fn package(out: &mut Vec<u8>, p: &super::PackageLine) {
+    out.extend_from_slice(b"{\"ecosystem\":");
+    word(out, p.ecosystem.as_str());
+    out.extend_from_slice(b",\"name\":");
+    opt_str(out, p.name.as_deref());
+    out.extend_from_slice(b",\"version\":");
+    opt_str(out, p.version.as_deref());
+    out.extend_from_slice(b",\"set\":");
+    opt_str(out, p.set.as_deref());
+    if let Some(n) = p.versions_hidden() {
+        out.extend_from_slice(b",\"versions_hidden\":");
+        uint(out, n);
+    }
+    out.push(b'}');
 }
 
 pub(super) fn opt_str(out: &mut Vec<u8>, s: Option<&str>) {
@@ -396,6 +422,49 @@ mod tests {
                 "\n"
             )
         );
+    }
+
+    #[test]
+    fn package_requests_carry_their_package_and_own_fetches_their_origin() {
+        use crate::policy::packages::decide::PackageReason;
+        use crate::policy::packages::Ecosystem;
+        let mut ev = Event::new(Proto::Tls, "10.0.0.1:1".parse().unwrap());
+        assert!(line(&ev).get("package").is_none());
+        assert!(line(&ev).get("origin").is_none());
+        ev.package = Some(Box::new(crate::record::PackageLine {
+            ecosystem: Ecosystem::Pypi,
+            name: Some("requests".into()),
+            version: None,
+            set: Some(Arc::from("py-agent-runtime")),
+            reason: None,
+            hidden: Some(vec![
+                (PackageReason::TooNew, 2),
+                (PackageReason::VersionNotApproved, 1),
+            ]),
+        }));
+        ev.origin = Some("egressd");
+        let v = line(&ev);
+        assert_eq!(
+            v["package"],
+            serde_json::json!({"ecosystem": "pypi", "name": "requests", "version": null,
+                               "set": "py-agent-runtime", "versions_hidden": 3})
+        );
+        assert_eq!(v["origin"], "egressd");
+        // A download: a version, no versions_hidden.
+        let p = ev.package.as_mut().unwrap();
+        p.version = Some("2.32.\"3".into());
+        p.hidden = None;
+        p.set = None;
+        let v = line(&ev);
+        assert_eq!(
+            v["package"],
+            serde_json::json!({"ecosystem": "pypi", "name": "requests", "version": "2.32.\"3", "set": null})
+        );
+        let mut o = Vec::new();
+        ev.write_ocsf(&mut o);
+        let o: serde_json::Value = serde_json::from_slice(&o).unwrap();
+        assert_eq!(o["unmapped"]["egressd"]["package"], v["package"]);
+        assert_eq!(o["unmapped"]["egressd"]["origin"], "egressd");
     }
 
     #[test]

@@ -18,6 +18,8 @@ use std::time::Instant;
 
 use crate::log::LogSink;
 use crate::metrics::Metrics;
+use crate::policy::packages::decide::PackageReason;
+use crate::policy::packages::Ecosystem;
 use crate::policy::{Decision, Logged, Mode, Proto, Reason};
 use crate::time::unix_now_millis;
 
@@ -61,7 +63,42 @@ pub struct Event {
     /// Extra detail, e.g. which resolved addresses were refused; written
     /// only when set.
     pub note: Option<String>,
+    /// A request the package gate decided (DESIGN "Packages"); written
+    /// only when set, and counted in the package metrics.
+    pub package: Option<Box<PackageLine>>,
+    /// `"egressd"` for a request egressd made for itself (an index the
+    /// gate fetched to authorise a download); written only when set.
+    pub origin: Option<&'static str>,
     pub started: Option<Instant>,
+}
+
+/// What the package gate decided about one request: the line's `package`
+/// object, and the labels of `egressd_package_decisions_total`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PackageLine {
+    pub ecosystem: Ecosystem,
+    /// Normalised; `None` only for a registry path the gate could not read
+    /// (`package_unparseable`).
+    pub name: Option<String>,
+    /// `None` for an index document.
+    pub version: Option<String>,
+    /// The set that allowed, or whose entry held or denied.
+    pub set: Option<Arc<str>>,
+    /// The package denial; `None` when the gate allowed (the metric's
+    /// `reason="exception"`).
+    pub reason: Option<PackageReason>,
+    /// Versions a filtered index hid, per reason (the line writes their
+    /// total as `versions_hidden`, only for a filtered index).
+    pub hidden: Option<Vec<(PackageReason, u32)>>,
+}
+
+impl PackageLine {
+    /// The line's `versions_hidden`: set for a filtered index only.
+    pub fn versions_hidden(&self) -> Option<u64> {
+        self.hidden
+            .as_ref()
+            .map(|h| h.iter().map(|(_, n)| u64::from(*n)).sum())
+    }
 }
 
 /// The `client` of a request no client entry names.
@@ -99,6 +136,8 @@ impl Event {
             upstream: None,
             dns_attempts: Attempts::default(),
             note: None,
+            package: None,
+            origin: None,
             started: Some(Instant::now()),
         }
     }
@@ -307,6 +346,16 @@ impl Recorder {
             self.metrics
                 .count_upstream_error(Proto::Dns, kind.as_str(), n);
         }
+        if let Some(p) = &ev.package {
+            let set = p.set.as_deref().unwrap_or("-");
+            let reason = p.reason.map_or("exception", PackageReason::as_str);
+            self.metrics
+                .count_package(p.ecosystem, set, ev.decision.as_str(), reason);
+            for (r, n) in p.hidden.iter().flatten() {
+                self.metrics
+                    .count_versions_hidden(p.ecosystem, set, r.as_str(), u64::from(*n));
+            }
+        }
     }
 }
 
@@ -347,6 +396,39 @@ mod tests {
         rec.record(Event::new(Proto::Http, "10.0.0.1:2".parse().unwrap()));
         assert_eq!(upstream_errors(&m, "connect", "resolve"), 1);
         assert_eq!(upstream_errors(&m, "http", "connect"), 0);
+    }
+
+    #[test]
+    fn package_requests_are_counted_by_ecosystem_set_decision_and_reason() {
+        let (_dir, rec) = recorder();
+        let pkg = |set: Option<&str>, reason, hidden| {
+            Some(Box::new(PackageLine {
+                ecosystem: Ecosystem::Npm,
+                name: Some("left-pad".into()),
+                version: None,
+                set: set.map(Arc::from),
+                reason,
+                hidden,
+            }))
+        };
+        let mut ok = Event::new(Proto::Tls, "10.0.0.1:1".parse().unwrap());
+        ok.decision = Logged::Allow;
+        ok.reason = Reason::Exception;
+        ok.package = pkg(Some("js"), None, Some(vec![(PackageReason::TooNew, 3)]));
+        rec.record(ok);
+        let mut no = Event::new(Proto::Tls, "10.0.0.1:1".parse().unwrap());
+        no.package = pkg(None, Some(PackageReason::NotApproved), None);
+        rec.record(no);
+        rec.record(Event::new(Proto::Tls, "10.0.0.1:1".parse().unwrap()));
+        let m = &rec.metrics;
+        let d = |l: &[&str]| m.package_decisions.with_label_values(l).get();
+        assert_eq!(d(&["npm", "js", "allow", "exception"]), 1);
+        assert_eq!(d(&["npm", "-", "deny", "package_not_approved"]), 1);
+        let h = m
+            .package_versions_hidden
+            .with_label_values(&["npm", "js", "package_too_new"])
+            .get();
+        assert_eq!(h, 3);
     }
 
     #[test]

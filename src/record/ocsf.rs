@@ -12,8 +12,8 @@
 //! `status_code`, the line's `note` `status_detail`, bytes `traffic`,
 //! `time` is the arrival in epoch milliseconds and `duration` milliseconds.
 //! What OCSF has no attribute for (`proto`, `mode`, an upstream `error`,
-//! a CONNECT's method, a dialled port that differs from the requested one)
-//! is under `unmapped.egressd`. `report::read` reads these events back into the same
+//! a CONNECT's method, a dialled port that differs from the requested one,
+//! the package gate's `package` and egressd's own fetches' `origin`) is under `unmapped.egressd`. `report::read` reads these events back into the same
 //! fields as an egressd line.
 //!
 //! Written by hand with the egressd line's helpers (one JSON object and a
@@ -22,7 +22,7 @@
 
 use std::net::IpAddr;
 
-use super::json::{ip, json_str, uint, word};
+use super::json::{ip, json_str, package, uint, word};
 use super::Event;
 use crate::policy::decision::enforced;
 use crate::policy::{Logged, Proto};
@@ -248,6 +248,14 @@ impl Event {
         if let Some(e) = &self.error {
             out.extend_from_slice(b",\"error\":");
             json_str(out, e);
+        }
+        if let Some(p) = &self.package {
+            out.extend_from_slice(b",\"package\":");
+            package(out, p);
+        }
+        if let Some(o) = self.origin {
+            out.extend_from_slice(b",\"origin\":");
+            json_str(out, o);
         }
         if let Some(a) = self.addr {
             if self.port != Some(a.port()) {

@@ -374,6 +374,93 @@ async fn allowed_names_are_answered_and_cached() {
     );
 }
 
+/// A query answered from the wire cache is decided, logged and counted
+/// like any other: its id, flags and question (0x20 case) are its own, its
+/// TTL has aged, and a reload that changes what the exception reaches
+/// changes the answer at once.
+#[tokio::test]
+async fn a_cached_answer_is_still_decided_logged_and_counted() {
+    let up = fake_dns();
+    up.set("allowed.test", &["127.0.0.5", "127.0.0.6"]);
+    let e = start(basic(), &up).await;
+    let first = udp(e.addr, "allowed.test", RecordType::A).await;
+    assert_eq!(addrs(&first), vec![ip("127.0.0.5"), ip("127.0.0.6")]);
+    for (i, name) in ["AlLoWeD.tEsT", "allowed.test", "ALLOWED.TEST"]
+        .iter()
+        .enumerate()
+    {
+        let mut m = query(name, RecordType::A);
+        m.metadata.id = 0x4000 + i as u16;
+        m.metadata.checking_disabled = i == 1;
+        let raw = m.to_vec().unwrap();
+        let got = udp_raw(e.addr, &raw).await.expect("answered");
+        let r = Message::from_vec(&got).unwrap();
+        assert_eq!(r.metadata.id, 0x4000 + i as u16);
+        assert_eq!(r.metadata.checking_disabled, i == 1);
+        assert_eq!(
+            &got[12..12 + name.len() + 6],
+            &raw[12..12 + name.len() + 6],
+            "the question comes back as asked"
+        );
+        assert_eq!(addrs(&r), vec![ip("127.0.0.5"), ip("127.0.0.6")]);
+        assert!(r
+            .answers
+            .iter()
+            .all(|a| a.ttl <= first.answers[0].ttl && a.ttl > 0));
+        assert!(r.edns.is_some());
+    }
+    assert_eq!(up.queries().len(), 1, "answered from egressd's caches");
+    let lines = e.wait_lines(4).await;
+    for l in &lines {
+        assert_eq!(
+            (&l["decision"], &l["exception"], &l["qname"], &l["rcode"]),
+            (
+                &"allow".into(),
+                &"allowed".into(),
+                &"allowed.test".into(),
+                &"NOERROR".into()
+            )
+        );
+    }
+    assert_eq!(
+        e.metric(
+            "egressd_exception_hits_total",
+            &[("exception", "allowed"), ("owner", "team-a")]
+        ),
+        4.0
+    );
+    assert_eq!(
+        e.metric("egressd_dns_cache_total", &[("result", "hit")]),
+        3.0
+    );
+
+    // A reload: the same name, now allowed only to 127.0.0.5.
+    let narrower = policy()
+        .exception("allowed")
+        .owner("team-a")
+        .reason("narrower")
+        .host("allowed.test")
+        .cidr("127.0.0.5/32");
+    e.policy.swap(from_yaml(&narrower.yaml()).unwrap());
+    let r = udp(e.addr, "allowed.test", RecordType::A).await;
+    assert_eq!(
+        addrs(&r),
+        vec![ip("127.0.0.5")],
+        "the old answer is not served"
+    );
+    // And removed: refused, though its answer was cached a moment ago.
+    e.policy
+        .swap(from_yaml(&and(policy(), "other", "other.test").yaml()).unwrap());
+    let r = udp(e.addr, "allowed.test", RecordType::A).await;
+    assert_blocked(&r, ResponseCode::Refused, "no_exception");
+    let lines = e.wait_lines(6).await;
+    assert_eq!(lines[4]["decision"], "allow");
+    assert!(lines[4]["note"]
+        .as_str()
+        .is_some_and(|n| n.contains("127.0.0.6")));
+    assert_eq!(lines[5]["reason"], "no_exception");
+}
+
 #[tokio::test]
 async fn negative_answers_are_cached() {
     let up = fake_dns();

@@ -669,3 +669,110 @@ fn run_explain_loads_and_reports_errors() {
         2
     );
 }
+
+/// Package sets load with the exceptions: their lints are `check`
+/// warnings at the set's or the entry's line, their errors located
+/// `file:line:col` errors, their ids one space with exceptions'.
+#[test]
+fn check_warns_about_package_sets_and_locates_their_errors() {
+    let dir = scratch();
+    let sets = "packages:
+  - id: js
+    owner: web
+    reason: front-end builds
+    ecosystem: npm
+    allow: [left-pad]
+  - id: py
+    owner: python
+    reason: runtime
+    ecosystem: pypi
+    expires: 2027-01-01
+    min_age: 1d
+    allow:
+      - \"lodash-not-python >=1\"
+      - \"requests >=2,<3\"
+    deny:
+      - requests
+";
+    let f = dir.file(
+        "p.yaml",
+        &format!(
+            "settings:\n  packages: {{ enforce: [pypi] }}\n{HEAD}{}{sets}",
+            one("reg", "    hosts: [pypi.org]\n")
+        ),
+    );
+    let (code, out, err) = check(dir.dir());
+    assert_eq!(code, 0, "{out}{err}");
+    let lines: Vec<&str> = out.lines().collect();
+    let expect = [
+        (9, "package set \"js\" approves npm packages, but settings.packages.enforce does not list npm"),
+        (13, "left-pad approves every version with min_age 0"),
+        (14, "package set \"py\" has expired"),
+        (22, "allow requests >=2,<3 is fully covered by deny requests "),
+    ];
+    assert_eq!(lines.len(), expect.len() + 1, "{out}");
+    for ((line, msg), got) in expect.iter().zip(&lines) {
+        let prefix = format!("{}:{line}: warning: ", f.display());
+        assert!(got.starts_with(&prefix), "want {prefix}…\n got {got}");
+        assert!(got.contains(msg), "want {msg:?}\n got {got}");
+    }
+    let p = load(dir.dir()).unwrap();
+    let kinds: Vec<Lint> = lint(&p, NOW).iter().map(|w| w.kind).collect();
+    assert_eq!(
+        kinds,
+        [
+            Lint::PackageNotEnforced,
+            Lint::PackageNoQuarantine,
+            Lint::PackageSetExpired,
+            Lint::PackageCoveredByDeny
+        ]
+    );
+
+    // A bad constraint, an unknown key and an id an exception has: each
+    // an error at its place, and the policy not loaded.
+    let bad = sets
+        .replace("[left-pad]", "[\"left-pad ^^1\"]")
+        .replace("    min_age: 1d\n", "    min_age: 1d\n    allows: []\n")
+        .replace("id: js", "id: reg");
+    dir.file(
+        "p.yaml",
+        &format!(
+            "settings:\n  packages: {{ enforce: [pypi] }}\n{HEAD}{}{bad}",
+            one("reg", "    hosts: [pypi.org]\n")
+        ),
+    );
+    let (code, out, err) = check(dir.dir());
+    assert_eq!(code, 1, "{out}{err}");
+    assert!(
+        err.starts_with(&format!(
+            "error: {}:20:5: packages[1]: unknown field `allows`",
+            f.display()
+        )),
+        "{err}"
+    );
+    dir.file(
+        "p.yaml",
+        &format!(
+            "settings:\n  packages: {{ enforce: [pypi] }}\n{HEAD}{}{}",
+            one("reg", "    hosts: [pypi.org]\n"),
+            sets.replace("[left-pad]", "[\"left-pad ^^1\"]")
+                .replace("id: py", "id: reg")
+        ),
+    );
+    let (code, _, err) = check(dir.dir());
+    assert_eq!(code, 1);
+    let errs: Vec<&str> = err.lines().collect();
+    assert_eq!(errs.len(), 3, "{err}");
+    assert!(
+        errs[0].starts_with(&format!("error: {}:13:", f.display()))
+            && errs[0].contains("package set \"js\": left-pad: "),
+        "{err}"
+    );
+    assert!(
+        errs[1].starts_with(&format!(
+            "error: {}:14:5: package set id \"reg\" is also an exception id",
+            f.display()
+        )),
+        "{err}"
+    );
+}

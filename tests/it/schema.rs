@@ -258,6 +258,43 @@ exceptions:
     cidrs: [10.20.0.0/16, "2001:db8::/32"]
 "##,
     ),
+    (
+        "packages.yaml",
+        r##"settings:
+  packages:
+    enforce: [pypi, npm, cargo, go]
+    min_age: 3d
+    time_unknown: allow
+    mirrors:
+      pypi: { url: "https://mirror.corp/api/pypi/pypi/simple/", inject: { headers: { Authorization: "Bearer ${env:MIRROR}" } } }
+      npm: { url: "https://mirror.corp/api/npm/npm/", inject: { headers: { Authorization: "Bearer ${env:MIRROR}" } } }
+      cargo: { url: "https://mirror.corp/api/cargo/crates/", inject: { headers: { X-Token: "${env:MIRROR}" } } }
+      go: { url: "http://goproxy.corp/", inject: { headers: {} } }
+packages:
+  - id: py-agent-runtime
+    owner: python-platform
+    reason: vetted runtime deps
+    ticket: SEC-1301
+    expires: 2099-06-01
+    ecosystem: pypi
+    clients: ["ci-*"]
+    min_age: 7d
+    allow:
+      - requests >=2.31,<3
+      - urllib3
+      - { name: numpy, versions: ">=1.26", min_age: 0d }
+      - { name: certifi, versions: "==2024.8.30", sha256: "9F86D081884C7D659A2FEAA0C55AD015A3BF4F1B2B0B822CD15D6C15B0F00A08" }
+      - { name: idna, sha256: ["sha256:9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"] }
+    deny:
+      - { name: ultralytics, versions: "==8.3.41", reason: compromised release }
+      - colorama <0.4
+  - id: js
+    owner: web
+    reason: front-end builds
+    ecosystem: npm
+    allow: ["@types/node ^20.0.0", left-pad]
+"##,
+    ),
     ("only-settings.yaml", "settings:\n  mode: enforce\n"),
     ("empty-list.yaml", "exceptions: []\n"),
 ];
@@ -324,6 +361,17 @@ const INVALID: &[(&str, &str)] = &[
     ("client-empty-sources", "settings:\n  clients:\n    - id: a\n      sources: []\n"),
     ("header-name-with-space", "exceptions:\n  - id: x\n    owner: o\n    reason: r\n    hosts: [a.example.com]\n    inject: { headers: { \"Bad Header\": v } }\n"),
     ("settings-a-list", "settings:\n  - mode: enforce\n"),
+    ("unknown-package-set-key", "packages:\n  - id: p\n    owner: o\n    reason: r\n    ecosystem: pypi\n    allow: [requests]\n    alow: [x]\n"),
+    ("package-set-no-ecosystem", "packages:\n  - id: p\n    owner: o\n    reason: r\n    allow: [requests]\n"),
+    ("package-set-no-owner", "packages:\n  - id: p\n    reason: r\n    ecosystem: pypi\n    allow: [requests]\n"),
+    ("package-ecosystem-bad", "packages:\n  - id: p\n    owner: o\n    reason: r\n    ecosystem: rubygems\n    allow: [rails]\n"),
+    ("package-allow-unknown-key", "packages:\n  - id: p\n    owner: o\n    reason: r\n    ecosystem: pypi\n    allow: [{ name: requests, version: \"==2\" }]\n"),
+    ("package-sha256-short", "packages:\n  - id: p\n    owner: o\n    reason: r\n    ecosystem: pypi\n    allow: [{ name: requests, sha256: abc }]\n"),
+    ("package-settings-unknown-key", "settings:\n  packages: { enforced: [pypi] }\n"),
+    ("package-enforce-empty", "settings:\n  packages: { enforce: [] }\n"),
+    ("package-enforce-bad", "settings:\n  packages: { enforce: [maven] }\n"),
+    ("package-mirror-unknown-ecosystem", "settings:\n  packages: { mirrors: { maven: { url: \"https://m.corp/\" } } }\n"),
+    ("package-time-unknown-bad", "settings:\n  packages: { time_unknown: maybe }\n"),
 ];
 
 fn write_all(dir: &Path, files: &[(&str, &str)], ext: &str) -> Vec<PathBuf> {
@@ -373,7 +421,7 @@ fn schema_paths(schema: &serde_json::Value) -> BTreeSet<String> {
         out: &mut BTreeSet<String>,
         depth: usize,
     ) {
-        assert!(depth < 16, "schema nests too deep at {at}");
+        assert!(depth < 24, "schema nests too deep at {at}");
         if let Some(r) = s.get("$ref").and_then(|r| r.as_str()) {
             let name = r.trim_start_matches("#/definitions/");
             return walk(&defs[name], defs, at, out, depth + 1);

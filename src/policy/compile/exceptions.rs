@@ -318,7 +318,10 @@ fn empty_lists(r: &RawException, report: &mut dyn FnMut(String)) {
 }
 
 /// Expands `${env:NAME}` and `${file:PATH}` in an injected header value.
-fn expand_secret(v: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<String, String> {
+pub(super) fn expand_secret(
+    v: &str,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<String, String> {
     let mut out = String::new();
     let mut rest = v;
     while let Some(start) = rest.find("${") {

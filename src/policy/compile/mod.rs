@@ -2,7 +2,7 @@
 //! the first load and every reload go through ([`compile`]), one call per
 //! concern: every file parsed (an empty one refused: it is a half-written
 //! file), the settings ([`settings`]), the exceptions and the matcher over
-//! them ([`exceptions`]). Every error is collected with its
+//! them ([`exceptions`]), the package sets ([`packages`]). Every error is collected with its
 //! file:line:column ([`locate`]); a policy with any error is refused whole.
 //!
 //! Owns validation. Does not own reading files (`read_sources`) or the
@@ -10,6 +10,7 @@
 
 mod exceptions;
 mod locate;
+mod packages;
 mod settings;
 
 use super::raw::RawFile;
@@ -35,6 +36,7 @@ pub fn compile_digested(
     let mut errors = Errors::default();
     let (settings, clients) = settings::settings(&parsed, &mut errors);
     let (exceptions, matcher) = exceptions::exceptions(&parsed, &clients, env, &mut errors);
+    let packages = packages::packages(&parsed, &settings, &clients, &exceptions, env, &mut errors);
     if !errors.0.is_empty() {
         return Err(LoadError(errors.0));
     }
@@ -45,6 +47,7 @@ pub fn compile_digested(
         files: sources.iter().map(|s| s.path.clone()).collect(),
         digest,
         matcher,
+        packages,
     })
 }
 

@@ -55,7 +55,21 @@ pub struct PackageLint {
     pub file: PathBuf,
     pub line: usize,
     pub set: Arc<str>,
+    pub kind: PackageLintKind,
     pub message: String,
+}
+
+/// Which rule a [`PackageLint`] comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum PackageLintKind {
+    /// The set's ecosystem is not in `settings.packages.enforce`.
+    NotEnforced,
+    /// The set is past its `expires`.
+    SetExpired,
+    /// An allow entry a deny entry fully covers.
+    CoveredByDeny,
+    /// Every version approved with `min_age` 0.
+    NoQuarantine,
 }
 
 /// The files' `packages:` lists, as the main compile parsed them.
@@ -626,17 +640,18 @@ fn mirror(
 /// name approved with no release-age quarantine, an expired set.
 pub fn lints(p: &PackagePolicy, now: i64) -> Vec<PackageLint> {
     let mut out = Vec::new();
-    let mut lint = |set: &PackageSet, line: usize, message: String| {
+    let mut lint = |set: &PackageSet, line: usize, kind: PackageLintKind, message: String| {
         out.push(PackageLint {
             file: set.file.clone(),
             line,
             set: set.id.clone(),
+            kind,
             message,
         })
     };
     for set in &p.sets {
         if !p.settings.enforces(set.ecosystem) {
-            lint(set, set.line, format!(
+            lint(set, set.line, PackageLintKind::NotEnforced, format!(
                 "package set {:?} approves {} packages, but settings.packages.enforce does not list {}: that registry's traffic is not gated",
                 set.id, set.ecosystem.as_str(), set.ecosystem.as_str()
             ));
@@ -645,6 +660,7 @@ pub fn lints(p: &PackagePolicy, now: i64) -> Vec<PackageLint> {
             lint(
                 set,
                 set.line,
+                PackageLintKind::SetExpired,
                 format!("package set {:?} has expired: it approves nothing", set.id),
             );
         }
@@ -652,14 +668,14 @@ pub fn lints(p: &PackagePolicy, now: i64) -> Vec<PackageLint> {
             for &r in p.denies_of(set.ecosystem, &a.name) {
                 let (dset, d) = p.deny_entry(r);
                 if a.versions.covered_by(&d.versions) {
-                    lint(set, a.line, format!(
+                    lint(set, a.line, PackageLintKind::CoveredByDeny, format!(
                         "package set {:?}: allow {} {} is fully covered by deny {} {} in set {:?}: it approves nothing",
                         set.id, a.written, a.versions, d.written, d.versions, dset.id
                     ));
                 }
             }
             if a.versions.is_any() && p.min_age_of(set, a) == 0 {
-                lint(set, a.line, format!(
+                lint(set, a.line, PackageLintKind::NoQuarantine, format!(
                     "package set {:?}: {} approves every version with min_age 0: a compromised release installs the minute it is published (set min_age, or pin versions)",
                     set.id, a.written
                 ));

@@ -100,10 +100,11 @@ pub mod view;
 #[cfg(test)]
 pub(crate) mod testutil;
 
+use schemars::JsonSchema;
 use serde::Deserialize;
 
 /// The four registries the gate knows.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Deserialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum Ecosystem {
     Pypi,

@@ -12,55 +12,106 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
+use std::borrow::Cow;
+
+use schemars::{json_schema, JsonSchema, Schema, SchemaGenerator};
 use serde::de::{self, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
 
 use super::Ecosystem;
 use crate::policy::raw::{DateField, DurationField, IdField, RawInject};
 
-/// One approved set (`packages:` list item).
-#[derive(Debug, Deserialize)]
+/// One approved package set: the packages of one ecosystem that may be
+/// installed, who answers for them and why.
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RawPackageSet {
+    /// Unique across all files, exceptions included; names the set in logs,
+    /// metrics and reports.
     pub id: IdField,
+    /// The team answerable for the set (required).
+    #[schemars(required, with = "String", pattern("\\S"))]
     pub owner: Option<String>,
+    /// Why the set exists, for the next reviewer (required).
+    #[schemars(required, with = "String", pattern("\\S"))]
     pub reason: Option<String>,
+    /// Where the set was approved (a ticket id or URL).
     pub ticket: Option<String>,
+    /// From this date on the set approves nothing (`package_set_expired`).
     pub expires: Option<DateField>,
-    /// Required; an `Option` so that its absence is reported at the set.
+    /// The registry the set's names belong to (required).
+    // An `Option` so that its absence is reported at the set.
+    #[schemars(required, with = "Ecosystem")]
     pub ecosystem: Option<Ecosystem>,
+    /// Client id patterns (`ci-*`) the set applies to; default every client.
+    #[schemars(length(min = 1))]
     pub clients: Option<Vec<String>>,
+    /// Versions published less than this ago are held back; default
+    /// `settings.packages.min_age`.
     pub min_age: Option<DurationField>,
+    /// Approved packages: `name [constraint]` in the ecosystem's syntax, or
+    /// `{name, versions, min_age, sha256}`.
     #[serde(default)]
     pub allow: Vec<RawAllow>,
+    /// Denied packages or versions: beat every allow of every set.
     #[serde(default)]
     pub deny: Vec<RawDeny>,
 }
 
-/// `settings.packages`.
-#[derive(Debug, Default, Deserialize)]
+/// `settings.packages`: the package gate.
+#[derive(Debug, Default, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RawPackageSettings {
+    /// Ecosystems whose registry traffic goes through the gate (needs
+    /// interception: without `--ca-dir` their CONNECTs are refused).
+    #[schemars(length(min = 1))]
     pub enforce: Option<Vec<Ecosystem>>,
+    /// Versions published less than this ago are held back (default 0d).
     pub min_age: Option<DurationField>,
+    /// A version whose publish time the registry does not say: `deny`
+    /// (default) or `allow`.
     pub time_unknown: Option<TimeUnknown>,
+    /// Per ecosystem, a mirror to fetch from instead of the public registry.
     #[serde(default)]
+    #[schemars(with = "MirrorsSchema")]
     pub mirrors: BTreeMap<Ecosystem, RawMirror>,
 }
 
+/// The schema of `mirrors:` (a map by ecosystem, spelled out so that each
+/// key is described).
+#[derive(JsonSchema)]
+#[serde(deny_unknown_fields)]
+#[allow(dead_code)]
+struct MirrorsSchema {
+    /// Where PyPI requests (pypi.org, files.pythonhosted.org) are sent.
+    pypi: Option<RawMirror>,
+    /// Where npm registry requests are sent.
+    npm: Option<RawMirror>,
+    /// Where crates.io requests (index, downloads) are sent.
+    cargo: Option<RawMirror>,
+    /// Where Go module proxy requests are sent.
+    go: Option<RawMirror>,
+}
+
 /// What to do with a version whose publish time the registry does not say.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, JsonSchema, Default)]
 #[serde(rename_all = "lowercase")]
 pub enum TimeUnknown {
+    /// Hold the version back (`package_time_unknown`).
     #[default]
     Deny,
+    /// Treat it as old enough.
     Allow,
 }
 
-#[derive(Debug, Deserialize)]
+/// A mirror of one ecosystem's registry.
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RawMirror {
+    /// The mirror's index URL (`https://mirror.corp/api/pypi/pypi/simple/`).
+    #[schemars(pattern("^https?://"))]
     pub url: String,
+    /// Credentials sent to the mirror, never shown to the sandbox.
     pub inject: Option<RawInject>,
 }
 
@@ -273,6 +324,93 @@ impl<'de> Deserialize<'de> for RawDeny {
         d.deserialize_any(V)
     }
 }
+
+impl JsonSchema for RawAllow {
+    fn schema_name() -> Cow<'static, str> {
+        "RawAllow".into()
+    }
+    fn json_schema(g: &mut SchemaGenerator) -> Schema {
+        let dur = g.subschema_for::<DurationField>();
+        json_schema!({
+            "description": "An approved package: \"name [constraint]\" (`requests >=2.31,<3`) \
+                or a mapping. Constraints use the ecosystem's syntax.",
+            "anyOf": [
+                {"type": "string", "pattern": "\\S"},
+                {
+                    "type": "object",
+                    "additionalProperties": false,
+                    "required": ["name"],
+                    "properties": {
+                        "name": {
+                            "description": "The package name, as the registry spells it \
+                                (normalised per ecosystem when matched).",
+                            "type": "string",
+                            "pattern": "^\\s*\\S+\\s*$"
+                        },
+                        "versions": {
+                            "description": "A version constraint in the ecosystem's syntax \
+                                (`>=2.31,<3`, `^1.2.0`, `>=v1.2.0, <v2.0.0`); default any.",
+                            "type": "string",
+                            "pattern": "\\S"
+                        },
+                        "min_age": {
+                            "description": "This entry's min_age, over the set's and the settings'.",
+                            "allOf": [dur]
+                        },
+                        "sha256": {
+                            "description": "Pinned file digests: only these files download.",
+                            "anyOf": [
+                                {"type": "string", "pattern": SHA256_PATTERN},
+                                {"type": "array", "minItems": 1,
+                                 "items": {"type": "string", "pattern": SHA256_PATTERN}}
+                            ]
+                        }
+                    }
+                }
+            ]
+        })
+    }
+}
+
+impl JsonSchema for RawDeny {
+    fn schema_name() -> Cow<'static, str> {
+        "RawDeny".into()
+    }
+    fn json_schema(_: &mut SchemaGenerator) -> Schema {
+        json_schema!({
+            "description": "A denied package, or versions of it: \"name [constraint]\" or a \
+                mapping. Beats every allow.",
+            "anyOf": [
+                {"type": "string", "pattern": "\\S"},
+                {
+                    "type": "object",
+                    "additionalProperties": false,
+                    "required": ["name"],
+                    "properties": {
+                        "name": {
+                            "description": "The package name.",
+                            "type": "string",
+                            "pattern": "^\\s*\\S+\\s*$"
+                        },
+                        "versions": {
+                            "description": "The denied versions, in the ecosystem's syntax; \
+                                default every version.",
+                            "type": "string",
+                            "pattern": "\\S"
+                        },
+                        "reason": {
+                            "description": "Why it is denied (shown in the deny message).",
+                            "type": "string"
+                        }
+                    }
+                }
+            ]
+        })
+    }
+}
+
+/// What [`parse_sha256_hex`] accepts.
+const SHA256_PATTERN: &str = "^\\s*(?:sha256:)?[0-9A-Fa-f]{64}\\s*$";
 
 #[cfg(test)]
 mod tests {

@@ -50,6 +50,10 @@ pub const REGISTRY_HOSTS: &[&str] = &[
     "sum.golang.org",
 ];
 
+/// A name the registry's certificate also carries, for a test that
+/// stands one registry up as another's mirror (`settings.packages.mirrors`).
+pub const MIRROR_HOST: &str = "mirror.test";
+
 /// One day, for ages.
 pub const DAY: Duration = Duration::from_secs(86_400);
 
@@ -70,6 +74,17 @@ pub struct Hit {
     pub path: String,
     pub accept: Option<String>,
     pub status: u16,
+    /// Every request header, as received (names lower-case).
+    pub headers: Vec<(String, String)>,
+}
+
+impl Hit {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
 }
 
 /// A document or file the registry serves at one (host, path).
@@ -102,6 +117,9 @@ struct State {
     docs: BTreeMap<(String, String), Doc>,
     packages: BTreeMap<(Eco, String), Vec<Release>>,
     hits: Vec<Hit>,
+    /// Documents served with a `Content-Encoding` (body already encoded):
+    /// (content type, encoding, body), before `docs`.
+    encoded: BTreeMap<(String, String), (&'static str, &'static str, Vec<u8>)>,
 }
 
 /// The fake registry; see the module header.
@@ -148,7 +166,11 @@ fn pki() -> (String, CertificateDer<'static>, PrivateKeyDer<'static>) {
     let ca = p.self_signed(&ca_key).unwrap();
     let issuer = rcgen::Issuer::new(p, ca_key);
     let key = KeyPair::generate().unwrap();
-    let names: Vec<String> = REGISTRY_HOSTS.iter().map(|s| s.to_string()).collect();
+    let names: Vec<String> = REGISTRY_HOSTS
+        .iter()
+        .chain([&MIRROR_HOST])
+        .map(|s| s.to_string())
+        .collect();
     let leaf = CertificateParams::new(names)
         .unwrap()
         .signed_by(&key, &issuer)
@@ -230,22 +252,41 @@ async fn handle(
     };
     let accept = header(http::header::ACCEPT);
     let inm = header(http::header::IF_NONE_MATCH);
+    let headers: Vec<(String, String)> = req
+        .headers()
+        .iter()
+        .map(|(k, v)| {
+            (
+                k.to_string(),
+                String::from_utf8_lossy(v.as_bytes()).into_owned(),
+            )
+        })
+        .collect();
     let _ = req.into_body().collect().await;
     let mut st = state.lock().unwrap();
-    let resp = answer(
-        &st,
-        &host,
-        &path,
-        &method,
-        accept.as_deref(),
-        inm.as_deref(),
-    );
+    let encoded = st.encoded.get(&(host.clone(), path.clone())).cloned();
+    let resp = match encoded {
+        Some((ctype, encoding, body)) => Response::builder()
+            .header("content-type", ctype)
+            .header("content-encoding", encoding)
+            .body(Full::new(Bytes::from(body)))
+            .unwrap(),
+        None => answer(
+            &st,
+            &host,
+            &path,
+            &method,
+            accept.as_deref(),
+            inm.as_deref(),
+        ),
+    };
     st.hits.push(Hit {
         host,
         method,
         path,
         accept,
         status: resp.status().as_u16(),
+        headers,
     });
     Ok(resp)
 }
@@ -444,6 +485,33 @@ impl Registry {
             .unwrap()
             .docs
             .insert((host.into(), path.into()), doc(content_type, body));
+    }
+}
+
+impl Registry {
+    /// Serves `body` at (host, path) as already encoded with `encoding`
+    /// (`gzip`), whatever the request asks for.
+    pub fn put_encoded(
+        &self,
+        host: &str,
+        path: &str,
+        content_type: &'static str,
+        encoding: &'static str,
+        body: Vec<u8>,
+    ) {
+        self.state
+            .lock()
+            .unwrap()
+            .encoded
+            .insert((host.into(), path.into()), (content_type, encoding, body));
+    }
+
+    /// The document (the first form `accept` names, as served) at
+    /// (host, path), if any.
+    pub fn doc_body(&self, host: &str, path: &str, accept: Option<&str>) -> Option<Vec<u8>> {
+        let st = self.state.lock().unwrap();
+        let d = st.docs.get(&(host.to_string(), path.to_string()))?;
+        Some(pick_form(d, accept).1.to_vec())
     }
 }
 

@@ -1,0 +1,926 @@
+//! The package gate on the wire, driven by curl through an intercepting
+//! egressd to the fake registries of `support/registry.rs` (HTTPS on
+//! 127.77.0.x:443, their own CA given with `--upstream-ca`; the public
+//! names answered by the fake DNS). Each test makes its own registry and
+//! egressd, and shows what the gate changes: without it every filtered
+//! document would carry the held versions, every denied file would come
+//! from the registry, and no line would name a package.
+//!
+//! Needs root (the registries' port 443); elsewhere SKIPPED.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use crate::launcher::is_root;
+use crate::support::*;
+
+const JSON: &str = "application/vnd.pypi.simple.v1+json";
+const CONTACT: &str = "#security";
+
+/// The exceptions that let the registries' hosts in. No `paths:`: an
+/// enforced ecosystem is intercepted because it is enforced.
+fn exceptions() -> String {
+    let mut y = String::from("exceptions:\n");
+    for (id, hosts) in [
+        ("pypi", "[pypi.org, files.pythonhosted.org]"),
+        ("npm", "[registry.npmjs.org]"),
+        ("go", "[proxy.golang.org]"),
+    ] {
+        y.push_str(&format!(
+            "  - id: {id}\n    owner: platform\n    reason: the {id} registry\n    \
+             hosts: {hosts}\n    cidrs: [127.0.0.0/8]\n    ports: [443]\n"
+        ));
+    }
+    y
+}
+
+/// The sets most tests use: `requests` (3 days old at least), `left-pad`,
+/// one Go module, plus whatever `extra` lists under `packages:`.
+fn sets(extra: &str) -> String {
+    format!(
+        r#"packages:
+  - id: py
+    owner: python-platform
+    reason: vetted runtime deps
+    ecosystem: pypi
+    min_age: 3d
+    allow:
+      - requests
+{extra}  - id: js
+    owner: web-platform
+    reason: vetted
+    ecosystem: npm
+    min_age: 3d
+    allow: [left-pad]
+  - id: gomods
+    owner: go-team
+    reason: vetted
+    ecosystem: go
+    min_age: 0d
+    allow: ["git.lab.example/ok >=v2.0.0"]
+"#
+    )
+}
+
+fn policy_yaml(extra_sets: &str, extra_settings: &str) -> String {
+    format!(
+        "{}settings:\n  contact: \"{CONTACT}\"\n  packages:\n    enforce: [pypi, npm, go]\n{extra_settings}{}",
+        exceptions(),
+        sets(extra_sets)
+    )
+}
+
+/// A registry, egressd intercepting in front of it, and what curl needs.
+struct Gate {
+    reg: Registry,
+    dns: FakeDns,
+    e: Egressd,
+    /// egressd's CA (what the client trusts).
+    ca: PathBuf,
+    dir: tempfile::TempDir,
+}
+
+/// A fresh registry with `publish` done, then egressd with `policy(reg)`;
+/// `None` (SKIPPED) without root.
+fn start(
+    test: &str,
+    publish: impl FnOnce(&Registry),
+    policy: impl FnOnce(&Registry) -> String,
+) -> Option<Gate> {
+    start_with(test, publish, policy, "", |b| b)
+}
+
+/// [`start`], egressd also trusting `extra_ca` and started as `more` says.
+fn start_with(
+    test: &str,
+    publish: impl FnOnce(&Registry),
+    policy: impl FnOnce(&Registry) -> String,
+    extra_ca: &str,
+    more: impl FnOnce(Builder) -> Builder,
+) -> Option<Gate> {
+    if !is_root() {
+        eprintln!("SKIPPED {test}: the fake registry needs port 443 (root)");
+        return None;
+    }
+    let reg = try_registry().expect("a fake registry on 127.77.0.x:443");
+    publish(&reg);
+    let dns = fake_dns();
+    for h in REGISTRY_HOSTS {
+        dns.set(h, &[&reg.ip()]);
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let certs = dir.path().join("certs");
+    let init = Command::new(env!("CARGO_BIN_EXE_egressd"))
+        .args(["ca", "init", "--dir"])
+        .arg(&certs)
+        .output()
+        .unwrap();
+    assert!(init.status.success(), "{init:?}");
+    let reg_ca = dir.path().join("registry-ca.pem");
+    std::fs::write(&reg_ca, format!("{}{extra_ca}", reg.ca_pem)).unwrap();
+    let b = egressd()
+        .dns(dns.addr)
+        .env("EGRESSD_CA_DIR", certs.to_str().unwrap())
+        .env("EGRESSD_UPSTREAM_CA", reg_ca.to_str().unwrap())
+        .policy("p.yaml", &policy(&reg));
+    let e = more(b).start();
+    Some(Gate {
+        reg,
+        dns,
+        e,
+        ca: certs.join("ca.pem"),
+        dir,
+    })
+}
+
+#[derive(Debug)]
+struct Curl {
+    /// curl's exit code (18/56: the transfer was cut).
+    code: i32,
+    status: u16,
+    /// The status line as received (`HTTP/1.1 403 Forbidden (egressd: …)`).
+    status_line: String,
+    headers: String,
+    body: Vec<u8>,
+}
+
+impl Curl {
+    fn header(&self, name: &str) -> Option<String> {
+        self.headers.lines().find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            k.trim()
+                .eq_ignore_ascii_case(name)
+                .then(|| v.trim().to_string())
+        })
+    }
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+    fn json(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.body).unwrap_or_else(|e| panic!("{e}: {}", self.text()))
+    }
+}
+
+impl Gate {
+    /// curl through egressd, HTTP/1.1 (so the reason phrase is on the wire).
+    fn curl(&self, args: &[&str], url: &str) -> Curl {
+        let (h, b) = (self.dir.path().join("h"), self.dir.path().join("b"));
+        let _ = std::fs::remove_file(&h);
+        let _ = std::fs::remove_file(&b);
+        let out = Command::new("curl")
+            .args(["-sS", "--http1.1", "--max-time", "30", "--noproxy", ""])
+            .arg("--proxy")
+            .arg(format!("http://{}", self.e.proxy))
+            .arg("--cacert")
+            .arg(&self.ca)
+            .arg("-D")
+            .arg(&h)
+            .arg("-o")
+            .arg(&b)
+            .args(["-w", "%{http_code}"])
+            .args(args)
+            .arg(url)
+            .env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .output()
+            .expect("run curl");
+        let headers = std::fs::read_to_string(&h).unwrap_or_default();
+        // The last response's head (after a 100 Continue or the CONNECT's).
+        let status_line = headers
+            .lines()
+            .rfind(|l| l.starts_with("HTTP/"))
+            .unwrap_or("")
+            .to_string();
+        Curl {
+            code: out.status.code().unwrap_or(-1),
+            status: String::from_utf8_lossy(&out.stdout).parse().unwrap_or(0),
+            status_line,
+            headers,
+            body: std::fs::read(&b).unwrap_or_default(),
+        }
+    }
+
+    fn get(&self, url: &str) -> Curl {
+        self.curl(&[], url)
+    }
+
+    /// The `tls` lines whose path is `path`, once there are `n` of them.
+    fn lines_for(&self, path: &str, n: usize) -> Vec<serde_json::Value> {
+        eventually(&format!("{n} line(s) for {path}"), || {
+            let l: Vec<_> = self
+                .e
+                .log_lines()
+                .into_iter()
+                .filter(|l| l["proto"] == "tls" && l["path"] == path)
+                .collect();
+            (l.len() >= n).then_some(l)
+        })
+    }
+
+    /// The one line for `path` (and proof there is only one).
+    fn line_for(&self, path: &str) -> serde_json::Value {
+        let l = self.lines_for(path, 1);
+        assert_eq!(l.len(), 1, "one request, one line: {l:?}");
+        l.into_iter().next().unwrap()
+    }
+
+    /// A sample of `name` whose labels include all of `labels`.
+    fn metric(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
+        let text = self.e.metrics_text();
+        text.lines()
+            .filter(|l| l.starts_with(name) && l[name.len()..].starts_with('{'))
+            .find(|l| {
+                labels
+                    .iter()
+                    .all(|(k, v)| l.contains(&format!("{k}=\"{v}\"")))
+            })
+            .and_then(|l| l.rsplit_once(' '))
+            .map_or(0.0, |(_, v)| v.parse().unwrap())
+    }
+}
+
+fn url(host: &str, path: &str) -> String {
+    format!("https://{host}{path}")
+}
+
+/// A PyPI file URL (hash layout) for a file the registry does not have.
+fn made_up_file(file: &str) -> String {
+    format!("/packages/aa/bb/{}/{file}", "c".repeat(60))
+}
+
+fn path_of(u: &str) -> String {
+    let rest = u.split_once("://").unwrap().1;
+    rest[rest.find('/').unwrap()..].to_string()
+}
+
+// ---------------------------------------------------------------- index documents
+
+#[test]
+fn pypi_indexes_are_filtered_and_kept_entries_are_byte_identical() {
+    let Some(g) = start(
+        "pypi_indexes_are_filtered_and_kept_entries_are_byte_identical",
+        |r| {
+            r.publish_all(
+                Eco::Pypi,
+                &[
+                    ("requests", "2.31.0", 10 * DAY),
+                    ("requests", "2.32.0", DAY),
+                ],
+            )
+        },
+        |_| policy_yaml("", ""),
+    ) else {
+        return;
+    };
+    let upstream = g
+        .reg
+        .doc_body("pypi.org", "/simple/requests/", Some(JSON))
+        .unwrap();
+    let up: serde_json::Value = serde_json::from_slice(&upstream).unwrap();
+
+    let r = g.curl(
+        &["-H", &format!("Accept: {JSON}")],
+        &url("pypi.org", "/simple/requests/"),
+    );
+    assert_eq!(r.status, 200, "{r:?}");
+    let doc = r.json();
+    let names: Vec<&str> = doc["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["filename"].as_str().unwrap())
+        .collect();
+    assert!(names.iter().all(|n| n.contains("2.31.0")), "{names:?}");
+    assert_eq!(
+        names.len(),
+        2,
+        "the wheel and the sdist of 2.31.0: {names:?}"
+    );
+    assert_eq!(doc["versions"], serde_json::json!(["2.31.0"]));
+    // Kept entries are the registry's bytes (hashes, times untouched).
+    for f in up["files"].as_array().unwrap() {
+        let raw = serde_json::to_string(f).unwrap();
+        let kept = f["filename"].as_str().unwrap().contains("2.31.0");
+        assert_eq!(r.text().contains(&raw), kept, "{raw}");
+    }
+    let etag = r.header("etag").expect("an ETag of its own");
+    assert!(etag.starts_with("\"eg-"), "{etag}");
+    assert!(r.header("last-modified").is_none());
+    assert_ne!(
+        r.body, upstream,
+        "the client never sees the unfiltered document"
+    );
+
+    // The same project as PEP 503 HTML: the anchors of 2.31.0, as served.
+    let upstream_html = String::from_utf8(
+        g.reg
+            .doc_body("pypi.org", "/simple/requests/", Some("text/html"))
+            .unwrap(),
+    )
+    .unwrap();
+    let h = g.curl(
+        &["-H", "Accept: text/html"],
+        &url("pypi.org", "/simple/requests/"),
+    );
+    assert_eq!(h.status, 200, "{h:?}");
+    for line in upstream_html.lines().filter(|l| l.contains("<a ")) {
+        assert_eq!(h.text().contains(line), line.contains("2.31.0"), "{line}");
+    }
+
+    let lines = g.lines_for("/simple/requests/", 2);
+    let own: Vec<_> = lines.iter().filter(|l| l["origin"] == "egressd").collect();
+    assert!(
+        own.is_empty(),
+        "the JSON the client read timed the HTML: {own:?}"
+    );
+    for l in &lines {
+        assert_eq!(l["decision"], "allow", "{l}");
+        assert_eq!(l["exception"], "pypi");
+        assert_eq!(
+            l["package"],
+            serde_json::json!({"ecosystem": "pypi", "name": "requests", "version": null,
+                               "set": "py", "versions_hidden": 1})
+        );
+    }
+    assert_eq!(lines.len(), 2, "one line per request");
+    let hidden = [
+        ("ecosystem", "pypi"),
+        ("set", "py"),
+        ("reason", "package_too_new"),
+    ];
+    assert_eq!(
+        g.metric("egressd_package_versions_hidden_total", &hidden),
+        2.0
+    );
+    let allowed = [
+        ("ecosystem", "pypi"),
+        ("set", "py"),
+        ("decision", "allow"),
+        ("reason", "exception"),
+    ];
+    assert_eq!(g.metric("egressd_package_decisions_total", &allowed), 2.0);
+}
+
+#[test]
+fn npm_packuments_hold_new_versions_back_and_keep_the_rest_byte_identical() {
+    let Some(g) = start(
+        "npm_packuments_hold_new_versions_back_and_keep_the_rest_byte_identical",
+        |r| {
+            r.publish_all(
+                Eco::Npm,
+                &[("left-pad", "1.0.0", 10 * DAY), ("left-pad", "1.1.0", DAY)],
+            )
+        },
+        |_| policy_yaml("", ""),
+    ) else {
+        return;
+    };
+    let upstream: serde_json::Value = serde_json::from_slice(
+        &g.reg
+            .doc_body("registry.npmjs.org", "/left-pad", Some("application/json"))
+            .unwrap(),
+    )
+    .unwrap();
+    let r = g.curl(
+        &["-H", "Accept: application/json"],
+        &url("registry.npmjs.org", "/left-pad"),
+    );
+    assert_eq!(r.status, 200, "{r:?}");
+    let doc = r.json();
+    let versions: Vec<&String> = doc["versions"].as_object().unwrap().keys().collect();
+    assert_eq!(versions, ["1.0.0"]);
+    assert_eq!(doc["dist-tags"]["latest"], "1.0.0");
+    assert!(
+        doc["policyRestrictions"].to_string().contains("1.1.0"),
+        "held back with a message: {doc}"
+    );
+    let kept = serde_json::to_string(&upstream["versions"]["1.0.0"]).unwrap();
+    assert!(r.text().contains(&kept), "1.0.0 as the registry wrote it");
+    // Over HTTP/2 too, byte for byte the same document.
+    let h2 = g.curl(
+        &["--http2", "-H", "Accept: application/json"],
+        &url("registry.npmjs.org", "/left-pad"),
+    );
+    assert_eq!(h2.status, 200, "{h2:?}");
+    assert!(h2.status_line.starts_with("HTTP/2"), "{}", h2.status_line);
+    assert_eq!(h2.body, r.body);
+    let lines = g.lines_for("/left-pad", 2);
+    assert_eq!(lines.len(), 2, "one line per request");
+    for l in lines {
+        assert_eq!(l["package"]["set"], "js");
+        assert_eq!(l["package"]["versions_hidden"], 1);
+    }
+}
+
+// ---------------------------------------------------------------- denials, per client
+
+#[test]
+fn an_unapproved_name_is_refused_in_the_reason_phrase_pip_shows() {
+    let Some(g) = start(
+        "an_unapproved_name_is_refused_in_the_reason_phrase_pip_shows",
+        |r| r.publish_all(Eco::Pypi, &[("requests", "2.31.0", 10 * DAY)]),
+        |_| policy_yaml("", ""),
+    ) else {
+        return;
+    };
+    let file = made_up_file("reqests-2.31.0-py3-none-any.whl");
+    let r = g.get(&url("files.pythonhosted.org", &file));
+    assert_eq!(r.status, 403, "{r:?}");
+    assert_eq!(
+        r.status_line.trim_end(),
+        "HTTP/1.1 403 Forbidden (egressd: package_not_approved reqests@2.31.0; did you mean requests?)"
+    );
+    assert_eq!(
+        r.header("x-egressd-reason").as_deref(),
+        Some("package_not_approved")
+    );
+    assert!(r.text().contains("did you mean requests?"), "{}", r.text());
+    assert!(r.text().contains(CONTACT), "{}", r.text());
+    assert!(
+        g.reg.hits_for("reqests").is_empty(),
+        "never sent to the registry"
+    );
+    let l = g.line_for(&file);
+    assert_eq!(l["decision"], "deny");
+    assert_eq!(l["reason"], "package_not_approved");
+    assert_eq!(l["status"], 403);
+    assert_eq!(
+        l["package"],
+        serde_json::json!({"ecosystem": "pypi", "name": "reqests", "version": "2.31.0", "set": null})
+    );
+    let denied = [
+        ("ecosystem", "pypi"),
+        ("set", "-"),
+        ("decision", "deny"),
+        ("reason", "package_not_approved"),
+    ];
+    assert_eq!(g.metric("egressd_package_decisions_total", &denied), 1.0);
+}
+
+#[test]
+fn npm_denials_are_json_errors_and_go_denials_are_403_text() {
+    let Some(g) = start(
+        "npm_denials_are_json_errors_and_go_denials_are_403_text",
+        |r| {
+            r.publish_all(Eco::Npm, &[("left-pad", "1.0.0", 10 * DAY)]);
+            r.publish_all(Eco::Go, &[("git.lab.example/ok", "v1.0.0", 10 * DAY)]);
+        },
+        |_| policy_yaml("", ""),
+    ) else {
+        return;
+    };
+    let r = g.get(&url("registry.npmjs.org", "/lef-pad"));
+    assert_eq!(r.status, 403, "{r:?}");
+    assert!(r
+        .header("content-type")
+        .unwrap()
+        .starts_with("application/json"));
+    let err = r.json()["error"].as_str().unwrap().to_string();
+    assert!(
+        err.contains("package_not_approved") && err.contains("did you mean left-pad?"),
+        "{err}"
+    );
+    assert!(err.contains(CONTACT), "{err}");
+
+    // go reads a 404/410 from a proxy as "go direct": a denial is 403.
+    for (path, reason) in [
+        ("/git.lab.example/evil/@v/list", "package_not_approved"),
+        (
+            "/git.lab.example/evil/@v/v1.0.0.zip",
+            "package_not_approved",
+        ),
+        // Approved from v2 on; the registry has only v1: nothing to point at.
+        (
+            "/git.lab.example/ok/@latest",
+            "package_version_not_approved",
+        ),
+    ] {
+        let r = g.get(&url("proxy.golang.org", path));
+        assert_eq!(r.status, 403, "{path}: {r:?}");
+        assert_eq!(
+            r.header("x-egressd-reason").as_deref(),
+            Some(reason),
+            "{path}"
+        );
+        assert!(r.header("content-type").unwrap().starts_with("text/plain"));
+        assert!(
+            r.text()
+                .starts_with("egressd denied GET https://proxy.golang.org"),
+            "{}",
+            r.text()
+        );
+    }
+    assert!(g.reg.hits_for("evil").is_empty());
+    // The list of an approved module is served, filtered (v1 held).
+    let r = g.get(&url("proxy.golang.org", "/git.lab.example/ok/@v/list"));
+    assert_eq!(r.status, 200, "{r:?}");
+    assert_eq!(r.text().trim(), "");
+    assert_eq!(
+        g.line_for("/git.lab.example/ok/@v/list")["package"]["versions_hidden"],
+        1
+    );
+}
+
+// ---------------------------------------------------------------- downloads
+
+#[test]
+fn a_download_before_any_index_is_authorised_by_egressds_own_fetch() {
+    let Some(g) = start(
+        "a_download_before_any_index_is_authorised_by_egressds_own_fetch",
+        |r| {
+            r.publish_all(
+                Eco::Pypi,
+                &[
+                    ("requests", "2.31.0", 10 * DAY),
+                    ("requests", "2.32.0", DAY),
+                ],
+            )
+        },
+        |_| policy_yaml("", ""),
+    ) else {
+        return;
+    };
+    let ok = g
+        .reg
+        .pypi_url("requests", &wheel_name("requests", "2.31.0"));
+    let r = g.get(&ok);
+    assert_eq!(r.status, 200, "{r:?}");
+    assert!(r.body.starts_with(b"PK"), "the wheel itself");
+    let own = g.line_for("/simple/requests/");
+    assert_eq!(own["origin"], "egressd");
+    assert_eq!(own["decision"], "allow");
+    assert_eq!(own["exception"], "pypi");
+    assert_eq!(own["status"], 200);
+    assert_eq!(own["package"]["name"], "requests");
+    let dl = g.line_for(&path_of(&ok));
+    assert!(dl.get("origin").is_none(), "{dl}");
+    assert_eq!(
+        dl["package"],
+        serde_json::json!({"ecosystem": "pypi", "name": "requests", "version": "2.31.0", "set": "py"})
+    );
+    // The download arrived first and waited for egressd's fetch: that
+    // line is written first.
+    let order: Vec<_> =
+        g.e.log_lines()
+            .into_iter()
+            .filter(|l| l["proto"] == "tls")
+            .collect();
+    assert_eq!(order[0]["origin"], "egressd", "{order:?}");
+    assert_eq!(order[1]["path"], path_of(&ok).as_str());
+
+    // Decided on the view egressd keeps: no second index fetch.
+    let too_new = g
+        .reg
+        .pypi_url("requests", &wheel_name("requests", "2.32.0"));
+    let r = g.get(&too_new);
+    assert_eq!(r.status, 403, "{r:?}");
+    assert_eq!(
+        r.header("x-egressd-reason").as_deref(),
+        Some("package_too_new")
+    );
+    let missing = made_up_file("requests-9.9-py3-none-any.whl");
+    let r = g.get(&url("files.pythonhosted.org", &missing));
+    assert_eq!(r.status, 403, "{r:?}");
+    assert_eq!(
+        r.header("x-egressd-reason").as_deref(),
+        Some("package_not_listed")
+    );
+    assert!(
+        r.status_line.contains("package_not_listed requests@9.9"),
+        "{}",
+        r.status_line
+    );
+    assert_eq!(g.reg.hits_for("/simple/requests/").len(), 1);
+    assert_eq!(g.reg.hits_for("requests-2.32.0").len(), 0);
+    assert_eq!(g.reg.hits_for("requests-9.9").len(), 0);
+    assert_eq!(g.line_for(&missing)["reason"], "package_not_listed");
+}
+
+#[test]
+fn a_file_that_does_not_match_its_pin_is_cut_short() {
+    let pins = std::cell::RefCell::new((String::new(), String::new()));
+    let Some(g) = start(
+        "a_file_that_does_not_match_its_pin_is_cut_short",
+        |r| {
+            r.publish_all(
+                Eco::Pypi,
+                &[("certifi", "1.0", 10 * DAY), ("idna", "1.0", 10 * DAY)],
+            );
+            *pins.borrow_mut() = (
+                r.sha256_of(Eco::Pypi, "certifi", &wheel_name("certifi", "1.0")),
+                r.sha256_of(Eco::Pypi, "idna", &wheel_name("idna", "1.0")),
+            );
+        },
+        |_| {
+            let (c, i) = pins.borrow().clone();
+            policy_yaml(
+                &format!(
+                    "      - {{ name: certifi, versions: \"==1.0\", sha256: \"{c}\" }}\n      - {{ name: idna, versions: \"==1.0\", sha256: \"{i}\" }}\n"
+                ),
+                "",
+            )
+        },
+    ) else {
+        return;
+    };
+    // The pinned file, as the registry has it: allowed, whole.
+    let idna = g.reg.pypi_url("idna", &wheel_name("idna", "1.0"));
+    let r = g.get(&idna);
+    assert_eq!((r.status, r.code), (200, 0), "{r:?}");
+    assert_eq!(g.line_for(&path_of(&idna))["decision"], "allow");
+    // With pins, only pinned files download: idna's sdist is not pinned.
+    let sdist = g.reg.pypi_url("idna", &sdist_name("idna", "1.0"));
+    let r = g.get(&sdist);
+    assert_eq!(r.status, 403, "{r:?}");
+    assert_eq!(
+        r.header("x-egressd-reason").as_deref(),
+        Some("package_integrity_mismatch")
+    );
+    assert!(g.reg.hits_for(&sdist_name("idna", "1.0")).is_empty());
+
+    // The registry now serves other bytes under the pinned file's URL
+    // (its index still lists the pinned digest).
+    let certifi = g.reg.pypi_url("certifi", &wheel_name("certifi", "1.0"));
+    let path = path_of(&certifi);
+    let evil = vec![b'x'; 200_000];
+    g.reg.put_raw(
+        "files.pythonhosted.org",
+        &path,
+        "application/octet-stream",
+        evil.clone(),
+    );
+    let r = g.get(&certifi);
+    assert_ne!(r.code, 0, "curl saw the transfer fail: {r:?}");
+    assert!(r.body.len() < evil.len(), "never the whole file");
+    let l = g.line_for(&path);
+    assert_eq!(l["decision"], "deny", "{l}");
+    assert_eq!(l["reason"], "package_integrity_mismatch");
+    assert_eq!(l["package"]["name"], "certifi");
+    let cut = [
+        ("ecosystem", "pypi"),
+        ("decision", "deny"),
+        ("reason", "package_integrity_mismatch"),
+    ];
+    // The unpinned sdist and the cut wheel.
+    assert_eq!(g.metric("egressd_package_decisions_total", &cut), 2.0);
+}
+
+// ---------------------------------------------------------------- unfilterable indexes
+
+#[test]
+fn an_index_that_cannot_be_filtered_is_a_502_never_passed_on() {
+    let Some(g) = start(
+        "an_index_that_cannot_be_filtered_is_a_502_never_passed_on",
+        |r| {
+            r.put_raw(
+                "pypi.org",
+                "/simple/requests/",
+                JSON,
+                b"{\"files\": [ not json".to_vec(),
+            );
+            // 65 MiB of spaces once inflated, 65 small gzip members on the wire.
+            let member = gzip(&vec![b' '; 1 << 20]);
+            r.put_encoded(
+                "registry.npmjs.org",
+                "/left-pad",
+                "application/json",
+                "gzip",
+                member.repeat(65),
+            );
+        },
+        |_| policy_yaml("", ""),
+    ) else {
+        return;
+    };
+    let r = g.curl(
+        &["-H", &format!("Accept: {JSON}")],
+        &url("pypi.org", "/simple/requests/"),
+    );
+    assert_eq!(r.status, 502, "{r:?}");
+    assert_eq!(
+        r.header("x-egressd-reason").as_deref(),
+        Some("package_index_unfilterable")
+    );
+    assert!(!r.text().contains("not json"), "{}", r.text());
+    let r = g.get(&url("registry.npmjs.org", "/left-pad"));
+    assert_eq!(r.status, 502, "{r:?}");
+    assert!(r.text().contains("64 MiB"), "{}", r.text());
+    assert!(r.body.len() < 4096);
+    for p in ["/simple/requests/", "/left-pad"] {
+        let l = g.line_for(p);
+        assert_eq!(l["reason"], "package_index_unfilterable", "{l}");
+        assert_eq!(l["status"], 502);
+    }
+    // The registry was asked for gzip only.
+    let h = &g.reg.hits_for("/left-pad")[0];
+    assert_eq!(h.header("accept-encoding"), Some("gzip"));
+}
+
+// ---------------------------------------------------------------- validators
+
+#[test]
+fn etags_are_the_filtered_documents_own_across_a_policy_reload() {
+    let Some(g) = start(
+        "etags_are_the_filtered_documents_own_across_a_policy_reload",
+        |r| {
+            r.publish_all(
+                Eco::Pypi,
+                &[
+                    ("requests", "2.30.0", 10 * DAY),
+                    ("requests", "2.31.0", 10 * DAY),
+                ],
+            )
+        },
+        |_| policy_yaml("", ""),
+    ) else {
+        return;
+    };
+    let index = url("pypi.org", "/simple/requests/");
+    let accept = format!("Accept: {JSON}");
+    let first = g.curl(&["-H", &accept], &index);
+    assert_eq!(first.status, 200, "{first:?}");
+    let e1 = first.header("etag").unwrap();
+    let again = g.curl(
+        &["-H", &accept, "-H", &format!("If-None-Match: {e1}")],
+        &index,
+    );
+    assert_eq!(again.status, 304, "{again:?}");
+    assert_eq!(again.header("etag").as_deref(), Some(e1.as_str()));
+    // The registry never saw the client's validator: egressd answered it.
+    let hits = g.reg.hits_for("/simple/requests/");
+    assert_eq!(hits.len(), 2);
+    assert!(
+        hits.iter().all(|h| h.header("if-none-match").is_none()),
+        "{hits:?}"
+    );
+
+    let reloads = || {
+        g.e.metric("egressd_policy_reloads_total{result=\"ok\"}")
+            .unwrap_or(0.0)
+    };
+    let before = reloads();
+    let narrower = policy_yaml("", "").replace("      - requests\n", "      - requests <2.31\n");
+    atomic_write(&g.e.policy_dir.join("p.yaml"), &narrower);
+    eventually("the reload", || (reloads() > before).then_some(()));
+    let after = g.curl(
+        &["-H", &accept, "-H", &format!("If-None-Match: {e1}")],
+        &index,
+    );
+    assert_eq!(
+        after.status, 200,
+        "a reload is never a 304 on the old filtering: {after:?}"
+    );
+    let e2 = after.header("etag").unwrap();
+    assert_ne!(e1, e2);
+    assert!(!after.text().contains("2.31.0"), "{}", after.text());
+}
+
+// ---------------------------------------------------------------- mirrors
+
+#[test]
+fn a_mirror_gets_its_credential_and_the_sandbox_never_sees_it() {
+    if !is_root() {
+        eprintln!("SKIPPED a_mirror_gets_its_credential_and_the_sandbox_never_sees_it: root");
+        return;
+    }
+    const TOKEN: &str = "mirror-secret-7f3a";
+    // The mirror: another registry, serving what it has under its own
+    // path and its own absolute URLs, as Artifactory does.
+    let mirror = try_registry().unwrap();
+    mirror.publish_all(Eco::Pypi, &[("requests", "2.31.0", 10 * DAY)]);
+    let wheel = wheel_name("requests", "2.31.0");
+    let public_file = path_of(&mirror.pypi_url("requests", &wheel));
+    let doc = String::from_utf8(
+        mirror
+            .doc_body("pypi.org", "/simple/requests/", Some(JSON))
+            .unwrap(),
+    )
+    .unwrap()
+    .replace(
+        "https://files.pythonhosted.org/",
+        &format!("https://{MIRROR_HOST}/api/pypi/"),
+    );
+    mirror.put_raw(
+        MIRROR_HOST,
+        "/api/pypi/simple/requests/",
+        JSON,
+        doc.into_bytes(),
+    );
+    let bytes = mirror
+        .doc_body("files.pythonhosted.org", &public_file, None)
+        .unwrap();
+    let mirror_file = format!("/api/pypi{public_file}");
+    mirror.put_raw(
+        MIRROR_HOST,
+        &mirror_file,
+        "application/octet-stream",
+        bytes.clone(),
+    );
+    let mirrors = format!(
+        "    mirrors:\n      pypi: {{ url: \"https://{MIRROR_HOST}/api/pypi/simple/\", inject: {{ headers: {{ Authorization: \"Bearer ${{env:MIRROR_TOKEN}}\" }} }} }}\n"
+    );
+    let Some(g) = start_with(
+        "a_mirror_gets_its_credential_and_the_sandbox_never_sees_it",
+        |_| {},
+        |_| policy_yaml("", &mirrors),
+        &mirror.ca_pem,
+        |b| b.env("MIRROR_TOKEN", TOKEN),
+    ) else {
+        return;
+    };
+    // Reached by its address, private as it is, with no exception for it.
+    g.dns.set(MIRROR_HOST, &[&mirror.ip()]);
+
+    let r = g.curl(
+        &["-H", &format!("Accept: {JSON}")],
+        &url("pypi.org", "/simple/requests/"),
+    );
+    assert_eq!(r.status, 200, "{r:?}");
+    let rewritten = format!("https://files.pythonhosted.org/api/pypi{public_file}");
+    assert!(r.text().contains(&rewritten), "{}", r.text());
+    assert!(!r.text().contains(MIRROR_HOST), "{}", r.text());
+    let dl = g.get(&rewritten);
+    assert_eq!(dl.status, 200, "{dl:?}");
+    assert_eq!(dl.body, bytes);
+
+    for p in ["/api/pypi/simple/requests/", mirror_file.as_str()] {
+        let h = mirror.hits_for(p);
+        assert_eq!(h.len(), 1, "{p}: {:?}", mirror.hits());
+        assert_eq!(
+            h[0].header("authorization"),
+            Some(format!("Bearer {TOKEN}").as_str())
+        );
+        assert_eq!(h[0].host, MIRROR_HOST);
+    }
+    assert!(
+        g.reg.hits().is_empty(),
+        "the public registry is never asked"
+    );
+    for c in [&r, &dl] {
+        assert!(!c.headers.contains(TOKEN) && !c.text().contains(TOKEN));
+    }
+    let log = std::fs::read_to_string(&g.e.log_path).unwrap();
+    assert!(!log.contains(TOKEN), "the credential reached the log");
+    let l = g.line_for(&format!("/api/pypi{public_file}"));
+    assert_eq!(l["package"]["version"], "2.31.0");
+}
+
+// ---------------------------------------------------------------- Go's times
+
+#[test]
+fn go_lists_are_timed_by_each_mod_files_last_modified() {
+    let Some(g) = start(
+        "go_lists_are_timed_by_each_mod_files_last_modified",
+        |r| {
+            r.publish_all(
+                Eco::Go,
+                &[
+                    ("git.lab.example/timed", "v1.0.0", 10 * DAY),
+                    ("git.lab.example/timed", "v1.1.0", DAY),
+                ],
+            )
+        },
+        |_| {
+            policy_yaml(
+                "",
+                "",
+            )
+            .replace(
+                "    allow: [\"git.lab.example/ok >=v2.0.0\"]\n",
+                "    allow: [\"git.lab.example/ok >=v2.0.0\"]\n  - id: gotimed\n    owner: go-team\n    reason: vetted\n    ecosystem: go\n    min_age: 3d\n    allow: [git.lab.example/timed]\n",
+            )
+        },
+    ) else {
+        return;
+    };
+    let list = g.get(&url("proxy.golang.org", "/git.lab.example/timed/@v/list"));
+    assert_eq!(list.status, 200, "{list:?}");
+    assert_eq!(list.text(), "v1.0.0\n", "v1.1.0 is a day old");
+    // egressd read each version's .mod for its Last-Modified, as its own
+    // requests.
+    for v in ["v1.0.0", "v1.1.0"] {
+        let p = format!("/git.lab.example/timed/@v/{v}.mod");
+        let own = g.line_for(&p);
+        assert_eq!(own["origin"], "egressd", "{own}");
+        assert_eq!(own["status"], 200);
+    }
+    let l = g.line_for("/git.lab.example/timed/@v/list");
+    assert_eq!(l["package"]["versions_hidden"], 1);
+    assert_eq!(l["package"]["set"], "gotimed");
+    // @latest points at the newest allowed version, not the registry's.
+    let latest = g.get(&url("proxy.golang.org", "/git.lab.example/timed/@latest"));
+    assert_eq!(latest.status, 200, "{latest:?}");
+    assert_eq!(latest.json()["Version"], "v1.0.0", "{}", latest.text());
+    // The download of the held version, and the times were not read again.
+    let zip = g.get(&url(
+        "proxy.golang.org",
+        "/git.lab.example/timed/@v/v1.1.0.zip",
+    ));
+    assert_eq!(zip.status, 403, "{zip:?}");
+    assert_eq!(
+        zip.header("x-egressd-reason").as_deref(),
+        Some("package_too_new")
+    );
+    assert_eq!(g.reg.hits_for("v1.1.0.mod").len(), 1);
+    assert!(g.reg.hits_for("v1.1.0.zip").is_empty());
+}
