@@ -436,12 +436,17 @@ impl Denied<'_> {
     }
 
     fn phrase(&self) -> String {
-        deny_phrase(
+        let p = deny_phrase(
             self.reason,
             self.name.unwrap_or("-"),
             self.version,
             self.did_you_mean,
-        )
+        );
+        // The phrase names the status it goes with: a 502 is no "Forbidden".
+        match (self.reason.status(), p.strip_prefix("Forbidden")) {
+            (502, Some(rest)) => format!("Bad Gateway{rest}"),
+            _ => p,
+        }
     }
 
     /// The text body (pip, cargo, go, and anyone else).
@@ -1071,9 +1076,6 @@ async fn own_fetch_inner(
     now: i64,
     body: bool,
 ) -> Result<(HeaderMap, Vec<u8>), String> {
-    let Some(origins) = ctx.tls_origins() else {
-        return Err("interception is not enabled (egressd reads registries over TLS)".into());
-    };
     let (dest, addrs, upstream_path, inject) = match mirror {
         Some(m) => {
             let dest = mirror_dest(m)?;
@@ -1135,15 +1137,15 @@ async fn own_fetch_inner(
             (dest, addrs, path.to_string(), inject)
         }
     };
-    let tls = origins
-        .client(&dest, &addrs, false)
-        .map_err(|e| format!("tls: {e}"))?;
-    let authority = if dest.port == 443 {
+    // A mirror may be plain HTTP (configuration); registries are HTTPS.
+    let plain = mirror.is_some_and(|m| m.scheme == http::uri::Scheme::HTTP);
+    let (scheme, default_port) = if plain { ("http", 80) } else { ("https", 443) };
+    let authority = if dest.port == default_port {
         dest.target.to_string()
     } else {
         format!("{}:{}", dest.target, dest.port)
     };
-    let mut req = Request::get(format!("https://{authority}{upstream_path}"))
+    let mut req = Request::get(format!("{scheme}://{authority}{upstream_path}"))
         .header(header::HOST, &authority)
         .header(header::ACCEPT, accept)
         .header(header::ACCEPT_ENCODING, "gzip")
@@ -1162,10 +1164,20 @@ async fn own_fetch_inner(
         req.headers_mut().insert(n, v);
     }
     let fetch = async {
-        let resp = tls.request(req).await.map_err(|e| {
-            ev.fail_upstream(UpstreamFailure::Connect, &e);
-            e.to_string()
-        })?;
+        let sent = if plain {
+            send_plain(ctx, addrs[0], req).await
+        } else {
+            let Some(origins) = ctx.tls_origins() else {
+                return Err(
+                    "interception is not enabled (egressd reads registries over TLS)".into(),
+                );
+            };
+            let tls = origins
+                .client(&dest, &addrs, false)
+                .map_err(|e| format!("tls: {e}"))?;
+            tls.request(req).await.map_err(|e| e.to_string())
+        };
+        let resp = sent.inspect_err(|e| ev.fail_upstream(UpstreamFailure::Connect, e))?;
         if let Some(a) = resp.extensions().get::<UpstreamAddr>() {
             ev.addr = Some(a.0);
         }
@@ -1192,6 +1204,43 @@ async fn own_fetch_inner(
             Err("no response in time".into())
         }
     }
+}
+
+/// One GET over plain HTTP (a mirror configured as `http://`) on a
+/// connection of its own: to the checked address, or through the upstream
+/// proxy in absolute form naming that address.
+async fn send_plain(
+    ctx: &ProxyCtx,
+    addr: SocketAddr,
+    mut req: Request<super::tls_origins::OutBody>,
+) -> Result<Response<hyper::body::Incoming>, String> {
+    let stream = ctx
+        .egress
+        .connect_http(addr)
+        .await
+        .map_err(|e| e.to_string())?;
+    let pq = req
+        .uri()
+        .path_and_query()
+        .map_or("/", |p| p.as_str())
+        .to_string();
+    let uri = match &ctx.egress {
+        upstream::Egress::Direct => pq,
+        upstream::Egress::Proxy(p) => {
+            if let Some(auth) = &p.auth {
+                req.headers_mut()
+                    .insert(header::PROXY_AUTHORIZATION, auth.clone());
+            }
+            format!("http://{addr}{pq}")
+        }
+    };
+    *req.uri_mut() = uri.parse().map_err(|e| format!("{e}"))?;
+    let (mut sender, conn) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+            .await
+            .map_err(|e| e.to_string())?;
+    tokio::spawn(conn);
+    sender.send_request(req).await.map_err(|e| e.to_string())
 }
 
 // ---------------------------------------------------------------- mirrors
@@ -1629,6 +1678,10 @@ settings:
             ..n
         };
         assert!(!u.text("x", "#sec").contains("ask"));
+        assert_eq!(
+            u.phrase(),
+            "Bad Gateway (egressd: package_index_unfilterable left-pad@1.3.0)"
+        );
     }
 
     #[test]

@@ -924,3 +924,91 @@ fn go_lists_are_timed_by_each_mod_files_last_modified() {
     assert_eq!(g.reg.hits_for("v1.1.0.mod").len(), 1);
     assert!(g.reg.hits_for("v1.1.0.zip").is_empty());
 }
+
+#[test]
+fn a_plain_http_mirror_serves_downloads_egressd_authorised_through_it() {
+    use std::collections::HashMap;
+    use std::sync::{Arc, Mutex};
+    type Served = Arc<Mutex<HashMap<String, (String, Vec<u8>)>>>;
+    let served: Served = Arc::default();
+    let s2 = served.clone();
+    // A mirror on a private address, over plain HTTP, as an office
+    // Artifactory often is.
+    let mirror = raw_origin(move |r| {
+        let found = s2.lock().unwrap().get(&r.target).cloned();
+        Act::Reply(match found {
+            Some((ctype, body)) => {
+                let mut out = format!(
+                    "HTTP/1.1 200 OK\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\n\r\n",
+                    body.len()
+                )
+                .into_bytes();
+                out.extend_from_slice(&body);
+                out
+            }
+            None => b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n".to_vec(),
+        })
+    });
+    let base = format!("http://{}/pypi/", mirror.addr);
+    let mut public_file = String::new();
+    let Some(g) = start_with(
+        "a_plain_http_mirror_serves_downloads_egressd_authorised_through_it",
+        |r| {
+            r.publish_all(Eco::Pypi, &[("requests", "2.31.0", 10 * DAY)]);
+            let wheel = wheel_name("requests", "2.31.0");
+            public_file = path_of(&r.pypi_url("requests", &wheel));
+            let doc = String::from_utf8(
+                r.doc_body("pypi.org", "/simple/requests/", Some(JSON))
+                    .unwrap(),
+            )
+            .unwrap()
+            .replace("https://files.pythonhosted.org/", &base);
+            let file = r
+                .doc_body("files.pythonhosted.org", &public_file, None)
+                .unwrap();
+            let mut m = served.lock().unwrap();
+            m.insert(
+                "/pypi/simple/requests/".into(),
+                (JSON.into(), doc.into_bytes()),
+            );
+            m.insert(
+                format!("/pypi{public_file}"),
+                ("application/octet-stream".into(), file),
+            );
+        },
+        |_| {
+            policy_yaml(
+                "",
+                &format!(
+                    "    mirrors:\n      pypi: {{ url: \"{base}simple/\", inject: {{ headers: {{ Authorization: \"Basic bWlycm9yOnB3\" }} }} }}\n"
+                ),
+            )
+        },
+        "",
+        |b| b,
+    ) else {
+        return;
+    };
+    // The URL a client finds in the filtered index, asked for first.
+    let file_url = format!("https://files.pythonhosted.org/pypi{public_file}");
+    let r = g.get(&file_url);
+    assert_eq!(r.status, 200, "{r:?}");
+    assert!(r.body.starts_with(b"PK"));
+    let own = g.line_for("/pypi/simple/requests/");
+    assert_eq!(own["origin"], "egressd", "{own}");
+    assert_eq!(own["host"], "127.0.0.1");
+    let seen = mirror.requests();
+    assert_eq!(seen.len(), 2, "{seen:?}");
+    for s in &seen {
+        assert_eq!(
+            s.header("authorization"),
+            Some("Basic bWlycm9yOnB3"),
+            "{s:?}"
+        );
+    }
+    assert!(
+        g.reg.hits().is_empty(),
+        "the public registry is never asked"
+    );
+    assert!(!r.headers.contains("bWlycm9yOnB3"));
+}
