@@ -457,6 +457,7 @@ pub fn render(r: &Report, out: &mut dyn Write) -> io::Result<()> {
         }
         h.push_str("</ul>\n");
     }
+    packages(r, &mut h);
     if !r.unknown_exceptions.is_empty() {
         h.push_str("<h2>In the logs but not in this policy</h2><ul>");
         for u in r.unknown_exceptions.iter().take(50) {
@@ -479,6 +480,76 @@ pub fn render(r: &Report, out: &mut dyn Write) -> io::Result<()> {
     }
     let _ = write!(h, "<script>{SCRIPT}</script>\n</body></html>\n");
     out.write_all(h.as_bytes())
+}
+
+/// The package gate's sections (only when the policy has sets or the
+/// logs have package denials).
+fn packages(r: &Report, h: &mut String) {
+    let p = &r.packages;
+    if p.sets == 0 && p.denied.is_empty() {
+        return;
+    }
+    let _ = write!(
+        h,
+        "<h2 id=\"packages\">Packages ({} approved entries in {} sets, enforce {})</h2>\
+         <table id=\"packages-approved\" class=\"sortable\"><thead><tr><th>set</th><th>package</th>\
+         <th>versions</th><th>status</th><th>fetches</th><th>last fetched</th></tr></thead><tbody>",
+        p.approved.len(),
+        p.sets,
+        esc(&p.enforce.join(", "))
+    );
+    for a in &p.approved {
+        let _ = writeln!(
+            h,
+            "<tr><td>{}<br><span class=\"muted\">{}:{}</span></td><td>{} <span class=\"muted\">{}</span></td>\
+             <td><code>{}</code></td><td>{}</td><td class=\"num\" data-v=\"{}\">{}</td><td>{}</td></tr>",
+            esc(&a.set),
+            esc(&a.file),
+            a.line,
+            esc(&a.name),
+            a.ecosystem,
+            esc(&a.versions),
+            badge(a.status),
+            a.hits,
+            thousands(a.hits),
+            esc(a.last_used.as_deref().map_or("never", |t| &t[..10]))
+        );
+    }
+    h.push_str("</tbody></table>\n");
+    if p.denied.is_empty() {
+        return;
+    }
+    let _ = write!(
+        h,
+        "<h2>Most-denied packages (top {} of {})</h2>\
+         <table id=\"packages-denied\" class=\"sortable\"><thead><tr><th>package</th><th>denials</th>\
+         <th>reasons</th><th>did you mean</th><th>versions</th><th>clients</th></tr></thead><tbody>",
+        p.denied.len(),
+        p.denied_names
+    );
+    for d in &p.denied {
+        let reasons: Vec<String> = d
+            .reasons
+            .iter()
+            .map(|(k, v)| format!("{} {}", esc(k), thousands(*v)))
+            .collect();
+        let _ = writeln!(
+            h,
+            "<tr><td><b>{}</b> <span class=\"muted\">{}</span><br><span class=\"muted\">{} → {}</span></td>\
+             <td class=\"num\" data-v=\"{}\">{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            esc(&d.name),
+            esc(&d.ecosystem),
+            esc(&d.first_seen[..10]),
+            esc(&d.last_seen[..10]),
+            d.count,
+            thousands(d.count),
+            reasons.join("<br>"),
+            d.did_you_mean.as_deref().map(esc).unwrap_or_default(),
+            list(&d.versions, d.versions_more),
+            list(&d.clients, d.clients_more)
+        );
+    }
+    h.push_str("</tbody></table>\n");
 }
 
 #[cfg(test)]

@@ -8,7 +8,9 @@
 //! - exceptions unused for `settings.stale_after` (candidates for removal),
 //!   expired ones and those expiring soon, and the hottest;
 //! - the most-denied destinations grouped by registered domain, each with a
-//!   ready-to-edit YAML exception stub ([`stub`]).
+//!   ready-to-edit YAML exception stub ([`stub`]);
+//! - for the package gate: approved packages unused for `stale_after`, and
+//!   the most-denied package names with "did you mean".
 //!
 //! It also holds [`replay`], which `egressd check --against` uses to decide
 //! logged requests again under a proposed policy. Nothing here serves
@@ -89,9 +91,67 @@ pub struct Report {
     pub denied: Vec<DeniedRow>,
     /// Distinct denied destinations tracked (may exceed `denied.len()`).
     pub denied_destinations: usize,
-    /// Denials no exception could fix (malformed, tunnels, …), by reason.
+    /// Denials no exception could fix (malformed, tunnels, …), by reason;
+    /// package denials are in `packages`.
     pub other_denials: BTreeMap<String, u64>,
+    /// The package gate's review.
+    pub packages: PackagesReport,
     pub limits: LimitNotes,
+}
+
+/// The package gate's part of the review.
+#[derive(Debug, Serialize)]
+pub struct PackagesReport {
+    /// Approved sets in the policy.
+    pub sets: usize,
+    /// Ecosystems in `settings.packages.enforce`.
+    pub enforce: Vec<&'static str>,
+    /// Every allow entry with its use, in policy order.
+    pub approved: Vec<ApprovedRow>,
+    /// Allow entries whose package nothing fetched for `stale_after`:
+    /// removal candidates (as `set/name`).
+    pub stale: Vec<String>,
+    /// Unused in these logs, which cover less than `stale_after`.
+    pub unused_recently: Vec<String>,
+    /// The most-denied package names, most first.
+    pub denied: Vec<DeniedPackageRow>,
+    /// Distinct denied package names tracked.
+    pub denied_names: usize,
+}
+
+#[derive(Debug, Serialize)]
+pub struct ApprovedRow {
+    pub set: String,
+    pub ecosystem: &'static str,
+    /// As the policy writes it.
+    pub name: String,
+    pub versions: String,
+    pub file: String,
+    pub line: usize,
+    pub status: Status,
+    pub hits: u64,
+    pub last_used: Option<String>,
+    pub days_since_use: Option<i64>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct DeniedPackageRow {
+    pub ecosystem: String,
+    /// Normalised, as logged.
+    pub name: String,
+    pub count: u64,
+    pub reasons: BTreeMap<String, u64>,
+    /// Versions asked for (`-`: the index).
+    pub versions: Vec<String>,
+    pub versions_more: bool,
+    pub clients: Vec<String>,
+    pub clients_more: bool,
+    /// Sets that held or denied it.
+    pub sets: Vec<String>,
+    /// For an unapproved name: the approved name it is probably a typo of.
+    pub did_you_mean: Option<String>,
+    pub first_seen: String,
+    pub last_seen: String,
 }
 
 #[derive(Debug, Serialize)]
@@ -416,7 +476,7 @@ pub fn build(
     let other_denials = stats
         .denied_by_reason
         .iter()
-        .filter(|(r, _)| !stats::FIXABLE.contains(&&***r))
+        .filter(|(r, _)| !stats::FIXABLE.contains(&&***r) && !r.starts_with("package_"))
         .map(|(r, n)| (r.to_string(), *n))
         .collect();
 
@@ -429,6 +489,14 @@ pub fn build(
             stats.pruned.destinations,
             stats.pruned.denials,
             stats.pruned.max_count
+        ));
+    }
+    if stats.untracked_packages > 0 {
+        notes.push(format!(
+            "more than {} distinct package names in the logs: {} package lines on further names \
+             not counted",
+            stats::MAX_PACKAGES,
+            stats.untracked_packages
         ));
     }
     if stats.untracked_exception_hits > 0 {
@@ -510,6 +578,7 @@ pub fn build(
         denied,
         denied_destinations: stats.destinations.len(),
         other_denials,
+        packages: packages_report(policy, stats, top, now, covers_stale_window),
         limits: LimitNotes {
             max_destinations: stats::MAX_DESTINATIONS,
             max_clients_listed: stats::MAX_CLIENTS,
@@ -517,5 +586,97 @@ pub fn build(
             untracked_exception_hits: stats.untracked_exception_hits,
             notes,
         },
+    }
+}
+
+/// Approved entries beside their use, and the most-denied names.
+fn packages_report(
+    policy: &Policy,
+    stats: &Stats,
+    top: usize,
+    now: i64,
+    covers_stale_window: bool,
+) -> PackagesReport {
+    use crate::policy::packages::name::normalize;
+    use crate::policy::packages::Ecosystem;
+    let pp = &policy.packages;
+    let stale_after = policy.settings.stale_after_secs as i64;
+    let (mut approved, mut stale, mut unused_recently) = (Vec::new(), Vec::new(), Vec::new());
+    for set in &pp.sets {
+        for a in &set.allow {
+            let key: stats::PackageKey = (set.ecosystem.as_str().into(), a.name.as_str().into());
+            let u = stats.packages.get(&key);
+            let last = u.and_then(|u| u.last);
+            let unused = last.is_none_or(|t| now - t >= stale_after);
+            let label = format!("{}/{}", set.id, a.written);
+            let status = if set.is_expired(now) {
+                Status::Expired
+            } else if unused && (last.is_some() || covers_stale_window) {
+                stale.push(label);
+                Status::Stale
+            } else if unused {
+                unused_recently.push(label);
+                Status::UnusedRecently
+            } else {
+                Status::Active
+            };
+            approved.push(ApprovedRow {
+                set: set.id.to_string(),
+                ecosystem: set.ecosystem.as_str(),
+                name: a.written.clone(),
+                versions: a.versions.to_string(),
+                file: set.file.display().to_string(),
+                line: a.line,
+                status,
+                hits: u.map_or(0, |u| u.hits),
+                last_used: last.map(ts),
+                days_since_use: last.map(|t| (now - t).div_euclid(86400)),
+            });
+        }
+    }
+    let mut denied: Vec<(&stats::PackageKey, &stats::PackageDenied)> =
+        stats.package_denials.iter().collect();
+    denied.sort_by(|a, b| b.1.count.cmp(&a.1.count).then_with(|| a.0.cmp(b.0)));
+    // "did you mean" for any client the policy knows, the anonymous first.
+    let clients = std::iter::once(None).chain((0..policy.clients.len() as u32).map(Some));
+    let denied = denied
+        .into_iter()
+        .take(top)
+        .map(|((eco, name), d)| {
+            let did_you_mean = Ecosystem::ALL
+                .into_iter()
+                .find(|e| e.as_str() == &**eco)
+                .filter(|_| d.reasons.contains_key("package_not_approved"))
+                .and_then(|e| Some((e, normalize(e, name).ok()?)))
+                .and_then(|(e, n)| {
+                    clients
+                        .clone()
+                        .find_map(|c| pp.did_you_mean(c, e, &n, now))
+                        .map(str::to_string)
+                });
+            DeniedPackageRow {
+                ecosystem: eco.to_string(),
+                name: name.to_string(),
+                count: d.count,
+                reasons: d.reasons.iter().map(|(r, n)| (r.to_string(), *n)).collect(),
+                versions: d.versions.items.iter().map(|v| v.to_string()).collect(),
+                versions_more: d.versions.more,
+                clients: d.clients.items.iter().map(|c| c.to_string()).collect(),
+                clients_more: d.clients.more,
+                sets: d.sets.items.iter().map(|c| c.to_string()).collect(),
+                did_you_mean,
+                first_seen: ts(d.first),
+                last_seen: ts(d.last),
+            }
+        })
+        .collect();
+    PackagesReport {
+        sets: pp.sets.len(),
+        enforce: pp.settings.enforce.iter().map(|e| e.as_str()).collect(),
+        approved,
+        stale,
+        unused_recently,
+        denied,
+        denied_names: stats.package_denials.len(),
     }
 }

@@ -59,6 +59,32 @@ pub struct LogLine<'a> {
     pub qtype: Option<Cow<'a, str>>,
     #[serde(borrow, default)]
     pub note: Option<Cow<'a, str>>,
+    /// A package-gate request's package (DESIGN "Log field").
+    #[serde(borrow, default)]
+    pub package: Option<LogPackage<'a>>,
+    /// `egressd` on a request egressd made for itself (an index fetched to
+    /// learn times or files); absent on the sandbox's requests.
+    #[serde(borrow, default)]
+    pub origin: Option<Cow<'a, str>>,
+}
+
+/// A decision-log line's `package`.
+#[derive(Debug, Deserialize)]
+pub struct LogPackage<'a> {
+    #[serde(borrow)]
+    pub ecosystem: Cow<'a, str>,
+    /// Normalised by the gate.
+    #[serde(borrow)]
+    pub name: Cow<'a, str>,
+    /// `null` for an index.
+    #[serde(borrow, default)]
+    pub version: Option<Cow<'a, str>>,
+    /// The set that allowed, held or denied; `null` when none did.
+    #[serde(borrow, default)]
+    pub set: Option<Cow<'a, str>>,
+    /// On a filtered index: how many versions were removed.
+    #[serde(default)]
+    pub versions_hidden: Option<u64>,
 }
 
 impl LogLine<'_> {
@@ -451,6 +477,8 @@ impl<'a> OcsfLine<'a> {
             qname,
             qtype,
             note: self.status_detail,
+            package: None,
+            origin: None,
         })
     }
 }

@@ -10,7 +10,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use super::read::{parse_ts, LogLine};
+use super::read::{parse_ts, LogLine, LogPackage};
 
 /// Distinct denied registered domains tracked at once.
 pub const MAX_DESTINATIONS: usize = 20_000;
@@ -25,6 +25,11 @@ pub const MAX_HOSTS: usize = 32;
 pub const MAX_EXAMPLES: usize = 3;
 /// Ports and record types listed per destination.
 pub const MAX_PORTS: usize = 16;
+/// Distinct (ecosystem, name) pairs tracked for package use and for
+/// package denials, each.
+pub const MAX_PACKAGES: usize = 50_000;
+/// Versions listed per denied package.
+pub const MAX_VERSIONS: usize = 8;
 
 /// Denial reasons a new or widened exception can fix: these make the map
 /// of friction. Other denials (malformed input, tunnels, overload, the log
@@ -144,6 +149,30 @@ pub struct DeniedUse {
     pub is_ip: bool,
 }
 
+/// What the logs say about one package the sandboxes fetched through the
+/// gate (their own requests; egressd's fetches for itself do not count).
+#[derive(Debug, Default, Clone)]
+pub struct PackageUse {
+    pub hits: u64,
+    pub last: Option<i64>,
+}
+
+/// What the logs say about denials of one package name.
+#[derive(Debug, Default, Clone)]
+pub struct PackageDenied {
+    pub count: u64,
+    pub reasons: BTreeMap<Box<str>, u64>,
+    /// `-` for the index.
+    pub versions: Capped,
+    pub clients: Capped,
+    pub sets: Capped,
+    pub first: i64,
+    pub last: i64,
+}
+
+/// The package table's key: `ecosystem` and the normalised name.
+pub type PackageKey = (Box<str>, Box<str>);
+
 /// What the denied-destination table had to drop.
 #[derive(Debug, Default, Clone, Copy, serde::Serialize)]
 pub struct Pruned {
@@ -176,6 +205,12 @@ pub struct Stats {
     pub untracked_exception_hits: u64,
     pub destinations: HashMap<Box<str>, DeniedUse>,
     pub pruned: Pruned,
+    /// Allowed package requests per (ecosystem, name).
+    pub packages: HashMap<PackageKey, PackageUse>,
+    /// Denied package requests per (ecosystem, name).
+    pub package_denials: HashMap<PackageKey, PackageDenied>,
+    /// Package lines beyond [`MAX_PACKAGES`] names, not counted by name.
+    pub untracked_packages: u64,
     ts_cache: Option<([u8; 10], i64)>,
 }
 
@@ -226,6 +261,58 @@ impl Stats {
         }
         if !allowed && FIXABLE.contains(&l.reason()) {
             self.destination(l, ts);
+        }
+        if let Some(p) = &l.package {
+            // What egressd fetched for itself says nothing about use.
+            if l.origin.as_deref() != Some("egressd") {
+                self.package(l, p, allowed, ts);
+            }
+        }
+    }
+
+    fn package(&mut self, l: &LogLine<'_>, p: &LogPackage<'_>, allowed: bool, ts: i64) {
+        let key: PackageKey = (p.ecosystem.as_ref().into(), p.name.as_ref().into());
+        if allowed {
+            let room = self.packages.len() < MAX_PACKAGES;
+            match self.packages.get_mut(&key) {
+                Some(u) => {
+                    u.hits += 1;
+                    u.last = Some(u.last.map_or(ts, |t| t.max(ts)));
+                }
+                None if room => {
+                    self.packages.insert(
+                        key,
+                        PackageUse {
+                            hits: 1,
+                            last: Some(ts),
+                        },
+                    );
+                }
+                None => self.untracked_packages += 1,
+            }
+            return;
+        }
+        if !self.package_denials.contains_key(&key) && self.package_denials.len() >= MAX_PACKAGES {
+            self.untracked_packages += 1;
+            return;
+        }
+        let d = self
+            .package_denials
+            .entry(key)
+            .or_insert_with(|| PackageDenied {
+                first: ts,
+                last: ts,
+                ..PackageDenied::default()
+            });
+        d.count += 1;
+        d.first = d.first.min(ts);
+        d.last = d.last.max(ts);
+        bump(&mut d.reasons, l.reason());
+        d.versions
+            .add(p.version.as_deref().unwrap_or("-"), MAX_VERSIONS);
+        d.clients.add(l.who(), MAX_CLIENTS);
+        if let Some(s) = p.set.as_deref() {
+            d.sets.add(s, 8);
         }
     }
 
@@ -399,6 +486,33 @@ mod tests {
         let e = &s.exceptions["pypi"];
         assert_eq!((e.hits, &*e.clients.items[0]), (2, "ci"));
         assert_eq!(e.daily.0.len(), 1);
+    }
+
+    #[test]
+    fn packages_count_the_sandboxes_requests_by_name() {
+        let mut s = Stats::new(None);
+        let ok = r#"{"ts":"2026-11-29T20:00:00Z","client":"ci","proto":"tls","host":"pypi.org","port":443,"decision":"allow","reason":"exception","exception":"pypi","package":{"ecosystem":"pypi","name":"requests","version":null,"set":"py","versions_hidden":2}}"#;
+        s.add(&line(ok));
+        s.add(&line(&ok.replace("20:00", "21:00")));
+        // egressd's own index fetch is not a use.
+        s.add(&line(
+            &ok.replace("\"ts\"", "\"origin\":\"egressd\",\"ts\"")
+                .replace("2026-11-29", "2026-12-01"),
+        ));
+        let u = &s.packages[&("pypi".into(), "requests".into())];
+        assert_eq!(u.hits, 2);
+        assert_eq!(u.last, parse_ts("2026-11-29T21:00:00Z", &mut None));
+        let deny = r#"{"ts":"2026-11-29T20:00:00Z","client":"ci","proto":"tls","host":"pypi.org","port":443,"decision":"deny","reason":"package_not_approved","package":{"ecosystem":"pypi","name":"reqeusts","version":"2.32.3","set":null}}"#;
+        s.add(&line(deny));
+        s.add(&line(&deny.replace("\"2.32.3\"", "null")));
+        let d = &s.package_denials[&("pypi".into(), "reqeusts".into())];
+        assert_eq!(d.count, 2);
+        assert_eq!(d.versions.items, vec!["2.32.3".into(), "-".into()]);
+        assert_eq!(d.reasons["package_not_approved"], 2);
+        assert!(
+            s.destinations.is_empty(),
+            "a package denial is not a missing exception"
+        );
     }
 
     #[test]

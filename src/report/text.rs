@@ -303,6 +303,7 @@ pub fn render(r: &Report, out: &mut dyn Write) -> io::Result<()> {
             o.join(", ")
         )?;
     }
+    packages(r, out)?;
     if !r.unknown_exceptions.is_empty() {
         writeln!(out)?;
         writeln!(
@@ -342,6 +343,100 @@ pub fn render(r: &Report, out: &mut dyn Write) -> io::Result<()> {
         r.expiring.len(),
         r.denied_destinations
     )?;
+    Ok(())
+}
+
+/// The package gate's sections: approved packages nothing fetched for
+/// `stale_after`, and the most-denied names with "did you mean".
+fn packages(r: &Report, out: &mut dyn Write) -> io::Result<()> {
+    let p = &r.packages;
+    if p.sets == 0 && p.denied.is_empty() {
+        return Ok(());
+    }
+    writeln!(out)?;
+    writeln!(
+        out,
+        "== Packages: {} in {}, enforce [{}]",
+        plural(p.approved.len(), "approved entry", "approved entries"),
+        plural(p.sets, "set", "sets"),
+        p.enforce.join(", ")
+    )?;
+    let stale: Vec<&super::ApprovedRow> = p
+        .approved
+        .iter()
+        .filter(|a| a.status == Status::Stale)
+        .collect();
+    if !stale.is_empty() {
+        writeln!(
+            out,
+            "  unused for stale_after ({}d), candidates for removal:",
+            r.policy.stale_after_days
+        )?;
+        for a in stale {
+            let last = match (&a.last_used, a.days_since_use) {
+                (Some(t), Some(d)) => format!("last fetched {} ({d} days ago)", &t[..10]),
+                _ => "never fetched in these logs".into(),
+            };
+            writeln!(
+                out,
+                "    {}/{} {} ({}, {}:{}) — {last}",
+                clean(&a.set),
+                clean(&a.name),
+                a.ecosystem,
+                clean(&a.versions),
+                clean(&a.file),
+                a.line
+            )?;
+        }
+    }
+    if !p.unused_recently.is_empty() {
+        writeln!(
+            out,
+            "  unused in these logs (shorter than stale_after): {}",
+            list(&p.unused_recently, false)
+        )?;
+    }
+    if p.denied.is_empty() {
+        return Ok(());
+    }
+    writeln!(
+        out,
+        "  most-denied packages (top {} of {}):",
+        p.denied.len(),
+        p.denied_names
+    )?;
+    for (n, d) in p.denied.iter().enumerate() {
+        let reasons: Vec<String> = d
+            .reasons
+            .iter()
+            .map(|(k, v)| format!("{} {}", clean(k), thousands(*v)))
+            .collect();
+        let dym = d
+            .did_you_mean
+            .as_deref()
+            .map(|m| format!("  — did you mean {}?", clean(m)))
+            .unwrap_or_default();
+        writeln!(
+            out,
+            "  {:>3}. {} {}  {} denials  ({}){dym}",
+            n + 1,
+            clean(&d.ecosystem),
+            clean(&d.name),
+            thousands(d.count),
+            reasons.join(", ")
+        )?;
+        writeln!(
+            out,
+            "       versions {}  clients {}{}",
+            list(&d.versions, d.versions_more),
+            list(&d.clients, d.clients_more),
+            if d.sets.is_empty() {
+                String::new()
+            } else {
+                format!("  sets {}", list(&d.sets, false))
+            }
+        )?;
+    }
     Ok(())
 }
 

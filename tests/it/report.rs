@@ -828,3 +828,178 @@ fn throughput() {
         );
     }
 }
+
+/// One package-gate line as the proxy logs it (DESIGN "Log field").
+fn package_line(
+    ts: i64,
+    decision: &str,
+    reason: &str,
+    (eco, name, version, set): (&str, &str, Option<&str>, Option<&str>),
+    origin: Option<&str>,
+) -> String {
+    let q = |s: Option<&str>| s.map_or("null".to_string(), |s| format!("{s:?}"));
+    let host = if eco == "pypi" {
+        "pypi.org"
+    } else {
+        "registry.npmjs.org"
+    };
+    format!(
+        r#"{{"ts":"{}","client":"ci-runner","src":"10.8.0.7:40000","proto":"tls","host":"{host}","port":443,"method":"GET","path":"/simple/{name}/","decision":"{decision}","reason":"{reason}","exception":"registries","owner":"platform","mode":"enforce","status":{},"package":{{"ecosystem":"{eco}","name":"{name}","version":{},"set":{}}}{}}}"#,
+        format_rfc3339_millis(ts * 1000),
+        if decision == "allow" { 200 } else { 403 },
+        q(version),
+        q(set),
+        origin.map_or(String::new(), |o| format!(r#","origin":"{o}""#)),
+    )
+}
+
+#[test]
+fn package_sections_name_stale_approvals_and_denied_names_with_did_you_mean() {
+    let now = unix_now();
+    let dir = scratch();
+    dir.file(
+        "policy/p.yaml",
+        r##"settings:
+  stale_after: 30d
+  packages: { enforce: [pypi, npm] }
+exceptions:
+  - id: registries
+    owner: platform
+    reason: package registries
+    hosts: [pypi.org, files.pythonhosted.org, registry.npmjs.org]
+packages:
+  - id: py
+    owner: python
+    reason: runtime
+    ecosystem: pypi
+    allow: ["requests >=2.31", urllib3, numpy]
+  - id: js
+    owner: web
+    reason: front-end
+    ecosystem: npm
+    allow: [left-pad]
+"##,
+    );
+    let mut lines = Vec::new();
+    for i in 0..4 {
+        lines.push(package_line(
+            now - 2 * DAY - i,
+            "allow",
+            "exception",
+            ("pypi", "requests", None, Some("py")),
+            None,
+        ));
+    }
+    lines.push(package_line(
+        now - 60 * DAY,
+        "allow",
+        "exception",
+        ("pypi", "urllib3", Some("2.2.0"), Some("py")),
+        None,
+    ));
+    // Only egressd itself fetched left-pad's packument: not a use.
+    lines.push(package_line(
+        now - DAY,
+        "allow",
+        "exception",
+        ("npm", "left-pad", None, Some("js")),
+        Some("egressd"),
+    ));
+    for _ in 0..5 {
+        lines.push(package_line(
+            now - DAY,
+            "deny",
+            "package_not_approved",
+            ("pypi", "reqeusts", Some("2.32.3"), None),
+            None,
+        ));
+    }
+    for _ in 0..3 {
+        lines.push(package_line(
+            now - DAY,
+            "deny",
+            "package_version_not_approved",
+            ("pypi", "requests", Some("1.0"), Some("py")),
+            None,
+        ));
+    }
+    lines.push(package_line(
+        now - DAY,
+        "deny",
+        "package_not_approved",
+        ("npm", "lodash", None, None),
+        None,
+    ));
+    let log = dir.path("decisions.log");
+    fs::write(&log, lines.join("\n") + "\n").unwrap();
+    let pol = dir.path("policy");
+
+    let o = run(&[&"report", &"--policy", &pol, &"--format", &"json", &log]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let r: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let p = &r["packages"];
+    assert_eq!(p["sets"], 2);
+    assert_eq!(p["enforce"], serde_json::json!(["pypi", "npm"]));
+    assert_eq!(
+        p["stale"],
+        serde_json::json!(["py/urllib3", "py/numpy", "js/left-pad"])
+    );
+    let requests = &p["approved"][0];
+    assert_eq!(requests["name"], "requests");
+    assert_eq!(requests["status"], "active");
+    assert_eq!(requests["hits"], 4);
+    assert_eq!(requests["days_since_use"], 2);
+    assert_eq!(p["approved"][1]["days_since_use"], 60);
+    let denied = p["denied"].as_array().unwrap();
+    assert_eq!(p["denied_names"], 3);
+    assert_eq!(denied[0]["name"], "reqeusts");
+    assert_eq!(denied[0]["count"], 5);
+    assert_eq!(denied[0]["did_you_mean"], "requests");
+    assert_eq!(denied[0]["versions"], serde_json::json!(["2.32.3"]));
+    assert_eq!(denied[1]["name"], "requests");
+    assert_eq!(denied[1]["reasons"]["package_version_not_approved"], 3);
+    assert_eq!(denied[1]["did_you_mean"], serde_json::Value::Null);
+    assert_eq!(denied[1]["sets"], serde_json::json!(["py"]));
+    assert_eq!(denied[2]["name"], "lodash");
+    assert_eq!(denied[2]["versions"], serde_json::json!(["-"]));
+    // Package denials are the gate's, not destinations that need an exception.
+    assert_eq!(r["denied"], serde_json::json!([]));
+    assert_eq!(r["other_denials"], serde_json::json!({}));
+
+    let o = run(&[&"report", &"--policy", &pol, &log]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let text = stdout(&o);
+    assert!(
+        text.contains("== Packages: 4 approved entries in 2 sets, enforce [pypi, npm]"),
+        "{text}"
+    );
+    assert!(
+        text.contains("unused for stale_after (30d), candidates for removal:"),
+        "{text}"
+    );
+    assert!(text.contains("py/urllib3 pypi (*, "), "{text}");
+    assert!(
+        text.contains("js/left-pad npm (*, ") && text.contains("never fetched in these logs"),
+        "{text}"
+    );
+    assert!(
+        text.contains(
+            "1. pypi reqeusts  5 denials  (package_not_approved 5)  — did you mean requests?"
+        ),
+        "{text}"
+    );
+    assert!(
+        text.contains("2. pypi requests  3 denials  (package_version_not_approved 3)\n"),
+        "{text}"
+    );
+
+    let o = run(&[&"report", &"--policy", &pol, &"--format", &"html", &log]);
+    assert!(o.status.success());
+    let html = stdout(&o);
+    assert!(
+        html.contains("<h2 id=\"packages\">Packages (4 approved entries in 2 sets"),
+        "{html}"
+    );
+    assert!(html.contains("Most-denied packages (top 3 of 3)"), "{html}");
+    assert!(html.contains("<td>requests</td>"), "{html}");
+}

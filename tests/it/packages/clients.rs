@@ -119,19 +119,22 @@ fn npm_installs_through_egressd_intercepting() {
         30 * DAY,
         &[("lab-right", "^3.0.0")],
     );
+    // npm asks for `/@lab%2fscoped`: the scope separator, not an encoded `/`.
+    l.reg
+        .publish(Eco::Npm, "@lab/scoped", "1.2.0", 30 * DAY, &[]);
     let r = l.run(
         &registry_exceptions(),
         &format!(
-            "{}npm install --no-audit --no-fund --no-update-notifier lab-left@^1\n\
-             node -e 'console.log(\"installed\", require(\"lab-left\"), require(\"lab-right\"))'",
+            "{}npm install --no-audit --no-fund --no-update-notifier lab-left@^1 @lab/scoped@^1\n\
+             node -e 'console.log(\"installed\", require(\"lab-left\"), require(\"lab-right\"), require(\"@lab/scoped\"))'",
             npm_project()
         ),
     );
     assert_eq!(r.code, 0, "{}", ctx(&r));
     assert!(
-        r.stdout.contains("installed 1.0.0 3.1.0"),
+        r.stdout.contains("installed 1.0.0 3.1.0 1.2.0"),
         "{}",
-        r.context()
+        ctx(&r)
     );
     all_allowed_inspected(&r, "registry.npmjs.org");
 }

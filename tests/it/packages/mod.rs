@@ -20,11 +20,14 @@
 //! forge, and a company serving its own modules sets exactly this for
 //! them; go still records and checks `go.sum`.
 //!
+//! `EGRESSD_LAB_SHOW=1` prints what each client printed.
+//!
 //! Needs root (port 443, namespaces) and the four clients; elsewhere
 //! SKIPPED (a failure in CI, which installs them).
 
 mod bench;
 mod clients;
+mod scenarios;
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -152,7 +155,7 @@ impl PkgLab {
     pub(crate) fn run(&self, policy: &str, script: &str) -> Outcome {
         let cargo_bin = self.toolchain.join("bin");
         let path = format!("{}:/usr/local/bin:/usr/bin:/bin", cargo_bin.display());
-        run()
+        let r = run()
             .policy(policy)
             .dns(self.dns.addr)
             .arg("--ca-dir")
@@ -169,7 +172,15 @@ impl PkgLab {
             .arg("GOFLAGS=-modcacherw")
             .arg("--timeout")
             .arg("55s")
-            .cmd(&["sh", "-c", script])
+            .cmd(&["sh", "-c", script]);
+        // What each client printed, for the README's client matrix.
+        if std::env::var_os("EGRESSD_LAB_SHOW").is_some() {
+            eprintln!(
+                "=== {script}\n--- stdout\n{}--- stderr\n{}",
+                r.stdout, r.stderr
+            );
+        }
+        r
     }
 }
 

@@ -11,7 +11,7 @@
 //!
 //! | ecosystem | served |
 //! |---|---|
-//! | PyPI | `pypi.org/simple/<p>/` as PEP 691 JSON or PEP 503 HTML by `Accept` (`upload-time`, `sha256`, `core-metadata`), `/pypi/<p>/json`; `files.pythonhosted.org` hash paths and the legacy `/packages/py3/<c>/<p>/` paths, `<wheel>.metadata` |
+//! | PyPI | `pypi.org/simple/<p>/` (a name not in PEP 503 form: `301` to it) as PEP 691 JSON or PEP 503 HTML by `Accept` (`upload-time`, `sha256`, `core-metadata`), `/pypi/<p>/json`; `files.pythonhosted.org` hash paths and the legacy `/packages/py3/<c>/<p>/` paths, `<wheel>.metadata` |
 //! | npm | `registry.npmjs.org/<name>` full (with `time`) or abbreviated by `Accept`, scoped names in every encoding, `/<name>/-/<file>.tgz` |
 //! | crates.io | `index.crates.io/config.json` and the prefixed sparse paths (with `pubtime`), `static.crates.io/crates/<n>/<v>/download` and `/crates/<n>/<n>-<v>.crate` |
 //! | Go | `proxy.golang.org/<module>/@v/list`, `.info`, `.mod` (with `Last-Modified`), `.zip`, `@latest`, `!` case encoding |
@@ -319,6 +319,18 @@ fn answer(
     }
     // Percent-decoded: npm's `@s%2fn` is `@s/n`, Go's `%21` is `!`.
     let key_path = percent_decode(path);
+    // pypi.org sends a name that is not in PEP 503 form to the one that is.
+    if let Some(name) = (host == "pypi.org")
+        .then(|| key_path.strip_prefix("/simple/")?.strip_suffix('/'))
+        .flatten()
+        .filter(|n| !n.contains('/') && pep503(n) != *n)
+    {
+        return Response::builder()
+            .status(StatusCode::MOVED_PERMANENTLY)
+            .header("location", format!("/simple/{}/", pep503(name)))
+            .body(Full::new(Bytes::new()))
+            .unwrap();
+    }
     let Some(doc) = st.docs.get(&(host.to_string(), key_path)) else {
         return not_found(&format!("{host}{path}"));
     };
@@ -461,14 +473,19 @@ impl Registry {
 
     /// The sha256 (hex) of a published file, by file name.
     pub fn sha256_of(&self, eco: Eco, name: &str, file: &str) -> String {
-        let st = self.state.lock().unwrap();
-        let rs = &st.packages[&(eco, name.to_string())];
-        let f = rs
-            .iter()
-            .flat_map(|r| &r.files)
-            .find(|f| f.name == file)
-            .unwrap_or_else(|| panic!("no file {file} of {name}"));
-        hex(&sha256(&f.bytes))
+        // Looked up under the lock, asserted after it (a panic holding it
+        // would poison the registry for every other test).
+        let bytes = {
+            let st = self.state.lock().unwrap();
+            st.packages.get(&(eco, name.to_string())).and_then(|rs| {
+                rs.iter()
+                    .flat_map(|r| &r.files)
+                    .find(|f| f.name == file)
+                    .map(|f| f.bytes.clone())
+            })
+        };
+        let bytes = bytes.unwrap_or_else(|| panic!("no file {file} of {name} (as published)"));
+        hex(&sha256(&bytes))
     }
 
     /// The URL of a published PyPI file (hash layout).
