@@ -7,7 +7,8 @@
 //! ```text
 //! loadgen latency --to ADDR --url http://host/path [--proxy] --rate R --secs S
 //! loadgen bulk    --to ADDR --host H --path /big [--connect H:P] --secs S
-//! loadgen tls     --to ADDR --sni H --ca ca.pem [--connect H:P] --conns N --secs S [--keepalive]
+//! loadgen tls     --to ADDR --sni H --ca ca.pem [--connect H:P] --conns N --secs S
+//!                 [--keepalive [--h2]] [--resume] [--path /p]
 //! loadgen idle    --to ADDR --connect H:P --n N --hold S
 //! ```
 //!
@@ -311,27 +312,43 @@ fn tls_config(ca: &str) -> Arc<rustls::ClientConfig> {
 }
 
 /// TLS through a tunnel: each request a new connection, CONNECT, full
-/// handshake (no resumption), one GET, close — or, with `--keepalive`, one
-/// tunnel per worker carrying GET after GET.
+/// handshake (no resumption unless `--resume`), one GET, close — or, with
+/// `--keepalive`, one tunnel per worker carrying GET after GET (HTTP/2
+/// with `--h2`: one stream at a time, as HTTP/1.1 has one request).
+/// Counts the handshakes that resumed a session.
 async fn tls(args: &Args) -> io::Result<String> {
     let to = addr(args);
     let sni = args.req("sni").to_string();
+    let path = args.get("path").unwrap_or("/").to_string();
+    let h2 = args.flag("h2");
     let mut cfg = (*tls_config(args.req("ca"))).clone();
-    cfg.resumption = rustls::client::Resumption::disabled();
+    if !args.flag("resume") {
+        cfg.resumption = rustls::client::Resumption::disabled();
+    }
+    cfg.alpn_protocols = vec![if h2 {
+        b"h2".to_vec()
+    } else {
+        b"http/1.1".to_vec()
+    }];
     let connector = tokio_rustls::TlsConnector::from(Arc::new(cfg));
     let conns = args.num("conns", 8.0) as usize;
     let secs = args.num("secs", 5.0);
     let keepalive = args.flag("keepalive");
+    if h2 && !keepalive {
+        die("--h2 needs --keepalive");
+    }
     let via = args.get("connect").map(str::to_string);
     let done = Arc::new(AtomicU64::new(0));
     let errors = Arc::new(AtomicU64::new(0));
+    let resumed = Arc::new(AtomicU64::new(0));
     let deadline = Instant::now() + Duration::from_secs_f64(secs);
     let mut tasks = Vec::new();
     for _ in 0..conns {
-        let (connector, sni, via) = (connector.clone(), sni.clone(), via.clone());
-        let (done, errors) = (done.clone(), errors.clone());
+        let (connector, sni, via, path) =
+            (connector.clone(), sni.clone(), via.clone(), path.clone());
+        let (done, errors, resumed) = (done.clone(), errors.clone(), resumed.clone());
         tasks.push(tokio::spawn(async move {
-            let req = format!("GET / HTTP/1.1\r\nHost: {sni}\r\nUser-Agent: loadgen\r\n\r\n");
+            let req = format!("GET {path} HTTP/1.1\r\nHost: {sni}\r\nUser-Agent: loadgen\r\n\r\n");
             let name = ServerName::try_from(sni.clone()).expect("valid SNI");
             while Instant::now() < deadline {
                 let one = async {
@@ -340,6 +357,12 @@ async fn tls(args: &Args) -> io::Result<String> {
                         tunnel(&mut s, auth).await?;
                     }
                     let mut t = connector.connect(name.clone(), s).await?;
+                    if t.get_ref().1.handshake_kind() == Some(rustls::HandshakeKind::Resumed) {
+                        resumed.fetch_add(1, Ordering::Relaxed);
+                    }
+                    if h2 {
+                        return h2_gets(t, &sni, &path, &done, deadline).await;
+                    }
                     let mut buf = Vec::new();
                     loop {
                         t.write_all(req.as_bytes()).await?;
@@ -355,10 +378,14 @@ async fn tls(args: &Args) -> io::Result<String> {
                     let _ = t.shutdown().await;
                     Ok::<_, io::Error>(())
                 };
-                match tokio::time::timeout(STEP_TIMEOUT, one).await {
-                    Ok(Ok(())) => {}
-                    _ => {
-                        errors.fetch_add(1, Ordering::Relaxed);
+                let failed = match tokio::time::timeout(STEP_TIMEOUT, one).await {
+                    Ok(Ok(())) => None,
+                    Ok(Err(e)) => Some(e.to_string()),
+                    Err(_) => Some("timed out".to_string()),
+                };
+                if let Some(e) = failed {
+                    if errors.fetch_add(1, Ordering::Relaxed) == 0 {
+                        eprintln!("loadgen: tls: first error: {e}");
                     }
                 }
             }
@@ -371,10 +398,54 @@ async fn tls(args: &Args) -> io::Result<String> {
     let t = start.elapsed().as_secs_f64();
     let n = done.load(Ordering::Relaxed);
     Ok(format!(
-        "{{\"requests\":{n},\"errors\":{},\"secs\":{t:.3},\"per_s\":{:.1}}}",
+        "{{\"requests\":{n},\"errors\":{},\"resumed\":{},\"secs\":{t:.3},\"per_s\":{:.1}}}",
         errors.load(Ordering::Relaxed),
+        resumed.load(Ordering::Relaxed),
         n as f64 / t
     ))
+}
+
+/// GET after GET on one HTTP/2 connection until `deadline`, one stream at
+/// a time.
+async fn h2_gets(
+    t: tokio_rustls::client::TlsStream<TcpStream>,
+    sni: &str,
+    path: &str,
+    done: &AtomicU64,
+    deadline: Instant,
+) -> io::Result<()> {
+    use http_body_util::{BodyExt, Empty};
+    let (mut send, conn) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(t),
+    )
+    .await
+    .map_err(io::Error::other)?;
+    tokio::spawn(conn);
+    let uri: http::Uri = format!("https://{sni}{path}")
+        .parse()
+        .map_err(io::Error::other)?;
+    while Instant::now() < deadline {
+        let req = http::Request::get(uri.clone())
+            .header(http::header::USER_AGENT, "loadgen")
+            .body(Empty::<bytes::Bytes>::new())
+            .map_err(io::Error::other)?;
+        send.ready().await.map_err(io::Error::other)?;
+        let step = async {
+            let resp = send.send_request(req).await.map_err(io::Error::other)?;
+            let status = resp.status();
+            resp.into_body().collect().await.map_err(io::Error::other)?;
+            Ok::<_, io::Error>(status)
+        };
+        let status = tokio::time::timeout(STEP_TIMEOUT, step)
+            .await
+            .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "h2 response timed out"))??;
+        if status != 200 {
+            return Err(io::Error::other(format!("status {status}")));
+        }
+        done.fetch_add(1, Ordering::Relaxed);
+    }
+    Ok(())
 }
 
 /// Opens `--n` CONNECT tunnels (in waves, not to overflow a backlog), says

@@ -15,9 +15,9 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use http::Uri;
+use http::{Request, Uri};
 use hyper_util::client::legacy::connect::{Connected, Connection};
-use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::{Client, ResponseFuture};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use rustls::ClientConfig;
 use rustls_pki_types::ServerName;
@@ -45,7 +45,20 @@ pub struct UpstreamAddr(pub SocketAddr);
 pub type OutBody = http_body_util::combinators::BoxBody<bytes::Bytes, hyper::Error>;
 
 /// An HTTPS client bound to one origin name and its checked addresses.
-pub type TlsClient = Client<TlsConnect, OutBody>;
+#[derive(Clone)]
+pub struct TlsClient(Client<TlsConnect, OutBody>);
+
+impl TlsClient {
+    /// Sends `req`, whose URI is absolute and names the origin as its
+    /// `Host` would. The authority travels once: on an HTTP/1.1 connection
+    /// hyper writes `Host` from the URI, and HTTP/2 carries it only as
+    /// `:authority` — a `Host` beside it is a duplicate that origins such
+    /// as nginx answer with 400.
+    pub fn request(&self, mut req: Request<OutBody>) -> ResponseFuture {
+        req.headers_mut().remove(http::header::HOST);
+        self.0.request(req)
+    }
+}
 
 #[derive(Clone, PartialEq, Eq, Hash)]
 struct OriginKey {
@@ -112,8 +125,9 @@ impl TlsOrigins {
             .pool_max_idle_per_host(POOL_MAX_IDLE_PER_ADDR)
             .pool_timer(TokioTimer::new())
             .timer(TokioTimer::new())
-            .set_host(false)
+            .set_host(true)
             .build(connector);
+        let client = TlsClient(client);
         clients.insert(key, client.clone());
         Ok(client)
     }

@@ -2,6 +2,13 @@
 //! that a second connection to the same host costs a handshake and not a
 //! key generation. Bounded ([`LEAF_CACHE_CAPACITY`], least recently used
 //! out) and renewed well before a leaf expires.
+//!
+//! Each config keeps its own TLS session cache ([`SESSIONS_PER_LEAF`]), so
+//! a returning client resumes (TLS 1.3 tickets naming a cached session, or
+//! a TLS 1.2 session id) instead of a full handshake, and a session made in
+//! a tunnel to one destination is unknown to every other destination's
+//! config: it never resumes there, even between address literals, whose
+//! ClientHello carries no name to tell them apart.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -20,6 +27,10 @@ pub const LEAF_CACHE_CAPACITY: usize = 1024;
 /// A cached leaf is replaced once it is this old (half its life), so a
 /// client never receives one about to expire.
 pub const LEAF_REUSE: Duration = Duration::from_secs(12 * 3600);
+
+/// Sessions one destination's config remembers for resumption (rustls's
+/// default, made explicit: resumption is relied on, and tested).
+pub const SESSIONS_PER_LEAF: usize = 256;
 
 /// ALPN protocols offered to clients inside an intercepted tunnel.
 pub const SERVER_ALPN: &[&[u8]] = &[b"h2", b"http/1.1"];
@@ -75,6 +86,7 @@ impl LeafCache {
             .with_no_client_auth()
             .with_single_cert(vec![leaf.cert, self.ca.cert().clone()], leaf.key)?;
         config.alpn_protocols = SERVER_ALPN.iter().map(|p| p.to_vec()).collect();
+        config.session_storage = rustls::server::ServerSessionMemoryCache::new(SESSIONS_PER_LEAF);
         let config = Arc::new(config);
         let renew_at = (now + LEAF_REUSE.as_secs() as i64).min(leaf.not_after - 3600);
         self.cache.lock().expect("leaf cache lock").insert(

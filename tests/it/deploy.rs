@@ -143,7 +143,7 @@ fn dashboard_is_importable_json() {
         .join("|");
     for want in [
         "protocol", "reason", "hits", "last use", "stale", "expiring", "tunnel", "reload",
-        "latency",
+        "latency", "package",
     ] {
         assert!(titles.contains(want), "no panel about {want}: {titles}");
     }

@@ -27,6 +27,7 @@ mod sandbox;
 mod schema;
 mod timeouts;
 mod tls;
+mod tls_reuse;
 mod transparent;
 mod tunnel;
 mod upstream_proxy;

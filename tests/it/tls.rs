@@ -202,10 +202,19 @@ async fn origin_handle(
         method: req.method().to_string(),
         target: target.clone(),
         version: format!("{:?}", req.version()),
+        // HTTP/2's :authority (the URI's, which hyper takes from it) is
+        // kept as a header of that name, beside any `host`.
         headers: req
-            .headers()
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_str().unwrap_or("?").to_string()))
+            .uri()
+            .authority()
+            .filter(|_| req.version() == http::Version::HTTP_2)
+            .map(|a| (":authority".to_string(), a.to_string()))
+            .into_iter()
+            .chain(
+                req.headers()
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_str().unwrap_or("?").to_string())),
+            )
             .collect(),
     });
     if let Some(proto) = req.headers().get(http::header::UPGRADE).cloned() {
@@ -466,10 +475,14 @@ fn curl_method_and_path_rules_with_injected_token() {
             .count(),
         1
     );
+    // The origin speaks h2 to egressd: the authority is :authority alone
+    // (a `host` beside it is a duplicate nginx answers 400).
+    assert_eq!(seen.version, "HTTP/2.0");
     assert_eq!(
-        seen.header("host"),
+        seen.header(":authority"),
         Some(format!("api.test:{}", s.api.port()).as_str())
     );
+    assert_eq!(seen.header("host"), None, "{seen:?}");
     assert!(!r.headers.contains(TOKEN) && !r.body.contains(TOKEN));
 
     // Denied inside the tunnel, with a reason; the origin never hears of it.
@@ -641,7 +654,13 @@ fn http2_both_sides_and_h2_to_an_http1_origin() {
     let r = curl(&s, &["--http2"], &url("h1.test", &s.h1, "/repos/h1"));
     assert_eq!(r.status, 200, "{r:?}");
     assert_eq!(r.version, "2");
-    assert_eq!(s.h1.last().unwrap().version, "HTTP/1.1");
+    let seen = s.h1.last().unwrap();
+    assert_eq!(seen.version, "HTTP/1.1");
+    assert_eq!(
+        seen.header("host"),
+        Some(format!("h1.test:{}", s.h1.port()).as_str()),
+        "an HTTP/1.1 origin gets Host from the URI"
+    );
     let r = curl(
         &s,
         &["--http2", "-X", "POST"],
