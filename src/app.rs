@@ -24,6 +24,7 @@ use crate::policy::PolicyHandle;
 use crate::proxy::mitm::Interceptor;
 use crate::proxy::upstream::{Egress, UpstreamProxy};
 use crate::proxy::{self, ProxyCtx};
+use crate::record::denials::PackageDenials;
 use crate::record::Recorder;
 use crate::reload::Reloader;
 use crate::shutdown::{Permits, Shutdown, Trigger};
@@ -92,6 +93,8 @@ pub struct Running {
     pub upstreams: Vec<SocketAddr>,
     pub log: LogSink,
     pub metrics: Arc<Metrics>,
+    /// The package requests denied so far (`egressd run` prints them at exit).
+    pub package_denials: Arc<PackageDenials>,
     hup: mpsc::UnboundedSender<()>,
     trigger: Trigger,
     /// One per open proxy connection (tunnels and upgrades included).
@@ -264,6 +267,7 @@ pub async fn start(args: &ServeArgs, listeners: Listeners) -> Result<Running> {
         upstreams,
         log,
         metrics,
+        package_denials: recorder.package_denials.clone(),
         hup: hup_tx,
         trigger,
         connections,

@@ -516,7 +516,15 @@ async fn supervise(
     };
 
     match egressd {
-        Egressd::Embedded(running) => running.shutdown().await,
+        Egressd::Embedded(running) => {
+            let denials = running.package_denials.clone();
+            running.shutdown().await;
+            // After the drain, so that the last requests' denials are in.
+            if let Some(s) = denials.summary("egressd run") {
+                eprint!("{s}");
+            }
+        }
+        // The egressd it relays to keeps the decisions (and its log).
         Egressd::Relay(r) => r.stop(),
     }
     if matches!(end, End::Oom) || cg.oom_kills() > 0 {

@@ -194,6 +194,7 @@ fn package_line(
         set: d.and_then(|d| d.set).map(|s| s.id.clone()),
         reason: d.and_then(|d| d.reason()),
         hidden: None,
+        did_you_mean: d.and_then(|d| d.did_you_mean).map(str::to_string),
     })
 }
 
@@ -1047,6 +1048,7 @@ async fn own_fetch(
         set: None,
         reason: None,
         hidden: None,
+        did_you_mean: None,
     }));
     let result = own_fetch_inner(
         ctx, policy, client, eco, host, path, accept, port, &mut ev, mirror, now, body,

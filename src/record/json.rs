@@ -441,6 +441,7 @@ mod tests {
                 (PackageReason::TooNew, 2),
                 (PackageReason::VersionNotApproved, 1),
             ]),
+            did_you_mean: None,
         }));
         ev.origin = Some("egressd");
         let v = line(&ev);

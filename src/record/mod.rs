@@ -8,6 +8,7 @@
 //! registry (`metrics`); the line's JSON is written in [`json`] (egressd's
 //! own line) or [`ocsf`] (an OCSF event), chosen once per line.
 
+pub mod denials;
 mod json;
 pub mod ocsf;
 
@@ -90,6 +91,10 @@ pub struct PackageLine {
     /// Versions a filtered index hid, per reason (the line writes their
     /// total as `versions_hidden`, only for a filtered index).
     pub hidden: Option<Vec<(PackageReason, u32)>>,
+    /// For `package_not_approved`: the approved name within edit distance 2.
+    /// Not a field of the line (`egressd report` works it out from the
+    /// policy); kept for `egressd run`'s summary at exit.
+    pub did_you_mean: Option<String>,
 }
 
 impl PackageLine {
@@ -269,6 +274,8 @@ pub struct Recorder {
     pub log: LogSink,
     pub metrics: Arc<Metrics>,
     pub format: LogFormat,
+    /// The package denials answered, for `egressd run`'s summary.
+    pub package_denials: Arc<denials::PackageDenials>,
 }
 
 impl Recorder {
@@ -277,6 +284,7 @@ impl Recorder {
             log,
             metrics,
             format: LogFormat::Egressd,
+            package_denials: Arc::default(),
         }
     }
 
@@ -304,6 +312,7 @@ impl Recorder {
                 .observe_duration(ev.proto, elapsed.as_secs_f64());
         }
         self.count(&ev);
+        self.package_denials.note(&ev);
         // Sized for a typical line up front: growing from empty cost a
         // handful of reallocations per line.
         let mut line = Vec::with_capacity(512);
@@ -409,6 +418,7 @@ mod tests {
                 set: set.map(Arc::from),
                 reason,
                 hidden,
+                did_you_mean: None,
             }))
         };
         let mut ok = Event::new(Proto::Tls, "10.0.0.1:1".parse().unwrap());
