@@ -535,7 +535,7 @@ fn deny(
             "text/plain; charset=utf-8",
         ),
     };
-    let status = StatusCode::from_u16(d.reason.status()).unwrap_or(StatusCode::FORBIDDEN);
+    let status = respond::status_for(Reason::from(d.reason));
     let mut resp = Response::new(respond::full(body));
     *resp.status_mut() = status;
     let h = resp.headers_mut();

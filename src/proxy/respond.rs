@@ -6,7 +6,8 @@
 //! CONNECT, requests inside interception, captured plain HTTP): it answers
 //! a refusal or an unreachable destination and records the request's line
 //! with it, so that no answer goes out without its line. One map from
-//! reason to status ([`status_for`]); one deny body ([`deny`]).
+//! reason to status ([`Reason::status`], through [`status_for`]); one deny
+//! body ([`deny`]).
 
 use std::fmt::Display;
 
@@ -31,14 +32,11 @@ pub fn full(b: impl Into<Bytes>) -> ProxyBody {
     Full::new(b.into()).map_err(|never| match never {}).boxed()
 }
 
-/// Status for a denial made for `reason`.
+/// Status for a denial made for `reason`: [`Reason::status`], the one
+/// table, as hyper's type. Its statuses are all valid codes (the unit test
+/// below asks each); a code that were not would answer 500, never a pass.
 pub fn status_for(reason: Reason) -> StatusCode {
-    match reason {
-        Reason::Malformed => StatusCode::BAD_REQUEST,
-        Reason::LogUnavailable | Reason::Overloaded => StatusCode::SERVICE_UNAVAILABLE,
-        Reason::UpstreamError | Reason::PackageIndexUnfilterable => StatusCode::BAD_GATEWAY,
-        _ => StatusCode::FORBIDDEN,
-    }
+    StatusCode::from_u16(reason.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
 }
 
 /// What a denial answer says: what was denied, why, whom to ask, and —
@@ -382,5 +380,24 @@ impl Responder<'_> {
         ev.fail_upstream(kind, message);
         self.rec.record(ev);
         resp
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_reason_answers_the_status_of_its_one_table() {
+        for r in Reason::ALL {
+            let want = match r {
+                Reason::Malformed => StatusCode::BAD_REQUEST,
+                Reason::LogUnavailable | Reason::Overloaded => StatusCode::SERVICE_UNAVAILABLE,
+                Reason::UpstreamError | Reason::PackageIndexUnfilterable => StatusCode::BAD_GATEWAY,
+                _ => StatusCode::FORBIDDEN,
+            };
+            assert_eq!(status_for(r), want, "{r:?}");
+            assert_eq!(status_for(r).as_u16(), r.status(), "{r:?}");
+        }
     }
 }
