@@ -162,6 +162,9 @@ pub(crate) struct Plan {
     pub mirror: Option<Mirror>,
     /// The port the client asked for (egressd's own fetches use it too).
     pub port: u16,
+    /// The set that approved the name (egressd's own fetches for this
+    /// response log it).
+    pub set: Option<Arc<str>>,
 }
 
 pub(crate) enum PlanKind {
@@ -267,7 +270,12 @@ pub(crate) async fn gate<B>(
     let mut view = ctx.package_views.get(eco, &r.name);
     let mut d = pkgs.decide(client_u32, &r, now, view.as_deref());
     if d.verdict == Verdict::NeedIndex {
-        match own_index(ctx, policy, pkgs, client, eco, &r.name, dest.port, &ev, now).await {
+        let serves = Serves {
+            name: &r.name,
+            set: d.set.map(|s| &s.id),
+            version: None,
+        };
+        match own_index(ctx, policy, pkgs, client, eco, serves, dest.port, &ev, now).await {
             Ok(v) => {
                 view = Some(v);
                 d = pkgs.decide(client_u32, &r, now, view.as_deref());
@@ -362,6 +370,7 @@ pub(crate) async fn gate<B>(
         enforce,
         mirror: pkgs.settings.mirror(eco).cloned(),
         port: dest.port,
+        set: d.set.map(|s| s.id.clone()),
     };
     Gate::Forward(plan, ev)
 }
@@ -803,6 +812,11 @@ async fn filter_document(
     let needs_times = pkgs
         .rules(plan.client, plan.eco, &plan.name, now)
         .needs_times();
+    let serves = Serves {
+        name: &plan.name,
+        set: plan.set.as_ref(),
+        version: None,
+    };
     let times: Option<Arc<IndexView>> = match got {
         IndexForm::PypiSimpleHtml | IndexForm::NpmAbbreviated if needs_times => {
             match ctx.package_views.get(plan.eco, &plan.name) {
@@ -813,7 +827,7 @@ async fn filter_document(
                     pkgs,
                     plan.client,
                     plan.eco,
-                    &plan.name,
+                    serves,
                     plan.port,
                     ev,
                     now,
@@ -835,7 +849,7 @@ async fn filter_document(
                     ctx,
                     policy,
                     plan.client,
-                    &plan.name,
+                    serves,
                     plan.port,
                     &versions,
                     ev,
@@ -865,21 +879,22 @@ fn go_versions(doc: &[u8]) -> Vec<String> {
         .collect()
 }
 
-/// The publish times of `versions` of a Go module: each `.mod`'s
-/// `Last-Modified`, cached, fetched by egressd for the newest
+/// The publish times of `versions` of a Go module (`serves.name`): each
+/// `.mod`'s `Last-Modified`, cached, fetched by egressd for the newest
 /// [`MAX_GO_MOD_FETCHES`] it does not know yet.
 #[allow(clippy::too_many_arguments)]
 async fn go_times(
     ctx: &ProxyCtx,
     policy: &Policy,
     client: Option<ClientIdx>,
-    module: &PackageName,
+    serves: Serves<'_>,
     port: u16,
     versions: &[String],
     parent: &Event,
     mirror: Option<&Mirror>,
     now: i64,
 ) -> IndexView {
+    let module = serves.name;
     let mut view = IndexView::new(Ecosystem::Go, module.clone());
     let mut fetched = 0;
     for v in versions.iter().rev() {
@@ -898,7 +913,10 @@ async fn go_times(
                     "*/*",
                     port,
                     parent,
-                    Some(module),
+                    Serves {
+                        version: Some(v),
+                        ..serves
+                    },
                     mirror,
                     now,
                     false,
@@ -938,7 +956,17 @@ pub(crate) fn note_go_mod(ctx: &ProxyCtx, plan: &Plan, headers: &HeaderMap) {
 
 // ---------------------------------------------------------------- egressd's own fetches
 
-/// The view of `name`'s index, read by egressd itself (cached).
+/// What an own fetch is for, as its line says: the package, the set that
+/// approved it in the decision the fetch serves, and (a Go `.mod`) the
+/// version.
+#[derive(Clone, Copy)]
+struct Serves<'a> {
+    name: &'a PackageName,
+    set: Option<&'a Arc<str>>,
+    version: Option<&'a str>,
+}
+
+/// The view of `serves.name`'s index, read by egressd itself (cached).
 #[allow(clippy::too_many_arguments)]
 async fn own_index(
     ctx: &ProxyCtx,
@@ -946,30 +974,20 @@ async fn own_index(
     pkgs: &PackagePolicy,
     client: Option<ClientIdx>,
     eco: Ecosystem,
-    name: &PackageName,
+    serves: Serves<'_>,
     port: u16,
     parent: &Event,
     now: i64,
 ) -> Result<Arc<IndexView>, String> {
+    let name = serves.name;
     if let Some(v) = ctx.package_views.get(eco, name) {
         return Ok(v);
     }
     let loc = index_location(eco, name);
     let mirror = pkgs.settings.mirror(eco);
     let mut got = own_fetch(
-        ctx,
-        policy,
-        client,
-        eco,
-        loc.host,
-        &loc.path,
-        loc.accept,
-        port,
-        parent,
-        Some(name),
-        mirror,
-        now,
-        true,
+        ctx, policy, client, eco, loc.host, &loc.path, loc.accept, port, parent, serves, mirror,
+        now, true,
     )
     .await;
     // The sparse index files a crate under its own spelling, which may
@@ -989,7 +1007,7 @@ async fn own_index(
             loc.accept,
             port,
             parent,
-            Some(name),
+            serves,
             mirror,
             now,
             true,
@@ -1004,7 +1022,7 @@ async fn own_index(
         let versions = go_versions(&doc);
         Some(
             go_times(
-                ctx, policy, client, name, port, &versions, parent, mirror, now,
+                ctx, policy, client, serves, port, &versions, parent, mirror, now,
             )
             .await,
         )
@@ -1018,8 +1036,9 @@ async fn own_index(
 
 /// One GET egressd makes for itself to a registry host (or its mirror),
 /// decided and logged as its own request (`"origin": "egressd"`) on behalf
-/// of `parent`'s client. Returns the response head and the decoded body
-/// (`body: false`: the head only, the body read and dropped).
+/// of `parent`'s client, its line's package being what `serves` says.
+/// Returns the response head and the decoded body (`body: false`: the
+/// head only, the body read and dropped).
 #[allow(clippy::too_many_arguments)]
 async fn own_fetch(
     ctx: &ProxyCtx,
@@ -1031,7 +1050,7 @@ async fn own_fetch(
     accept: &'static str,
     port: u16,
     parent: &Event,
-    name: Option<&PackageName>,
+    serves: Serves<'_>,
     mirror: Option<&Mirror>,
     now: i64,
     body: bool,
@@ -1043,9 +1062,9 @@ async fn own_fetch(
     ev.path = Some(path.to_string());
     ev.package = Some(Box::new(PackageLine {
         ecosystem: eco,
-        name: name.map(|n| n.as_str().to_string()),
-        version: None,
-        set: None,
+        name: Some(serves.name.as_str().to_string()),
+        version: serves.version.map(str::to_string),
+        set: serves.set.cloned(),
         reason: None,
         hidden: None,
         did_you_mean: None,

@@ -552,6 +552,8 @@ fn a_download_before_any_index_is_authorised_by_egressds_own_fetch() {
     assert_eq!(own["exception"], "pypi");
     assert_eq!(own["status"], 200);
     assert_eq!(own["package"]["name"], "requests");
+    // The fetch serves the download's decision: the set that approved it.
+    assert_eq!(own["package"]["set"], "py", "{own}");
     let dl = g.line_for(&path_of(&ok));
     assert!(dl.get("origin").is_none(), "{dl}");
     assert_eq!(
@@ -903,6 +905,8 @@ fn go_lists_are_timed_by_each_mod_files_last_modified() {
         let own = g.line_for(&p);
         assert_eq!(own["origin"], "egressd", "{own}");
         assert_eq!(own["status"], 200);
+        assert_eq!(own["package"]["set"], "gotimed", "{own}");
+        assert_eq!(own["package"]["version"], v, "{own}");
     }
     let l = g.line_for("/git.lab.example/timed/@v/list");
     assert_eq!(l["package"]["versions_hidden"], 1);
