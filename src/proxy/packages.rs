@@ -760,14 +760,7 @@ where
     if let Some(l) = ev.package.as_mut() {
         l.hidden = Some(f.hidden.iter().collect());
     }
-    // Report mode: the client gets the registry's document; the line says
-    // what filtering would have hidden.
-    let (body, etag) = if plan.enforce {
-        (f.body, f.etag)
-    } else {
-        let etag = filter::etag(&doc);
-        (doc, etag)
-    };
+    let (body, etag) = (f.body, f.etag);
     let h = &mut parts.headers;
     for n in [
         header::ETAG,
@@ -809,9 +802,16 @@ async fn filter_document(
     ev: &Event,
     now: i64,
 ) -> Result<Filtered, FilterError> {
-    let needs_times = pkgs
-        .rules(plan.client, plan.eco, &plan.name, now)
-        .needs_times();
+    // Report mode hides what a `deny:` entry holds, and only that.
+    let rules_now = || {
+        let rules = pkgs.rules(plan.client, plan.eco, &plan.name, now);
+        if plan.enforce {
+            rules
+        } else {
+            rules.denies_only()
+        }
+    };
+    let needs_times = rules_now().needs_times();
     let serves = Serves {
         name: &plan.name,
         set: plan.set.as_ref(),
@@ -861,8 +861,7 @@ async fn filter_document(
         }
         _ => None,
     };
-    let rules = pkgs.rules(plan.client, plan.eco, &plan.name, now);
-    let f = filter::filter(&rules, got, doc, times.as_deref())?;
+    let f = filter::filter(&rules_now(), got, doc, times.as_deref())?;
     if got == IndexForm::GoList {
         ctx.package_views.put(f.view.clone());
     }

@@ -599,6 +599,61 @@ fn a_download_before_any_index_is_authorised_by_egressds_own_fetch() {
 }
 
 #[test]
+fn report_mode_indexes_hide_what_a_deny_entry_holds_and_nothing_else() {
+    let Some(g) = start(
+        "report_mode_indexes_hide_what_a_deny_entry_holds_and_nothing_else",
+        |r| {
+            r.publish_all(
+                Eco::Pypi,
+                &[
+                    ("requests", "2.30.0", 10 * DAY),
+                    ("requests", "2.31.0", 10 * DAY),
+                    ("requests", "2.32.0", DAY),
+                ],
+            )
+        },
+        |_| {
+            policy_yaml(
+                "    deny:\n      - { name: requests, versions: \"==2.31.0\", reason: compromised release }\n",
+                "  mode: report\n",
+            )
+        },
+    ) else {
+        return;
+    };
+    let r = g.curl(
+        &["-H", &format!("Accept: {JSON}")],
+        &url("pypi.org", "/simple/requests/"),
+    );
+    assert_eq!(r.status, 200, "{r:?}");
+    // The too-new 2.32.0 is only reported; the denied 2.31.0 is hidden, as
+    // its download would be refused.
+    assert_eq!(
+        r.json()["versions"],
+        serde_json::json!(["2.30.0", "2.32.0"]),
+        "{}",
+        r.text()
+    );
+    let l = g.line_for("/simple/requests/");
+    assert_eq!(l["package"]["versions_hidden"], 1, "{l}");
+    let denied = g
+        .reg
+        .pypi_url("requests", &wheel_name("requests", "2.31.0"));
+    let r = g.get(&denied);
+    assert_eq!(r.status, 403, "{r:?}");
+    assert_eq!(
+        r.header("x-egressd-reason").as_deref(),
+        Some("package_denied")
+    );
+    let too_new = g
+        .reg
+        .pypi_url("requests", &wheel_name("requests", "2.32.0"));
+    let r = g.get(&too_new);
+    assert_eq!(r.status, 200, "report mode lets it through: {r:?}");
+    assert_eq!(g.line_for(&path_of(&too_new))["reason"], "package_too_new");
+}
+
+#[test]
 fn a_file_that_does_not_match_its_pin_is_cut_short() {
     let pins = std::cell::RefCell::new((String::new(), String::new()));
     let Some(g) = start(

@@ -210,6 +210,8 @@ pub struct NameRules<'p> {
     allows: Vec<(&'p PackageSet, &'p AllowEntry)>,
     expired: Vec<(&'p PackageSet, &'p AllowEntry)>,
     denies: Vec<(&'p PackageSet, &'p DenyEntry)>,
+    /// [`NameRules::denies_only`]: only `deny:` entries hold a version.
+    denies_only: bool,
 }
 
 impl PackagePolicy {
@@ -248,6 +250,7 @@ impl PackagePolicy {
             allows,
             expired,
             denies,
+            denies_only: false,
         }
     }
 
@@ -406,6 +409,28 @@ impl<'p> NameRules<'p> {
             .and_then(|(_, d)| d.reason.as_deref())
     }
 
+    /// The rules `mode: report` filters an index of an approved name by: a
+    /// version is held only by a `deny:` entry (the one version denial
+    /// report mode enforces, so the index never offers what a download
+    /// would refuse); every other version is kept, unpinned. A name no live
+    /// set approves keeps the ordinary rules (its index is not filtered).
+    pub fn denies_only(&self) -> NameRules<'p> {
+        NameRules {
+            denies_only: true,
+            ..self.clone()
+        }
+    }
+
+    /// For [`NameRules::denies_only`]: what a version no `deny:` entry
+    /// holds gets.
+    fn kept(&self) -> Option<VersionOk<'p>> {
+        let (set, _) = self.allows.first().filter(|_| self.denies_only)?;
+        Some(VersionOk {
+            set,
+            pins: Vec::new(),
+        })
+    }
+
     /// The verdict on one version published at `published` (registry time,
     /// Unix seconds).
     pub fn version(
@@ -414,6 +439,9 @@ impl<'p> NameRules<'p> {
         published: Option<i64>,
     ) -> Result<VersionOk<'p>, Held<'p>> {
         let Ok(v) = Version::parse(self.ecosystem, version) else {
+            if let Some(ok) = self.kept() {
+                return Ok(ok);
+            }
             return Err(Held {
                 reason: PackageReason::VersionNotApproved,
                 set: self.allows.first().map(|(s, _)| *s),
@@ -429,6 +457,9 @@ impl<'p> NameRules<'p> {
                 reason: PackageReason::Denied,
                 set: Some(set),
             });
+        }
+        if let Some(ok) = self.kept() {
+            return Ok(ok);
         }
         let mut ok: Option<VersionOk<'p>> = None;
         let mut unpinned = false;
@@ -503,6 +534,7 @@ impl<'p> NameRules<'p> {
     pub(crate) fn min_ages(&self) -> impl Iterator<Item = u64> + '_ {
         self.allows
             .iter()
+            .filter(|_| !self.denies_only)
             .map(|(s, e)| self.policy.min_age_of(s, e))
     }
 }
@@ -646,6 +678,34 @@ settings:
             (reason(&d), d.set.map(|s| &*s.id)),
             (Some("package_set_expired"), Some("old"))
         );
+    }
+
+    #[test]
+    fn report_rules_hold_only_what_a_deny_entry_holds() {
+        let p = policy();
+        let name = |n| normalize(Ecosystem::Pypi, n).unwrap();
+        let rules = p.rules(None, Ecosystem::Pypi, &name("ultralytics"), NOW);
+        let report = rules.denies_only();
+        let held = |r: &NameRules<'_>, v, t| r.version(v, t).err().map(|h| h.reason);
+        assert_eq!(
+            held(&report, "8.3.41", Some(NOW - 30 * DAY)),
+            Some(PackageReason::Denied)
+        );
+        // Too new, no time, unparseable: held by the ordinary rules, kept
+        // by report's.
+        for (v, t) in [
+            ("8.3.42", Some(NOW)),
+            ("8.3.42", None),
+            ("not a version", None),
+        ] {
+            assert!(held(&rules, v, t).is_some(), "{v}");
+            assert_eq!(held(&report, v, t), None, "{v}");
+        }
+        assert!(rules.needs_times() && !report.needs_times());
+        // Pins are not asked (a mismatch is still cut on download).
+        let certifi = p.rules(None, Ecosystem::Pypi, &name("certifi"), NOW);
+        let ok = certifi.denies_only().version("2024.8.30", None).unwrap();
+        assert!(ok.pins.is_empty());
     }
 
     #[test]
