@@ -102,22 +102,14 @@ fn start_with(
         eprintln!("SKIPPED {test}: the fake registry needs port 443 (root)");
         return None;
     }
-    let reg = try_registry().expect("a fake registry on 127.77.0.x:443");
+    let BehindEgressd {
+        reg,
+        dns,
+        certs,
+        reg_ca,
+        dir,
+    } = behind_egressd(extra_ca);
     publish(&reg);
-    let dns = fake_dns();
-    for h in REGISTRY_HOSTS {
-        dns.set(h, &[&reg.ip()]);
-    }
-    let dir = tempfile::tempdir().unwrap();
-    let certs = dir.path().join("certs");
-    let init = Command::new(env!("CARGO_BIN_EXE_egressd"))
-        .args(["ca", "init", "--dir"])
-        .arg(&certs)
-        .output()
-        .unwrap();
-    assert!(init.status.success(), "{init:?}");
-    let reg_ca = dir.path().join("registry-ca.pem");
-    std::fs::write(&reg_ca, format!("{}{extra_ca}", reg.ca_pem)).unwrap();
     let b = egressd()
         .dns(dns.addr)
         .env("EGRESSD_CA_DIR", certs.to_str().unwrap())

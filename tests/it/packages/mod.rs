@@ -72,21 +72,13 @@ fn make_lab() -> Option<PkgLab> {
         );
         return None;
     }
-    let reg = try_registry().expect("bind the fake registry on 127.77.0.x:443");
-    let dns = fake_dns();
-    for h in REGISTRY_HOSTS {
-        dns.set(h, &[&reg.ip()]);
-    }
-    let dir = tempfile::tempdir().unwrap();
-    let certs = dir.path().join("certs");
-    let init = Command::new(env!("CARGO_BIN_EXE_egressd"))
-        .args(["ca", "init", "--dir"])
-        .arg(&certs)
-        .output()
-        .unwrap();
-    assert!(init.status.success(), "{init:?}");
-    let reg_ca = dir.path().join("registry-ca.pem");
-    std::fs::write(&reg_ca, &reg.ca_pem).unwrap();
+    let BehindEgressd {
+        reg,
+        dns,
+        certs,
+        reg_ca,
+        dir,
+    } = behind_egressd("");
     let sysroot = Command::new("rustc")
         .args(["--print", "sysroot"])
         .output()

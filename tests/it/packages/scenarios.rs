@@ -604,7 +604,6 @@ fn uv_pin_of_a_too_new_release_and_typo_are_denied() {
              echo '$ uv pip install <url of sc-uv 1.1>'\n{uv} 'sc-uv @ {url}' 2>&1\nexit 0"
         ),
     );
-    eprintln!("UV stdout:\n{}\nUV stderr:\n{}", r.stdout, r.stderr);
     assert_eq!(r.code, 0, "{}", ctx(&r));
     assert!(r.stdout.contains("+ sc-uv==1.0"), "{}", ctx(&r));
     assert_denied(&r, "sc-uw", "package_not_approved");
@@ -628,7 +627,6 @@ fn pnpm_typo_is_denied_with_did_you_mean() {
             npm_project()
         ),
     );
-    eprintln!("PNPM stdout:\n{}\nPNPM stderr:\n{}", r.stdout, r.stderr);
     assert_eq!(r.code, 0, "{}", ctx(&r));
     assert_denied(&r, "chlak", "package_not_approved");
     assert!(r.stdout.contains("did you mean chalk?"), "{}", ctx(&r));

@@ -24,6 +24,8 @@ use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::io::{self, Write};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
+use std::process::Command;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread;
@@ -37,6 +39,44 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair, KeyUsagePurpose};
 use rustls_pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 use serde_json::{json, Map, Value};
+
+/// A fake registry as egressd's tests put it behind egressd: the upstream
+/// DNS fake answers every public registry name with its address, egressd
+/// has an interception CA in `certs` (`--ca-dir`), and `reg_ca` is the
+/// bundle egressd trusts the registry with (`--upstream-ca`).
+pub struct BehindEgressd {
+    pub reg: Registry,
+    pub dns: super::dns::FakeDns,
+    pub certs: PathBuf,
+    pub reg_ca: PathBuf,
+    pub dir: tempfile::TempDir,
+}
+
+/// [`BehindEgressd`], egressd also trusting `extra_ca` (PEM) upstream.
+pub fn behind_egressd(extra_ca: &str) -> BehindEgressd {
+    let reg = try_registry().expect("a fake registry on 127.77.0.x:443");
+    let dns = super::dns::fake_dns();
+    for h in REGISTRY_HOSTS {
+        dns.set(h, &[&reg.ip()]);
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let certs = dir.path().join("certs");
+    let init = Command::new(env!("CARGO_BIN_EXE_egressd"))
+        .args(["ca", "init", "--dir"])
+        .arg(&certs)
+        .output()
+        .unwrap();
+    assert!(init.status.success(), "{init:?}");
+    let reg_ca = dir.path().join("registry-ca.pem");
+    std::fs::write(&reg_ca, format!("{}{extra_ca}", reg.ca_pem)).unwrap();
+    BehindEgressd {
+        reg,
+        dns,
+        certs,
+        reg_ca,
+        dir,
+    }
+}
 
 /// The public names the registry answers for.
 pub const REGISTRY_HOSTS: &[&str] = &[
