@@ -275,7 +275,15 @@ pub(crate) async fn gate<B>(
             set: d.set.map(|s| &s.id),
             version: None,
         };
-        match own_index(ctx, policy, pkgs, client, eco, serves, dest.port, &ev, now).await {
+        let by = OnBehalf {
+            ctx,
+            policy,
+            client,
+            port: dest.port,
+            parent: &ev,
+            now,
+        };
+        match own_index(by, pkgs, eco, serves).await {
             Ok(v) => {
                 view = Some(v);
                 d = pkgs.decide(client_u32, &r, now, view.as_deref());
@@ -817,23 +825,19 @@ async fn filter_document(
         set: plan.set.as_ref(),
         version: None,
     };
+    let by = OnBehalf {
+        ctx,
+        policy,
+        client: plan.client,
+        port: plan.port,
+        parent: ev,
+        now,
+    };
     let times: Option<Arc<IndexView>> = match got {
         IndexForm::PypiSimpleHtml | IndexForm::NpmAbbreviated if needs_times => {
             match ctx.package_views.get(plan.eco, &plan.name) {
                 Some(v) => Some(v),
-                None => own_index(
-                    ctx,
-                    policy,
-                    pkgs,
-                    plan.client,
-                    plan.eco,
-                    serves,
-                    plan.port,
-                    ev,
-                    now,
-                )
-                .await
-                .ok(),
+                None => own_index(by, pkgs, plan.eco, serves).await.ok(),
             }
         }
         IndexForm::GoList | IndexForm::GoLatest if needs_times => {
@@ -845,18 +849,7 @@ async fn filter_document(
                 },
             };
             Some(Arc::new(
-                go_times(
-                    ctx,
-                    policy,
-                    plan.client,
-                    serves,
-                    plan.port,
-                    &versions,
-                    ev,
-                    plan.mirror.as_ref(),
-                    now,
-                )
-                .await,
+                go_times(by, serves, &versions, plan.mirror.as_ref()).await,
             ))
         }
         _ => None,
@@ -881,43 +874,31 @@ fn go_versions(doc: &[u8]) -> Vec<String> {
 /// The publish times of `versions` of a Go module (`serves.name`): each
 /// `.mod`'s `Last-Modified`, cached, fetched by egressd for the newest
 /// [`MAX_GO_MOD_FETCHES`] it does not know yet.
-#[allow(clippy::too_many_arguments)]
 async fn go_times(
-    ctx: &ProxyCtx,
-    policy: &Policy,
-    client: Option<ClientIdx>,
+    by: OnBehalf<'_>,
     serves: Serves<'_>,
-    port: u16,
     versions: &[String],
-    parent: &Event,
     mirror: Option<&Mirror>,
-    now: i64,
 ) -> IndexView {
     let module = serves.name;
     let mut view = IndexView::new(Ecosystem::Go, module.clone());
     let mut fetched = 0;
     for v in versions.iter().rev() {
-        let t = match ctx.package_views.go_time(module, v) {
+        let t = match by.ctx.package_views.go_time(module, v) {
             Some(t) => t,
             None if fetched < MAX_GO_MOD_FETCHES => {
                 fetched += 1;
                 let path = go_mod_path(module, v);
+                let serves = Serves {
+                    version: Some(v),
+                    ..serves
+                };
                 let got = own_fetch(
-                    ctx,
-                    policy,
-                    client,
+                    by,
                     Ecosystem::Go,
-                    "proxy.golang.org",
-                    &path,
-                    "*/*",
-                    port,
-                    parent,
-                    Serves {
-                        version: Some(v),
-                        ..serves
-                    },
+                    ("proxy.golang.org", &path, "*/*"),
+                    serves,
                     mirror,
-                    now,
                     false,
                 )
                 .await;
@@ -926,7 +907,7 @@ async fn go_times(
                         .and_then(|v| v.to_str().ok())
                         .and_then(parse_http_date)
                 });
-                ctx.package_views.put_go_time(module, v, t);
+                by.ctx.package_views.put_go_time(module, v, t);
                 t
             }
             None => None,
@@ -965,28 +946,39 @@ struct Serves<'a> {
     version: Option<&'a str>,
 }
 
-/// The view of `serves.name`'s index, read by egressd itself (cached).
-#[allow(clippy::too_many_arguments)]
-async fn own_index(
-    ctx: &ProxyCtx,
-    policy: &Policy,
-    pkgs: &PackagePolicy,
+/// The client request an own fetch is made for: egressd's fetch is decided
+/// for the same client, port and time, and logged beside `parent`.
+#[derive(Clone, Copy)]
+struct OnBehalf<'a> {
+    ctx: &'a ProxyCtx,
+    policy: &'a Policy,
     client: Option<ClientIdx>,
+    /// The registry port the client's request went to.
+    port: u16,
+    parent: &'a Event,
+    now: i64,
+}
+
+/// The view of `serves.name`'s index, read by egressd itself (cached).
+async fn own_index(
+    by: OnBehalf<'_>,
+    pkgs: &PackagePolicy,
     eco: Ecosystem,
     serves: Serves<'_>,
-    port: u16,
-    parent: &Event,
-    now: i64,
 ) -> Result<Arc<IndexView>, String> {
     let name = serves.name;
-    if let Some(v) = ctx.package_views.get(eco, name) {
+    if let Some(v) = by.ctx.package_views.get(eco, name) {
         return Ok(v);
     }
     let loc = index_location(eco, name);
     let mirror = pkgs.settings.mirror(eco);
     let mut got = own_fetch(
-        ctx, policy, client, eco, loc.host, &loc.path, loc.accept, port, parent, serves, mirror,
-        now, true,
+        by,
+        eco,
+        (loc.host, &loc.path, loc.accept),
+        serves,
+        mirror,
+        true,
     )
     .await;
     // The sparse index files a crate under its own spelling, which may
@@ -996,22 +988,8 @@ async fn own_index(
         && matches!(&got, Err(e) if e.contains("404"))
     {
         let dashed = name.as_str().replace('_', "-");
-        got = own_fetch(
-            ctx,
-            policy,
-            client,
-            eco,
-            loc.host,
-            &classify::cargo_index_path(&dashed),
-            loc.accept,
-            port,
-            parent,
-            serves,
-            mirror,
-            now,
-            true,
-        )
-        .await;
+        let path = classify::cargo_index_path(&dashed);
+        got = own_fetch(by, eco, (loc.host, &path, loc.accept), serves, mirror, true).await;
     }
     let (head, doc) = got?;
     let ct = head.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok());
@@ -1019,18 +997,13 @@ async fn own_index(
         IndexForm::from_content_type(loc.form, ct).ok_or_else(|| format!("content type {ct:?}"))?;
     let times = if eco == Ecosystem::Go {
         let versions = go_versions(&doc);
-        Some(
-            go_times(
-                ctx, policy, client, serves, port, &versions, parent, mirror, now,
-            )
-            .await,
-        )
+        Some(go_times(by, serves, &versions, mirror).await)
     } else {
         None
     };
-    let rules = pkgs.rules(client, eco, name, now);
+    let rules = pkgs.rules(by.client, eco, name, by.now);
     let f = filter::filter(&rules, form, &doc, times.as_ref()).map_err(|e| e.to_string())?;
-    Ok(ctx.package_views.put(f.view))
+    Ok(by.ctx.package_views.put(f.view))
 }
 
 /// One GET egressd makes for itself to a registry host (or its mirror),
@@ -1038,24 +1011,16 @@ async fn own_index(
 /// of `parent`'s client, its line's package being what `serves` says.
 /// Returns the response head and the decoded body (`body: false`: the
 /// head only, the body read and dropped).
-#[allow(clippy::too_many_arguments)]
 async fn own_fetch(
-    ctx: &ProxyCtx,
-    policy: &Policy,
-    client: Option<ClientIdx>,
+    by: OnBehalf<'_>,
     eco: Ecosystem,
-    host: &str,
-    path: &str,
-    accept: &'static str,
-    port: u16,
-    parent: &Event,
+    (host, path, accept): (&str, &str, &'static str),
     serves: Serves<'_>,
     mirror: Option<&Mirror>,
-    now: i64,
     body: bool,
 ) -> Result<(HeaderMap, Vec<u8>), String> {
-    let mut ev = Event::new(Proto::Tls, parent.src);
-    ev.client = parent.client.clone();
+    let mut ev = Event::new(Proto::Tls, by.parent.src);
+    ev.client = by.parent.client.clone();
     ev.origin = Some("egressd");
     ev.method = Some("GET".into());
     ev.path = Some(path.to_string());
@@ -1068,34 +1033,32 @@ async fn own_fetch(
         hidden: None,
         did_you_mean: None,
     }));
-    let result = own_fetch_inner(
-        ctx, policy, client, eco, host, path, accept, port, &mut ev, mirror, now, body,
-    )
-    .await;
+    let result = own_fetch_inner(by, eco, (host, path, accept), &mut ev, mirror, body).await;
     if let Err(why) = &result {
         if ev.error.is_none() && ev.decision == policy::Logged::Allow {
             ev.error = Some(why.clone());
         }
     }
-    ctx.recorder.record(ev);
+    by.ctx.recorder.record(ev);
     result
 }
 
-#[allow(clippy::too_many_arguments)]
 async fn own_fetch_inner(
-    ctx: &ProxyCtx,
-    policy: &Policy,
-    client: Option<ClientIdx>,
+    by: OnBehalf<'_>,
     eco: Ecosystem,
-    host: &str,
-    path: &str,
-    accept: &'static str,
-    port: u16,
+    (host, path, accept): (&str, &str, &'static str),
     ev: &mut Event,
     mirror: Option<&Mirror>,
-    now: i64,
     body: bool,
 ) -> Result<(HeaderMap, Vec<u8>), String> {
+    let OnBehalf {
+        ctx,
+        policy,
+        client,
+        port,
+        now,
+        ..
+    } = by;
     let (dest, addrs, upstream_path, inject) = match mirror {
         Some(m) => {
             let dest = mirror_dest(m)?;
