@@ -540,7 +540,15 @@ fn idle_chromium_background_traffic_is_silenced_by_the_flags_or_denied() {
         for host in ["clients2.google.com", "redirector.gvt1.com"] {
             assert!(!has(&quiet, host), "{host} despite the flags: {quiet:?}");
         }
-        assert!(quiet.len() < loud.len(), "{quiet:?} vs {loud:?}");
+        // Fewer hosts, not fewer requests: how many preconnects Chromium
+        // makes to the one search engine varies from run to run.
+        let hosts = |lines: &[String]| {
+            let mut h: Vec<&str> = lines.iter().filter_map(|l| l.split(' ').next()).collect();
+            h.sort_unstable();
+            h.dedup();
+            h.len()
+        };
+        assert!(hosts(&quiet) < hosts(&loud), "{quiet:?} vs {loud:?}");
         s.assert_canaries_silent();
     });
 }
