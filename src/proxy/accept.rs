@@ -290,8 +290,11 @@ async fn dispatch(
     ctx: Arc<ProxyCtx>,
 ) -> Response<ProxyBody> {
     let guard = Unanswered::arm(&mut req, &ctx.recorder);
+    // The tunnel's future is boxed: hyper moves this future once per
+    // request (into its in-flight slot), and it is as large as its largest
+    // branch; inline, CONNECT's made every GET copy kilobytes.
     let resp = if req.method() == http::Method::CONNECT {
-        tunnel::handle(req, peer, ctx).await
+        Box::pin(tunnel::handle(req, peer, ctx)).await
     } else {
         forward::handle(req, peer, ctx).await
     };

@@ -97,6 +97,18 @@ pub(crate) fn check_host_headers(
     headers: &HeaderMap,
     dest: &Dest,
 ) -> Result<(), (Reason, Option<String>)> {
+    check_host_headers_spelled(headers, dest, None)
+}
+
+/// [`check_host_headers`] for a `dest` parsed from `spelled` (with `dest`'s
+/// port as the default): a `Host` spelled the same, byte for byte, names
+/// it without being parsed again (the usual request, where the client
+/// wrote the same authority twice).
+pub(crate) fn check_host_headers_spelled(
+    headers: &HeaderMap,
+    dest: &Dest,
+    spelled: Option<&str>,
+) -> Result<(), (Reason, Option<String>)> {
     let mut hosts = headers.get_all(header::HOST).iter();
     let (first, second): (Option<&HeaderValue>, _) = (hosts.next(), hosts.next());
     if second.is_some() {
@@ -105,6 +117,9 @@ pub(crate) fn check_host_headers(
     if let Some(h) = first {
         if h.as_bytes().contains(&b',') {
             return Err((Reason::Malformed, Some("a list in the Host header".into())));
+        }
+        if spelled.is_some_and(|s| s.as_bytes() == h.as_bytes()) {
+            return Ok(());
         }
         let agrees = h
             .to_str()

@@ -54,10 +54,12 @@ static VIA: HeaderValue = HeaderValue::from_static("1.1 egressd");
 
 /// Headers many frameworks read the method from instead of the request
 /// line (Rails, Symfony, Express's method-override, ASP.NET, ...).
-const METHOD_OVERRIDES: [&str; 3] = [
-    "x-http-method-override",
-    "x-http-method",
-    "x-method-override",
+/// Named as `HeaderName`s, not strings: a lookup by string parses the
+/// name first, three times per request.
+const METHOD_OVERRIDES: [HeaderName; 3] = [
+    HeaderName::from_static("x-http-method-override"),
+    HeaderName::from_static("x-http-method"),
+    HeaderName::from_static("x-method-override"),
 ];
 
 /// Headers that describe one hop, never forwarded (RFC 9110 §7.6.1), plus
@@ -130,12 +132,15 @@ pub(crate) async fn decide_and_forward(
     let mut req = req;
     Draft::publish(&req, &ev);
     let mut mirror = None;
+    // The package gate's and the mirror's futures are boxed: they are
+    // large and rare, and inline they would make every request's future
+    // (which hyper moves per request) as large as theirs.
     let (plan, mut ev) = match package_gated(policy, inbound.dest) {
         None => (None, ev),
         Some(eco) => {
             let pkgs = package_policy(policy);
             let client = inbound.client;
-            match packages::gate(
+            let gated = Box::pin(packages::gate(
                 ctx,
                 policy,
                 pkgs,
@@ -147,9 +152,9 @@ pub(crate) async fn decide_and_forward(
                 &d,
                 now,
                 responder,
-            )
-            .await
-            {
+            ))
+            .await;
+            let (plan, ev) = match gated {
                 Gate::Pass(ev) => (None, ev),
                 Gate::Answered(resp) => return resp,
                 Gate::Forward(plan, ev) => {
@@ -160,10 +165,13 @@ pub(crate) async fn decide_and_forward(
                     mirror = Some((eco, m));
                     (None, ev)
                 }
-            }
+            };
+            // What the gate noted is the draft's from here on; a request
+            // no gate saw keeps the draft published above.
+            Draft::publish(&req, &ev);
+            (plan, ev)
         }
     };
-    Draft::publish(&req, &ev);
     let route = mirror.as_ref().map(|(e, m)| (*e, m));
     match reach_origin(ctx, policy, req, &mut ev, &inbound, &d, now, route).await {
         Ok(sent) => match plan {
@@ -181,8 +189,10 @@ pub(crate) async fn decide_and_forward(
                 resp.headers_mut().append(header::VIA, VIA.clone());
                 let up = up_bytes.load(Ordering::Relaxed);
                 let pkgs = package_policy(policy);
-                let r = packages::answer_index(ctx, policy, pkgs, p, resp, ev, up, now, responder)
-                    .await;
+                let r = Box::pin(packages::answer_index(
+                    ctx, policy, pkgs, p, resp, ev, up, now, responder,
+                ))
+                .await;
                 // The whole body was read: the connection may be reused.
                 if let Some(l) = lent {
                     l.give_back();
@@ -234,7 +244,7 @@ fn decide<'p>(
 fn method_overrides(h: &HeaderMap) -> Vec<String> {
     METHOD_OVERRIDES
         .iter()
-        .flat_map(|n| h.get_all(*n))
+        .flat_map(|n| h.get_all(n))
         .flat_map(|v| {
             String::from_utf8_lossy(v.as_bytes())
                 .split(',')
@@ -335,7 +345,7 @@ async fn reach_origin(
     mirror: Option<(Ecosystem, &Mirror)>,
 ) -> Result<Sent, Stop> {
     if let Some((eco, m)) = mirror {
-        return reach_mirror(ctx, policy, req, ev, inbound, eco, m).await;
+        return Box::pin(reach_mirror(ctx, policy, req, ev, inbound, eco, m)).await;
     }
     let checked = upstream::check_destination(
         ctx,
@@ -732,16 +742,24 @@ fn package_policy(policy: &Policy) -> &PackagePolicy {
 
 /// Removes hop-by-hop headers, including those the `Connection` header names.
 /// One pass over the names present: a request that carries none of them
-/// (the usual case) costs a scan, not a dozen failed lookups.
+/// (the usual case) costs a scan, not a dozen failed lookups. A name the
+/// `Connection` header lists is compared with the names present (header
+/// names are lowercase, tokens any case), not made into a `HeaderName`:
+/// that allocated for every `Connection: keep-alive`.
 pub fn strip_hop_by_hop(h: &mut HeaderMap) {
-    let mut doomed: Vec<HeaderName> = h
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok())
+    let listed = h.get_all(header::CONNECTION);
+    let named = |n: &HeaderName| {
+        listed
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .any(|t| t.trim().eq_ignore_ascii_case(n.as_str()))
+    };
+    let doomed: Vec<HeaderName> = h
+        .keys()
+        .filter(|n| is_hop_by_hop(n) || named(n))
+        .cloned()
         .collect();
-    doomed.extend(h.keys().filter(|n| is_hop_by_hop(n)).cloned());
     for n in doomed {
         h.remove(n);
     }

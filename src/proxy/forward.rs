@@ -11,7 +11,7 @@ use http::{Request, Response};
 use hyper::body::Incoming;
 
 use super::admit::admit;
-use super::dest::{check_host_headers, parse_authority, Dest};
+use super::dest::{check_host_headers_spelled, parse_authority, Dest};
 use super::exchange::{decide_and_forward, request_event, truncate_path, Inbound, Scheme};
 use super::respond::{self, ProxyBody, Responder, Stop};
 use super::ProxyCtx;
@@ -73,7 +73,8 @@ fn read_target<B>(req: &Request<B>, ev: &mut Event) -> Result<(Dest, String), St
     let dest = parse_authority(authority.as_str(), Some(80)).map_err(Stop::malformed)?;
     ev.host = Some(dest.target.to_string());
     ev.port = Some(dest.port);
-    check_host_headers(req.headers(), &dest).map_err(|(r, d)| Stop::Deny(r, d))?;
+    check_host_headers_spelled(req.headers(), &dest, Some(authority.as_str()))
+        .map_err(|(r, d)| Stop::Deny(r, d))?;
     let path = super::packages::policy_path(&dest.target, uri.path()).map_err(Stop::malformed)?;
     ev.path = Some(truncate_path(&path));
     Ok((dest, path))

@@ -182,9 +182,12 @@ where
             *req.uri_mut() = Uri::from(pq);
         }
         while let Some(mut sender) = self.checkout(addr) {
-            match tokio::time::timeout(READY_WAIT, sender.ready()).await {
-                Ok(Ok(())) => {}
-                _ => continue,
+            // Usually ready at once (its last exchange finished): no timer.
+            if !sender.is_ready() {
+                match tokio::time::timeout(READY_WAIT, sender.ready()).await {
+                    Ok(Ok(())) => {}
+                    _ => continue,
+                }
             }
             match sender.try_send_request(req).await {
                 Ok(resp) => return Ok((resp, self.lend(addr, sender))),
