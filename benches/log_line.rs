@@ -1,5 +1,9 @@
 //! What writing one decision line costs, in each `--log-format`: egressd's
-//! own line (the hot path every request pays) and the OCSF event.
+//! own line (the hot path every request pays) and the OCSF event; and, for
+//! a denied and an allowed DNS query (the cheapest requests, where the line
+//! is the largest share), the line alone and the whole of
+//! `Recorder::record`: the line, its metrics and the hand-off to the log
+//! writer thread (which writes to a file in a temporary directory).
 //!
 //! `cargo bench --bench log_line` (add `-- --quick` for a rough pass).
 
@@ -8,8 +12,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, Criterion};
-use egressd::policy::{Logged, Proto, Reason};
-use egressd::record::Event;
+use egressd::log::{LogSink, LogTarget};
+use egressd::metrics::Metrics;
+use egressd::policy::{Logged, Mode, Proto, Reason};
+use egressd::record::{Event, Recorder};
 
 /// A typical allowed CONNECT and a denied plain-HTTP request.
 fn events() -> [Event; 2] {
@@ -39,6 +45,59 @@ fn events() -> [Event; 2] {
     [a, d]
 }
 
+/// A denied and an allowed (cached) DNS query, as the DNS front-end fills
+/// them in.
+fn dns_events() -> [Event; 2] {
+    let mut d = Event::new(Proto::Dns, "127.0.0.1:40123".parse().unwrap());
+    d.ts_ms = 1_795_982_400_789;
+    d.host = Some("n417.denied.test".into());
+    d.qname = Some("n417.denied.test".into());
+    d.qtype = Some("A".into());
+    d.set_denied(Reason::NoException);
+    d.mode = Mode::Enforce;
+    d.rcode = Some("REFUSED".into());
+    let mut a = d.clone();
+    a.host = Some("n417.allowed.test".into());
+    a.qname = Some("n417.allowed.test".into());
+    a.decision = Logged::Allow;
+    a.reason = Reason::Exception;
+    a.exception = Some(Arc::from("allow-417"));
+    a.owner = Some(Arc::from("bench"));
+    a.rcode = Some("NOERROR".into());
+    [d, a]
+}
+
+fn dns(c: &mut Criterion) {
+    let mut g = c.benchmark_group("log_line_dns");
+    g.sample_size(50).measurement_time(Duration::from_secs(3));
+    let [denied, allowed] = dns_events();
+    for (name, ev) in [("denied", &denied), ("allowed", &allowed)] {
+        g.bench_function(format!("line/{name}"), |b| {
+            let mut out = Vec::with_capacity(512);
+            b.iter(|| {
+                out.clear();
+                ev.write_json(&mut out);
+                black_box(&out);
+            })
+        });
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let metrics = Metrics::new();
+    let sink = LogSink::start(LogTarget::File(dir.path().join("log")), metrics.clone()).unwrap();
+    let rec = Recorder::new(sink.clone(), metrics);
+    for (name, ev) in [("denied", &denied), ("allowed", &allowed)] {
+        g.bench_function(format!("record/{name}"), |b| {
+            let mut ev = ev.clone();
+            b.iter(|| {
+                ev.started = Some(std::time::Instant::now());
+                rec.record_mut(black_box(&mut ev));
+            })
+        });
+    }
+    g.finish();
+    assert!(sink.flush(Duration::from_secs(10)));
+}
+
 fn line(c: &mut Criterion) {
     let evs = events();
     let mut g = c.benchmark_group("log_line");
@@ -64,5 +123,5 @@ fn line(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, line);
+criterion_group!(benches, line, dns);
 criterion_main!(benches);

@@ -4,9 +4,13 @@
 //! does not decide what is refused (the front-ends ask [`LogSink::healthy`]
 //! before they forward anything).
 //!
-//! Lines go to one writer thread through an unbounded channel whose content
-//! is bounded here, by bytes and age, so a sender never waits (a tokio
-//! worker blocked on a full queue would stall every connection it serves).
+//! Lines go to one writer thread through one shared batch: a request's line
+//! is written straight into it ([`LogSink::append`]), and the writer takes
+//! the whole batch at once, at most [`COALESCE`] later while lines keep
+//! coming. No line is a buffer of its own, and no line wakes the writer
+//! unless it had gone idle. The batch is unbounded, its content bounded
+//! here, by bytes and age, so a sender never waits (a tokio worker blocked
+//! on a full queue would stall every connection it serves).
 //! The sink stops taking lines in two ways, and both fail closed:
 //!
 //! - a **failure**: a write returns an error (disk full, closed pipe). The
@@ -116,21 +120,32 @@ impl LogTarget {
     }
 }
 
-/// One line the writer holds, and when it took it from the channel (see
-/// `Shared::now`): stamped there, once per batch, so the request path
-/// reads no clock. Lines still in the channel are younger than every line
-/// the writer holds, so the oldest line's age is the backlog's.
+/// Whole lines the writer holds (one batch, each line with its newline),
+/// and when it took them (see `Shared::now`): stamped there, once per
+/// batch, so the request path reads no clock. Lines still in the shared
+/// batch are younger than every line the writer holds, so the oldest
+/// line's age is the backlog's.
 struct Line {
     bytes: Vec<u8>,
     at: u64,
 }
 
-/// What the writer thread receives.
-enum Msg {
-    Line(Vec<u8>),
-    /// Wake up (to act on a reopen request, or to stop at exit).
-    Wake,
+/// What the writer thread receives: a wake-up (a line for an idle writer,
+/// a reopen request, the exit).
+struct Wake;
+
+/// The lines not yet taken by the writer, under `Shared::pending`.
+#[derive(Default)]
+struct Pending {
+    batch: Vec<u8>,
+    /// The writer is (about to be) asleep on the channel: the next line
+    /// wakes it.
+    parked: bool,
 }
+
+/// The room a new batch starts with (the writer's, not a request's,
+/// allocation).
+const BATCH_ROOM: usize = 64 << 10;
 
 /// What the request path, the writer and the exit share. The request path
 /// touches only atomics.
@@ -154,6 +169,8 @@ struct Shared {
     late: AtomicU64,
     reopen: AtomicBool,
     closed: AtomicBool,
+    /// Lines queued and not yet taken by the writer.
+    pending: Mutex<Pending>,
     state: Mutex<State>,
     /// Signalled when a write in flight returns after the exit began.
     settled: Condvar,
@@ -163,8 +180,10 @@ struct Shared {
 /// The unwritten lines, under `Shared::state`: the writer takes lines from
 /// here to write them; at exit the rest are taken from here to stderr.
 struct State {
-    rx: Receiver<Msg>,
+    rx: Receiver<Wake>,
     lines: VecDeque<Line>,
+    /// Emptied batches, reused for the next ones.
+    spare: Vec<Vec<u8>>,
     /// Bytes of the front line the sink has already taken.
     off: usize,
     /// The writer is inside write(2) with bytes of `lines` (unlocked).
@@ -200,14 +219,14 @@ impl Shared {
     }
 }
 
-fn lock(m: &Mutex<State>) -> MutexGuard<'_, State> {
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// Handle to the writer thread; cheap to clone.
 #[derive(Clone)]
 pub struct LogSink {
-    tx: Sender<Msg>,
+    tx: Sender<Wake>,
     shared: Arc<Shared>,
 }
 
@@ -243,9 +262,14 @@ impl LogSink {
             late: AtomicU64::new(0),
             reopen: AtomicBool::new(false),
             closed: AtomicBool::new(false),
+            pending: Mutex::new(Pending {
+                batch: Vec::with_capacity(BATCH_ROOM),
+                parked: false,
+            }),
             state: Mutex::new(State {
                 rx,
                 lines: VecDeque::new(),
+                spare: Vec::new(),
                 off: 0,
                 in_flight: false,
                 taken: false,
@@ -288,7 +312,7 @@ impl LogSink {
     /// Queues the line (with its newline) of a request that was served or
     /// decided by the policy. Never waits, and the line is always kept.
     pub fn write(&self, line: Vec<u8>) {
-        self.queue(line);
+        self.append(false, |out| out.extend_from_slice(&line));
     }
 
     /// Queues the line of a refusal made before the policy (the log is
@@ -298,31 +322,47 @@ impl LogSink {
     /// unwritten lines one is counted (`egressd_log_write_errors_total`,
     /// and the exit's summary on stderr) instead of kept.
     pub fn write_refusal(&self, line: Vec<u8>) {
+        self.append(true, |out| out.extend_from_slice(&line));
+    }
+
+    /// Queues the line `write_line` appends (one whole line with its
+    /// newline), written straight into the shared batch: no buffer of its
+    /// own, no copy. `refusal`: the line of a refusal made before the
+    /// policy (see [`LogSink::write_refusal`]), counted instead of kept
+    /// past [`MAX_HELD_BYTES`]. Never waits for the writer; holds the
+    /// batch only while the line is written.
+    pub fn append(&self, refusal: bool, write_line: impl FnOnce(&mut Vec<u8>)) {
         let s = &*self.shared;
-        if s.backlog() + line.len() as u64 > MAX_HELD_BYTES {
+        let mut p = lock(&s.pending);
+        let start = p.batch.len();
+        write_line(&mut p.batch);
+        let len = (p.batch.len() - start) as u64;
+        if refusal && s.backlog() + len > MAX_HELD_BYTES {
+            p.batch.truncate(start);
+            drop(p);
             s.not_kept.fetch_add(1, Ordering::Relaxed);
             s.metrics.log_write_errors.inc();
             return;
         }
-        self.queue(line);
-    }
-
-    fn queue(&self, line: Vec<u8>) {
-        let s = &*self.shared;
-        let len = line.len() as u64;
+        // Under the batch's lock: either the writer parks after this line
+        // is in (it sees the line and does not park), or before (it set
+        // `parked`, and this wakes it).
+        let wake = std::mem::take(&mut p.parked);
         let queued = s.queued.fetch_add(len, Ordering::Relaxed) + len;
+        drop(p);
         if queued.saturating_sub(s.written.load(Ordering::Relaxed)) > MAX_BACKLOG_BYTES
             && s.refusing.load(Ordering::Relaxed) & OVER_BYTES == 0
         {
             s.refusing.fetch_or(OVER_BYTES, Ordering::Relaxed);
             s.note_stall();
         }
-        // The receiver lives in `shared`, which this handle keeps alive.
-        let _ = self.tx.send(Msg::Line(line));
-        // After the exit's dump nobody writes the channel out: show the
-        // line now. The fence pairs with the swap in `close`: either the
-        // dump sees this line, or this sees `closed` (without it the send
-        // could still sit in this CPU's store buffer when both look).
+        if wake {
+            // The receiver lives in `shared`, which this handle keeps alive.
+            let _ = self.tx.send(Wake);
+        }
+        // After the exit's dump nobody writes the batch out: show the line
+        // now. The fence pairs with the swap in `close`: either the dump
+        // sees this line, or this sees `closed`.
         fence(Ordering::SeqCst);
         if s.closed.load(Ordering::Relaxed) {
             show_late(s);
@@ -332,7 +372,7 @@ impl LogSink {
     /// Asks the writer to reopen its file (log rotation).
     pub fn reopen(&self) {
         self.shared.reopen.store(true, Ordering::Relaxed);
-        let _ = self.tx.send(Msg::Wake);
+        let _ = self.tx.send(Wake);
     }
 
     /// Waits until every line queued before this call has been written, at
@@ -392,7 +432,7 @@ impl LogSink {
         if s.closed.swap(true, Ordering::SeqCst) {
             return;
         }
-        let _ = self.tx.send(Msg::Wake);
+        let _ = self.tx.send(Wake);
         let mut st = lock(&s.state);
         let grace = Instant::now() + CLOSE_GRACE;
         while st.in_flight {
@@ -406,10 +446,13 @@ impl LogSink {
                 .0;
         }
         st.taken = true;
+        // What of the front batch the sink took is not shown again (but a
+        // line it took only part of is shown whole).
+        let off = st.off;
         let mut lines: Vec<Line> = st.lines.drain(..).collect();
-        drain_channel(&st.rx, &mut lines);
+        drain_pending(s, &mut lines);
         drop(st);
-        let shown = show(s, &lines, err);
+        let shown = show(s, &lines, off, err);
         // Says the prefix in other words, so `grep -c` of it counts lines.
         let _ = writeln!(
             err,
@@ -427,38 +470,52 @@ impl LogSink {
     }
 }
 
-fn drain_channel(rx: &Receiver<Msg>, into: &mut Vec<Line>) {
-    while let Ok(m) = rx.try_recv() {
-        if let Msg::Line(bytes) = m {
-            into.push(Line { bytes, at: 0 });
-        }
+/// Takes the lines not yet taken by the writer.
+fn drain_pending(s: &Shared, into: &mut Vec<Line>) {
+    let mut p = lock(&s.pending);
+    if !p.batch.is_empty() {
+        into.push(Line {
+            bytes: std::mem::take(&mut p.batch),
+            at: 0,
+        });
     }
 }
 
-/// Writes `lines` to `err` behind the prefix; counts them as taken.
-fn show(s: &Shared, lines: &[Line], err: &mut dyn Write) -> usize {
+/// Writes the lines of `batches` to `err`, each behind the prefix, from
+/// the start of the line that holds byte `off` of the first; counts them
+/// as taken. Returns how many lines it showed.
+fn show(s: &Shared, batches: &[Line], off: usize, err: &mut dyn Write) -> usize {
     let mut out = io::BufWriter::new(err);
-    for l in lines {
-        let _ = out.write_all(UNWRITTEN_PREFIX.as_bytes());
-        let _ = out.write_all(&l.bytes);
-        if l.bytes.last() != Some(&b'\n') {
-            let _ = out.write_all(b"\n");
+    let mut shown = 0;
+    for (i, b) in batches.iter().enumerate() {
+        let from = if i == 0 {
+            b.bytes[..off.min(b.bytes.len())]
+                .iter()
+                .rposition(|&c| c == b'\n')
+                .map_or(0, |n| n + 1)
+        } else {
+            0
+        };
+        for line in b.bytes[from..].split_inclusive(|&c| c == b'\n') {
+            let _ = out.write_all(UNWRITTEN_PREFIX.as_bytes());
+            let _ = out.write_all(line);
+            if line.last() != Some(&b'\n') {
+                let _ = out.write_all(b"\n");
+            }
+            shown += 1;
         }
-        s.written.fetch_add(l.bytes.len() as u64, Ordering::SeqCst);
+        s.written.fetch_add(b.bytes.len() as u64, Ordering::SeqCst);
     }
     let _ = out.flush();
-    lines.len()
+    shown
 }
 
-/// After the exit's dump: shows whatever reached the channel since.
+/// After the exit's dump: shows whatever reached the batch since.
 fn show_late(s: &Shared) {
     let mut lines = Vec::new();
-    {
-        let st = lock(&s.state);
-        drain_channel(&st.rx, &mut lines);
-    }
+    drain_pending(s, &mut lines);
     if !lines.is_empty() {
-        let n = show(s, &lines, &mut io::stderr().lock());
+        let n = show(s, &lines, 0, &mut io::stderr().lock());
         s.late.fetch_add(n as u64, Ordering::Relaxed);
     }
 }
@@ -613,10 +670,11 @@ impl Writer {
                 // nobody will call `finish`, so show the rest now.
                 let mut st = lock(&shared.state);
                 if !st.lines.is_empty() {
+                    let off = st.off;
                     let lines: Vec<Line> = st.lines.drain(..).collect();
                     st.taken = true;
                     drop(st);
-                    show(&shared, &lines, &mut io::stderr().lock());
+                    show(&shared, &lines, off, &mut io::stderr().lock());
                 }
                 return;
             }
@@ -690,14 +748,26 @@ impl Writer {
             } else {
                 WRITE_CHUNK
             };
+            // Whole lines up to `chunk` (a longer line alone, whole).
             let mut off = st.off;
             for l in &st.lines {
                 let part = &l.bytes[off..];
-                if !self.buf.is_empty() && self.buf.len() + part.len() > chunk {
-                    break;
-                }
-                self.buf.extend_from_slice(part);
                 off = 0;
+                let room = chunk.saturating_sub(self.buf.len());
+                if part.len() <= room {
+                    self.buf.extend_from_slice(part);
+                    continue;
+                }
+                let end = match part[..room].iter().rposition(|&b| b == b'\n') {
+                    Some(i) => i + 1,
+                    None if self.buf.is_empty() => part
+                        .iter()
+                        .position(|&b| b == b'\n')
+                        .map_or(part.len(), |i| i + 1),
+                    None => 0,
+                };
+                self.buf.extend_from_slice(&part[..end]);
+                break;
             }
             self.publish(&st);
             st.in_flight = true;
@@ -806,44 +876,61 @@ impl Writer {
     }
 }
 
-/// Moves what arrived on the channel into the backlog, waiting as told.
-/// `Ok(true)` when a line came, `Err` when every handle is gone.
+/// Moves the shared batch into the backlog, waiting as told (asleep on
+/// the channel only with no line pending, woken by the next one).
+/// `Ok(true)` when lines came, `Err` when every handle is gone.
 fn collect(s: &Shared, st: &mut State, wait: &Wait) -> Result<bool, ()> {
-    // A line is built in a buffer sized for a long one; while the sink is
-    // behind, what it holds should cost what the bound counts (its length),
-    // not that. (Here, on the writer thread, never on the request path.)
-    let behind = !st.lines.is_empty();
-    let mut got = false;
-    let first = match wait {
-        Wait::Channel(d) => match st.rx.recv_timeout(*d) {
-            Ok(m) => Some(m),
-            Err(RecvTimeoutError::Timeout) => None,
-            Err(RecvTimeoutError::Disconnected) => return Err(()),
-        },
-        Wait::None | Wait::Coalesce | Wait::Writable => None,
-    };
-    let mut at = 0;
-    let mut take = |m: Msg, st: &mut State| {
-        if let Msg::Line(mut bytes) = m {
-            if behind {
-                bytes.shrink_to_fit();
+    if st.taken {
+        // The exit took the lines: later ones are shown by their senders.
+        return Ok(false);
+    }
+    let mut disconnected = false;
+    if let Wait::Channel(d) = wait {
+        let park = {
+            let mut p = lock(&s.pending);
+            p.parked = p.batch.is_empty();
+            p.parked
+        };
+        if park {
+            match st.rx.recv_timeout(*d) {
+                Ok(Wake) | Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => disconnected = true,
             }
-            if at == 0 {
-                at = s.now();
-            }
-            st.lines.push_back(Line { bytes, at });
-            got = true;
         }
-    };
-    if let Some(m) = first {
-        take(m, st);
     }
     loop {
         match st.rx.try_recv() {
-            Ok(m) => take(m, st),
+            Ok(Wake) => {}
             Err(TryRecvError::Empty) => break,
-            Err(TryRecvError::Disconnected) => return Err(()),
+            Err(TryRecvError::Disconnected) => {
+                disconnected = true;
+                break;
+            }
         }
+    }
+    let room = st
+        .spare
+        .pop()
+        .unwrap_or_else(|| Vec::with_capacity(BATCH_ROOM));
+    let mut bytes = {
+        let mut p = lock(&s.pending);
+        p.parked = false;
+        std::mem::replace(&mut p.batch, room)
+    };
+    let got = !bytes.is_empty();
+    if got {
+        // While the sink is behind, what it holds should cost what the
+        // bound counts (its length), not a batch's room. (Here, on the
+        // writer thread, never on the request path.)
+        if !st.lines.is_empty() {
+            bytes.shrink_to_fit();
+        }
+        st.lines.push_back(Line { bytes, at: s.now() });
+    } else {
+        st.spare.push(bytes);
+    }
+    if disconnected {
+        return Err(());
     }
     Ok(got)
 }
@@ -860,7 +947,12 @@ fn advance(s: &Shared, st: &mut State, mut n: usize) {
         n -= rest;
         st.off = 0;
         let len = front.bytes.len() as u64;
-        st.lines.pop_front();
+        if let Some(mut done) = st.lines.pop_front().map(|l| l.bytes) {
+            if st.spare.len() < 2 && (BATCH_ROOM..=4 * BATCH_ROOM).contains(&done.capacity()) {
+                done.clear();
+                st.spare.push(done);
+            }
+        }
         s.written.fetch_add(len, Ordering::SeqCst);
     }
 }

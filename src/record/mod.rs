@@ -305,32 +305,34 @@ impl Recorder {
     /// the request, its denial or exception hit, its bytes and duration,
     /// and its upstream failures are counted here and nowhere else.
     pub fn record(&self, mut ev: Event) {
+        self.record_mut(&mut ev);
+    }
+
+    /// [`Recorder::record`] of an event the caller keeps (to reuse the
+    /// room of its strings; only `duration_ms` is changed).
+    pub fn record_mut(&self, ev: &mut Event) {
         if let Some(start) = ev.started {
             let elapsed = start.elapsed();
             ev.duration_ms = elapsed.as_millis() as u64;
             self.metrics
                 .observe_duration(ev.proto, elapsed.as_secs_f64());
         }
-        self.count(&ev);
-        self.package_denials.note(&ev);
-        // Sized for a typical line up front: growing from empty cost a
-        // handful of reallocations per line.
-        let mut line = Vec::with_capacity(512);
-        match self.format {
-            LogFormat::Egressd => ev.write_json(&mut line),
-            LogFormat::Ocsf => ev.write_ocsf(&mut line),
-        }
+        let ev = &*ev;
+        self.count(ev);
+        self.package_denials.note(ev);
         // Refusals before the policy forwarded nothing and come as fast as
         // a client sends: the sink may count them instead of keeping them
         // when it is far behind. Every other line is always kept.
-        if matches!(
+        let refusal = matches!(
             ev.reason,
             Reason::LogUnavailable | Reason::Overloaded | Reason::Malformed | Reason::LoopDetected
-        ) {
-            self.log.write_refusal(line);
-        } else {
-            self.log.write(line);
-        }
+        );
+        // Written straight into the sink's batch: no buffer per line.
+        let format = self.format;
+        self.log.append(refusal, |out| match format {
+            LogFormat::Egressd => ev.write_json(out),
+            LogFormat::Ocsf => ev.write_ocsf(out),
+        });
     }
 
     fn count(&self, ev: &Event) {
