@@ -286,6 +286,11 @@ fn gather(args: &RunArgs) -> Result<HostFacts, String> {
             // renewed CA or updated roots are picked up.
             let bundle = crate::tls::sandbox_ca_bundle(&dir).map_err(|e| at(&e))?;
             let cert = crate::tls::ca_cert_path(&dir);
+            // Read now, once: another launcher may rename a new bundle
+            // over this one at any time (a whole file either way).
+            let read =
+                |p: &Path| std::fs::read(p).map_err(|e| at(&format!("{}: {e}", p.display())));
+            let (bundle_pem, cert_pem) = (read(&bundle)?, read(&cert)?);
             let nssdb = nss::database(&cert).unwrap_or_else(|e| {
                 eprintln!(
                     "egressd run: no NSS database for the sandbox's HOME ({e}): Chromium and \
@@ -296,8 +301,8 @@ fn gather(args: &RunArgs) -> Result<HostFacts, String> {
             });
             Some(plan::CaTrust {
                 nssdb,
-                cert,
-                bundle,
+                cert: cert_pem,
+                bundle: bundle_pem,
                 system_bundle: crate::tls::roots::system_bundle()
                     .and_then(|p| p.canonicalize().ok()),
                 dir,

@@ -29,7 +29,7 @@ use std::io;
 use std::net::{Ipv6Addr, TcpListener, UdpSocket};
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -42,7 +42,7 @@ use super::plan::{
 };
 use super::seccomp;
 use super::sys::{self, SigSet};
-use super::view::{Layer, SystemEntry, DEV_LINKS, DEV_NODES};
+use super::view::{Layer, Rebuilt, SystemEntry, DEV_LINKS, DEV_NODES};
 
 /// How long setting up the namespaces may take before the launcher gives up.
 const SETUP_DEADLINE: Duration = Duration::from_secs(30);
@@ -68,13 +68,18 @@ pub const FORWARDED: &[c_int] = &[
 
 /// Where init builds the sandbox's root: a private tmpfs over the host's
 /// `/tmp` (in init's mount namespace only), holding the new root, the mask
-/// sources and the staged resolv.conf. It disappears with the old root.
+/// source, the staged resolv.conf and egressd's files. It disappears with
+/// the old root.
 const STAGING: &str = "/tmp";
 const NEW_ROOT: &str = "/tmp/root";
 const MASK_FILE: &str = "/tmp/mask";
 const RESOLV_STAGING: &str = "/tmp/resolv.conf";
+/// The staging tmpfs's size besides egressd's files.
+const STAGING_SIZE: usize = 1 << 20;
 /// Sizes of tmpfs mounts that hold only directories, links and tiny files.
 const SMALL_TMPFS: &str = "size=1m";
+/// Size of a rebuilt directory's tmpfs (links and empty placeholders).
+const REBUILT_TMPFS: &str = "size=4m";
 /// Read-only, inaccessible and empty: what a masked directory shows.
 const MASK_DIR_OPTIONS: &CStr = c"mode=0,size=4k";
 
@@ -635,6 +640,87 @@ fn tmpfs(at: &Path, flags: libc::c_ulong, data: &str) -> Result<(), String> {
         .map_err(|e| format!("cannot mount a tmpfs on {}: {e}", at.display()))
 }
 
+/// How often an entry of a rebuilt directory is taken again when the host
+/// replaced it between taking and mounting it.
+const REPLACED_TRIES: usize = 5;
+
+/// Rebuilds the host directory `r` (see
+/// [`View::rebuilt`](super::view::View::rebuilt)) on a tmpfs of its own
+/// at its place under the new root: the host's symlinks recreated, every
+/// other entry bound (with `attrs`) on a placeholder of its own, and an
+/// empty placeholder where something is mounted later (a target of `r`, or
+/// a rebuilt directory of `all`). An entry the host removes meanwhile is
+/// not shown; one it replaces by rename is taken again.
+fn rebuild(r: &Rebuilt, all: &[Rebuilt], attrs: u64) -> Result<(), String> {
+    let what = |e: io::Error| format!("cannot rebuild {}: {e}", r.path.display());
+    let mode = fs::metadata(&r.path).map_err(what)?.mode() & 0o7777;
+    let at = under_root(&r.path);
+    tmpfs(
+        &at,
+        libc::MS_NOSUID | libc::MS_NODEV,
+        &format!("mode={mode:o},{REBUILT_TMPFS}"),
+    )?;
+    for e in fs::read_dir(&r.path).map_err(what)? {
+        let e = e.map_err(what)?;
+        let (host, inside) = (e.path(), at.join(e.file_name()));
+        let Ok(md) = fs::symlink_metadata(&host) else {
+            continue;
+        };
+        if md.file_type().is_symlink() {
+            match fs::read_link(&host) {
+                Ok(target) => std::os::unix::fs::symlink(target, &inside)
+                    .map_err(|e| format!("cannot link {}: {e}", host.display()))?,
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => return Err(format!("cannot read {}: {e}", host.display())),
+            }
+        } else if r.targets.contains(&host) || all.iter().any(|d| d.path == host) {
+            ensure_mountpoint(&inside, !md.is_dir())?;
+        } else {
+            bind_entry(&host, &inside, md.is_dir(), attrs)?;
+        }
+    }
+    Ok(())
+}
+
+/// Binds the host's `host` at `inside` (a new placeholder). The host may
+/// replace it by rename at any moment, and a copy of a file that was
+/// renamed over cannot be attached (ENOENT): then it is taken again, up to
+/// [`REPLACED_TRIES`] times. Gone from the host: not shown.
+fn bind_entry(host: &Path, inside: &Path, dir: bool, attrs: u64) -> Result<(), String> {
+    let c = cstr(host)?;
+    ensure_mountpoint(inside, !dir)?;
+    for _ in 0..REPLACED_TRIES {
+        let tree = match sys::open_tree_clone(&c) {
+            Ok(t) => t,
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
+                return remove_placeholder(inside, dir);
+            }
+            Err(e) => return Err(format!("cannot bind {}: {e}", host.display())),
+        };
+        sys::mount_setattr(Some(tree.as_fd()), c"", attrs, 0, true)
+            .map_err(|e| format!("cannot set the access of {}: {e}", host.display()))?;
+        match sys::move_mount(tree.as_fd(), &cstr(inside)?) {
+            Ok(()) => return Ok(()),
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => continue,
+            Err(e) => return Err(format!("cannot mount {}: {e}", inside.display())),
+        }
+    }
+    Err(format!(
+        "{} was replaced on the host {REPLACED_TRIES} times while the sandbox was set up; \
+         try again",
+        host.display()
+    ))
+}
+
+fn remove_placeholder(p: &Path, dir: bool) -> Result<(), String> {
+    let r = if dir {
+        fs::remove_dir(p)
+    } else {
+        fs::remove_file(p)
+    };
+    r.map_err(|e| format!("cannot remove {}: {e}", p.display()))
+}
+
 /// Builds the sandbox's root (the plan's [`View`](super::view::View)) and
 /// pivots into it. In init, with the namespace's capabilities.
 fn setup_filesystem(plan: &Plan, mut idmapped: IdmappedTrees) -> Result<(), String> {
@@ -647,9 +733,10 @@ fn setup_filesystem(plan: &Plan, mut idmapped: IdmappedTrees) -> Result<(), Stri
     // access, before any mount below can hide its source (a --rw under
     // /tmp, the CA's files).
     let system_attrs = sys::MOUNT_ATTR_RDONLY | sys::MOUNT_ATTR_NOSUID | sys::MOUNT_ATTR_NODEV;
+    let rebuilt = view.rebuilt();
     let mut system = Vec::new();
     for (path, entry) in &view.system {
-        if *entry == SystemEntry::Dir {
+        if *entry == SystemEntry::Dir && !rebuilt.iter().any(|r| r.path == *path) {
             system.push(Some(clone_tree(path, system_attrs)?));
         } else {
             system.push(None);
@@ -688,13 +775,6 @@ fn setup_filesystem(plan: &Plan, mut idmapped: IdmappedTrees) -> Result<(), Stri
         };
         layers.push(tree);
     }
-    let mut files = Vec::new();
-    for f in &view.files {
-        files.push(clone_tree(
-            &f.source,
-            sys::MOUNT_ATTR_RDONLY | sys::MOUNT_ATTR_NOSUID,
-        )?);
-    }
     let mut dev = Vec::new();
     for n in DEV_NODES {
         let host = Path::new("/dev").join(n);
@@ -709,11 +789,31 @@ fn setup_filesystem(plan: &Plan, mut idmapped: IdmappedTrees) -> Result<(), Stri
 
     // The staging tmpfs, private to this mount namespace: the new root, the
     // mask source (an empty file nobody may read) and resolv.conf.
+    let contents: usize = view.files.iter().map(|f| f.contents.len()).sum();
     tmpfs(
         Path::new(STAGING),
         libc::MS_NOSUID | libc::MS_NODEV,
-        &format!("mode=700,{SMALL_TMPFS}"),
+        &format!("mode=700,size={}", STAGING_SIZE + contents),
     )?;
+    // egressd's own files (the CA's), from the bytes the launcher read.
+    let mut files = Vec::new();
+    for (i, f) in view.files.iter().enumerate() {
+        let staged = PathBuf::from(format!("{STAGING}/file{i}"));
+        fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o644)
+            .open(&staged)
+            .and_then(|mut w| {
+                w.set_permissions(fs::Permissions::from_mode(0o644))?;
+                io::Write::write_all(&mut w, &f.contents)
+            })
+            .map_err(|e| format!("cannot write {}: {e}", f.target.display()))?;
+        files.push(clone_tree(
+            &staged,
+            sys::MOUNT_ATTR_RDONLY | sys::MOUNT_ATTR_NOSUID | sys::MOUNT_ATTR_NOEXEC,
+        )?);
+    }
     fs::OpenOptions::new()
         .write(true)
         .create_new(true)
@@ -736,8 +836,15 @@ fn setup_filesystem(plan: &Plan, mut idmapped: IdmappedTrees) -> Result<(), Stri
                     .map_err(|e| format!("cannot link {}: {e}", path.display()))?;
             }
             (SystemEntry::Dir, Some(tree)) => attach(tree, &under_root(path), false)?,
-            (SystemEntry::Dir, None) => unreachable!("every system directory was cloned"),
+            (SystemEntry::Dir, None) => {}
         }
+    }
+    // The rebuilt directories, shallow to deep: each one's placeholder is
+    // in its parent's tmpfs, or in the root's for a system tree.
+    // Their host paths are still in sight (nothing is mounted over a
+    // system tree here, only under the new root).
+    for r in &rebuilt {
+        rebuild(r, &rebuilt, system_attrs)?;
     }
 
     // The sandbox's own /proc, mounted while the host's is still in this
@@ -868,10 +975,22 @@ fn setup_filesystem(plan: &Plan, mut idmapped: IdmappedTrees) -> Result<(), Stri
     sys::umount_detach(c".").map_err(|e| format!("cannot detach the host's root: {e}"))?;
     sys::chdir(c"/").map_err(|e| format!("cannot enter the new root: {e}"))?;
     // Nothing can be created beside what was put there (non-recursive: the
-    // fresh scratch mounts stay writable).
-    for p in [c"/", c"/dev"] {
-        sys::mount_setattr(None, p, sys::MOUNT_ATTR_RDONLY, 0, false)
-            .map_err(|e| format!("cannot make the sandbox's root read-only: {e}"))?;
+    // fresh scratch mounts stay writable). A rebuilt directory is never at
+    // or below a layer, so what is mounted at its path is its own tmpfs.
+    let own: Vec<CString> = rebuilt
+        .iter()
+        .map(|r| cstr(&r.path))
+        .collect::<Result<_, _>>()?;
+    for p in [c"/", c"/dev"]
+        .into_iter()
+        .chain(own.iter().map(CString::as_c_str))
+    {
+        sys::mount_setattr(None, p, sys::MOUNT_ATTR_RDONLY, 0, false).map_err(|e| {
+            format!(
+                "cannot make the sandbox's {} read-only: {e}",
+                p.to_string_lossy()
+            )
+        })?;
     }
 
     match fs::metadata(&plan.cwd) {

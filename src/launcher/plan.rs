@@ -128,15 +128,16 @@ pub struct HostFacts {
     pub nft: Option<PathBuf>,
 }
 
-/// Host paths of the interception CA's public files (all canonical).
+/// The interception CA's public files, as the launcher read them, and the
+/// host paths that matter (all canonical).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct CaTrust {
     /// The CA directory: hidden inside, since it holds `ca.key`.
     pub dir: PathBuf,
-    /// egressd's CA certificate alone.
-    pub cert: PathBuf,
-    /// The system roots followed by egressd's CA.
-    pub bundle: PathBuf,
+    /// egressd's CA certificate alone (PEM).
+    pub cert: Vec<u8>,
+    /// The system roots followed by egressd's CA (PEM).
+    pub bundle: Vec<u8>,
     /// The distribution's CA bundle, which the sandbox's copy replaces.
     pub system_bundle: Option<PathBuf>,
     /// The files of an NSS database trusting the CA (`nss::database`;
@@ -425,16 +426,16 @@ pub fn build(opts: &Options, host: &HostFacts) -> Result<Plan, PlanError> {
         });
         if let Some(sys) = &ca.system_bundle {
             files.push(FileBind {
-                source: ca.bundle.clone(),
+                contents: ca.bundle.clone(),
                 target: sys.clone(),
             });
         }
         files.push(FileBind {
-            source: ca.bundle.clone(),
+            contents: ca.bundle.clone(),
             target: bundle.clone(),
         });
         files.push(FileBind {
-            source: ca.cert.clone(),
+            contents: ca.cert.clone(),
             target: cert.clone(),
         });
         for n in crate::tls::roots::BUNDLE_ENV {
@@ -1017,8 +1018,8 @@ mod tests {
         let mut hf = host();
         hf.ca = Some(CaTrust {
             dir: "/home/me/certs".into(),
-            cert: "/home/me/certs/ca.pem".into(),
-            bundle: "/home/me/certs/sandbox-bundle.pem".into(),
+            cert: b"ca".to_vec(),
+            bundle: b"roots and ca".to_vec(),
             system_bundle: Some("/etc/ssl/certs/ca-certificates.crt".into()),
             nssdb: vec![("cert9.db".into(), b"db".to_vec())],
         });

@@ -12,7 +12,8 @@
 //! - fresh `/tmp`, `/var/tmp`, `/run` and HOME;
 //! - the working directory (`--cwd rw`, the default, or `ro`) and the
 //!   `--ro`/`--rw` paths, each at its own place;
-//! - the generated resolv.conf and, with `--ca-dir`, the CA's public files.
+//! - the generated resolv.conf and, with `--ca-dir`, the CA's public files
+//!   (both written by the sandbox into a tmpfs of its own, then bound).
 //!
 //! Nothing else of the host is there, so no host Unix socket outside those
 //! paths can be reached. Secrets that live in `/etc` ([`ETC_SECRETS`],
@@ -129,10 +130,15 @@ pub struct Mask {
     pub dir: bool,
 }
 
-/// A host file shown read-only at another path inside.
+/// A file of egressd's shown read-only inside at `target`. Its bytes are
+/// taken by the launcher and written into the sandbox's own staging tmpfs:
+/// the sandbox never mounts a host file that another launcher may replace
+/// meanwhile (each `egressd run --ca-dir` rewrites the CA directory's
+/// bundle by rename, and a mount of a file renamed over can no longer be
+/// attached).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FileBind {
-    pub source: PathBuf,
+    pub contents: Vec<u8>,
     pub target: PathBuf,
 }
 
@@ -148,6 +154,16 @@ pub struct View {
     pub resolv_conf: Option<PathBuf>,
     pub masks: Vec<Mask>,
     pub files: Vec<FileBind>,
+}
+
+/// A host directory the sandbox shows rebuilt on a tmpfs of its own
+/// (see [`View::rebuilt`]): what is at each of its entries.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rebuilt {
+    pub path: PathBuf,
+    /// Entries something is mounted on (masks, resolv.conf, file binds):
+    /// an empty placeholder of their own instead of the host's entry.
+    pub targets: Vec<PathBuf>,
 }
 
 /// Why the sandbox does not show a host path.
@@ -168,6 +184,68 @@ impl View {
     pub fn order(&mut self) {
         self.layers
             .sort_by_key(|l| (l.path().components().count(), l.rank()));
+    }
+
+    /// Every path something is mounted on after the layers (resolv.conf,
+    /// masks, file binds).
+    fn targets(&self) -> impl Iterator<Item = &Path> {
+        self.resolv_conf
+            .iter()
+            .map(PathBuf::as_path)
+            .chain(self.masks.iter().map(|m| m.path.as_path()))
+            .chain(self.files.iter().map(|f| f.target.as_path()))
+    }
+
+    /// The directories of the system trees that hold a mount target
+    /// (`/etc` for resolv.conf and the masks of `/etc/shadow`,
+    /// `/etc/ssl/certs` for the CA bundle, …) and every directory between
+    /// them and their system tree, shallow to deep. Each is rebuilt on a
+    /// tmpfs of the sandbox's own: its entries are the host's (symlinks
+    /// recreated, everything else bound on a placeholder of its own), and
+    /// what egressd mounts goes on a placeholder, never on the host's file.
+    /// The kernel detaches every mount whose mount point is a file that
+    /// another namespace unlinks or renames over, so a mask, resolv.conf
+    /// or CA bundle placed on the host's own `/etc` file would vanish (or,
+    /// racing the rename, fail to mount) when the host replaces that file,
+    /// as `passwd`, DHCP clients and `update-ca-certificates` do. Targets
+    /// under a layer keep the layer's own mount points (a `--ro` of a
+    /// directory in `/etc` shows that directory live).
+    pub fn rebuilt(&self) -> Vec<Rebuilt> {
+        let mut dirs: Vec<Rebuilt> = Vec::new();
+        for t in self.targets() {
+            if self.layers.iter().any(|l| t.starts_with(l.path())) {
+                continue;
+            }
+            let Some(tree) = self
+                .system
+                .iter()
+                .find(|(s, e)| *e == SystemEntry::Dir && t.starts_with(s) && t != s)
+                .map(|(s, _)| s)
+            else {
+                continue;
+            };
+            let mut child = t;
+            while let Some(dir) = child.parent() {
+                match dirs.iter_mut().find(|r| r.path == dir) {
+                    Some(r) if !r.targets.iter().any(|x| x == child) => {
+                        r.targets.push(child.to_path_buf())
+                    }
+                    Some(_) => {}
+                    None => dirs.push(Rebuilt {
+                        path: dir.to_path_buf(),
+                        targets: vec![child.to_path_buf()],
+                    }),
+                }
+                if dir == tree {
+                    break;
+                }
+                child = dir;
+            }
+        }
+        dirs.sort_by(|a, b| {
+            (a.path.components().count(), &a.path).cmp(&(b.path.components().count(), &b.path))
+        });
+        dirs
     }
 
     /// Whether `p` (absolute, with the host's symlinks resolved or leading
@@ -338,6 +416,46 @@ mod tests {
         assert_eq!(
             v.shows(Path::new("/proc/1/exe")),
             Err(Hidden::Own("/proc".into()))
+        );
+    }
+
+    #[test]
+    fn directories_holding_mount_targets_are_rebuilt_down_from_their_tree() {
+        let mut v = view();
+        v.resolv_conf = Some("/etc/resolv.conf".into());
+        v.masks.push(Mask {
+            path: "/home/me/proj/ca".into(),
+            dir: true,
+        });
+        v.files = vec![
+            FileBind {
+                contents: b"roots".to_vec(),
+                target: "/etc/ssl/certs/ca-certificates.crt".into(),
+            },
+            FileBind {
+                contents: b"ca".to_vec(),
+                target: "/tmp/ca.pem".into(),
+            },
+        ];
+        let rebuilt = v.rebuilt();
+        let got: Vec<(&str, Vec<&str>)> = rebuilt
+            .iter()
+            .map(|r| {
+                (
+                    r.path.to_str().unwrap(),
+                    r.targets.iter().map(|t| t.to_str().unwrap()).collect(),
+                )
+            })
+            .collect();
+        // Under a layer (the working directory, a fresh /tmp): the layer's
+        // own mount points; outside every system tree: nothing.
+        assert_eq!(
+            got,
+            [
+                ("/etc", vec!["/etc/resolv.conf", "/etc/shadow", "/etc/ssl"]),
+                ("/etc/ssl", vec!["/etc/ssl/certs"]),
+                ("/etc/ssl/certs", vec!["/etc/ssl/certs/ca-certificates.crt"]),
+            ]
         );
     }
 

@@ -731,3 +731,143 @@ fn ca_bundle_variables_are_not_taken_for_credentials() {
         assert!(!note.contains(n), "{n} called a credential: {note}");
     }
 }
+
+// ---------------------------------------------------------------- host files replaced while a sandbox runs
+
+/// Runs `script` as root in a mount namespace of its own (`unshare
+/// --mount`, propagation private) in which `/etc` (`whole_etc`) or only
+/// `/etc/ssl/certs` is a tmpfs holding a copy of the host's: so the script
+/// can replace files there by rename, as `update-ca-certificates`,
+/// `passwd` or a DHCP client do on the host, without touching the host's.
+/// `$EGRESSD`, `$CA` (an interception CA directory), `$POLICY` and `$WORK`
+/// are set for it. `None` (SKIPPED) when not root.
+fn with_replaceable_etc(test: &str, whole_etc: bool, script: &str) -> Option<(i32, String)> {
+    if !is_root() {
+        eprintln!("SKIPPED {test}: needs root (a mount namespace with a tmpfs over /etc)");
+        return None;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let ca = dir.path().join("ca");
+    let init = std::process::Command::new(env!("CARGO_BIN_EXE_egressd"))
+        .args(["ca", "init", "--dir"])
+        .arg(&ca)
+        .output()
+        .unwrap();
+    assert!(init.status.success(), "{init:?}");
+    let policy = dir.path().join("policy");
+    std::fs::create_dir(&policy).unwrap();
+    std::fs::write(policy.join("p.yaml"), "exceptions: []\n").unwrap();
+    let work = dir.path().join("work");
+    std::fs::create_dir(&work).unwrap();
+    // The copy is made in a tmpfs of the namespace's own, then moved over
+    // the directory: nothing of /etc is written to disk.
+    let copied = if whole_etc { "/etc" } else { "/etc/ssl/certs" };
+    let setup = format!(
+        "set -e\nstage=$(mktemp -d)\nmount -t tmpfs -o mode=755,size=64m egressd-it-etc \"$stage\"\n\
+         cp -a {copied}/. \"$stage\"/\nmount --move \"$stage\" {copied}\nrmdir \"$stage\"\n"
+    );
+    let out = std::process::Command::new("unshare")
+        .args(["--mount", "--propagation", "private", "sh", "-c"])
+        .arg(format!("{setup}{script}"))
+        .env("EGRESSD", env!("CARGO_BIN_EXE_egressd"))
+        .env("CA", &ca)
+        .env("POLICY", &policy)
+        .env("WORK", &work)
+        .env_remove("EGRESSD_POLICY")
+        .env_remove("EGRESSD_CA_DIR")
+        .current_dir(&work)
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}\n--- stderr\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Some((out.status.code().unwrap_or(-1), text))
+}
+
+/// The `egressd run` of [`with_replaceable_etc`]'s scripts, intercepting.
+const RUN_IN_ETC_TEST: &str = "\"$EGRESSD\" run --policy \"$POLICY\" --log /dev/null \
+     --upstream-dns 127.0.0.1:9 --ca-dir \"$CA\" --timeout 60s --";
+
+#[test]
+fn files_the_host_replaces_after_setup_stay_egressds_inside() {
+    // What egressd put over host files — its CA bundle over the
+    // distribution's, a mask over an SSH host key, its resolv.conf — must
+    // stay, whatever the host does to the files. The kernel detaches a
+    // mount whose mount point is a file another namespace renames over, so
+    // a mount placed on the host's own file would vanish when the host
+    // replaces it: the sandbox would lose egressd's CA, show the new
+    // secret and the host's resolvers.
+    let inside = "look() {\n\
+        echo \"$1 ca=$(grep -c 'egressd interception CA' /etc/ssl/certs/ca-certificates.crt) \
+         key=$(stat -c %s /etc/ssh/ssh_host_egressdtest_key)$(cat /etc/ssh/ssh_host_egressdtest_key 2>/dev/null) \
+         resolv=$(grep -c '^nameserver 127.0.0.1$' /etc/resolv.conf)\"\n\
+        }\n\
+        look before\necho > ready\nread x < go\nlook after\n";
+    // The host's side waits for the sandbox at most 60 s (a sandbox that
+    // does not start never opens `ready`); the sandbox's `--timeout`
+    // bounds its own wait.
+    let script = format!(
+        "cat > inside.sh <<'INSIDE'\n{inside}INSIDE\n\
+         mkdir -p /etc/ssh\n\
+         echo old-secret > /etc/ssh/ssh_host_egressdtest_key\n\
+         chmod 644 /etc/ssh/ssh_host_egressdtest_key\n\
+         mkfifo ready go\n\
+         {RUN_IN_ETC_TEST} sh inside.sh &\n\
+         sandbox=$!\n\
+         timeout 60 sh -c 'read x < ready' || {{ echo 'the sandbox did not start'; kill $sandbox; wait $sandbox; exit 1; }}\n\
+         cp /etc/ssl/certs/ca-certificates.crt /etc/ssl/certs/.new && mv -f /etc/ssl/certs/.new /etc/ssl/certs/ca-certificates.crt\n\
+         echo new-secret > /etc/ssh/.new && chmod 644 /etc/ssh/.new && mv -f /etc/ssh/.new /etc/ssh/ssh_host_egressdtest_key\n\
+         echo 'nameserver 192.0.2.1' > /etc/.new && mv -f /etc/.new /etc/resolv.conf\n\
+         echo > go\n\
+         wait $sandbox\n"
+    );
+    let Some((code, out)) = with_replaceable_etc("sandbox::replaced_after_setup", true, &script)
+    else {
+        return;
+    };
+    assert_eq!(code, 0, "{out}");
+    for when in ["before", "after"] {
+        assert!(
+            out.contains(&format!("{when} ca=1 key=0 resolv=1")),
+            "{when}: {out}"
+        );
+    }
+    assert!(!out.contains("secret"), "{out}");
+}
+
+#[test]
+fn sandboxes_start_whole_while_their_ca_bundles_are_rewritten() {
+    // The CI flake: `cannot mount /tmp/root/etc/ssl/certs/ca-certificates.crt:
+    // No such file or directory`. The sandbox had taken the CA directory's
+    // sandbox-bundle.pem, which every `egressd run --ca-dir` rewrites by
+    // rename (the package tests share one CA directory), and a copy of a
+    // file renamed over cannot be attached; a host replacing its own
+    // bundle (update-ca-certificates) between the sandbox finding it and
+    // mounting over it failed the same way. Here both files are replaced
+    // without pause while sandboxes start, two at a time: each must start
+    // and trust egressd's CA.
+    let script = format!(
+        "replace() {{ while :; do cp \"$1\" \"$1.new\"; mv -f \"$1.new\" \"$1\"; done; }}\n\
+         \"$EGRESSD\" run --policy \"$POLICY\" --log /dev/null --upstream-dns 127.0.0.1:9 --ca-dir \"$CA\" -- true\n\
+         replace /etc/ssl/certs/ca-certificates.crt & host=$!\n\
+         replace \"$CA/sandbox-bundle.pem\" & launchers=$!\n\
+         one() {{ for i in 1 2 3 4 5 6; do \
+             echo \"run $1.$i: $({RUN_IN_ETC_TEST} grep -c 'egressd interception CA' /etc/ssl/certs/ca-certificates.crt 2>&1 | tail -n 1)\"; \
+           done; }}\n\
+         one a & a=$!\n one b & b=$!\n\
+         wait $a; wait $b\n\
+         kill $host $launchers\n"
+    );
+    let Some((code, out)) = with_replaceable_etc("sandbox::ca_bundle_rewritten", false, &script)
+    else {
+        return;
+    };
+    assert_eq!(code, 0, "{out}");
+    let runs: Vec<&str> = out.lines().filter(|l| l.starts_with("run ")).collect();
+    assert_eq!(runs.len(), 12, "{out}");
+    for r in runs {
+        assert!(r.ends_with(": 1"), "{r}\n{out}");
+    }
+}
