@@ -145,6 +145,7 @@ pub async fn start(args: &ServeArgs, listeners: Listeners) -> Result<Running> {
     let exceptions = pol.exceptions.len();
     metrics.sync_policy(&pol);
     let handle = PolicyHandle::new(pol);
+    crate::reload::release_freed_memory();
 
     let log = LogSink::start(LogTarget::parse(&args.log), metrics.clone())
         .with_context(|| format!("cannot open decision log {}", args.log))?;

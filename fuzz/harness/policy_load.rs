@@ -1,7 +1,8 @@
-//! Policy loading: any bytes as a policy file. Loading either fails with
-//! located diagnostics or yields a policy that lint, explain and decide
-//! handle without panicking, whose own hosts and ranges are decided
-//! consistently.
+//! Policy loading: any bytes as a policy file. The fast YAML front end
+//! (`policy::yaml`) reads it exactly as serde_yaml_ng does or leaves it to
+//! serde_yaml_ng. Loading either fails with located diagnostics or yields
+//! a policy that lint, explain and decide handle without panicking, whose
+//! own hosts and ranges are decided consistently.
 
 use std::net::IpAddr;
 
@@ -18,6 +19,11 @@ pub fn run(data: &[u8]) {
     let Ok(text) = std::str::from_utf8(data) else {
         return;
     };
+    // The fast YAML front end reads what serde_yaml_ng reads, or leaves
+    // the file to it.
+    if let Err(e) = egressd::policy::yaml::compare_with_serde_yaml(text) {
+        panic!("fast YAML front end: {e}");
+    }
     let policy = match from_yaml(text) {
         Ok(p) => p,
         Err(e) => {

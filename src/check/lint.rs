@@ -140,7 +140,7 @@ pub fn lint(policy: &Policy, now: i64) -> Vec<Warning> {
     for e in &policy.exceptions {
         let mut warn = |kind: Lint, message: String| {
             out.push(Warning {
-                file: e.file.clone(),
+                file: e.file.to_path_buf(),
                 line: e.line,
                 kind,
                 message,
@@ -643,7 +643,7 @@ fn shadowed(policy: &Policy, now: i64, out: &mut Vec<Warning>) {
         {
             let a = &ex[i];
             out.push(Warning {
-                file: b.file.clone(),
+                file: b.file.to_path_buf(),
                 line: b.line,
                 kind: Lint::Shadowed,
                 message: format!(

@@ -21,6 +21,7 @@ pub mod path;
 pub mod qtype;
 pub mod raw;
 pub mod suggest;
+pub mod yaml;
 
 use std::fmt;
 use std::net::IpAddr;
@@ -265,7 +266,8 @@ pub struct Exception {
     pub path_patterns: Vec<String>,
     pub dns_types: Vec<u16>,
     pub inject: Vec<InjectedHeader>,
-    pub file: PathBuf,
+    /// The file it is in: one allocation per file, shared by its exceptions.
+    pub file: Arc<Path>,
     pub line: usize,
 }
 

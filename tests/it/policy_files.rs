@@ -776,3 +776,138 @@ fn check_warns_about_package_sets_and_locates_their_errors() {
         "{err}"
     );
 }
+
+/// A generated policy in the shapes real ones take (the forms the fast
+/// YAML front end must follow, not leave to serde_yaml_ng), `n` exceptions.
+fn generated_policy(n: usize, seed: usize) -> String {
+    let mut y = String::from(
+        "# generated\nsettings:\n  mode: report\n  contact: \"#sec\"\n  stale_after: 30d\n  \
+         private_destinations: deny\n  clients:\n    - id: ci-runner\n      sources: [10.8.0.0/16, \"fd00::/8\"]\n    \
+         - id: agent-a\n      token_sha256: \"0000000000000000000000000000000000000000000000000000000000000000\"\n  \
+         dns:\n    deny_rcode: nxdomain\n    cache_min_ttl: 5s\n    tunnel: { action: log, max_name_len: 100, alert_bytes: 600 }\n  \
+         limits:\n    connections_per_client: 64\n    header_timeout: 10s\n  tls:\n    missing_sni: deny\n\nexceptions:\n",
+    );
+    for i in 0..n {
+        let k = (i + seed) % 9;
+        y.push_str(&format!("  - id: e{i}\n    owner: team{}\n", i % 7));
+        match k {
+            0 => y.push_str("    reason: >-\n      folded over\n      two lines\n"),
+            1 => y.push_str(&format!("    reason: 'it''s {i}' # why\n")),
+            2 => y.push_str("    reason: \"quoted \\\"inner\\\" text\"\n"),
+            _ => y.push_str(&format!(
+                "    reason: generated {i}, see https://t.test/{i}#x\n"
+            )),
+        }
+        match k {
+            0 | 5 => y.push_str(&format!("    hosts:\n      - a{i}.example.com\n      - \"*.w{i}.example.net\"\n")),
+            1 => y.push_str(&format!("    hosts: [\"api-*.g{i}.example.io\"]\n    ports: [443, \"8443\"]\n")),
+            2 => y.push_str(&format!("    cidrs: [10.{}.0.0/16, 2001:db8::/32]\n    hosts: []\n", i % 256)),
+            3 => y.push_str(&format!(
+                "    hosts: [p{i}.mirror.example.org]\n    clients: [\"ci-*\"]\n    methods: [GET, head]\n    \
+                 paths: [\"/v1/**\", /simple/*/]\n    expires: 2030-01-01\n    ticket: SEC-{i}\n"
+            )),
+            4 => y.push_str(&format!(
+                "    hosts: [t{i}.example.com]\n    dns_types: [TXT, mx]\n    inject:\n      headers:\n        X-Api-Key: \"${{env:KEY}}\"\n"
+            )),
+            _ => y.push_str(&format!("    hosts: [h{i}.example.com]\n    ports: [80]\n\n")),
+        }
+    }
+    y
+}
+
+/// Every mutation of `text` one edit away along its lines: each deleted,
+/// doubled, indented by one, dedented by one, its `: ` turned to `:`, a
+/// value quoted, a tab put in.
+fn mutations(text: &str) -> Vec<String> {
+    let lines: Vec<&str> = text.lines().collect();
+    let mut out = Vec::new();
+    let join = |ls: Vec<String>| ls.join("\n") + "\n";
+    for i in 0..lines.len() {
+        let with = |f: &dyn Fn(&str) -> Vec<String>| {
+            let mut ls: Vec<String> = Vec::new();
+            for (j, l) in lines.iter().enumerate() {
+                if i == j {
+                    ls.extend(f(l));
+                } else {
+                    ls.push(l.to_string());
+                }
+            }
+            join(ls)
+        };
+        out.push(with(&|_| vec![]));
+        out.push(with(&|l| vec![l.to_string(), l.to_string()]));
+        out.push(with(&|l| vec![format!(" {l}")]));
+        out.push(with(&|l| {
+            vec![l.strip_prefix(' ').unwrap_or(l).to_string()]
+        }));
+        out.push(with(&|l| vec![l.replacen(": ", ":", 1)]));
+        out.push(with(&|l| vec![l.replacen(": ", ": \"", 1) + "\""]));
+        out.push(with(&|l| vec![l.replacen(": ", ": '", 1) + "'"]));
+        out.push(with(&|l| vec![l.replacen(' ', "\t", 1)]));
+        out.push(with(&|l| vec![format!("{l} # c")]));
+        out.push(with(&|l| vec![format!("{l}:")]));
+        out.push(with(&|l| vec![l.replacen(", ", ",", 1)]));
+        out.push(with(&|l| vec![l.replacen('[', "", 1)]));
+    }
+    out
+}
+
+/// The fast YAML front end (policy::yaml) reads every policy exactly as
+/// serde_yaml_ng does, or leaves it to serde_yaml_ng: the shipped policy,
+/// the examples, the `policy_load` fuzz seeds and regressions, generated
+/// policies, and every one-edit mutation of those. The policies people
+/// write (shipped and generated) must take the fast path.
+#[test]
+fn the_fast_yaml_front_end_reads_every_policy_as_serde_yaml_ng_does() {
+    use egressd::policy::yaml::compare_with_serde_yaml;
+    let mut fast_path: Vec<(String, String)> = shipped_yaml_files()
+        .into_iter()
+        .map(|f| (f.display().to_string(), fs::read_to_string(&f).unwrap()))
+        .collect();
+    for (n, seed) in [(1, 0), (9, 0), (50, 3), (200, 7)] {
+        fast_path.push((format!("generated {n}/{seed}"), generated_policy(n, seed)));
+    }
+    let mut others: Vec<(String, String)> = Vec::new();
+    for dir in [
+        "examples",
+        "fuzz/seeds/policy_load",
+        "fuzz/regressions/policy_load",
+    ] {
+        let mut dirs = vec![root().join(dir)];
+        while let Some(d) = dirs.pop() {
+            for e in fs::read_dir(&d).unwrap().flatten() {
+                let p = e.path();
+                if p.is_dir() {
+                    dirs.push(p);
+                } else if let Ok(t) = fs::read_to_string(&p) {
+                    let policy_like = dir != "examples"
+                        || matches!(p.extension().and_then(|x| x.to_str()), Some("yaml" | "yml"));
+                    if policy_like {
+                        others.push((p.display().to_string(), t));
+                    }
+                }
+            }
+        }
+    }
+    assert!(others.len() >= 15, "{}", others.len());
+    for (name, text) in &fast_path {
+        assert_eq!(compare_with_serde_yaml(text), Ok(true), "{name}");
+    }
+    let (mut taken, mut all) = (0, 0);
+    for (name, text) in fast_path.iter().chain(&others) {
+        let base = compare_with_serde_yaml(text).unwrap_or_else(|e| panic!("{name}: {e}"));
+        taken += usize::from(base);
+        if text.len() > 20_000 {
+            continue;
+        }
+        for m in mutations(text) {
+            all += 1;
+            match compare_with_serde_yaml(&m) {
+                Ok(t) => taken += usize::from(t),
+                Err(e) => panic!("{name}, mutated:\n{m}\n{e}"),
+            }
+        }
+    }
+    // The mutations exercise both sides: many still take the fast path.
+    assert!(taken * 4 > all, "{taken} of {all} took the fast path");
+}

@@ -36,7 +36,10 @@ pub(super) fn exceptions(
         HashMap::with_capacity(parsed.iter().map(|(_, f)| f.exceptions.len()).sum());
     let mut matcher = Matcher::default();
     let mut globs = Globs::default();
+    // Owners repeat across thousands of exceptions: one string each.
+    let mut owners: HashMap<&str, Arc<str>> = HashMap::new();
     for (src, f) in parsed {
+        let file: Arc<Path> = src.path.as_path().into();
         let mut places = Places::new(&src.text);
         for r in &f.exceptions {
             let id = r.id.0.as_str();
@@ -49,7 +52,14 @@ pub(super) fn exceptions(
                 );
                 continue;
             }
-            let e = exception(r, src, at, clients, &mut globs, env, errs);
+            let owner = r.owner.as_deref().map(str::trim).unwrap_or("");
+            let owner = owners.entry(owner).or_insert_with(|| owner.into()).clone();
+            let place = Place {
+                src,
+                file: file.clone(),
+                at,
+            };
+            let e = exception(r, place, owner, clients, &mut globs, env, errs);
             let idx = exceptions.len() as u32;
             for h in &e.hosts {
                 matcher.add_host(h, idx);
@@ -101,18 +111,27 @@ impl<'t> Places<'t> {
     }
 }
 
-/// One exception, validated; every error is reported at `at`.
+/// Where an exception is: its file (and the file's shared path) and the
+/// line:column of its `id:`.
+struct Place<'s> {
+    src: &'s Source,
+    file: Arc<Path>,
+    at: (usize, usize),
+}
+
+/// One exception, validated; every error is reported at its place.
+/// `owner` is its trimmed `owner:`, interned.
 fn exception(
     r: &RawException,
-    src: &Source,
-    at: (usize, usize),
+    place: Place<'_>,
+    owner: Arc<str>,
     clients: &[Client],
     globs: &mut Globs,
     env: &dyn Fn(&str) -> Option<String>,
     errs: &mut Errors,
 ) -> Exception {
+    let Place { src, file, at } = place;
     let id = r.id.0.as_str();
-    let owner = r.owner.as_deref().map(str::trim).unwrap_or("");
     if owner.is_empty() {
         errs.at(src, at, format!("exception {id:?} has no owner:"));
     }
@@ -143,7 +162,7 @@ fn exception(
     hosts.dedup();
     Exception {
         id: id.into(),
-        owner: owner.into(),
+        owner,
         reason: reason.to_string(),
         ticket: r.ticket.clone(),
         expires: r.expires.as_ref().map(|d| d.0),
@@ -160,7 +179,7 @@ fn exception(
         paths,
         dns_types,
         inject,
-        file: src.path.clone(),
+        file,
         line: at.0,
     }
 }

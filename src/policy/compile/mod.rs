@@ -71,6 +71,12 @@ fn parse(sources: &[Source]) -> Result<Vec<(&Source, RawFile)>, LoadError> {
             });
             continue;
         }
+        // The fast front end where it follows the file; serde_yaml_ng for
+        // the rest, and for every error (its file:line:column).
+        if let Some(f) = super::yaml::parse(&src.text) {
+            parsed.push((src, f));
+            continue;
+        }
         match serde_yaml_ng::from_str::<RawFile>(&src.text) {
             Ok(f) => parsed.push((src, f)),
             Err(e) => errors.push(Diagnostic::from_yaml(&src.path, &e)),

@@ -4,7 +4,7 @@
 //! expander, the contact); its located errors become the policy's.
 
 use std::collections::HashMap;
-use std::path::PathBuf;
+use std::path::Path;
 
 use super::exceptions::expand_secret;
 use super::Errors;
@@ -39,14 +39,14 @@ pub(super) fn packages(
     if files.is_empty() && raw_settings.is_none() {
         return PackagePolicy::default();
     }
-    let exception_files: HashMap<&str, &PathBuf> =
-        exceptions.iter().map(|e| (&*e.id, &e.file)).collect();
+    let exception_files: HashMap<&str, &Path> =
+        exceptions.iter().map(|e| (&*e.id, &*e.file)).collect();
     let client_ids: Vec<&str> = clients.iter().map(|c| &*c.id).collect();
     let input = CompileInput {
         files: &files,
         settings: raw_settings,
         clients: &client_ids,
-        exception_id: &|id| exception_files.get(id).map(|p| (*p).clone()),
+        exception_id: &|id| exception_files.get(id).map(|p| p.to_path_buf()),
         expand: &|v| expand_secret(v, env),
         contact: &settings.contact,
     };
