@@ -8,7 +8,7 @@
 //! loadgen latency --to ADDR --url http://host/path [--proxy] --rate R --secs S
 //! loadgen bulk    --to ADDR --host H --path /big [--connect H:P] --secs S
 //! loadgen tls     --to ADDR --sni H --ca ca.pem [--connect H:P] --conns N --secs S
-//!                 [--keepalive [--h2]] [--resume] [--path /p]
+//!                 [--keepalive [--h2]] [--resume] [--path /p] [--requests N]
 //! loadgen idle    --to ADDR --connect H:P --n N --hold S
 //! ```
 //!
@@ -342,6 +342,11 @@ async fn tls(args: &Args) -> io::Result<String> {
     let errors = Arc::new(AtomicU64::new(0));
     let resumed = Arc::new(AtomicU64::new(0));
     let deadline = Instant::now() + Duration::from_secs_f64(secs);
+    // `--requests N`: stop after N requests in all (or at `--secs`), so a
+    // profile's window holds a fixed count of them.
+    let limit = args
+        .get("requests")
+        .map_or(u64::MAX, |_| args.num("requests", 0.0) as u64);
     let mut tasks = Vec::new();
     for _ in 0..conns {
         let (connector, sni, via, path) =
@@ -350,7 +355,7 @@ async fn tls(args: &Args) -> io::Result<String> {
         tasks.push(tokio::spawn(async move {
             let req = format!("GET {path} HTTP/1.1\r\nHost: {sni}\r\nUser-Agent: loadgen\r\n\r\n");
             let name = ServerName::try_from(sni.clone()).expect("valid SNI");
-            while Instant::now() < deadline {
+            while Instant::now() < deadline && done.load(Ordering::Relaxed) < limit {
                 let one = async {
                     let mut s = connect(to).await?;
                     if let Some(auth) = &via {
@@ -361,7 +366,7 @@ async fn tls(args: &Args) -> io::Result<String> {
                         resumed.fetch_add(1, Ordering::Relaxed);
                     }
                     if h2 {
-                        return h2_gets(t, &sni, &path, &done, deadline).await;
+                        return h2_gets(t, &sni, &path, &done, deadline, limit).await;
                     }
                     let mut buf = Vec::new();
                     loop {
@@ -370,8 +375,8 @@ async fn tls(args: &Args) -> io::Result<String> {
                         if status != 200 {
                             return Err(io::Error::other(format!("status {status}")));
                         }
-                        done.fetch_add(1, Ordering::Relaxed);
-                        if !keepalive || Instant::now() >= deadline {
+                        let n = done.fetch_add(1, Ordering::Relaxed) + 1;
+                        if !keepalive || Instant::now() >= deadline || n >= limit {
                             break;
                         }
                     }
@@ -413,6 +418,7 @@ async fn h2_gets(
     path: &str,
     done: &AtomicU64,
     deadline: Instant,
+    limit: u64,
 ) -> io::Result<()> {
     use http_body_util::{BodyExt, Empty};
     let (mut send, conn) = hyper::client::conn::http2::handshake(
@@ -425,7 +431,7 @@ async fn h2_gets(
     let uri: http::Uri = format!("https://{sni}{path}")
         .parse()
         .map_err(io::Error::other)?;
-    while Instant::now() < deadline {
+    while Instant::now() < deadline && done.load(Ordering::Relaxed) < limit {
         let req = http::Request::get(uri.clone())
             .header(http::header::USER_AGENT, "loadgen")
             .body(Empty::<bytes::Bytes>::new())

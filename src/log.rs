@@ -1166,6 +1166,33 @@ mod tests {
         assert!(sink.flush(Duration::from_secs(1)));
     }
 
+    /// A rotation in the middle of a batch (its first line already in the
+    /// old file, the second half written): the new file gets the second
+    /// line whole and not the first again.
+    #[test]
+    fn a_rotation_mid_batch_does_not_write_taken_lines_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("a.log");
+        let (sink, mut w) = LogSink::parts(LogTarget::File(p.clone()), Metrics::new()).unwrap();
+        sink.write(line(1));
+        sink.write(line(2));
+        {
+            let mut st = lock(&sink.shared.state);
+            collect(&sink.shared, &mut st, &Wait::None).unwrap();
+            assert_eq!(st.lines.len(), 1, "both lines in one batch");
+            st.off = line(1).len() + 10;
+        }
+        std::fs::rename(&p, dir.path().join("a.log.1")).unwrap();
+        sink.reopen();
+        w.maybe_reopen();
+        assert!(w.write_once());
+        assert_eq!(
+            String::from_utf8(std::fs::read(&p).unwrap()).unwrap(),
+            String::from_utf8(line(2)).unwrap()
+        );
+        assert!(sink.flush(Duration::from_secs(1)));
+    }
+
     /// A sink written blocking (a socket, like a hung disk) whose peer stops
     /// reading: the writer is stuck inside write(2), yet requests are
     /// refused by the age of the oldest line, and at exit every line is

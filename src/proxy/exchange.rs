@@ -448,17 +448,21 @@ impl Origin {
         } else {
             format!("{}:{}", dest.target, dest.port)
         };
-        let pq = origin_form(req.uri());
         let (uri, addr, tls) = match inbound.scheme {
             Scheme::Http => {
+                let pq = origin_form(req.uri());
                 let addr = checked[0];
                 ev.addr = Some(addr);
-                match ctx.egress {
+                let uri = match ctx.egress {
                     // The origin gets the origin form; the pool dials `addr`.
-                    Egress::Direct => (pq, Some(addr), None),
+                    Egress::Direct => pq,
                     // An upstream proxy gets the checked address, never the name.
-                    Egress::Proxy(_) => (format!("http://{addr}{pq}"), Some(addr), None),
-                }
+                    Egress::Proxy(_) => format!("http://{addr}{pq}"),
+                };
+                let uri = uri.parse().map_err(|_| {
+                    Stop::Deny(Reason::Malformed, Some("unparsable request target".into()))
+                })?;
+                (uri, Some(addr), None)
             }
             Scheme::Https => {
                 let Some(origins) = ctx.tls_origins() else {
@@ -468,12 +472,11 @@ impl Origin {
                 let client = origins
                     .client(dest, checked, upgrade)
                     .map_err(|e| unreachable(UpstreamFailure::Tls, e, false))?;
-                (format!("https://{host}{pq}"), None, Some(client))
+                // The client's authority, parsed once; the request's own
+                // path and query, as parsed when it arrived.
+                (client.uri(req.uri().path_and_query()), None, Some(client))
             }
         };
-        let uri = uri
-            .parse()
-            .map_err(|_| Stop::Deny(Reason::Malformed, Some("unparsable request target".into())))?;
         Ok(Origin {
             uri,
             host,

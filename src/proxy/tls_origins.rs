@@ -7,6 +7,7 @@
 //! client-facing TLS (`mitm`) or what a request is sent (`exchange`).
 
 use std::future::Future;
+use std::hash::{BuildHasher, RandomState};
 use std::io;
 use std::net::SocketAddr;
 use std::path::Path;
@@ -15,6 +16,7 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use http::uri::{Authority, PathAndQuery, Scheme};
 use http::{Request, Uri};
 use hyper_util::client::legacy::connect::{Connected, Connection};
 use hyper_util::client::legacy::{Client, ResponseFuture};
@@ -45,10 +47,41 @@ pub struct UpstreamAddr(pub SocketAddr);
 pub type OutBody = http_body_util::combinators::BoxBody<bytes::Bytes, hyper::Error>;
 
 /// An HTTPS client bound to one origin name and its checked addresses.
+/// Cloning it is one reference count (a request takes one from the map).
 #[derive(Clone)]
-pub struct TlsClient(Client<TlsConnect, OutBody>);
+pub struct TlsClient(Arc<Bound>);
+
+struct Bound {
+    client: Client<TlsConnect, OutBody>,
+    /// `name` or `name:port` (off 443), parsed once: the authority of
+    /// every request URI this client sends.
+    authority: Authority,
+}
 
 impl TlsClient {
+    /// The absolute URI of a request for `pq` on this client's origin,
+    /// made from parts parsed once (no string built and parsed again per
+    /// request). `pq` is the client's origin form; an empty path is `/`.
+    pub fn uri(&self, pq: Option<&PathAndQuery>) -> Uri {
+        let pq = match pq {
+            Some(p) if !p.path().is_empty() => p.clone(),
+            Some(p) => match p.query() {
+                Some(q) => PathAndQuery::try_from(format!("/?{q}"))
+                    .unwrap_or_else(|_| PathAndQuery::from_static("/")),
+                None => PathAndQuery::from_static("/"),
+            },
+            None => PathAndQuery::from_static("/"),
+        };
+        Uri::from_parts({
+            let mut parts = http::uri::Parts::default();
+            parts.scheme = Some(Scheme::HTTPS);
+            parts.authority = Some(self.0.authority.clone());
+            parts.path_and_query = Some(pq);
+            parts
+        })
+        .expect("scheme, authority and path make an absolute URI")
+    }
+
     /// Sends `req`, whose URI is absolute and names the origin as its
     /// `Host` would. The authority travels once: on an HTTP/1.1 connection
     /// hyper writes `Host` from the URI, and HTTP/2 carries it only as
@@ -56,16 +89,41 @@ impl TlsClient {
     /// as nginx answer with 400.
     pub fn request(&self, mut req: Request<OutBody>) -> ResponseFuture {
         req.headers_mut().remove(http::header::HOST);
-        self.0.request(req)
+        self.0.client.request(req)
     }
 }
 
-#[derive(Clone, PartialEq, Eq, Hash)]
+/// What a client is bound to. The map is keyed by this key's hash
+/// ([`origin_hash`], taken from borrowed parts, so a request for an origin
+/// already served allocates nothing to find its client); entries sharing a
+/// hash are told apart by the whole key.
 struct OriginKey {
     target: Target,
     port: u16,
-    addrs: Vec<SocketAddr>,
+    addrs: Box<[SocketAddr]>,
     h1_only: bool,
+}
+
+impl OriginKey {
+    fn is(&self, target: &Target, port: u16, addrs: &[SocketAddr], h1_only: bool) -> bool {
+        self.port == port
+            && self.h1_only == h1_only
+            && *self.addrs == *addrs
+            && self.target == *target
+    }
+}
+
+/// The map key of (target, port, addrs, h1_only): std's randomly keyed
+/// SipHash, so names a client picks cannot be made to share a hash on
+/// purpose (and if two ever do, [`OriginKey::is`] tells them apart).
+fn origin_hash(
+    keys: &RandomState,
+    target: &Target,
+    port: u16,
+    addrs: &[SocketAddr],
+    h1_only: bool,
+) -> u64 {
+    keys.hash_one((target, port, addrs, h1_only))
 }
 
 /// The HTTPS clients of every origin reached from inside a tunnel.
@@ -75,7 +133,9 @@ pub(crate) struct TlsOrigins {
     /// http/1.1 only, for requests that upgrade (WebSocket over h2 would
     /// need RFC 8441, which origins rarely speak).
     tls_h1: Arc<ClientConfig>,
-    clients: Mutex<Lru<OriginKey, TlsClient>>,
+    clients: Mutex<Lru<u64, Vec<(OriginKey, TlsClient)>>>,
+    /// The keys of [`origin_hash`].
+    keys: RandomState,
     /// Directly, or through `--upstream-proxy`.
     egress: Egress,
 }
@@ -88,6 +148,7 @@ impl TlsOrigins {
             tls: roots::client_config(roots.clone(), &[b"h2", b"http/1.1"])?,
             tls_h1: roots::client_config(roots, &[b"http/1.1"])?,
             clients: Mutex::new(Lru::new(MAX_ORIGINS)),
+            keys: RandomState::new(),
             egress,
         })
     }
@@ -99,16 +160,21 @@ impl TlsOrigins {
         addrs: &[SocketAddr],
         h1_only: bool,
     ) -> Result<TlsClient, String> {
-        let key = OriginKey {
-            target: dest.target.clone(),
-            port: dest.port,
-            addrs: addrs.to_vec(),
-            h1_only,
-        };
+        let hash = origin_hash(&self.keys, &dest.target, dest.port, addrs, h1_only);
         let mut clients = self.clients.lock().expect("clients lock");
-        if let Some(c) = clients.get(&key) {
-            return Ok(c.clone());
+        if let Some(found) = clients.get(&hash).and_then(|same| {
+            same.iter()
+                .find(|(k, _)| k.is(&dest.target, dest.port, addrs, h1_only))
+        }) {
+            return Ok(found.1.clone());
         }
+        let authority = if dest.port == 443 {
+            dest.target.to_string()
+        } else {
+            format!("{}:{}", dest.target, dest.port)
+        };
+        let authority = Authority::try_from(authority)
+            .map_err(|e| format!("{} is not a URI authority: {e}", dest.target))?;
         let name = match &dest.target {
             Target::Name(h) => ServerName::try_from(h.as_str().to_string())
                 .map_err(|e| format!("{h} is not a name TLS can verify: {e}"))?,
@@ -127,8 +193,16 @@ impl TlsOrigins {
             .timer(TokioTimer::new())
             .set_host(true)
             .build(connector);
-        let client = TlsClient(client);
-        clients.insert(key, client.clone());
+        let client = TlsClient(Arc::new(Bound { client, authority }));
+        let key = OriginKey {
+            target: dest.target.clone(),
+            port: dest.port,
+            addrs: addrs.into(),
+            h1_only,
+        };
+        let mut same = clients.remove(&hash).unwrap_or_default();
+        same.push((key, client.clone()));
+        clients.insert(hash, same);
         Ok(client)
     }
 }
@@ -219,5 +293,47 @@ impl hyper::rt::Write for TlsConn {
     }
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         Pin::new(&mut self.get_mut().io).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::proxy::dest::parse_authority;
+
+    #[test]
+    fn one_client_per_name_addresses_and_alpn_and_its_uris() {
+        let origins = TlsOrigins::new(None, Egress::Direct).unwrap();
+        let a: SocketAddr = "127.0.0.1:8443".parse().unwrap();
+        let b: SocketAddr = "127.0.0.2:8443".parse().unwrap();
+        let dest = parse_authority("origin.test:8443", Some(443)).unwrap();
+        let c = origins.client(&dest, &[a], false).unwrap();
+        let same = origins.client(&dest, &[a], false).unwrap();
+        assert!(
+            Arc::ptr_eq(&c.0, &same.0),
+            "a second request finds the same client"
+        );
+        for (addrs, h1) in [(&[b][..], false), (&[a, b][..], false), (&[a][..], true)] {
+            let other = origins.client(&dest, addrs, h1).unwrap();
+            assert!(
+                !Arc::ptr_eq(&c.0, &other.0),
+                "{addrs:?} h1_only={h1} is another origin"
+            );
+        }
+        let other_name = parse_authority("other.test:8443", Some(443)).unwrap();
+        assert!(!Arc::ptr_eq(
+            &c.0,
+            &origins.client(&other_name, &[a], false).unwrap().0
+        ));
+        let pq = |s: &'static str| PathAndQuery::from_static(s);
+        assert_eq!(
+            c.uri(Some(&pq("/a/b?x=1"))),
+            "https://origin.test:8443/a/b?x=1"
+        );
+        assert_eq!(c.uri(Some(&pq("?x=1"))), "https://origin.test:8443/?x=1");
+        assert_eq!(c.uri(None), "https://origin.test:8443/");
+        let on_443 = parse_authority("origin.test", Some(443)).unwrap();
+        let d = origins.client(&on_443, &[a], false).unwrap();
+        assert_eq!(d.uri(Some(&pq("/"))), "https://origin.test/");
     }
 }

@@ -85,12 +85,10 @@ impl PackageReason {
     }
 
     /// The HTTP status DESIGN gives it: 502 for an index egressd could not
-    /// filter (the registry's fault), 403 for every policy denial.
+    /// filter (the registry's fault), 403 for every policy denial. Read
+    /// from the one status table, [`Reason::status`](crate::policy::Reason::status).
     pub fn status(self) -> u16 {
-        match self {
-            PackageReason::IndexUnfilterable => 502,
-            _ => 403,
-        }
+        crate::policy::Reason::from(self).status()
     }
 }
 
