@@ -718,9 +718,18 @@ impl Writer {
         match Out::open(&self.target, false) {
             Ok(o) => {
                 if o.id != self.out.id {
-                    // A new file starts with whole lines: the front line is
-                    // written again in full (the old file keeps a fragment).
-                    lock(&self.shared.state).off = 0;
+                    // A new file starts with whole lines: the line the old
+                    // file holds a fragment of is written again in full, and
+                    // only that one (the front entry is a batch of lines, and
+                    // those before it are already in the old file).
+                    let mut st = lock(&self.shared.state);
+                    let off = st.off;
+                    st.off = st.lines.front().map_or(0, |f| {
+                        f.bytes[..off]
+                            .iter()
+                            .rposition(|&b| b == b'\n')
+                            .map_or(0, |i| i + 1)
+                    });
                 }
                 self.out = o;
             }
