@@ -232,13 +232,13 @@ impl<'a> Reader<'a> {
     }
 
     fn is_dash(&self, off: usize, end: usize) -> bool {
-        self.b[off] == b'-' && (off + 1 == end || self.b[off + 1] == b' ')
+        off < end && self.b[off] == b'-' && (off + 1 == end || self.b[off + 1] == b' ')
     }
 
     /// `key:` at `off`: the key's end (where the colon is).
     fn key_end(&self, off: usize, end: usize) -> Option<usize> {
         let b = self.b;
-        if !(b[off].is_ascii_alphanumeric() || b[off] == b'_') {
+        if off >= end || !(b[off].is_ascii_alphanumeric() || b[off] == b'_') {
             return None;
         }
         let mut i = off;
@@ -933,6 +933,11 @@ mod tests {
             "---\nexceptions: []\n",
             "exceptions:\n  - id: a\n    reason: two\n      lines\n",
             "exceptions: [\n  a]\n",
+            // Found by the policy_load fuzz target: a flow map left open at
+            // the end of the text (no newline) read past the text's end.
+            "settings: {}\nqettings: {",
+            "settings: {",
+            "settings: [",
             "exceptions:\n  - id: a\n    ports: [0443]\n",
             "exceptions:\n  - id: a\n    ports: [1e3]\n",
             "exceptions:\n  - id: a\n    owner: null\n    owner: x\n",
