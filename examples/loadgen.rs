@@ -240,7 +240,16 @@ async fn latency(args: &Args) -> io::Result<String> {
     let mut lat = Vec::with_capacity(total);
     let mut errors = 0u64;
     let start = tokio::time::Instant::now();
+    // A server slower than the rate falls behind the schedule; past this
+    // the run stops and reports how many requests it never sent, instead
+    // of running on until the caller's timeout kills it.
+    let give_up = start + Duration::from_secs_f64(secs * 1.5 + 5.0);
+    let mut unsent = 0usize;
     for i in 0..total {
+        if tokio::time::Instant::now() >= give_up {
+            unsent = total - i;
+            break;
+        }
         tokio::time::sleep_until(start + interval * i as u32).await;
         let t = Instant::now();
         let status = request(&mut conn, to, req.as_bytes()).await?;
@@ -251,7 +260,7 @@ async fn latency(args: &Args) -> io::Result<String> {
     }
     lat.sort_unstable();
     Ok(format!(
-        "{{\"requests\":{},\"errors\":{errors},\"p50_us\":{:.1},\"p90_us\":{:.1},\"p99_us\":{:.1},\"max_us\":{:.1}}}",
+        "{{\"requests\":{},\"unsent\":{unsent},\"errors\":{errors},\"p50_us\":{:.1},\"p90_us\":{:.1},\"p99_us\":{:.1},\"max_us\":{:.1}}}",
         lat.len(),
         percentile(&lat, 0.50) as f64 / 1e3,
         percentile(&lat, 0.90) as f64 / 1e3,
