@@ -146,6 +146,11 @@ pub async fn serve(
                     // and a wake-up per packet), up to a bound so that
                     // accepts and the shutdown are still looked at.
                     for _ in 1..UDP_BURST {
+                        // try_recv_from does not charge tokio's cooperative
+                        // budget (recv_from does): without this one poll of
+                        // the loop could serve thousands of packets while
+                        // the tasks it spawned wait on the same worker.
+                        tokio::task::consume_budget().await;
                         match server.udp.try_recv_from(&mut buf) {
                             Ok((n, src)) => {
                                 server.udp_query(&buf[..n], src, &mut tasks, &mut scratch).await
@@ -153,6 +158,11 @@ pub async fn serve(
                             Err(_) => break,
                         }
                     }
+                    // A burst can spawn up to UDP_BURST upstream tasks and
+                    // the join branch below takes one per pass: finished
+                    // tasks (their in-flight slots already returned) would
+                    // pile up under a steady flood. Reap them all here.
+                    while tasks.try_join_next().is_some() {}
                 }
                 // ICMP errors for earlier replies and the like: not fatal.
                 Err(_) => tokio::time::sleep(UDP_ERROR_PAUSE).await,
