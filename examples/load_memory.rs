@@ -40,7 +40,9 @@ fn main() {
     report("start", t0);
     let sources = policy::read_sources(&path).expect("readable policy");
     report("read", t0);
-    let p = policy::compile(&sources, &|n| std::env::var(n).ok()).expect("valid policy");
+    let p = std::sync::Arc::new(
+        policy::compile(&sources, &|n| std::env::var(n).ok()).expect("valid policy"),
+    );
     drop(sources);
     report("compiled", t0);
     let metrics = Metrics::new();
@@ -53,7 +55,9 @@ fn main() {
     if twice {
         let t1 = Instant::now();
         let sources = policy::read_sources(&path).expect("readable policy");
-        let p = policy::compile(&sources, &|n| std::env::var(n).ok()).expect("valid policy");
+        let p = std::sync::Arc::new(
+            policy::compile(&sources, &|n| std::env::var(n).ok()).expect("valid policy"),
+        );
         drop(sources);
         report("recompiled", t1);
         metrics.sync_policy(&p);

@@ -143,6 +143,7 @@ pub async fn start(args: &ServeArgs, listeners: Listeners) -> Result<Running> {
         anyhow::anyhow!("{e}\negressd: policy {} is invalid", args.policy.display())
     })?;
     let exceptions = pol.exceptions.len();
+    let pol = Arc::new(pol);
     metrics.sync_policy(&pol);
     let handle = PolicyHandle::new(pol);
     crate::reload::release_freed_memory();

@@ -37,102 +37,112 @@ struct Usage {
     last_hit_ms: AtomicU64,
 }
 
-/// One exception's series: `egressd_exception_hits_total{exception,owner}`,
-/// `egressd_exception_last_hit_timestamp_seconds{exception}` and, if it
-/// expires, `egressd_exception_expiry_timestamp_seconds{exception}`.
-struct ExceptionRow {
-    id: Arc<str>,
-    owner: Arc<str>,
-    expires: Option<i64>,
-    usage: Arc<Usage>,
-}
-
-/// The per-exception series of the serving policy, in policy order.
+/// The per-exception series of the serving policy:
+/// `egressd_exception_hits_total{exception,owner}`,
+/// `egressd_exception_last_hit_timestamp_seconds{exception}` and, for an
+/// exception that expires, `egressd_exception_expiry_timestamp_seconds`.
 ///
 /// Kept out of the Prometheus registry: a label set there costs a hashed
 /// entry, two label strings and a proto per series, about 0.6 s and 75 MiB
-/// for 100k exceptions at start-up and again at every reload. Here a row
-/// is two pointers it shares with the policy and two atomics, and the text
-/// is written straight from the rows at scrape time.
+/// for 100k exceptions at start-up and again at every reload. Here the
+/// labels are the policy's own (the table holds the policy it counts for),
+/// an exception's usage is two atomics, and the text is written straight
+/// from them at scrape time.
 #[derive(Default)]
 struct ExceptionTable {
-    rows: Vec<ExceptionRow>,
+    policy: Option<Arc<Policy>>,
+    /// By position in `policy.exceptions`.
+    usage: Vec<Arc<Usage>>,
     by_id: HashMap<Arc<str>, u32>,
 }
 
 impl ExceptionTable {
     fn usage(&self, id: &str) -> Option<&Usage> {
         let i = *self.by_id.get(id)?;
-        Some(&self.rows[i as usize].usage)
+        Some(&self.usage[i as usize])
+    }
+
+    fn rows(&self) -> impl Iterator<Item = (&crate::policy::Exception, &Usage)> {
+        let exceptions = self.policy.as_ref().map_or(&[][..], |p| &p.exceptions[..]);
+        exceptions.iter().zip(self.usage.iter().map(|u| &**u))
     }
 
     /// The table for `policy`: an exception kept with the same owner keeps
     /// its usage; a new owner is a new hits series (at 0) that keeps the
     /// exception's last hit; a new exception starts at 0.
-    fn next(&self, policy: &Policy) -> ExceptionTable {
-        let mut rows = Vec::with_capacity(policy.exceptions.len());
-        let mut by_id = HashMap::with_capacity(policy.exceptions.len());
+    fn next(&self, policy: &Arc<Policy>) -> ExceptionTable {
+        let n = policy.exceptions.len();
+        let mut usage = Vec::with_capacity(n);
+        let mut by_id = HashMap::with_capacity(n);
+        let old_owner = |i: u32| {
+            self.policy
+                .as_ref()
+                .map(|p| p.exceptions[i as usize].owner.clone())
+        };
         for e in &policy.exceptions {
-            let usage = match self.by_id.get(&e.id).map(|&i| &self.rows[i as usize]) {
-                Some(old) if old.owner == e.owner => old.usage.clone(),
-                Some(old) => Arc::new(Usage {
+            let u = match self.by_id.get(&e.id) {
+                Some(&i) if old_owner(i).as_ref() == Some(&e.owner) => {
+                    self.usage[i as usize].clone()
+                }
+                Some(&i) => Arc::new(Usage {
                     hits: AtomicU64::new(0),
-                    last_hit_ms: AtomicU64::new(old.usage.last_hit_ms.load(Ordering::Relaxed)),
+                    last_hit_ms: AtomicU64::new(
+                        self.usage[i as usize].last_hit_ms.load(Ordering::Relaxed),
+                    ),
                 }),
                 None => Arc::default(),
             };
             // Ids are unique in a policy (the compiler checks); the first
-            // row wins should that ever change.
-            by_id.entry(e.id.clone()).or_insert(rows.len() as u32);
-            rows.push(ExceptionRow {
-                id: e.id.clone(),
-                owner: e.owner.clone(),
-                expires: e.expires,
-                usage,
-            });
+            // wins should that ever change.
+            by_id.entry(e.id.clone()).or_insert(usage.len() as u32);
+            usage.push(u);
         }
-        ExceptionTable { rows, by_id }
+        ExceptionTable {
+            policy: Some(policy.clone()),
+            usage,
+            by_id,
+        }
     }
 
     /// Appends the three families in the text exposition format. A family
     /// without rows is left out, as the registry leaves out empty ones.
     fn render(&self, out: &mut Vec<u8>) {
         use std::io::Write;
-        if self.rows.is_empty() {
+        if self.usage.is_empty() {
             return;
         }
         out.extend_from_slice(
             b"# HELP egressd_exception_hits_total Requests each exception allowed.\n\
               # TYPE egressd_exception_hits_total counter\n",
         );
-        for r in &self.rows {
+        for (e, u) in self.rows() {
             out.extend_from_slice(b"egressd_exception_hits_total{exception=\"");
-            escape_label(&r.id, out);
+            escape_label(&e.id, out);
             out.extend_from_slice(b"\",owner=\"");
-            escape_label(&r.owner, out);
-            let _ = writeln!(out, "\"}} {}", r.usage.hits.load(Ordering::Relaxed));
+            escape_label(&e.owner, out);
+            let _ = writeln!(out, "\"}} {}", u.hits.load(Ordering::Relaxed));
         }
         out.extend_from_slice(
             b"# HELP egressd_exception_last_hit_timestamp_seconds When each exception last allowed a request (0: not since start).\n\
               # TYPE egressd_exception_last_hit_timestamp_seconds gauge\n",
         );
-        for r in &self.rows {
+        for (e, u) in self.rows() {
             out.extend_from_slice(b"egressd_exception_last_hit_timestamp_seconds{exception=\"");
-            escape_label(&r.id, out);
-            let ms = r.usage.last_hit_ms.load(Ordering::Relaxed);
+            escape_label(&e.id, out);
+            let ms = u.last_hit_ms.load(Ordering::Relaxed);
             let _ = writeln!(out, "\"}} {}", ms as f64 / 1000.0);
         }
-        if self.rows.iter().all(|r| r.expires.is_none()) {
+        if self.rows().all(|(e, _)| e.expires.is_none()) {
             return;
         }
         out.extend_from_slice(
             b"# HELP egressd_exception_expiry_timestamp_seconds When each expiring exception stops matching.\n\
               # TYPE egressd_exception_expiry_timestamp_seconds gauge\n",
         );
-        for r in &self.rows {
-            if let Some(t) = r.expires {
+        for (e, _) in self.rows() {
+            if let Some(t) = e.expires {
                 out.extend_from_slice(b"egressd_exception_expiry_timestamp_seconds{exception=\"");
-                escape_label(&r.id, out);
+                escape_label(&e.id, out);
                 let _ = writeln!(out, "\"}} {}", t as f64);
             }
         }
@@ -366,7 +376,7 @@ impl Metrics {
 
     /// Makes the per-exception series match the serving policy: every
     /// exception present (at 0 if new), removed exceptions' series gone.
-    pub fn sync_policy(&self, policy: &Policy) {
+    pub fn sync_policy(&self, policy: &Arc<Policy>) {
         let _guard = self.sync.lock().unwrap_or_else(|e| e.into_inner());
         let next = self.live.load().next(policy);
         // Requests hold the table only while counting one hit: wait (bounded)
@@ -545,8 +555,8 @@ mod tests {
     use super::*;
     use prometheus::GaugeVec;
 
-    fn policy(yaml: &str) -> Policy {
-        crate::policy::from_yaml(yaml).unwrap()
+    fn policy(yaml: &str) -> Arc<Policy> {
+        Arc::new(crate::policy::from_yaml(yaml).unwrap())
     }
 
     const TWO: &str = "exceptions:

@@ -16,9 +16,11 @@ pub struct PolicyHandle {
 }
 
 impl PolicyHandle {
-    pub fn new(p: Policy) -> Arc<PolicyHandle> {
+    /// A policy, or one already shared (with the metrics' exception
+    /// table, which labels its series from it).
+    pub fn new(p: impl Into<Arc<Policy>>) -> Arc<PolicyHandle> {
         Arc::new(PolicyHandle {
-            current: ArcSwap::from_pointee(p),
+            current: ArcSwap::new(p.into()),
         })
     }
 
@@ -31,7 +33,7 @@ impl PolicyHandle {
     /// reader that loaded the old one before the swap is counted in the
     /// returned `Arc` (arc-swap pays its debts in `swap`), so a strong count
     /// of 1 means no request holds it any more.
-    pub fn swap(&self, p: Policy) -> Arc<Policy> {
-        self.current.swap(Arc::new(p))
+    pub fn swap(&self, p: impl Into<Arc<Policy>>) -> Arc<Policy> {
+        self.current.swap(p.into())
     }
 }

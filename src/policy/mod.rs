@@ -250,22 +250,22 @@ impl fmt::Debug for InjectedHeader {
 pub struct Exception {
     pub id: Arc<str>,
     pub owner: Arc<str>,
-    pub reason: String,
-    pub ticket: Option<String>,
+    pub reason: Box<str>,
+    pub ticket: Option<Box<str>>,
     /// Unix seconds at which it stops matching.
     pub expires: Option<i64>,
     /// `None`: every client. `Some`: the clients whose id matched a pattern.
-    pub clients: Option<Vec<ClientIdx>>,
-    pub client_patterns: Option<Vec<String>>,
-    pub hosts: Vec<HostPattern>,
-    pub cidrs: Vec<IpNet>,
-    pub ports: Vec<u16>,
-    pub methods: Option<Vec<String>>,
+    pub clients: Option<Box<[ClientIdx]>>,
+    pub client_patterns: Option<Box<[String]>>,
+    pub hosts: Box<[HostPattern]>,
+    pub cidrs: Box<[IpNet]>,
+    pub ports: Box<[u16]>,
+    pub methods: Option<Box<[String]>>,
     /// Shared between exceptions with the same pattern list.
     pub paths: Option<Arc<path::PathSet>>,
-    pub path_patterns: Vec<String>,
-    pub dns_types: Vec<u16>,
-    pub inject: Vec<InjectedHeader>,
+    pub path_patterns: Box<[String]>,
+    pub dns_types: Box<[u16]>,
+    pub inject: Box<[InjectedHeader]>,
     /// The file it is in: one allocation per file, shared by its exceptions.
     pub file: Arc<Path>,
     pub line: usize,

@@ -174,6 +174,9 @@ impl Reloader {
                 drop(sources);
                 let n = p.exceptions.len();
                 let t2 = Instant::now();
+                // The metrics count for the new policy before it serves,
+                // so no hit under a new exception finds no series.
+                let p = Arc::new(p);
                 self.metrics.sync_policy(&p);
                 let t3 = Instant::now();
                 let old = self.handle.swap(p);

@@ -402,8 +402,8 @@ pub fn build(
         exceptions.push(ExceptionRow {
             id,
             owner: e.owner.to_string(),
-            reason: e.reason.clone(),
-            ticket: e.ticket.clone(),
+            reason: e.reason.to_string(),
+            ticket: e.ticket.as_deref().map(str::to_string),
             expires: e.expires.map(format_date),
             expires_in_days: e.expires.map(|t| (t - now).div_euclid(86400)),
             file: e.file.display().to_string(),

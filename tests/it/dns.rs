@@ -66,7 +66,7 @@ async fn start_with_log(policy: PolicyYaml, up: &FakeDns, log: Option<PathBuf>) 
     let metrics = Metrics::new();
     let sink = LogSink::start(LogTarget::File(log.clone()), metrics.clone()).unwrap();
     let recorder = Recorder::new(sink, metrics.clone());
-    let compiled = from_yaml(&policy.yaml()).unwrap();
+    let compiled = std::sync::Arc::new(from_yaml(&policy.yaml()).unwrap());
     metrics.sync_policy(&compiled);
     let policy = PolicyHandle::new(compiled);
     let resolver = Resolver::new(vec![upstream], metrics.clone());
