@@ -5,6 +5,7 @@
 //! `record::Recorder::record` only.
 
 use std::collections::HashMap;
+use std::hash::BuildHasherDefault;
 
 use arc_swap::ArcSwap;
 use std::convert::Infallible;
@@ -53,7 +54,32 @@ struct ExceptionTable {
     policy: Option<Arc<Policy>>,
     /// By position in `policy.exceptions`.
     usage: Vec<Arc<Usage>>,
-    by_id: HashMap<Arc<str>, u32>,
+    by_id: HashMap<Arc<str>, u32, BuildHasherDefault<IdHasher>>,
+}
+
+/// FNV-1a over an exception id: ids are short and come from the policy,
+/// not from clients, so SipHash's flood resistance buys nothing on the
+/// one lookup every allowed request makes (callgrind: ~0.4k of a cached
+/// DNS query's 11k instructions went to the hashed lookup).
+struct IdHasher(u64);
+
+impl Default for IdHasher {
+    fn default() -> IdHasher {
+        IdHasher(0xcbf2_9ce4_8422_2325)
+    }
+}
+
+impl std::hash::Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        // Spread the low bits hashbrown picks buckets with.
+        let h = (self.0 ^ (self.0 >> 29)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        h ^ (h >> 32)
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0 ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+        }
+    }
 }
 
 impl ExceptionTable {
@@ -73,7 +99,7 @@ impl ExceptionTable {
     fn next(&self, policy: &Arc<Policy>) -> ExceptionTable {
         let n = policy.exceptions.len();
         let mut usage = Vec::with_capacity(n);
-        let mut by_id = HashMap::with_capacity(n);
+        let mut by_id = HashMap::with_capacity_and_hasher(n, BuildHasherDefault::default());
         let old_owner = |i: u32| {
             self.policy
                 .as_ref()
