@@ -311,6 +311,9 @@ fn dns_queries_in_flight_are_bounded_per_client() {
             .setting("limits", "{ connections_per_client: 4 }")
     });
     l.dns.silent("slow.allowed.test");
+    // allowed.test in the answer cache: a query for it is answered at once.
+    let r = ask_from(OTHER, l.e.dns, "allowed.test", WAIT);
+    assert_eq!(r.metadata.response_code, ResponseCode::NoError, "{r}");
     // Ten queries the upstream never answers: four in flight, six refused
     // at once.
     let hog = UdpSocket::bind((HOG, 0)).unwrap();
@@ -320,6 +323,14 @@ fn dns_queries_in_flight_are_bounded_per_client() {
         hog.send_to(&q.to_vec().unwrap(), l.e.dns).unwrap();
     }
     recv_overloaded(&hog, 6);
+    // Queries answered without a task (cached, denied) take no slot but
+    // still look at the share: a client at its share is refused those too,
+    // not served past it.
+    for name in ["allowed.test", "denied.test"] {
+        let q = dns_query(name, RecordType::A);
+        hog.send_to(&q.to_vec().unwrap(), l.e.dns).unwrap();
+        recv_overloaded(&hog, 1);
+    }
     // Meanwhile another client's queries are answered.
     for i in 0..5 {
         let r = ask_from(OTHER, l.e.dns, "allowed.test", WAIT);
@@ -329,12 +340,17 @@ fn dns_queries_in_flight_are_bounded_per_client() {
             "query {i}: {r}"
         );
     }
-    let lines = eventually("six overloaded lines", || {
+    let lines = eventually("eight overloaded lines", || {
         let l = overloaded_from(&l.e, HOG);
-        (l.len() >= 6).then_some(l)
+        (l.len() >= 8).then_some(l)
     });
-    assert_eq!(lines.len(), 6);
-    assert!(lines.iter().all(|l| l["qname"] == "slow.allowed.test"));
+    assert_eq!(lines.len(), 8);
+    let qnames: Vec<&str> = lines.iter().map(|l| l["qname"].as_str().unwrap()).collect();
+    assert!(
+        qnames[..6].iter().all(|q| *q == "slow.allowed.test"),
+        "{qnames:?}"
+    );
+    assert_eq!(qnames[6..], ["allowed.test", "denied.test"]);
 }
 
 #[test]
