@@ -502,7 +502,15 @@ async fn carry(
     drop(policy);
     // The peeked bytes are still in the client's socket: the relay
     // carries them like everything after.
-    relay::tcp(client, upstream_conn, 0, ev, rec.clone(), &ctx.pipes).await;
+    relay::tcp(
+        client,
+        upstream_conn,
+        0,
+        Box::new(ev),
+        rec.clone(),
+        &ctx.pipes,
+    )
+    .await;
 }
 
 /// The names a connection may be decided by, in order of preference: the

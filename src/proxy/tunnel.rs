@@ -33,14 +33,14 @@ use super::chunks::ChunkGuard;
 use super::dest::{check_host_headers, parse_authority, Dest};
 use super::exchange::Scheme;
 use super::mitm;
-use super::relay::{self, pipe::PipePool, IDLE_TIMEOUT};
+use super::relay::{self, IDLE_TIMEOUT};
 use super::respond::{self, record_stop, ProxyBody, Responder, Stop};
 use super::sni::{self, Hello, SniRule, HELLO_TIMEOUT};
 use super::upstream;
 use super::ProxyCtx;
 use crate::metrics::ActiveGuard;
 use crate::policy::{self, ClientIdx, Decision, Exception, Policy, Proto, Reason, Verdict};
-use crate::record::{Event, Recorder};
+use crate::record::Event;
 use crate::shutdown::Permit;
 use crate::time::unix_now;
 
@@ -48,7 +48,7 @@ use crate::time::unix_now;
 const HELLO_READ: usize = 4096;
 
 pub async fn handle(
-    req: Request<Incoming>,
+    mut req: Request<Incoming>,
     peer: SocketAddr,
     ctx: Arc<ProxyCtx>,
 ) -> Response<ProxyBody> {
@@ -91,15 +91,28 @@ pub async fn handle(
     // The tunnel outlives hyper's connection: it keeps the connection's
     // permit until it closes.
     let permit = req.extensions().get::<Permit>().cloned();
+    // What the task holds lives as long as the tunnel, idle or not (DESIGN
+    // "Bounds": an idle tunnel's memory): the upgrade is taken out of the
+    // request here so the request itself is not kept, and the event is
+    // boxed once rather than copied into every nested future's state.
+    let upgrade = hyper::upgrade::on(&mut req);
+    let mut ev = Box::new(ev);
     tokio::spawn(async move {
         let _permit = permit;
         let _active = ActiveGuard::new(&rec.metrics, Proto::Connect);
-        match hyper::upgrade::on(req).await {
-            Ok(up) => run_tunnel(up, upstream_conn, ev, sni, rec, &pipes).await,
+        let up = match upgrade.await {
+            Ok(up) => up,
             Err(e) => {
                 ev.error = Some(format!("upgrade: {e}"));
-                rec.record(ev);
+                return rec.record(*ev);
             }
+        };
+        // Judging the first bytes is boxed: its state exists only until
+        // the tunnel is judged, not for as long as it stays open.
+        let mut upstream_conn = upstream_conn;
+        match Box::pin(judge(up, &mut upstream_conn, &mut ev, &sni)).await {
+            Ok((client, sent)) => relay::tcp(client, upstream_conn, sent, ev, rec, &pipes).await,
+            Err(()) => rec.record(*ev),
         }
     });
     established()
@@ -302,7 +315,7 @@ async fn by_first_bytes(
         client,
         upstream_conn,
         first.len() as u64,
-        ev,
+        Box::new(ev),
         rec.clone(),
         &ctx.pipes,
     )
@@ -354,58 +367,44 @@ async fn connect(
 }
 
 /// An opaque tunnel, once hyper gives up the client's connection: the
-/// ClientHello checked where it is due, then the bytes relayed.
-async fn run_tunnel(
+/// client's socket and the bytes it has sent upstream already, once its
+/// ClientHello is checked where it is due; `Err` when the tunnel ends
+/// here, with why noted in `ev`.
+async fn judge(
     up: Upgraded,
-    mut upstream_conn: TcpStream,
-    mut ev: Event,
-    rule: SniRule,
-    rec: Recorder,
-    pipes: &PipePool,
-) {
+    upstream_conn: &mut TcpStream,
+    ev: &mut Event,
+    rule: &SniRule,
+) -> Result<(TcpStream, u64), ()> {
     // Take the client's socket back from hyper, with whatever the client
     // sent behind its CONNECT, so the tunnel can copy socket to socket and
     // hold no buffer while idle.
-    let (mut client, mut first) = match take_socket(up) {
-        Ok(x) => x,
-        Err(e) => {
-            ev.error = Some(e.into());
-            rec.record(ev);
-            return;
-        }
-    };
+    let (mut client, mut first) = take_socket(up).map_err(|e| ev.error = Some(e.into()))?;
     // Off port 443 a server may speak first (SSH, SMTP): its greeting
     // means the client's first bytes are an answer, not a ClientHello.
     let server_first = if first.is_empty() && !rule.tls_only() {
-        match server_speaks_first(&client, &upstream_conn).await {
-            Some(s) => s,
-            None => {
-                ev.error = Some("tunnel idle before its first byte".into());
-                rec.record(ev);
-                return;
-            }
-        }
+        server_speaks_first(&client, upstream_conn)
+            .await
+            .ok_or_else(|| ev.error = Some("tunnel idle before its first byte".into()))?
     } else {
         false
     };
     if !server_first {
-        if let Some((reason, note)) = read_hello(&mut client, &mut first, &rule).await {
+        if let Some((reason, note)) = read_hello(&mut client, &mut first, rule).await {
             ev.set_denied(reason);
             ev.note = Some(note);
             ev.bytes_up = 0;
             ev.bytes_down = 0;
-            rec.record(ev);
-            return;
+            return Err(());
         }
     }
     if !first.is_empty() {
-        if let Err(e) = upstream_conn.write_all(&first).await {
-            ev.error = Some(format!("upstream write: {e}"));
-            rec.record(ev);
-            return;
-        }
+        upstream_conn
+            .write_all(&first)
+            .await
+            .map_err(|e| ev.error = Some(format!("upstream write: {e}")))?;
     }
-    relay::tcp(client, upstream_conn, first.len() as u64, ev, rec, pipes).await;
+    Ok((client, first.len() as u64))
 }
 
 /// Reads the client's first bytes into `first` (which holds what arrived

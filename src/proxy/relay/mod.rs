@@ -20,6 +20,7 @@ pub(crate) mod pipe;
 use std::future::Future;
 use std::io;
 use std::os::fd::AsFd;
+use std::pin::{pin, Pin};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -43,19 +44,20 @@ const TCP_CHUNK: usize = 256 << 10;
 
 /// Runs `copy` until it ends, or until nothing has moved for
 /// [`IDLE_TIMEOUT`] by `activity` (then `TimedOut`). A reset or broken
-/// pipe is a normal end.
-async fn until_idle(
-    copy: impl Future<Output = io::Result<()>>,
-    activity: &Activity,
-) -> io::Result<()> {
-    tokio::pin!(copy);
+/// pipe is a normal end. `copy` comes pinned by the caller, so its state
+/// is held once (a future taken by value and pinned here would be held
+/// twice: as this future's argument and as its pinned local).
+async fn until_idle<F>(mut copy: Pin<&mut F>, activity: &Activity) -> io::Result<()>
+where
+    F: Future<Output = io::Result<()>>,
+{
     let result = loop {
         let remaining = IDLE_TIMEOUT.saturating_sub(activity.idle_for());
         if remaining.is_zero() {
             break Err(io::Error::new(io::ErrorKind::TimedOut, "idle timeout"));
         }
         tokio::select! {
-            r = &mut copy => break r,
+            r = copy.as_mut() => break r,
             _ = tokio::time::sleep(remaining) => continue,
         }
     };
@@ -67,7 +69,7 @@ async fn until_idle(
 /// tunnel still open after the drain period), from `Drop`, with the bytes
 /// counted so far.
 struct RelayLine {
-    ev: Option<Event>,
+    ev: Option<Box<Event>>,
     rec: Recorder,
     up: AtomicU64,
     down: AtomicU64,
@@ -81,7 +83,7 @@ impl RelayLine {
             if error.is_some() {
                 ev.error = error;
             }
-            self.rec.record(ev);
+            self.rec.record(*ev);
         }
     }
 }
@@ -99,7 +101,7 @@ pub(crate) async fn tcp(
     a: TcpStream,
     b: TcpStream,
     already_up: u64,
-    ev: Event,
+    ev: Box<Event>,
     rec: Recorder,
     pipes: &PipePool,
 ) {
@@ -129,13 +131,13 @@ async fn splice_or_copy(
     let activity = Activity::new();
     let (ar, mut aw) = a.split();
     let (br, mut bw) = b.split();
-    let copy = async {
+    let copy = pin!(async {
         tokio::try_join!(
             pump(&ar, &mut bw, pool, up, &activity),
             pump(&br, &mut aw, pool, down, &activity)
         )
         .map(|_| ())
-    };
+    });
     until_idle(copy, &activity).await
 }
 
@@ -161,7 +163,9 @@ async fn pump(
     let tick = || activity.touch();
     let mut can_splice = true;
     loop {
-        src.readable().await?;
+        // Readiness polled in place: `readable()`'s future would add its
+        // own state to every idle tunnel's task, per direction.
+        std::future::poll_fn(|cx| src.as_ref().poll_read_ready(cx)).await?;
         // The bursts are boxed: their state exists only while data flows,
         // so an idle tunnel's task stays small.
         let lease = if can_splice { pool.take().ok() } else { None };
@@ -340,11 +344,11 @@ where
         Arc::new(AtomicU64::new(0)),
         activity.clone(),
     );
-    let copy = async {
+    let copy = pin!(async {
         tokio::io::copy_bidirectional_with_sizes(&mut c, &mut u, BUF, BUF)
             .await
             .map(|_| ())
-    };
+    });
     let result = until_idle(copy, &activity).await;
     (
         up.load(Ordering::Relaxed),
