@@ -82,7 +82,7 @@ pub async fn handle(
     if d.verdict == Verdict::Intercept {
         return inspect(req, ev, dest, sni, &ctx, &responder);
     }
-    let upstream_conn = match connect(&ctx, &policy, &mut ev, client, &dest, &d, now).await {
+    let mut upstream_conn = match connect(&ctx, &policy, &mut ev, client, &dest, &d, now).await {
         Ok(c) => c,
         Err(stop) => return responder.stop(ev, stop),
     };
@@ -91,10 +91,11 @@ pub async fn handle(
     // The tunnel outlives hyper's connection: it keeps the connection's
     // permit until it closes.
     let permit = req.extensions().get::<Permit>().cloned();
-    // What the task holds lives as long as the tunnel, idle or not (DESIGN
-    // "Bounds": an idle tunnel's memory): the upgrade is taken out of the
-    // request here so the request itself is not kept, and the event is
-    // boxed once rather than copied into every nested future's state.
+    // What the task holds lives as long as the tunnel, idle or not: it is
+    // most of an idle tunnel's memory (README "Performance"). The upgrade
+    // is taken out of the request here so the request itself is not kept,
+    // and the event is boxed once rather than copied into every nested
+    // future's state.
     let upgrade = hyper::upgrade::on(&mut req);
     let mut ev = Box::new(ev);
     tokio::spawn(async move {
@@ -109,7 +110,6 @@ pub async fn handle(
         };
         // Judging the first bytes is boxed: its state exists only until
         // the tunnel is judged, not for as long as it stays open.
-        let mut upstream_conn = upstream_conn;
         match Box::pin(judge(up, &mut upstream_conn, &mut ev, &sni)).await {
             Ok((client, sent)) => relay::tcp(client, upstream_conn, sent, ev, rec, &pipes).await,
             Err(()) => rec.record(*ev),

@@ -164,7 +164,8 @@ async fn pump(
     let mut can_splice = true;
     loop {
         // Readiness polled in place: `readable()`'s future would add its
-        // own state to every idle tunnel's task, per direction.
+        // own state to every idle tunnel's task, per direction. A socket
+        // keeps one read waker: this pump is its only reader.
         std::future::poll_fn(|cx| src.as_ref().poll_read_ready(cx)).await?;
         // The bursts are boxed: their state exists only while data flows,
         // so an idle tunnel's task stays small.
