@@ -413,7 +413,7 @@ impl<'p> Ctx<'p> {
     fn client_line(&self, out: &mut dyn Write) -> io::Result<()> {
         let who = match self.client {
             Some(c) => format!("{} (--client)", self.policy.clients[c as usize].id),
-            None if self.policy.exceptions.iter().any(|e| e.clients.is_some())
+            None if self.policy.exceptions.iter().any(|e| e.clients().is_some())
                 || self
                     .policy
                     .packages
@@ -613,12 +613,8 @@ impl<'p> Ctx<'p> {
     fn describe_exception(&self, q: &Query, e: &Exception, out: &mut dyn Write) -> io::Result<()> {
         writeln!(out, "         owner    {}", e.owner)?;
         writeln!(out, "         reason   {}", e.reason)?;
-        writeln!(
-            out,
-            "         ticket   {}",
-            e.ticket.as_deref().unwrap_or("-")
-        )?;
-        let expires = match e.expires {
+        writeln!(out, "         ticket   {}", e.ticket().unwrap_or("-"))?;
+        let expires = match e.expires() {
             None => "never".to_string(),
             Some(t) => {
                 let days = (t - self.now).div_euclid(86400);
@@ -649,10 +645,10 @@ impl<'p> Ctx<'p> {
         match reason {
             Reason::Expired => format!(
                 "it names this destination but expired on {}",
-                e.expires.map(format_date).unwrap_or_default()
+                e.expires().map(format_date).unwrap_or_default()
             ),
             Reason::ClientNotAllowed => {
-                let pats = e.client_patterns.clone().unwrap_or_default().join(", ");
+                let pats = e.client_patterns().unwrap_or_default().join(", ");
                 let asked = match self.client {
                     Some(c) => format!("client {}", self.policy.clients[c as usize].id),
                     None => "no client (anonymous)".into(),
@@ -666,23 +662,23 @@ impl<'p> Ctx<'p> {
             ),
             Reason::MethodNotAllowed => format!(
                 "it allows methods {}; not {}",
-                join(e.methods.iter().flatten().cloned()),
+                join(e.methods().into_iter().flatten().cloned()),
                 q.method
             ),
             Reason::PathNotAllowed => format!(
                 "it allows paths {}; {} matches none of them",
-                join(e.path_patterns.iter().cloned()),
+                join(e.path_patterns().iter().cloned()),
                 q.path.as_deref().unwrap_or(&q.raw_path)
             ),
             Reason::QtypeNotAllowed => format!(
                 "it answers {}{}; not {}",
                 join(qtype::DEFAULT_ALLOWED.iter().map(|t| qtype::qtype_name(*t))),
-                if e.dns_types.is_empty() {
+                if e.dns_types().is_empty() {
                     " (add others with dns_types:)".to_string()
                 } else {
                     format!(
                         " and its dns_types {}",
-                        join(e.dns_types.iter().map(|t| qtype::qtype_name(*t)))
+                        join(e.dns_types().iter().map(|t| qtype::qtype_name(*t)))
                     )
                 },
                 match q.kind {
@@ -826,14 +822,17 @@ fn join(it: impl Iterator<Item = String>) -> String {
 
 fn inspection_needs(e: &Exception) -> String {
     let mut parts = Vec::new();
-    if let Some(m) = &e.methods {
+    if let Some(m) = e.methods() {
         parts.push(format!("restricts methods to {}", m.join(", ")));
     }
-    if e.paths.is_some() {
-        parts.push(format!("restricts paths to {}", e.path_patterns.join(", ")));
+    if e.paths().is_some() {
+        parts.push(format!(
+            "restricts paths to {}",
+            e.path_patterns().join(", ")
+        ));
     }
-    if !e.inject.is_empty() {
-        let names: Vec<&str> = e.inject.iter().map(|h| h.name.as_str()).collect();
+    if !e.inject().is_empty() {
+        let names: Vec<&str> = e.inject().iter().map(|h| h.name.as_str()).collect();
         parts.push(format!("injects {}", names.join(", ")));
     }
     parts.join(" and ")

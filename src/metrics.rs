@@ -136,7 +136,7 @@ impl ExceptionTable {
             let ms = u.last_hit_ms.load(Ordering::Relaxed);
             let _ = writeln!(out, "\"}} {}", ms as f64 / 1000.0);
         }
-        if self.rows().all(|(e, _)| e.expires.is_none()) {
+        if self.rows().all(|(e, _)| e.expires().is_none()) {
             return;
         }
         out.extend_from_slice(
@@ -144,7 +144,7 @@ impl ExceptionTable {
               # TYPE egressd_exception_expiry_timestamp_seconds gauge\n",
         );
         for (e, _) in self.rows() {
-            if let Some(t) = e.expires {
+            if let Some(t) = e.expires() {
                 out.extend_from_slice(b"egressd_exception_expiry_timestamp_seconds{exception=\"");
                 escape_label(&e.id, out);
                 let _ = writeln!(out, "\"}} {}", t as f64);
@@ -619,7 +619,7 @@ mod tests {
         let b = p.exceptions.iter().find(|e| &*e.id == "b.q").unwrap();
         expiry
             .with_label_values(&["b.q"])
-            .set(b.expires.unwrap() as f64);
+            .set(b.expires().unwrap() as f64);
         let mut want = Vec::new();
         TextEncoder::new().encode(&r.gather(), &mut want).unwrap();
 

@@ -150,7 +150,7 @@ pub fn lint(policy: &Policy, now: i64) -> Vec<Warning> {
         wildcards(e, &mut warn);
         cidrs(e, &mut warn);
         clients(policy, e, &mut warn);
-        if !e.inject.is_empty() && e.ports.contains(&80) {
+        if !e.inject().is_empty() && e.ports.contains(&80) {
             let also = if e.ports.len() == 1 {
                 "only port 80"
             } else {
@@ -188,7 +188,7 @@ pub fn lint(policy: &Policy, now: i64) -> Vec<Warning> {
 }
 
 fn header_names(e: &Exception) -> String {
-    e.inject
+    e.inject()
         .iter()
         .map(|h| h.name.as_str())
         .collect::<Vec<_>>()
@@ -196,7 +196,7 @@ fn header_names(e: &Exception) -> String {
 }
 
 fn expiry(e: &Exception, now: i64, warn: &mut impl FnMut(Lint, String)) {
-    let Some(t) = e.expires else { return };
+    let Some(t) = e.expires() else { return };
     if now >= t {
         warn(
             Lint::Expired,
@@ -230,7 +230,7 @@ fn wildcards(e: &Exception, warn: &mut impl FnMut(Lint, String)) {
     if wild.is_empty() {
         return;
     }
-    if e.expires.is_none() {
+    if e.expires().is_none() {
         let list = wild
             .iter()
             .map(|h| h.to_string())
@@ -291,7 +291,7 @@ fn public_suffix_under(p: &HostPattern) -> Option<(String, psl::Type)> {
 }
 
 fn clients(policy: &Policy, e: &Exception, warn: &mut impl FnMut(Lint, String)) {
-    let Some(patterns) = &e.client_patterns else {
+    let Some(patterns) = e.client_patterns() else {
         return;
     };
     if policy.clients.is_empty() {
@@ -514,7 +514,7 @@ fn shadows(a: &Exception, b: &Exception, now: i64) -> bool {
         return false;
     }
     // `b` would outlive `a` and be named once `a` expires.
-    match (a.expires, b.expires) {
+    match (a.expires(), b.expires()) {
         (None, _) => {}
         (Some(ta), Some(tb)) if ta >= tb => {}
         _ => return false,
@@ -524,7 +524,7 @@ fn shadows(a: &Exception, b: &Exception, now: i64) -> bool {
     if a.needs_inspection() != b.needs_inspection() {
         return false;
     }
-    match (&a.clients, &b.clients) {
+    match (a.clients(), b.clients()) {
         (None, _) => {}
         (Some(ca), Some(cb)) if subset(cb, ca) => {}
         _ => return false,
@@ -543,19 +543,19 @@ fn shadows(a: &Exception, b: &Exception, now: i64) -> bool {
     {
         return false;
     }
-    if !subset(&b.ports, &a.ports) || !subset(&b.dns_types, &a.dns_types) {
+    if !subset(&b.ports, &a.ports) || !subset(b.dns_types(), a.dns_types()) {
         return false;
     }
-    match (&a.methods, &b.methods) {
+    match (a.methods(), b.methods()) {
         (None, _) => {}
         (Some(ma), Some(mb)) if subset(mb, ma) => {}
         _ => return false,
     }
-    match (&a.paths, &b.paths) {
+    match (a.paths(), b.paths()) {
         (None, _) => {}
         (Some(_), Some(_)) => {
-            let any = a.path_patterns.iter().any(|p| p == "/**");
-            if !any && !subset(&b.path_patterns, &a.path_patterns) {
+            let any = a.path_patterns().iter().any(|p| p == "/**");
+            if !any && !subset(b.path_patterns(), a.path_patterns()) {
                 return false;
             }
         }
@@ -600,7 +600,7 @@ fn shadowed(policy: &Policy, now: i64, out: &mut Vec<Warning>) {
     };
     let mut cands = Vec::new();
     for (j, b) in ex.iter().enumerate() {
-        if b.is_expired(now) || b.clients.as_ref().is_some_and(|c| c.is_empty()) {
+        if b.is_expired(now) || b.clients().is_some_and(|c| c.is_empty()) {
             // Already reported as expired / matching no client.
             continue;
         }

@@ -246,40 +246,133 @@ impl fmt::Debug for InjectedHeader {
 }
 
 /// A validated exception.
+///
+/// The rules most exceptions do not use live behind one optional box
+/// ([`Rules`]), so that an exception naming only hosts, addresses and
+/// ports is 128 bytes, not 256: a 100k-exception policy is that list.
 #[derive(Debug)]
 pub struct Exception {
     pub id: Arc<str>,
     pub owner: Arc<str>,
     pub reason: Box<str>,
+    pub hosts: Box<[HostPattern]>,
+    pub cidrs: Box<[IpNet]>,
+    pub ports: Arc<[u16]>,
+    /// The file it is in: one allocation per file, shared by its exceptions.
+    pub file: Arc<Path>,
+    pub line: usize,
+    /// `None` when it uses none of them.
+    rules: Option<Box<Rules>>,
+}
+
+/// An exception's less common rules; empty ones are `None` or empty.
+#[derive(Debug, Default)]
+pub struct Rules {
     pub ticket: Option<Box<str>>,
     /// Unix seconds at which it stops matching.
     pub expires: Option<i64>,
     /// `None`: every client. `Some`: the clients whose id matched a pattern.
     pub clients: Option<Box<[ClientIdx]>>,
     pub client_patterns: Option<Box<[String]>>,
-    pub hosts: Box<[HostPattern]>,
-    pub cidrs: Box<[IpNet]>,
-    pub ports: Box<[u16]>,
     pub methods: Option<Box<[String]>>,
     /// Shared between exceptions with the same pattern list.
     pub paths: Option<Arc<path::PathSet>>,
     pub path_patterns: Box<[String]>,
     pub dns_types: Box<[u16]>,
     pub inject: Box<[InjectedHeader]>,
-    /// The file it is in: one allocation per file, shared by its exceptions.
-    pub file: Arc<Path>,
-    pub line: usize,
+}
+
+impl Rules {
+    fn is_empty(&self) -> bool {
+        self.ticket.is_none()
+            && self.expires.is_none()
+            && self.clients.is_none()
+            && self.client_patterns.is_none()
+            && self.methods.is_none()
+            && self.paths.is_none()
+            && self.path_patterns.is_empty()
+            && self.dns_types.is_empty()
+            && self.inject.is_empty()
+    }
 }
 
 impl Exception {
+    /// Builds an exception; `rules` are boxed only if any is set.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        id: Arc<str>,
+        owner: Arc<str>,
+        reason: Box<str>,
+        hosts: Box<[HostPattern]>,
+        cidrs: Box<[IpNet]>,
+        ports: Arc<[u16]>,
+        (file, line): (Arc<Path>, usize),
+        rules: Rules,
+    ) -> Exception {
+        Exception {
+            id,
+            owner,
+            reason,
+            hosts,
+            cidrs,
+            ports,
+            file,
+            line,
+            rules: (!rules.is_empty()).then(|| Box::new(rules)),
+        }
+    }
+
+    /// Its less common rules; `None` for most exceptions.
+    pub fn rules(&self) -> Option<&Rules> {
+        self.rules.as_deref()
+    }
+
+    pub fn ticket(&self) -> Option<&str> {
+        self.rules()?.ticket.as_deref()
+    }
+
+    /// Unix seconds at which it stops matching.
+    pub fn expires(&self) -> Option<i64> {
+        self.rules()?.expires
+    }
+
+    /// `None`: every client. `Some`: the clients whose id matched a pattern.
+    pub fn clients(&self) -> Option<&[ClientIdx]> {
+        self.rules()?.clients.as_deref()
+    }
+
+    pub fn client_patterns(&self) -> Option<&[String]> {
+        self.rules()?.client_patterns.as_deref()
+    }
+
+    pub fn methods(&self) -> Option<&[String]> {
+        self.rules()?.methods.as_deref()
+    }
+
+    pub fn paths(&self) -> Option<&Arc<path::PathSet>> {
+        self.rules()?.paths.as_ref()
+    }
+
+    pub fn path_patterns(&self) -> &[String] {
+        self.rules().map_or(&[], |r| &r.path_patterns)
+    }
+
+    pub fn dns_types(&self) -> &[u16] {
+        self.rules().map_or(&[], |r| &r.dns_types)
+    }
+
+    pub fn inject(&self) -> &[InjectedHeader] {
+        self.rules().map_or(&[], |r| &r.inject)
+    }
+
     /// Whether an opaque tunnel cannot enforce this exception (it restricts
     /// what happens inside HTTP, or adds credentials to it).
     pub fn needs_inspection(&self) -> bool {
-        self.methods.is_some() || self.paths.is_some() || !self.inject.is_empty()
+        self.methods().is_some() || self.paths().is_some() || !self.inject().is_empty()
     }
 
     pub fn is_expired(&self, now: i64) -> bool {
-        matches!(self.expires, Some(t) if now >= t)
+        matches!(self.expires(), Some(t) if now >= t)
     }
 
     /// Whether this exception lets a resolved or literal address be dialled.
@@ -447,7 +540,7 @@ impl Policy {
         if e.is_expired(now) {
             return Err(Stage::Expired);
         }
-        if let Some(allowed) = &e.clients {
+        if let Some(allowed) = e.clients() {
             match req.client {
                 Some(c) if allowed.contains(&c) => {}
                 _ => return Err(Stage::Client),
@@ -460,7 +553,7 @@ impl Policy {
                 // whatever its type.
                 let t = req.qtype.unwrap_or(qtype::A);
                 if qtype::NEVER_ALLOWED.contains(&t)
-                    || !qtype::DEFAULT_ALLOWED.contains(&t) && !e.dns_types.contains(&t)
+                    || !qtype::DEFAULT_ALLOWED.contains(&t) && !e.dns_types().contains(&t)
                 {
                     return Err(Stage::Qtype);
                 }
@@ -483,13 +576,13 @@ impl Policy {
                 if !e.ports.contains(&req.port) {
                     return Err(Stage::Port);
                 }
-                if let Some(methods) = &e.methods {
+                if let Some(methods) = e.methods() {
                     match req.method {
                         Some(m) if m.allowed_by(methods) => {}
                         _ => return Err(Stage::Method),
                     }
                 }
-                if let Some(paths) = &e.paths {
+                if let Some(paths) = e.paths() {
                     match req.path {
                         Some(p) if paths.is_match(p) => {}
                         _ => return Err(Stage::Path),

@@ -816,7 +816,7 @@ fn upgrade_protocol<B>(req: &Request<B>) -> Option<HeaderValue> {
 /// Adds an exception's credentials, replacing whatever the client sent
 /// under the same names.
 pub fn inject(h: &mut HeaderMap, e: &Exception) {
-    for ih in &e.inject {
+    for ih in e.inject() {
         h.remove(&ih.name);
         h.insert(ih.name.clone(), ih.value.clone());
     }

@@ -1111,7 +1111,7 @@ async fn own_fetch_inner(
             let inject: Vec<(HeaderName, HeaderValue)> = d
                 .exception
                 .map(|e| {
-                    e.inject
+                    e.inject()
                         .iter()
                         .map(|h| (h.name.clone(), h.value.clone()))
                         .collect()

@@ -380,7 +380,7 @@ pub fn build(
             expired.push(id.clone());
             Status::Expired
         } else {
-            let soon = e.expires.is_some_and(|t| t - now <= EXPIRY_WARNING_SECS);
+            let soon = e.expires().is_some_and(|t| t - now <= EXPIRY_WARNING_SECS);
             if soon {
                 expiring.push(id.clone());
             }
@@ -403,9 +403,9 @@ pub fn build(
             id,
             owner: e.owner.to_string(),
             reason: e.reason.to_string(),
-            ticket: e.ticket.as_deref().map(str::to_string),
-            expires: e.expires.map(format_date),
-            expires_in_days: e.expires.map(|t| (t - now).div_euclid(86400)),
+            ticket: e.ticket().map(str::to_string),
+            expires: e.expires().map(format_date),
+            expires_in_days: e.expires().map(|t| (t - now).div_euclid(86400)),
             file: e.file.display().to_string(),
             line: e.line,
             status,

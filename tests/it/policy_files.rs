@@ -100,7 +100,7 @@ fn shipped_policy_loads_and_is_lint_clean() {
     );
     for e in &p.exceptions {
         assert!(!e.owner.is_empty() && !e.reason.is_empty(), "{}", e.id);
-        assert!(e.ticket.is_some(), "{} has no ticket", e.id);
+        assert!(e.ticket().is_some(), "{} has no ticket", e.id);
     }
     let warnings = lint(&p, NOW);
     assert!(warnings.is_empty(), "{warnings:#?}");

@@ -19,7 +19,7 @@ use crate::policy::host::HostPattern;
 use crate::policy::matcher::Matcher;
 use crate::policy::raw::{RawException, RawFile};
 use crate::policy::{
-    path, qtype, Client, ClientIdx, Exception, InjectedHeader, Source, DEFAULT_PORTS,
+    path, qtype, Client, ClientIdx, Exception, InjectedHeader, Rules, Source, DEFAULT_PORTS,
 };
 
 /// Every exception of every file, and the matcher over them. A duplicate
@@ -31,8 +31,8 @@ pub(super) fn exceptions(
     errs: &mut Errors,
 ) -> (Vec<Exception>, Matcher) {
     let total = parsed.iter().map(|(_, f)| f.exceptions.len()).sum();
-    // Exactly the room needed: an exception is ~340 bytes, and growing by
-    // doubling left 100k of them in room for 131k (11 MB never used).
+    // Exactly the room needed: growing by doubling would leave 100k
+    // exceptions in room for 131k (4 MB never used).
     let mut exceptions = Vec::with_capacity(total);
     let mut ids: HashMap<&str, &Path> = HashMap::with_capacity(total);
     let mut matcher = Matcher::default();
@@ -161,17 +161,11 @@ fn exception(
     ports.dedup();
     let mut hosts: Vec<HostPattern> = r.hosts.iter().map(|h| h.0.clone()).collect();
     hosts.dedup();
-    Exception {
-        id: id.into(),
-        owner,
-        reason: reason.into(),
+    let rules = Rules {
         ticket: r.ticket.as_deref().map(Into::into),
         expires: r.expires.as_ref().map(|d| d.0),
         clients: client_idx.map(Vec::into_boxed_slice),
         client_patterns: r.clients.as_deref().map(Into::into),
-        hosts: hosts.into(),
-        cidrs: r.cidrs.iter().map(|c| c.0).collect(),
-        ports: ports.into(),
         methods: r
             .methods
             .as_ref()
@@ -180,19 +174,40 @@ fn exception(
         paths,
         dns_types: dns_types.into(),
         inject: inject.into(),
-        file,
-        line: at.0,
-    }
+    };
+    Exception::new(
+        id.into(),
+        owner,
+        reason.into(),
+        hosts.into(),
+        r.cidrs.iter().map(|c| c.0).collect(),
+        globs.ports(ports),
+        (file, at.0),
+        rules,
+    )
 }
 
-/// Compiled pattern lists, by the list as written.
+/// Compiled pattern lists, by the list as written, and port lists, so
+/// that exceptions with the same list share one.
 #[derive(Default)]
 struct Globs {
     clients: HashMap<Vec<String>, Vec<ClientIdx>>,
     paths: HashMap<Vec<String>, Arc<path::PathSet>>,
+    ports: HashMap<Vec<u16>, Arc<[u16]>>,
 }
 
 impl Globs {
+    /// One shared copy of each distinct port list (most exceptions name
+    /// the default one).
+    fn ports(&mut self, ports: Vec<u16>) -> Arc<[u16]> {
+        if let Some(p) = self.ports.get(&ports) {
+            return p.clone();
+        }
+        let shared: Arc<[u16]> = ports.as_slice().into();
+        self.ports.insert(ports, shared.clone());
+        shared
+    }
+
     /// The clients whose id matches one of `pats` (a list with a bad
     /// pattern is reported and not kept).
     fn clients(
