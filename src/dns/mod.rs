@@ -24,6 +24,7 @@
 //! client's proxy lookups and its own queries share).
 
 mod answers;
+mod batch;
 mod budget;
 mod ech;
 mod fast;

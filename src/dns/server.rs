@@ -53,6 +53,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 use tokio::time::timeout;
 
+use super::batch::{Inbox, Outbox};
 use super::budget::{under_wildcard, TunnelOutcome};
 use super::fast;
 use super::resolver::{rcode_name, Lookup, EDNS_PAYLOAD};
@@ -88,9 +89,9 @@ const UDP_ERROR_PAUSE: Duration = Duration::from_millis(5);
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
 /// Largest UDP query read; anything longer arrives cut and fails to parse.
 const MAX_UDP_QUERY: usize = 4096;
-/// Most UDP packets read in one go before the receive loop looks at TCP
-/// accepts, finished tasks and the shutdown again.
-const UDP_BURST: usize = 32;
+/// Most UDP packets read in one go (one recvmmsg) before the receive loop
+/// looks at TCP accepts, finished tasks and the shutdown again.
+const UDP_BURST: usize = super::batch::BATCH;
 /// RFC 8914 INFO-CODEs used here.
 const EDE_OTHER: u16 = 0;
 const EDE_BLOCKED: u16 = 15;
@@ -131,39 +132,38 @@ pub async fn serve(
         udp: Arc::new(udp),
     };
     let mut tasks: JoinSet<()> = JoinSet::new();
-    let mut buf = vec![0u8; MAX_UDP_QUERY];
+    let mut inbox = Inbox::new(UDP_BURST, MAX_UDP_QUERY);
+    let mut outbox = Outbox::default();
     // The answers given without a task are written here, and their events'
     // names kept in here, reusing their room from query to query.
     let mut scratch = Scratch::default();
     loop {
         tokio::select! {
             _ = shutdown.fired() => break,
-            r = server.udp.recv_from(&mut buf) => match r {
-                Ok((n, src)) => {
-                    server.udp_query(&buf[..n], src, &mut tasks, &mut scratch).await;
-                    // What else has arrived is read without going back
-                    // through the select (a readiness poll of every branch
-                    // and a wake-up per packet), up to a bound so that
-                    // accepts and the shutdown are still looked at. The
-                    // burst does not charge tokio's cooperative budget per
-                    // packet (recv_from charges once per pass): doing so was
-                    // measured (callgrind, denied queries, A/B twice) at
-                    // 7.2k -> 8.6-9.2k instructions per query, the forced
-                    // yields parking and waking the other worker.
-                    for _ in 1..UDP_BURST {
-                        match server.udp.try_recv_from(&mut buf) {
-                            Ok((n, src)) => {
-                                server.udp_query(&buf[..n], src, &mut tasks, &mut scratch).await
-                            }
-                            Err(_) => break,
-                        }
+            r = server.udp.readable() => match r.and_then(|()| inbox.recv(&server.udp)) {
+                Ok(n) => {
+                    // Up to UDP_BURST packets per read (recvmmsg), each
+                    // decided and logged on its own; the answers given
+                    // without waiting go out together (sendmmsg) once the
+                    // batch is done. Then the select looks at accepts and
+                    // the shutdown again. A burst does not charge tokio's
+                    // cooperative budget per packet: doing so was measured
+                    // (callgrind, denied queries, A/B twice) at 7.2k ->
+                    // 8.6-9.2k instructions per query, the forced yields
+                    // parking and waking the other worker.
+                    for i in 0..n {
+                        let (pkt, src) = inbox.get(i);
+                        server.udp_query(pkt, src, &mut tasks, &mut scratch, &mut outbox).await;
                     }
+                    outbox.flush(&server.udp);
                     // A burst can spawn up to UDP_BURST upstream tasks and
                     // the join branch below takes one per pass: finished
                     // tasks (their in-flight slots already returned) would
                     // pile up under a steady flood. Reap them all here.
                     while tasks.try_join_next().is_some() {}
                 }
+                // Readiness was stale: wait again.
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
                 // ICMP errors for earlier replies and the like: not fatal.
                 Err(_) => tokio::time::sleep(UDP_ERROR_PAUSE).await,
             },
@@ -206,6 +206,7 @@ impl Loops {
         src: SocketAddr,
         tasks: &mut JoinSet<()>,
         scratch: &mut Scratch,
+        outbox: &mut Outbox,
     ) {
         let (policy, client) = self.handler.who(src.ip());
         // Answered at once, a query holds its slot only while this runs (no
@@ -220,7 +221,7 @@ impl Loops {
             (policy, client),
             scratch,
         ) {
-            let _ = self.udp.try_send_to(&scratch.out, src);
+            outbox.push(&scratch.out, src);
             return;
         }
         let permit = self
@@ -229,7 +230,7 @@ impl Loops {
         let raw = raw.to_vec();
         let Some(permit) = permit else {
             if let Some(bytes) = self.handler.process(raw, src, Protocol::Udp, true).await {
-                let _ = self.udp.try_send_to(&bytes, src);
+                outbox.push(&bytes, src);
             }
             return;
         };
@@ -240,7 +241,7 @@ impl Loops {
             std::task::Poll::Ready(reply) => {
                 drop(permit);
                 if let Some(bytes) = reply {
-                    let _ = self.udp.try_send_to(&bytes, src);
+                    outbox.push(&bytes, src);
                 }
             }
             std::task::Poll::Pending => {
