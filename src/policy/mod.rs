@@ -766,6 +766,25 @@ mod tests {
         assert!(err.0[0].message.contains("duplicate exception id"));
     }
 
+    /// An exception written in flow style has no `id:` line of its own:
+    /// the ones after it are still placed at their own lines, and a
+    /// duplicate after it is reported where it is.
+    #[test]
+    fn exceptions_after_a_flow_style_one_keep_their_lines() {
+        let yaml = "exceptions:\n  - {id: f, owner: o, reason: r, hosts: [f.test]}\n  - id: b\n    owner: o\n    reason: r\n    hosts: [b.test]\n  - id: b\n    owner: o\n    reason: r\n    hosts: [c.test]\n";
+        let err = from_yaml(yaml).unwrap_err();
+        assert_eq!(err.0.len(), 1, "{err}");
+        assert_eq!((err.0[0].line, err.0[0].column), (7, 5), "{err}");
+        let renamed = yaml.replacen(
+            "- id: b\n    owner: o\n    reason: r\n    hosts: [c.test]",
+            "- id: c\n    owner: o\n    reason: r\n    hosts: [c.test]",
+            1,
+        );
+        let ok = from_yaml(&renamed).unwrap();
+        let lines: Vec<(&str, usize)> = ok.exceptions.iter().map(|e| (&*e.id, e.line)).collect();
+        assert_eq!(lines[1..], [("b", 3), ("c", 7)]);
+    }
+
     #[test]
     fn empty_lists_are_errors_not_silent_match_nothing() {
         for key in ["ports", "methods", "paths", "clients"] {

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use globset::{Glob, GlobBuilder, GlobSet, GlobSetBuilder};
 use http::{HeaderName, HeaderValue};
 
-use super::locate::{locate, locate_all};
+use super::locate::{by_value, locate, locate_all};
 use super::Errors;
 use crate::policy::host::HostPattern;
 use crate::policy::matcher::Matcher;
@@ -76,9 +76,16 @@ pub(super) fn exceptions(
 
 /// Where each exception of one file is: its `id:` line.
 struct Places<'t> {
-    /// One pass over the file for every `id:` entry: locating each
-    /// exception by scanning the whole file made loading quadratic.
-    id_lines: HashMap<&'t str, Vec<(usize, usize)>>,
+    /// Every `id:` entry of the file, in document order, found in one pass
+    /// (locating each exception by scanning the whole file made loading
+    /// quadratic).
+    id_lines: Vec<(&'t str, (usize, usize))>,
+    /// Where in `id_lines` the next exception's entry normally is: the
+    /// exceptions come in the order of their `id:` lines.
+    next: usize,
+    /// The same entries by value, built only if an exception is not at
+    /// `next` (written in flow style, or with an escaped id).
+    by_value: Option<HashMap<&'t str, Vec<(usize, usize)>>>,
     /// The line of the previous exception.
     after: usize,
 }
@@ -91,8 +98,12 @@ impl<'t> Places<'t> {
         } else {
             0
         };
+        let id_lines = locate_all(text, "id");
+        let next = id_lines.partition_point(|(_, (l, _))| *l <= after);
         Places {
-            id_lines: locate_all(text, "id"),
+            id_lines,
+            next,
+            by_value: None,
             after,
         }
     }
@@ -101,13 +112,25 @@ impl<'t> Places<'t> {
     /// a duplicate within a file, and not a client's id.
     fn next(&mut self, id: &str) -> (usize, usize) {
         let after = self.after;
-        let at = self
-            .id_lines
-            .get(id)
-            .and_then(|v| v.iter().find(|(l, _)| *l > after))
-            .copied()
-            .unwrap_or((1, 1));
+        let at = match self.id_lines.get(self.next) {
+            Some(&(v, at)) if v == id && at.0 > after => {
+                self.next += 1;
+                at
+            }
+            _ => self
+                .by_value
+                .get_or_insert_with(|| by_value(&self.id_lines))
+                .get(id)
+                .and_then(|v| v.iter().find(|(l, _)| *l > after))
+                .copied()
+                .unwrap_or((1, 1)),
+        };
         self.after = after.max(at.0);
+        if self.next < self.id_lines.len() && self.id_lines[self.next].1 .0 <= self.after {
+            self.next = self
+                .id_lines
+                .partition_point(|(_, (l, _))| *l <= self.after);
+        }
         at
     }
 }

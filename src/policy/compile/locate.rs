@@ -25,10 +25,10 @@ pub(super) fn locate(text: &str, key: &str, value: &str) -> (usize, usize) {
     (1, 1)
 }
 
-/// Every `key: value` mapping entry of a file by value, each value's
-/// (line, column)s in document order.
-pub(super) fn locate_all<'t>(text: &'t str, key: &str) -> HashMap<&'t str, Vec<(usize, usize)>> {
-    let mut out: HashMap<&str, Vec<(usize, usize)>> = HashMap::new();
+/// Every `key: value` mapping entry of a file, in document order: its
+/// value and its (line, column).
+pub(super) fn locate_all<'t>(text: &'t str, key: &str) -> Vec<(&'t str, (usize, usize))> {
+    let mut out = Vec::new();
     for (n, line) in text.lines().enumerate() {
         let t = line.trim_start();
         let t2 = t.strip_prefix("- ").map(str::trim_start).unwrap_or(t);
@@ -39,10 +39,20 @@ pub(super) fn locate_all<'t>(text: &'t str, key: &str) -> HashMap<&'t str, Vec<(
                 .unwrap_or("")
                 .trim()
                 .trim_matches(|c| c == '"' || c == '\'');
-            out.entry(v)
-                .or_default()
-                .push((n + 1, line.len() - t2.len() + 1));
+            out.push((v, (n + 1, line.len() - t2.len() + 1)));
         }
+    }
+    out
+}
+
+/// [`locate_all`]'s entries by value, each value's places in document
+/// order.
+pub(super) fn by_value<'t>(
+    entries: &[(&'t str, (usize, usize))],
+) -> HashMap<&'t str, Vec<(usize, usize)>> {
+    let mut out: HashMap<&str, Vec<(usize, usize)>> = HashMap::new();
+    for (v, at) in entries {
+        out.entry(*v).or_default().push(*at);
     }
     out
 }
