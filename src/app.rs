@@ -26,7 +26,7 @@ use crate::proxy::upstream::{Egress, UpstreamProxy};
 use crate::proxy::{self, ProxyCtx};
 use crate::record::denials::PackageDenials;
 use crate::record::Recorder;
-use crate::reload::Reloader;
+use crate::reload::{Reloader, Stamp};
 use crate::shutdown::{Permits, Shutdown, Trigger};
 use crate::{dns, policy};
 
@@ -139,6 +139,7 @@ impl Running {
 /// the resolver, metrics (if given) and the reloader, as tasks.
 pub async fn start(args: &ServeArgs, listeners: Listeners) -> Result<Running> {
     let metrics = Metrics::new();
+    let stamp = Stamp::of(&args.policy);
     let pol = policy::load(&args.policy).map_err(|e| {
         anyhow::anyhow!("{e}\negressd: policy {} is invalid", args.policy.display())
     })?;
@@ -254,7 +255,8 @@ pub async fn start(args: &ServeArgs, listeners: Listeners) -> Result<Running> {
         ));
     }
     let (hup_tx, hup_rx) = mpsc::unbounded_channel();
-    let reloader = Reloader::new(args.policy.clone(), handle.clone(), metrics.clone());
+    let reloader =
+        Reloader::new(args.policy.clone(), handle.clone(), metrics.clone()).loaded_from(stamp);
     // Its own thread at the idle class, not a runtime worker: compiling a
     // large policy must not take CPU from requests (see policy::reload).
     reloader

@@ -91,6 +91,23 @@ pub struct Reloader {
     last_failed: Option<[u8; 32]>,
     retired: Retired,
     pace: Option<Arc<Pace>>,
+    /// The policy files' metadata taken before the serving policy was read.
+    loaded: Option<Stamp>,
+}
+
+/// The policy files' metadata (each file's name, size, mtime, inode): what
+/// the reloader compares before it reads anything.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Stamp(Vec<(PathBuf, u64, Option<SystemTime>, u64)>);
+
+impl Stamp {
+    /// The stamp of the policy at `path` now (relative paths made absolute,
+    /// as the reloader sees them).
+    pub fn of(path: &Path) -> Stamp {
+        Stamp(fingerprint(
+            &std::path::absolute(path).unwrap_or(path.into()),
+        ))
+    }
 }
 
 impl Reloader {
@@ -104,7 +121,17 @@ impl Reloader {
             last_failed: None,
             retired: Retired::default(),
             pace: None,
+            loaded: None,
         }
+    }
+
+    /// Tells the reloader the stamp of the files as they were just before
+    /// the serving policy was read: if they are unchanged when it starts,
+    /// it does not read and digest them all again (for 100k exceptions,
+    /// 13 MB read while the proxy starts serving).
+    pub fn loaded_from(mut self, stamp: Stamp) -> Reloader {
+        self.loaded = Some(stamp);
+        self
     }
 
     /// Policies replaced and not yet freed (still held by requests).
@@ -294,8 +321,11 @@ impl Reloader {
         rewatch(&mut watcher, &mut watched, &self.path);
         let mut stamp = fingerprint(&self.path);
         // A change made between the first load and this point raised no
-        // event we saw and is already in `stamp`: compare digests once now.
-        self.reload(false);
+        // event we saw and is already in `stamp`: compare digests once now,
+        // unless the files are as they were before that load read them.
+        if self.loaded.take().map(|s| s.0) != Some(stamp.clone()) {
+            self.reload(false);
+        }
         let mut poll = tokio::time::interval(POLL_EVERY);
         poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -364,6 +394,35 @@ mod tests {
         let metrics = Metrics::new();
         let r = Reloader::new(file, handle.clone(), metrics);
         (dir, r, handle)
+    }
+
+    /// What lets the reloader skip its first read: the stamp `serve` takes
+    /// by the path as typed equals the reloader's own (by its absolute
+    /// path) while nothing changes, and differs after any replacement of
+    /// the file, even one of the same size.
+    #[test]
+    fn a_stamp_changes_with_the_file_and_not_with_how_it_is_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("p.yaml");
+        std::fs::write(&file, policy_text("a.test")).unwrap();
+        let cwd = std::env::current_dir().unwrap();
+        let relative: PathBuf = std::iter::repeat_n("..", cwd.components().count() - 1)
+            .collect::<PathBuf>()
+            .join(file.strip_prefix("/").unwrap());
+        let before = Stamp::of(&relative);
+        let handle = PolicyHandle::new(policy::load(&file).unwrap());
+        let r = Reloader::new(relative.clone(), handle, Metrics::new());
+        assert_eq!(
+            Stamp(fingerprint(&r.path)),
+            before,
+            "{}",
+            relative.display()
+        );
+        // Same length, new content, swapped in by rename (a new inode).
+        let tmp = dir.path().join(".p.yaml.tmp");
+        std::fs::write(&tmp, policy_text("b.test")).unwrap();
+        std::fs::rename(&tmp, &file).unwrap();
+        assert_ne!(Stamp(fingerprint(&r.path)), before);
     }
 
     #[test]
