@@ -7,7 +7,6 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Serve(args) => {
-            egressd::reload::fix_allocator_thresholds();
             let rt = match tokio::runtime::Builder::new_multi_thread()
                 .enable_all()
                 .build()

@@ -38,27 +38,6 @@ const DEBOUNCE: Duration = Duration::from_millis(150);
 /// filesystems, some symlink swaps). Keeps reloads within the 2 s promise.
 const POLL_EVERY: Duration = Duration::from_millis(1000);
 
-/// Allocations at least this large get their own mapping, returned to
-/// the system when freed.
-const OWN_MAPPING_FROM: i32 = 1 << 20;
-
-/// Fixes the allocator's threshold for giving a block its own mapping.
-/// glibc raises that threshold (up to 32 MiB) each time such a block is
-/// freed: after the first compile has freed the policy files' text, the
-/// next read of a 13 MB policy (the reloader's digest check right after
-/// start-up, every reload) lands inside a heap and stays resident after
-/// it is freed. Fixed, each file's text, and each large table a compile
-/// grows, goes back to the system when it is dropped. Called once, before
-/// any thread starts.
-pub fn fix_allocator_thresholds() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: mallopt only changes allocator tuning; it is called before
-    // other threads exist, and no pointer the program holds is affected.
-    unsafe {
-        libc::mallopt(libc::M_MMAP_THRESHOLD, OWN_MAPPING_FROM);
-    }
-}
-
 /// Hands the heap pages freed by a policy compile back to the system.
 /// Compiling 100k exceptions allocates and frees hundreds of thousands of
 /// small blocks (the files, the raw form); the allocator keeps those pages
