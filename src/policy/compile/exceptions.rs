@@ -35,7 +35,11 @@ pub(super) fn exceptions(
     // exceptions in room for 131k (4 MB never used).
     let mut exceptions = Vec::with_capacity(total);
     let mut ids: HashMap<&str, &Path> = HashMap::with_capacity(total);
-    let mut matcher = Matcher::default();
+    let hosts = parsed
+        .iter()
+        .flat_map(|(_, f)| &f.exceptions)
+        .map(|r| r.hosts.len());
+    let mut matcher = Matcher::with_room_for(hosts.sum());
     let mut globs = Globs::default();
     // Owners repeat across thousands of exceptions: one string each.
     let mut owners: HashMap<&str, Arc<str>> = HashMap::new();
