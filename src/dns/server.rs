@@ -1069,7 +1069,7 @@ impl Handler {
 
 fn applies(e: &Exception, client: Option<ClientIdx>, now: i64) -> bool {
     !e.is_expired(now)
-        && match &e.clients() {
+        && match e.clients() {
             None => true,
             Some(list) => client.is_some_and(|c| list.contains(&c)),
         }
