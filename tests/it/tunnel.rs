@@ -354,11 +354,13 @@ fn idle_tunnels_hold_no_pipe_and_used_pipes_are_kept_for_reuse() {
     let (e, echo) = (&l.e, l.echo);
     let pid = e.child.id();
     let before = pipe_fds(pid);
-    // Every tunnel moves data both ways, then stays open and idle.
+    // Every tunnel moves data both ways, then stays open and idle. 64 KiB
+    // each way: more than a burst's first read (which is copied), so the
+    // rest goes through a pipe.
     let mut open = Vec::new();
     for i in 0..TUNNELS {
         let (mut s, mut r) = open_tunnel(e.proxy, echo.port());
-        let msg = pattern(i as u8, 4096);
+        let msg = pattern(i as u8, 64 << 10);
         s.write_all(&msg).unwrap();
         let mut got = vec![0u8; msg.len()];
         r.read_exact(&mut got).unwrap();
