@@ -249,7 +249,9 @@ async fn serve_inside<S>(
         let (ctx, tunnel, upgraded) = (c2.clone(), t2.clone(), upgraded.clone());
         async move {
             let method = req.method().clone();
-            let resp = handle(req, tunnel, ctx).await;
+            // Boxed, made in place once: hyper moves this future into its
+            // in-flight slot per request (see `accept::serve_http1`).
+            let resp = Box::pin(handle(req, tunnel, ctx)).await;
             if chunks::is_upgrade(&method, resp.status()) {
                 upgraded.store(true, std::sync::atomic::Ordering::Release);
             }
