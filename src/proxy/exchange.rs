@@ -750,13 +750,35 @@ fn package_policy(policy: &Policy) -> &PackagePolicy {
 /// names are lowercase, tokens any case), not made into a `HeaderName`:
 /// that allocated for every `Connection: keep-alive`.
 pub fn strip_hop_by_hop(h: &mut HeaderMap) {
+    // The tokens `Connection` lists, read once rather than once per name
+    // present; past the first few (a message rarely lists more than two),
+    // the header is read again for each name.
+    const KEPT: usize = 8;
+    let mut tokens = [""; KEPT];
+    let (mut kept, mut more) = (0, false);
     let listed = h.get_all(header::CONNECTION);
+    for t in listed
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+    {
+        match tokens.get_mut(kept) {
+            Some(slot) => {
+                *slot = t.trim();
+                kept += 1;
+            }
+            None => more = true,
+        }
+    }
     let named = |n: &HeaderName| {
-        listed
-            .iter()
-            .filter_map(|v| v.to_str().ok())
-            .flat_map(|v| v.split(','))
-            .any(|t| t.trim().eq_ignore_ascii_case(n.as_str()))
+        let n = n.as_str();
+        tokens[..kept].iter().any(|t| t.eq_ignore_ascii_case(n))
+            || (more
+                && listed
+                    .iter()
+                    .filter_map(|v| v.to_str().ok())
+                    .flat_map(|v| v.split(','))
+                    .any(|t| t.trim().eq_ignore_ascii_case(n)))
     };
     let doomed: Vec<HeaderName> = h
         .keys()
@@ -942,6 +964,28 @@ mod tests {
             left,
             ["accept", "content-length", "host", "x_forwarded_for"]
         );
+    }
+
+    /// A header named anywhere in a long `Connection` list goes, past the
+    /// tokens read up front as well as among them.
+    #[test]
+    fn every_header_a_long_connection_list_names_goes() {
+        let mut h = HeaderMap::new();
+        h.append(
+            header::CONNECTION,
+            HeaderValue::from_static("a1, a2, X-First, a4, a5, a6, a7"),
+        );
+        h.append(
+            header::CONNECTION,
+            HeaderValue::from_static("a8, a9, x-LAST"),
+        );
+        for k in ["x-first", "x-last", "x-kept", "host"] {
+            h.append(HeaderName::from_static(k), HeaderValue::from_static("1"));
+        }
+        strip_hop_by_hop(&mut h);
+        let mut left: Vec<&str> = h.keys().map(|k| k.as_str()).collect();
+        left.sort();
+        assert_eq!(left, ["host", "x-kept"]);
     }
 
     fn headers(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
