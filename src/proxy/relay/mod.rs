@@ -24,11 +24,10 @@ use std::os::fd::AsFd;
 use std::pin::{pin, Pin};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::Duration;
 
-use std::task::Poll;
 use tokio::io::Interest;
-
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::tcp::{ReadHalf, WriteHalf};
 use tokio::net::TcpStream;
@@ -180,9 +179,9 @@ async fn pump(
         // keeps one read waker: this pump is its only reader.
         std::future::poll_fn(|cx| src.as_ref().poll_read_ready(cx)).await?;
         // The bursts are boxed: their state exists only while data flows,
-        // so an idle tunnel's task stays small.
-        // A direction that just carried a bulk burst splices the next one
-        // from its first byte; small bursts start with a read and a write.
+        // so an idle tunnel's task stays small. A burst starts with a read
+        // and a write, unless this direction's last burst was bulk: then it
+        // is spliced from its first byte.
         let start = count.load(Ordering::Relaxed);
         if !bulk {
             if let Some(b) = Box::pin(copy_first(src, dst, count, &tick)).await? {
