@@ -40,7 +40,7 @@ pub(super) struct Inbox {
     hdrs: Box<[libc::mmsghdr]>,
 }
 
-// SAFETY: the raw pointers in `iovs` and `hdrs` point only into this
+// SAFETY: the raw pointers in `_iovs` and `hdrs` point only into this
 // Inbox's own heap blocks (`bufs`' buffers, `addrs`, `_iovs`), which are
 // allocated once in `new`, never reallocated or freed before the Inbox,
 // and do not move when it moves. They are written through only by

@@ -754,17 +754,20 @@ pub fn strip_hop_by_hop(h: &mut HeaderMap) {
     // present; past the first few (a message rarely lists more than two),
     // the header is read again for each name.
     const KEPT: usize = 8;
+    let listed = h.get_all(header::CONNECTION);
+    let listed_tokens = || {
+        listed
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .map(str::trim)
+    };
     let mut tokens = [""; KEPT];
     let (mut kept, mut more) = (0, false);
-    let listed = h.get_all(header::CONNECTION);
-    for t in listed
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-    {
+    for t in listed_tokens() {
         match tokens.get_mut(kept) {
             Some(slot) => {
-                *slot = t.trim();
+                *slot = t;
                 kept += 1;
             }
             None => more = true,
@@ -773,12 +776,7 @@ pub fn strip_hop_by_hop(h: &mut HeaderMap) {
     let named = |n: &HeaderName| {
         let n = n.as_str();
         tokens[..kept].iter().any(|t| t.eq_ignore_ascii_case(n))
-            || (more
-                && listed
-                    .iter()
-                    .filter_map(|v| v.to_str().ok())
-                    .flat_map(|v| v.split(','))
-                    .any(|t| t.trim().eq_ignore_ascii_case(n)))
+            || (more && listed_tokens().any(|t| t.eq_ignore_ascii_case(n)))
     };
     let doomed: Vec<HeaderName> = h
         .keys()
