@@ -7,7 +7,8 @@
 //!
 //! What it owns: turning a DNS packet into one policy [`Request`](crate::policy::Request),
 //! answering it (denied names never leave egressd, in any form), forwarding
-//! allowed names as fresh queries with our own timeouts, caching answers,
+//! allowed names as fresh queries with our own timeouts, caching answers
+//! and, for a while, failures (`failures`, RFC 9520),
 //! filtering non-public addresses out of answers, removing ECH
 //! configurations from HTTPS/SVCB answers (`ech`), the per-client tunnel
 //! budget, and (for transparent capture) which allowed name each answered
@@ -27,6 +28,7 @@ mod answers;
 mod batch;
 mod budget;
 mod ech;
+mod failures;
 mod fast;
 pub mod inside;
 mod resolver;

@@ -14,7 +14,8 @@
 //! The cache is keyed by (name, type), holds positive and negative answers
 //! for their TTL clamped to `settings.dns.cache_min_ttl..=cache_max_ttl`, and
 //! is bounded by [`MAX_CACHE_ENTRIES`]. Concurrent misses for one key share
-//! one upstream query.
+//! one upstream query. A resolution that failed is held for a while and
+//! answered with its failure, without asking again (`failures`).
 
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -32,6 +33,7 @@ use tokio::time::{timeout, Instant};
 
 use super::answers::AnswerMemory;
 use super::budget::TunnelDetector;
+use super::failures::Failures;
 use crate::metrics::Metrics;
 use crate::policy::host::Host;
 use crate::policy::{qtype, DnsSettings, Policy};
@@ -67,6 +69,11 @@ pub enum ResolveError {
     /// The name does not exist or has no A/AAAA records (NXDOMAIN, NODATA).
     #[error("the name has no addresses")]
     NoAddresses,
+    /// This (name, type) failed a moment ago, and the failure is held
+    /// (`failures`, RFC 9520): the upstreams were not asked this time. The
+    /// seconds until they are asked again.
+    #[error("{0}; failure remembered, upstreams asked again in {1} s")]
+    Remembered(Box<ResolveError>, u64),
 }
 
 /// An upstream answer, as cached: the records for the question (the CNAME
@@ -105,11 +112,14 @@ pub struct Resolver {
     metrics: Arc<Metrics>,
     cache: Mutex<Cache>,
     inflight: Mutex<HashMap<(Host, u16), Shared>>,
+    failures: Failures,
     tunnel: Mutex<TunnelDetector>,
     answers: AnswerMemory,
-    /// `egressd_dns_cache_total{result="hit"|"miss"}`, resolved once.
+    /// `egressd_dns_cache_total{result="hit"|"miss"|"failure"}`, resolved
+    /// once; `failure`: answered with a held failure.
     cache_hits: IntCounter,
     cache_misses: IntCounter,
+    cache_failures: IntCounter,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -121,10 +131,12 @@ impl Resolver {
         Arc::new(Resolver {
             cache_hits: metrics.dns_cache.with_label_values(&["hit"]),
             cache_misses: metrics.dns_cache.with_label_values(&["miss"]),
+            cache_failures: metrics.dns_cache.with_label_values(&["failure"]),
             upstreams,
             metrics,
             cache: Mutex::new(Cache::default()),
             inflight: Mutex::new(HashMap::new()),
+            failures: Failures::default(),
             tunnel: Mutex::new(TunnelDetector::new()),
             answers: AnswerMemory::default(),
         })
@@ -224,16 +236,31 @@ impl Resolver {
             self.cache_hits.inc();
             return Ok(Lookup { answer, ttl });
         }
+        if let Some(e) = self.failures.held(host, qtype, Instant::now()) {
+            self.cache_failures.inc();
+            return Err(e);
+        }
         self.cache_misses.inc();
         let key = (host.clone(), qtype);
         let cell: Shared = lock(&self.inflight).entry(key.clone()).or_default().clone();
         let result = cell
             .get_or_init(|| async {
-                // A query that finished just before we joined filled the cache.
+                // A query that finished just before we joined filled the
+                // cache, or failed.
                 if let Some(hit) = self.cache_get(host, qtype) {
                     return Ok(hit);
                 }
-                let msg = self.exchange(host, qtype, attempts).await?;
+                if let Some(e) = self.failures.held(host, qtype, Instant::now()) {
+                    return Err(e);
+                }
+                let msg = match self.exchange(host, qtype, attempts).await {
+                    Ok(msg) => msg,
+                    Err(e) => {
+                        self.failures.fail(host, qtype, e.clone(), Instant::now());
+                        return Err(e);
+                    }
+                };
+                self.failures.succeeded(host, qtype);
                 let (answer, ttl) = digest(&msg, host, qtype, s);
                 let answer = Arc::new(answer);
                 self.cache_put(host, qtype, answer.clone(), ttl);

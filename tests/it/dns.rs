@@ -670,6 +670,87 @@ async fn large_answers_are_truncated_for_udp_clients() {
     assert_eq!(up.count("many.test"), 1);
 }
 
+/// RFC 9520: a failed resolution is held for a second and answered from
+/// memory, so a refusing zone or a dead upstream is asked once per hold, not
+/// once per query; after the hold the upstream is asked again, and an answer
+/// ends the failure.
+#[tokio::test]
+async fn a_failed_resolution_is_remembered_for_a_second() {
+    let up = fake_dns();
+    up.set("flaky.test", &["127.0.0.7"]);
+    up.rcode("flaky.test", ResponseCode::Refused);
+    let e = start(and(policy(), "f", "flaky.test").cidr(LOOPBACK), &up).await;
+    let failed = Instant::now();
+    let r = udp(e.addr, "flaky.test", RecordType::A).await;
+    assert_eq!(r.metadata.response_code, ResponseCode::ServFail);
+    assert_eq!(up.count("flaky.test"), 2, "both rounds asked");
+    // The upstream recovers, but the failure is held: answered from
+    // memory, SERVFAIL again, the upstream not asked, and the log says so.
+    up.answer_again("flaky.test");
+    let r = udp(e.addr, "flaky.test", RecordType::A).await;
+    assert_eq!(r.metadata.response_code, ResponseCode::ServFail);
+    assert_eq!(up.count("flaky.test"), 2, "held, not asked again");
+    let lines = e.wait_lines(2).await;
+    let why = lines[1]["error"].as_str().unwrap();
+    assert!(
+        why.contains("REFUSED") && why.contains("remembered"),
+        "{why}"
+    );
+    assert_eq!(
+        e.metric("egressd_dns_cache_total", &[("result", "failure")]),
+        1.0
+    );
+    // Each exchange failed is counted once: none for the remembered one.
+    assert_eq!(
+        e.metric(
+            "egressd_upstream_errors_total",
+            &[("kind", "servfail"), ("proto", "dns")]
+        ),
+        2.0
+    );
+    // Another type of the same name was not what failed: asked at once.
+    let r = udp(e.addr, "flaky.test", RecordType::AAAA).await;
+    assert_eq!(r.metadata.response_code, ResponseCode::NoError);
+    assert_eq!(up.count("flaky.test"), 3);
+    // Asked again once the hold is over (polled: each query before then
+    // is answered from memory without reaching the upstream).
+    let answered = loop {
+        let r = udp(e.addr, "flaky.test", RecordType::A).await;
+        if r.metadata.response_code == ResponseCode::NoError {
+            break r;
+        }
+        assert!(failed.elapsed() < Duration::from_secs(10), "still failing");
+        assert_eq!(up.count("flaky.test"), 3, "asked during the hold: {r}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(failed.elapsed() >= Duration::from_millis(900));
+    assert_eq!(addrs(&answered), ["127.0.0.7".parse::<IpAddr>().unwrap()]);
+    assert_eq!(up.count("flaky.test"), 4);
+}
+
+/// The proxy's lookups go through the same memory: a request for a name
+/// whose upstream fails does not make the next request wait for the
+/// upstreams again.
+#[tokio::test]
+async fn proxy_lookups_of_a_failing_name_ask_once_per_hold() {
+    let up = fake_dns();
+    up.rcode("down.test", ResponseCode::ServFail);
+    let e = start(and(policy(), "d", "down.test"), &up).await;
+    let policy: Arc<Policy> = e.policy.snapshot();
+    let host = parse_host("down.test").unwrap();
+    let first = e.resolver.lookup_ip(&host, &policy).await.unwrap_err();
+    assert!(matches!(first, ResolveError::Upstream(_)), "{first:?}");
+    assert_eq!(up.count("down.test"), 4, "A and AAAA, two rounds each");
+    let second = e.resolver.lookup_ip(&host, &policy).await.unwrap_err();
+    assert!(matches!(second, ResolveError::Remembered(..)), "{second:?}");
+    assert!(second.to_string().contains("SERVFAIL"), "{second}");
+    assert_eq!(up.count("down.test"), 4, "held: not asked again");
+    assert_eq!(
+        e.metric("egressd_dns_cache_total", &[("result", "failure")]),
+        2.0
+    );
+}
+
 #[tokio::test]
 async fn upstream_failures_are_servfail_and_logged_as_errors() {
     let up = fake_dns();

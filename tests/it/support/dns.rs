@@ -340,6 +340,10 @@ impl FakeDns {
     pub fn rcode(&self, name: &str, rcode: ResponseCode) {
         self.edit(name, |e| e.rcode = Some(rcode));
     }
+    /// `name` answers from its records again, after [`FakeDns::rcode`].
+    pub fn answer_again(&self, name: &str) {
+        self.edit(name, |e| e.rcode = None);
+    }
     /// Over UDP `name` answers empty with TC set; over TCP, in full.
     pub fn truncate(&self, name: &str) {
         self.edit(name, |e| e.truncate = true);
