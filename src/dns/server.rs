@@ -1591,7 +1591,7 @@ pub(super) mod tests {
     }
 
     /// Counts the allocations this thread makes (the test runner's other
-    /// threads are not counted).
+    /// threads are not counted), allocating with egressd's own allocator.
     struct Counting;
 
     thread_local! {
@@ -1601,14 +1601,14 @@ pub(super) mod tests {
     unsafe impl std::alloc::GlobalAlloc for Counting {
         unsafe fn alloc(&self, l: std::alloc::Layout) -> *mut u8 {
             ALLOCATIONS.with(|n| n.set(n.get() + 1));
-            unsafe { std::alloc::System.alloc(l) }
+            unsafe { mimalloc::MiMalloc.alloc(l) }
         }
         unsafe fn dealloc(&self, p: *mut u8, l: std::alloc::Layout) {
-            unsafe { std::alloc::System.dealloc(p, l) }
+            unsafe { mimalloc::MiMalloc.dealloc(p, l) }
         }
         unsafe fn realloc(&self, p: *mut u8, l: std::alloc::Layout, n: usize) -> *mut u8 {
             ALLOCATIONS.with(|c| c.set(c.get() + 1));
-            unsafe { std::alloc::System.realloc(p, l, n) }
+            unsafe { mimalloc::MiMalloc.realloc(p, l, n) }
         }
     }
 
