@@ -64,7 +64,7 @@
 /// examples and tests): mimalloc. Measured with 100k exceptions and six
 /// reloads, glibc's malloc kept 311 MiB resident (its arenas keep the pages
 /// freed by a compile), mimalloc with [`reload::release_freed_memory`]
-/// about 90 MiB; a kept-alive GET also costs 7% fewer instructions. The
+/// 102–107 MiB; a kept-alive GET also costs 6% fewer instructions. The
 /// crate's own unit tests count allocations through a wrapper around it
 /// (`dns::server`'s tests).
 #[cfg(not(test))]

@@ -204,8 +204,8 @@ mod tests {
             now += hold;
         }
         assert_eq!(holds, [1, 2, 4, 8, 16, 30, 30, 30]);
-        // What a client is told is the time left, rounded up.
         assert_eq!(f.fail(&h, qtype::A, servfail(), now), Some(MAX_HOLD));
+        // What a client is told is the time left, rounded up.
         match f.held(&h, qtype::A, now + Duration::from_millis(100)) {
             Some(ResolveError::Remembered(_, left)) => assert_eq!(left, 30),
             other => panic!("{other:?}"),
