@@ -17,12 +17,12 @@
 //! not remembered (the next query asks the upstreams again: more upstream
 //! traffic, never a wrong answer).
 
-use std::collections::HashMap;
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
 use tokio::time::Instant;
 
+use super::by_name::ByNameType;
 use super::resolver::ResolveError;
 use crate::policy::host::Host;
 
@@ -48,21 +48,14 @@ impl Held {
     }
 }
 
-#[derive(Default)]
-struct Map {
-    /// By name, then its few types: looked up without allocating.
-    by_name: HashMap<Host, Vec<(u16, Held)>>,
-    len: usize,
-}
-
 /// The failures the resolver remembers. Only consulted on a cache miss.
 #[derive(Default)]
 pub(super) struct Failures {
-    map: Mutex<Map>,
+    map: Mutex<ByNameType<Held>>,
 }
 
 impl Failures {
-    fn lock(&self) -> MutexGuard<'_, Map> {
+    fn lock(&self) -> MutexGuard<'_, ByNameType<Held>> {
         self.map.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -71,7 +64,7 @@ impl Failures {
     /// again.
     pub(super) fn held(&self, host: &Host, qtype: u16, now: Instant) -> Option<ResolveError> {
         let m = self.lock();
-        let (_, h) = m.by_name.get(host)?.iter().find(|(t, _)| *t == qtype)?;
+        let h = m.get(host, qtype)?;
         let left = h
             .until
             .checked_duration_since(now)
@@ -92,78 +85,42 @@ impl Failures {
         now: Instant,
     ) -> Option<Duration> {
         let mut m = self.lock();
-        let previous = m
-            .by_name
-            .get(host)
-            .and_then(|s| s.iter().find(|(t, _)| *t == qtype))
-            .map(|(_, h)| h)
+        let previous = m.get(host, qtype);
+        let hold = previous
             .filter(|h| h.live(now))
-            .map(|h| h.hold);
-        let hold = previous.map_or(FIRST_HOLD, |p| (p * 2).min(MAX_HOLD));
+            .map_or(FIRST_HOLD, |p| (p.hold * 2).min(MAX_HOLD));
+        if previous.is_none() {
+            if m.len() >= MAX_ENTRIES {
+                m.retain(|h| h.live(now));
+            }
+            if m.len() >= MAX_ENTRIES {
+                m.retain(|h| h.until > now);
+            }
+            if m.len() >= MAX_ENTRIES {
+                return None;
+            }
+        }
         let held = Held {
             error,
             until: now + hold,
             hold,
         };
-        if let Some(slot) = m
-            .by_name
-            .get_mut(host)
-            .and_then(|s| s.iter_mut().find(|(t, _)| *t == qtype))
-        {
-            slot.1 = held;
-            return Some(hold);
-        }
-        if m.len >= MAX_ENTRIES {
-            prune(&mut m, |h| h.live(now));
-        }
-        if m.len >= MAX_ENTRIES {
-            prune(&mut m, |h| h.until > now);
-        }
-        if m.len >= MAX_ENTRIES {
-            return None;
-        }
-        m.by_name
-            .entry(host.clone())
-            .or_default()
-            .push((qtype, held));
-        m.len += 1;
+        m.insert(host, qtype, held);
         Some(hold)
     }
 
     /// An answer came for `host`/`qtype`: its failures are forgotten.
     pub(super) fn succeeded(&self, host: &Host, qtype: u16) {
         let mut m = self.lock();
-        if m.len == 0 {
-            return;
+        if m.len() > 0 {
+            m.remove(host, qtype);
         }
-        let Some(slots) = m.by_name.get_mut(host) else {
-            return;
-        };
-        let before = slots.len();
-        slots.retain(|(t, _)| *t != qtype);
-        let removed = before - slots.len();
-        if slots.is_empty() {
-            m.by_name.remove(host);
-        }
-        m.len -= removed;
     }
 
     #[cfg(test)]
     fn len(&self) -> usize {
-        self.lock().len
+        self.lock().len()
     }
-}
-
-/// Keeps only the entries `keep` accepts.
-fn prune(m: &mut Map, keep: impl Fn(&Held) -> bool) {
-    let mut removed = 0;
-    m.by_name.retain(|_, slots| {
-        let before = slots.len();
-        slots.retain(|(_, h)| keep(h));
-        removed += before - slots.len();
-        !slots.is_empty()
-    });
-    m.len -= removed;
 }
 
 #[cfg(test)]

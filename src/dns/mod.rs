@@ -27,6 +27,7 @@
 mod answers;
 mod batch;
 mod budget;
+mod by_name;
 mod ech;
 mod failures;
 mod fast;

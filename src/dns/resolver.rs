@@ -33,6 +33,7 @@ use tokio::time::{timeout, Instant};
 
 use super::answers::AnswerMemory;
 use super::budget::TunnelDetector;
+use super::by_name::ByNameType;
 use super::failures::Failures;
 use crate::metrics::Metrics;
 use crate::policy::host::Host;
@@ -97,12 +98,7 @@ struct Entry {
     expires: Instant,
 }
 
-#[derive(Default)]
-struct Cache {
-    /// By name, then a handful of types: looked up without allocating.
-    map: HashMap<Host, Vec<(u16, Entry)>>,
-    len: usize,
-}
+type Cache = ByNameType<Entry>;
 
 type Shared = Arc<OnceCell<Result<(Arc<Answer>, u32), ResolveError>>>;
 
@@ -280,18 +276,13 @@ impl Resolver {
     fn cache_get(&self, host: &Host, qtype: u16) -> Option<(Arc<Answer>, u32)> {
         let now = Instant::now();
         let mut c = lock(&self.cache);
-        let slots = c.map.get_mut(host)?;
-        let i = slots.iter().position(|(t, _)| *t == qtype)?;
-        let left = slots[i].1.expires.saturating_duration_since(now).as_secs();
+        let e = c.get(host, qtype)?;
+        let left = e.expires.saturating_duration_since(now).as_secs();
         if left == 0 {
-            slots.swap_remove(i);
-            if slots.is_empty() {
-                c.map.remove(host);
-            }
-            c.len -= 1;
+            c.remove(host, qtype);
             return None;
         }
-        Some((slots[i].1.answer.clone(), left.min(u32::MAX as u64) as u32))
+        Some((e.answer.clone(), left.min(u32::MAX as u64) as u32))
     }
 
     fn cache_put(&self, host: &Host, qtype: u16, answer: Arc<Answer>, ttl: u32) {
@@ -304,17 +295,10 @@ impl Resolver {
             expires: now + Duration::from_secs(ttl as u64),
         };
         let mut c = lock(&self.cache);
-        if c.len >= MAX_CACHE_ENTRIES {
+        if c.len() >= MAX_CACHE_ENTRIES {
             evict(&mut c, now);
         }
-        let slots = c.map.entry(host.clone()).or_default();
-        match slots.iter_mut().find(|(t, _)| *t == qtype) {
-            Some(slot) => slot.1 = entry,
-            None => {
-                slots.push((qtype, entry));
-                c.len += 1;
-            }
-        }
+        c.insert(host, qtype, entry);
     }
 
     /// Asks the upstreams, in order and for [`UPSTREAM_ROUNDS`] rounds, until
@@ -400,27 +384,10 @@ impl Resolver {
 
 /// Drops expired entries; if that is not enough, an arbitrary eighth.
 fn evict(c: &mut Cache, now: Instant) {
-    let mut removed = 0;
-    c.map.retain(|_, slots| {
-        let before = slots.len();
-        slots.retain(|(_, e)| e.expires > now);
-        removed += before - slots.len();
-        !slots.is_empty()
-    });
-    c.len -= removed;
-    if c.len < MAX_CACHE_ENTRIES - MAX_CACHE_ENTRIES / 8 {
-        return;
+    c.retain(|e| e.expires > now);
+    if c.len() >= MAX_CACHE_ENTRIES - MAX_CACHE_ENTRIES / 8 {
+        c.shed(c.len() / 8);
     }
-    let mut drop = c.len / 8;
-    c.map.retain(|_, slots| {
-        if drop == 0 {
-            return true;
-        }
-        drop = drop.saturating_sub(slots.len());
-        removed += slots.len();
-        false
-    });
-    c.len = c.map.values().map(Vec::len).sum();
 }
 
 fn io_err(up: SocketAddr, e: std::io::Error) -> ResolveError {
