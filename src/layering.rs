@@ -50,6 +50,7 @@ const TOP: &[&str] = &[
 /// transparent) sit on the shared steps, never the other way round.
 const PROXY: &[&str] = &[
     "chunks",
+    "rewind",
     "dest",
     "respond",
     "admit",
@@ -63,6 +64,7 @@ const PROXY: &[&str] = &[
     "mitm",
     "tunnel",
     "forward",
+    "fast",
     "accept",
     "transparent",
 ];

@@ -159,3 +159,23 @@ for q in QUERIES:
 rng = random.Random(6)
 for _ in range(40):
     write("decide_model", bytes(rng.randrange(256) for _ in range(rng.randrange(8, 96))))
+
+# ---------------------------------------------------------------- http1_fast
+
+# Request heads as clients send them through a forward proxy, and the
+# shapes at the fast path's edges (hop-by-hop headers, obs-text, no Host,
+# IPv6, close).
+for head in [
+    b"GET http://origin.test/simple/ HTTP/1.1\r\nHost: origin.test\r\nUser-Agent: curl/7.88.1\r\n"
+    b"Accept: */*\r\nProxy-Connection: Keep-Alive\r\n\r\n",
+    b"GET http://pypi.test/simple/requests/ HTTP/1.1\r\nHost: pypi.test\r\nUser-Agent: pip/23.2\r\n"
+    b"Accept-Encoding: gzip, deflate\r\nAccept: application/vnd.pypi.simple.v1+json\r\n"
+    b"Connection: keep-alive\r\nCache-Control: max-age=0\r\n\r\n",
+    b"HEAD http://a.test:8080/x?y=1 HTTP/1.1\r\nhost: a.test:8080\r\nconnection: close\r\n\r\n",
+    b"GET http://a.test/ HTTP/1.1\r\nHost: a.test\r\nTE: trailers\r\nKeep-Alive: timeout=5\r\n"
+    b"X-A: 1\r\nX-A: 2\r\n\r\n",
+    b"GET http://[::1]:81/p HTTP/1.1\r\nHost: [::1]:81\r\n\r\n",
+    b"GET http://a.test HTTP/1.1\r\n\r\n",
+    b"GET http://a.test/ HTTP/1.1\r\nHost: a.test\r\nX-T: caf\xc3\xa9 \x80\t ok\r\n\r\n",
+]:
+    write("http1_fast", head)

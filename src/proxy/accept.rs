@@ -29,7 +29,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use http::{Request, Response};
-use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -39,7 +38,8 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use super::admit::Unanswered;
 use super::chunks::{self, ChunkGuard};
 use super::respond::{self, ProxyBody};
-use super::{forward, tunnel, ProxyCtx, MAX_HEADER_BYTES};
+use super::rewind::Rewind;
+use super::{fast, forward, tunnel, ProxyCtx, MAX_HEADER_BYTES};
 use crate::metrics::ActiveGuard;
 use crate::policy::{Policy, Proto, Reason};
 use crate::record::Event;
@@ -174,7 +174,7 @@ fn refuse(
     ev.status = Some(resp.status().as_u16());
     ev.add_note(Some(detail));
     // A new connection's send buffer is empty: the answer fits at once.
-    let written = match encode(resp) {
+    let written = match respond::encode(resp) {
         Some(bytes) => stream.try_write(&bytes).is_ok_and(|n| n == bytes.len()),
         None => false,
     };
@@ -191,29 +191,6 @@ fn refuse(
     }
 }
 
-/// `resp` (an answer whose body is in memory) as HTTP/1.1 bytes.
-fn encode(resp: Response<ProxyBody>) -> Option<Vec<u8>> {
-    let (parts, body) = resp.into_parts();
-    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
-    let mut collect = std::pin::pin!(body.collect());
-    let body = match collect.as_mut().poll(&mut cx) {
-        std::task::Poll::Ready(Ok(b)) => b.to_bytes(),
-        _ => return None,
-    };
-    let mut head = format!(
-        "HTTP/1.1 {} {}\r\n",
-        parts.status.as_u16(),
-        parts.status.canonical_reason().unwrap_or("")
-    );
-    for (name, value) in &parts.headers {
-        head.push_str(&format!("{name}: {}\r\n", value.to_str().ok()?));
-    }
-    head.push_str(&format!("content-length: {}\r\n\r\n", body.len()));
-    let mut out = head.into_bytes();
-    out.extend_from_slice(&body);
-    Some(out)
-}
-
 /// Ends the sending side, then reads and drops what the client sends
 /// until it closes.
 async fn linger(mut stream: TcpStream) {
@@ -224,7 +201,13 @@ async fn linger(mut stream: TcpStream) {
     while matches!(stream.read(&mut sink).await, Ok(n) if n > 0) {}
 }
 
+/// One client of the proxy port: the fast path first, then hyper from the
+/// first request the fast path does not take, with the bytes it read.
 async fn serve_conn(stream: TcpStream, peer: SocketAddr, ctx: Arc<ProxyCtx>, permit: Permit) {
+    let stream = match fast::serve(stream, peer, &ctx).await {
+        fast::Next::Done => return,
+        fast::Next::HandOff(stream, read) => Rewind::new(stream, read),
+    };
     serve_http1(stream, peer, ctx, permit, None, move |req, ctx| {
         dispatch(req, peer, ctx)
     })
@@ -237,7 +220,7 @@ async fn serve_conn(stream: TcpStream, peer: SocketAddr, ctx: Arc<ProxyCtx>, per
 /// hyper; its log line (with `note`, if any) is written here. Shared by the
 /// proxy port and transparent capture.
 pub(crate) async fn serve_http1<F, Fut>(
-    stream: TcpStream,
+    stream: Rewind,
     peer: SocketAddr,
     ctx: Arc<ProxyCtx>,
     permit: Permit,

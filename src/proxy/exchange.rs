@@ -487,7 +487,7 @@ impl Origin {
 }
 
 /// The origin form: an empty path is `/` (`http://host?q` asks for `/?q`).
-fn origin_form(uri: &Uri) -> String {
+pub(crate) fn origin_form(uri: &Uri) -> String {
     let path = match uri.path() {
         "" => "/",
         p => p,
@@ -789,22 +789,32 @@ pub fn strip_hop_by_hop(h: &mut HeaderMap) {
 }
 
 fn is_hop_by_hop(n: &HeaderName) -> bool {
-    if HOP_BY_HOP.contains(n) {
-        return true;
-    }
-    let s = n.as_str();
+    HOP_BY_HOP.contains(n) || is_extra_hop_by_hop(n.as_str())
+}
+
+/// [`is_hop_by_hop`] for a name as it arrived (any case): the fast path's
+/// view of the same list.
+pub(crate) fn is_hop_by_hop_name(s: &str) -> bool {
+    HOP_BY_HOP
+        .iter()
+        .any(|h| s.eq_ignore_ascii_case(h.as_str()))
+        || is_extra_hop_by_hop(s)
+}
+
+/// The hop-by-hop names beyond [`HOP_BY_HOP`], compared in any case.
+fn is_extra_hop_by_hop(s: &str) -> bool {
     // CGI-style servers read `_` as `-`: to them a `Content_Length` or
     // `Transfer_Encoding` is a second framing, and on a pooled connection a
     // smuggled request (past `methods`/`paths`, into another client's turn).
     let lookalike = |of: &str| {
-        s != of
+        !s.eq_ignore_ascii_case(of)
             && s.bytes()
                 .zip(of.bytes())
-                .all(|(a, b)| a == b || (a == b'_' && b == b'-'))
+                .all(|(a, b)| a.to_ascii_lowercase() == b || (a == b'_' && b == b'-'))
     };
     match s.len() {
-        10 => s == "keep-alive",
-        16 => s == "proxy-connection",
+        10 => s.eq_ignore_ascii_case("keep-alive"),
+        16 => s.eq_ignore_ascii_case("proxy-connection"),
         14 => lookalike("content-length"),
         17 => lookalike("transfer-encoding"),
         _ => false,

@@ -11,6 +11,12 @@
 //!                  relay (bytes both ways, meters) below them all
 //! ```
 //!
+//! In front of hyper on the proxy port sits `fast`: allowed, bodiless,
+//! plainly framed GET/HEAD requests are served there on the same steps
+//! (admit, decide, upstream), and the connection goes on to hyper, with
+//! the bytes it read put back (`rewind`), at the first request it does not
+//! take.
+//!
 //! The modules form a one-way graph (a test checks it): an edge front-end
 //! may use the shared steps below it, never the other way round; this file
 //! holds only the context they share.
@@ -20,12 +26,15 @@ mod admit;
 pub(crate) mod chunks;
 pub mod dest;
 mod exchange;
+#[doc(hidden)]
+pub mod fast;
 pub mod forward;
 pub mod mitm;
 pub(crate) mod packages;
 pub mod pool;
 pub(crate) mod relay;
 pub mod respond;
+pub(crate) mod rewind;
 pub mod sni;
 mod tls_origins;
 pub mod transparent;
@@ -43,6 +52,7 @@ use crate::shutdown::Permits;
 pub use accept::serve;
 pub use admit::proxy_token;
 pub use exchange::RESPONSE_TIMEOUT;
+pub use fast::RawPool;
 pub use relay::IDLE_TIMEOUT;
 
 /// Client connections served at once (every listener together, tunnels
@@ -74,6 +84,9 @@ pub struct ProxyCtx {
     pub connections: Permits,
     /// The package gate's views of registry indexes (short-lived cache).
     pub(crate) package_views: packages::Views,
+    /// Origin connections of the forward proxy's fast path, per checked
+    /// address.
+    pub(crate) raw_origins: Arc<fast::RawPool>,
 }
 
 impl ProxyCtx {

@@ -10,6 +10,7 @@
 //! body ([`deny`]).
 
 use std::fmt::Display;
+use std::future::Future;
 
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Response, StatusCode};
@@ -381,6 +382,29 @@ impl Responder<'_> {
         self.rec.record(ev);
         resp
     }
+}
+
+/// `resp` (an answer whose body is in memory) as HTTP/1.1 bytes.
+pub(crate) fn encode(resp: Response<ProxyBody>) -> Option<Vec<u8>> {
+    let (parts, body) = resp.into_parts();
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    let mut collect = std::pin::pin!(body.collect());
+    let body = match collect.as_mut().poll(&mut cx) {
+        std::task::Poll::Ready(Ok(b)) => b.to_bytes(),
+        _ => return None,
+    };
+    let mut head = format!(
+        "HTTP/1.1 {} {}\r\n",
+        parts.status.as_u16(),
+        parts.status.canonical_reason().unwrap_or("")
+    );
+    for (name, value) in &parts.headers {
+        head.push_str(&format!("{name}: {}\r\n", value.to_str().ok()?));
+    }
+    head.push_str(&format!("content-length: {}\r\n\r\n", body.len()));
+    let mut out = head.into_bytes();
+    out.extend_from_slice(&body);
+    Some(out)
 }
 
 #[cfg(test)]

@@ -66,6 +66,7 @@ use super::dest::{parse_authority, Dest};
 use super::exchange::{decide_and_forward, request_event, truncate_path, Inbound, Scheme};
 use super::relay;
 use super::respond::{self, record_stop, ProxyBody, Responder, Stop};
+use super::rewind::Rewind;
 use super::sni::{self, Hello, SniRule, HELLO_TIMEOUT};
 use super::upstream;
 use super::{forward, mitm, tunnel, ProxyCtx};
@@ -322,6 +323,7 @@ async fn serve_http(
     permit: Permit,
 ) {
     let note = Some(format!("transparent: to {orig}"));
+    let stream = Rewind::new(stream, Vec::new());
     serve_http1(stream, peer, ctx, permit, note, move |req, ctx| {
         request(req, peer, orig, ctx)
     })

@@ -35,6 +35,7 @@ use super::exchange::Scheme;
 use super::mitm;
 use super::relay::{self, IDLE_TIMEOUT};
 use super::respond::{self, record_stop, ProxyBody, Responder, Stop};
+use super::rewind::Rewind;
 use super::sni::{self, Hello, SniRule, HELLO_TIMEOUT};
 use super::upstream;
 use super::ProxyCtx;
@@ -239,8 +240,14 @@ fn no_ca() -> Stop {
 /// The client's socket back from hyper, with whatever the client sent
 /// behind its CONNECT.
 fn take_socket(up: Upgraded) -> Result<(TcpStream, Vec<u8>), &'static str> {
-    match up.downcast::<TokioIo<ChunkGuard<TcpStream>>>() {
-        Ok(parts) => Ok((parts.io.into_inner().into_inner(), parts.read_buf.to_vec())),
+    match up.downcast::<TokioIo<ChunkGuard<Rewind>>>() {
+        Ok(parts) => {
+            // Bytes put back that hyper did not read (it reads all it is
+            // given first, so normally none) come before its own buffer's.
+            let (socket, mut unread) = parts.io.into_inner().into_inner().into_parts();
+            unread.extend_from_slice(&parts.read_buf);
+            Ok((socket, unread))
+        }
         Err(_) => Err("tunnel: client connection is not a TCP socket"),
     }
 }

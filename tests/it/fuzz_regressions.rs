@@ -67,3 +67,89 @@ fn dns_packet() {
 fn package_classify() {
     assert!(replay("package_classify", DIRS, harness::package_classify::run) > 0);
 }
+
+#[test]
+fn http1_fast() {
+    assert!(replay("http1_fast", DIRS, harness::http1_fast::run) > 0);
+}
+
+/// The fast path against hyper on many heads near the ones clients send:
+/// each seed mutated (bytes replaced, inserted, removed; header lines
+/// doubled, cased, dropped) by a fixed-seed generator. Every head the fast
+/// path takes must read the same to hyper (`harness::http1_fast`); the
+/// count of heads it took keeps the test from passing by taking none.
+#[test]
+fn http1_fast_agrees_with_hyper_on_mutated_heads() {
+    const INTERESTING: &[u8] = b"\r\n \t:;,_-@#?%/\\\"\x00\x7f\x80\xffaAzZ09.[]";
+    let seeds: Vec<Vec<u8>> = inputs(&["seeds"], "http1_fast")
+        .iter()
+        .map(|p| std::fs::read(p).unwrap())
+        .collect();
+    assert!(!seeds.is_empty());
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = move |n: usize| {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        (state % n as u64) as usize
+    };
+    let (mut tried, mut taken) = (0, 0);
+    for round in 0..6000 {
+        let mut h = seeds[round % seeds.len()].clone();
+        for _ in 0..1 + next(3) {
+            let at = next(h.len());
+            match next(6) {
+                0 => h[at] = INTERESTING[next(INTERESTING.len())],
+                1 => h.insert(at, INTERESTING[next(INTERESTING.len())]),
+                2 if h.len() > 1 => {
+                    h.remove(at);
+                }
+                3 => h[at] = h[at].to_ascii_uppercase(),
+                4 => {
+                    // A header line again, elsewhere in the head.
+                    let lines: Vec<usize> = (1..h.len()).filter(|&i| h[i - 1] == b'\n').collect();
+                    if lines.len() > 1 {
+                        let from = lines[next(lines.len() - 1)];
+                        let end = h[from..]
+                            .iter()
+                            .position(|b| *b == b'\n')
+                            .map(|e| from + e + 1);
+                        if let Some(end) = end {
+                            let line = h[from..end].to_vec();
+                            let to = lines[next(lines.len())];
+                            h.splice(to..to, line);
+                        }
+                    }
+                }
+                _ => {
+                    let extra: &[u8] = match next(6) {
+                        0 => b"Content-Length: 5\r\n",
+                        1 => b"Transfer-Encoding: chunked\r\n",
+                        2 => b"Content_Length: 5\r\n",
+                        3 => b"Connection: close, x-a\r\n",
+                        4 => b"Host: other.test\r\n",
+                        _ => b" folded\r\n",
+                    };
+                    let lines: Vec<usize> = (1..h.len()).filter(|&i| h[i - 1] == b'\n').collect();
+                    if let Some(&to) = lines.get(next(lines.len().max(1))) {
+                        h.splice(to..to, extra.iter().copied());
+                    }
+                }
+            }
+        }
+        tried += 1;
+        if egressd::proxy::fast::reading(&h).is_some() {
+            taken += 1;
+        }
+        let r = std::panic::catch_unwind(|| harness::http1_fast::run(&h));
+        assert!(
+            r.is_ok(),
+            "the fast path and hyper disagree on {:?}",
+            String::from_utf8_lossy(&h)
+        );
+    }
+    assert!(
+        taken > tried / 10,
+        "the fast path took {taken} of {tried} heads"
+    );
+}

@@ -11,6 +11,7 @@ mod deploy;
 mod dns;
 mod examples;
 mod explain_packages;
+mod fast_path;
 mod forward;
 mod fuzz_regressions;
 mod launcher;
