@@ -189,15 +189,15 @@ impl Reloader {
             Ok(s) => s,
             Err(e) => return self.failed(e.to_string(), None),
         };
-        let digest = policy::digest_sources(&sources);
-        if !forced && digest == self.handle.snapshot().digest {
+        let digests = policy::digest_sources(&sources);
+        if !forced && digests.policy == self.handle.snapshot().digest {
             return ReloadOutcome::Unchanged;
         }
-        if !forced && self.last_failed == Some(digest) {
+        if !forced && self.last_failed == Some(digests.policy) {
             return ReloadOutcome::Unchanged;
         }
         let t1 = Instant::now();
-        match policy::compile_digested(&sources, digest, &|n| std::env::var(n).ok()) {
+        match policy::compile_digested(&sources, &digests, None, &|n| std::env::var(n).ok()) {
             Ok(p) => {
                 drop(sources);
                 let n = p.exceptions.len();
@@ -226,7 +226,7 @@ impl Reloader {
                 );
                 ReloadOutcome::Swapped { exceptions: n }
             }
-            Err(e) => self.failed(e.to_string(), Some(digest)),
+            Err(e) => self.failed(e.to_string(), Some(digests.policy)),
         }
     }
 
