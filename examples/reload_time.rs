@@ -15,6 +15,9 @@
 //!
 //! `cargo run --release --example reload_time -- [--files 100] [--per-file 1000]
 //! [--rounds 9] [--forced]` (`--forced` reloads as SIGHUP does).
+//! `--write DIR` only writes the policy into DIR (for `egressd serve`:
+//! `--files 1 --per-file 100000 --write DIR` is the 100k-exception policy
+//! of the start-up memory figure).
 
 use std::path::Path;
 use std::time::Instant;
@@ -72,6 +75,7 @@ fn median(v: &mut [f64]) -> f64 {
 
 fn main() {
     let (mut files, mut per_file, mut rounds, mut forced) = (100usize, 1000usize, 9usize, false);
+    let mut write_to = None;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         let mut num = || -> usize {
@@ -84,26 +88,35 @@ fn main() {
             "--per-file" => per_file = num(),
             "--rounds" => rounds = num(),
             "--forced" => forced = true,
-            _ => panic!("usage: reload_time [--files N] [--per-file N] [--rounds N] [--forced]"),
+            "--write" => write_to = Some(args.next().expect("a directory after --write")),
+            _ => panic!(
+                "usage: reload_time [--files N] [--per-file N] [--rounds N] [--forced] [--write DIR]"
+            ),
         }
     }
-    let dir = tempfile::tempdir().expect("temporary directory");
+    let tmp = tempfile::tempdir().expect("temporary directory");
+    let dir: &Path = match &write_to {
+        Some(d) => {
+            std::fs::create_dir_all(d).expect("create the policy directory");
+            Path::new(d)
+        }
+        None => tmp.path(),
+    };
     let name = |f: usize| format!("{:03}-exceptions.yaml", f + 10);
     write_atomically(
-        dir.path(),
+        dir,
         "00-settings.yaml",
         "settings:\n  mode: enforce\n  contact: \"#bench\"\n  limits: { connections_per_client: 16384 }\n",
     );
     for f in 0..files {
-        write_atomically(
-            dir.path(),
-            &name(f),
-            &exceptions_file(f * per_file, per_file, 0),
-        );
+        write_atomically(dir, &name(f), &exceptions_file(f * per_file, per_file, 0));
+    }
+    if write_to.is_some() {
+        return;
     }
 
     let t0 = Instant::now();
-    let p = std::sync::Arc::new(policy::load(dir.path()).expect("valid policy"));
+    let p = std::sync::Arc::new(policy::load(dir).expect("valid policy"));
     let metrics = Metrics::new();
     metrics.sync_policy(&p);
     release_freed_memory();
@@ -116,17 +129,13 @@ fn main() {
         status("VmHWM:")
     );
     let handle = PolicyHandle::new(p);
-    let mut reloader = Reloader::new(dir.path().to_path_buf(), handle.clone(), metrics);
+    let mut reloader = Reloader::new(dir.to_path_buf(), handle.clone(), metrics);
 
     let changed = name(files / 2);
     let first = files / 2 * per_file;
     let mut ms = Vec::with_capacity(rounds);
     for round in 1..=rounds {
-        write_atomically(
-            dir.path(),
-            &changed,
-            &exceptions_file(first, per_file, round),
-        );
+        write_atomically(dir, &changed, &exceptions_file(first, per_file, round));
         let t = Instant::now();
         let outcome = reloader.reload(forced);
         ms.push(t.elapsed().as_secs_f64() * 1e3);
