@@ -6,7 +6,7 @@
 //! section and `cargo bench --bench decide`); a probe for where memory goes.
 //!
 //! `cargo run --release --example load_memory -- POLICY [--twice]`
-//! (`--twice` compiles a second time, as a reload does, and swaps).
+//! (`--twice` compiles a second time from scratch, as a SIGHUP reload does, and swaps).
 
 use std::path::PathBuf;
 use std::time::Instant;

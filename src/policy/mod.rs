@@ -31,7 +31,7 @@ use std::sync::Arc;
 use http::{HeaderName, HeaderValue};
 use ipnet::IpNet;
 
-pub use compile::{compile, compile_digested, digest_sources};
+pub use compile::{compile, compile_digested, digest_sources, Digests};
 pub use decision::{enforced, Decision, Logged, Proto, Reason, Verdict};
 pub use handle::PolicyHandle;
 use host::{HostPattern, Target};
@@ -266,7 +266,7 @@ pub struct Exception {
 }
 
 /// An exception's less common rules; empty ones are `None` or empty.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 pub struct Rules {
     pub ticket: Option<Box<str>>,
     /// Unix seconds at which it stops matching.
@@ -466,11 +466,16 @@ pub struct Policy {
     pub clients: Vec<Client>,
     pub exceptions: Vec<Exception>,
     pub files: Vec<PathBuf>,
-    /// Hash of every file's path and bytes; reload skips identical content.
+    /// Hash of every file's name and bytes ([`Digests::policy`]); reload
+    /// skips identical content.
     pub digest: [u8; 32],
     matcher: Matcher,
     /// The approved package sets and `settings.packages` (empty without them).
     pub packages: packages::compile::PackagePolicy,
+    /// Each file's name, content digest and exceptions, in `files` order:
+    /// what the next compile needs to take an unchanged file's exceptions
+    /// from this policy instead of parsing the file again.
+    compiled_files: Vec<compile::FileRecord>,
 }
 
 impl fmt::Debug for Policy {
@@ -653,6 +658,13 @@ impl Policy {
 
     pub fn exception(&self, id: &str) -> Option<&Exception> {
         self.exceptions.iter().find(|e| &*e.id == id)
+    }
+
+    /// How many of its files the compile that built this policy parsed;
+    /// the others were unchanged since the policy it replaced and their
+    /// exceptions were taken from that one.
+    pub fn files_parsed(&self) -> usize {
+        self.compiled_files.iter().filter(|f| f.parsed).count()
     }
 }
 

@@ -7,6 +7,7 @@
 //! GlobSet costs tens of microseconds to build.
 
 use std::collections::HashMap;
+use std::ops::Range;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -14,57 +15,51 @@ use globset::{Glob, GlobBuilder, GlobSet, GlobSetBuilder};
 use http::{HeaderName, HeaderValue};
 
 use super::locate::{by_value, locate, locate_all};
-use super::Errors;
+use super::{Body, Errors, File};
 use crate::policy::host::HostPattern;
 use crate::policy::matcher::Matcher;
-use crate::policy::raw::{RawException, RawFile};
+use crate::policy::raw::RawException;
 use crate::policy::{
     path, qtype, Client, ClientIdx, Exception, InjectedHeader, Rules, Source, DEFAULT_PORTS,
 };
 
-/// Every exception of every file, and the matcher over them. A duplicate
-/// id is reported at the duplicate (and the duplicate left out).
+/// Every exception of every file, the matcher over them, and each file's
+/// range of the list. A duplicate id is reported at the duplicate (and
+/// the duplicate left out).
 pub(super) fn exceptions(
-    parsed: &[(&Source, RawFile)],
+    files: &[File<'_, '_>],
     clients: &[Client],
     env: &dyn Fn(&str) -> Option<String>,
     errs: &mut Errors,
-) -> (Vec<Exception>, Matcher) {
-    let total = parsed.iter().map(|(_, f)| f.exceptions.len()).sum();
+) -> (Vec<Exception>, Matcher, Vec<Range<usize>>) {
+    let (mut total, mut hosts) = (0, 0);
+    for f in files {
+        match &f.body {
+            Body::Raw(raw) => {
+                total += raw.exceptions.len();
+                hosts += raw.exceptions.iter().map(|r| r.hosts.len()).sum::<usize>();
+            }
+            Body::Copied(copied) => {
+                total += copied.len();
+                hosts += copied.iter().map(|e| e.hosts.len()).sum::<usize>();
+            }
+            Body::Unparsed => unreachable!("every file is parsed or copied by now"),
+        }
+    }
     // Exactly the room needed: growing by doubling would leave 100k
     // exceptions in room for 131k (4 MB never used).
     let mut exceptions = Vec::with_capacity(total);
+    let mut ranges = Vec::with_capacity(files.len());
     let mut ids: HashMap<&str, &Path> = HashMap::with_capacity(total);
-    let hosts = parsed
-        .iter()
-        .flat_map(|(_, f)| &f.exceptions)
-        .map(|r| r.hosts.len());
-    let mut matcher = Matcher::with_room_for(hosts.sum());
+    let mut matcher = Matcher::with_room_for(hosts);
     let mut globs = Globs::default();
     // Owners repeat across thousands of exceptions: one string each.
     let mut owners: HashMap<&str, Arc<str>> = HashMap::new();
-    for (src, f) in parsed {
+    for f in files {
+        let src = f.src;
         let file: Arc<Path> = src.path.as_path().into();
-        let mut places = Places::new(&src.text);
-        for r in &f.exceptions {
-            let id = r.id.0.as_str();
-            let at = places.next(id);
-            if let Some(prev) = ids.insert(id, &src.path) {
-                errs.at(
-                    src,
-                    at,
-                    format!("duplicate exception id {id:?} (also in {})", prev.display()),
-                );
-                continue;
-            }
-            let owner = r.owner.as_deref().map(str::trim).unwrap_or("");
-            let owner = owners.entry(owner).or_insert_with(|| owner.into()).clone();
-            let place = Place {
-                src,
-                file: file.clone(),
-                at,
-            };
-            let e = exception(r, place, owner, clients, &mut globs, env, errs);
+        let start = exceptions.len();
+        let mut add = |e: Exception, matcher: &mut Matcher| {
             let idx = exceptions.len() as u32;
             for h in &e.hosts {
                 matcher.add_host(h, idx);
@@ -73,9 +68,88 @@ pub(super) fn exceptions(
                 matcher.add_cidr(c, idx);
             }
             exceptions.push(e);
+        };
+        match &f.body {
+            Body::Raw(raw) => {
+                let mut places = Places::new(&src.text);
+                for r in &raw.exceptions {
+                    let id = r.id.0.as_str();
+                    let at = places.next(id);
+                    if let Some(prev) = ids.insert(id, &src.path) {
+                        errs.at(
+                            src,
+                            at,
+                            format!("duplicate exception id {id:?} (also in {})", prev.display()),
+                        );
+                        continue;
+                    }
+                    let owner = r.owner.as_deref().map(str::trim).unwrap_or("");
+                    let owner = owners.entry(owner).or_insert_with(|| owner.into()).clone();
+                    let place = Place {
+                        src,
+                        file: file.clone(),
+                        at,
+                    };
+                    add(
+                        exception(r, place, owner, clients, &mut globs, env, errs),
+                        &mut matcher,
+                    );
+                }
+            }
+            Body::Copied(copied) => {
+                for e in *copied {
+                    if let Some(prev) = ids.insert(&*e.id, &src.path) {
+                        // Only the line is kept: the compile from scratch
+                        // this error sends the caller back to places it.
+                        errs.at(
+                            src,
+                            (e.line, 1),
+                            format!(
+                                "duplicate exception id {:?} (also in {})",
+                                e.id,
+                                prev.display()
+                            ),
+                        );
+                        continue;
+                    }
+                    let owner = owners
+                        .entry(&*e.owner)
+                        .or_insert_with(|| (*e.owner).into())
+                        .clone();
+                    add(copy(e, file.clone(), owner, &mut globs), &mut matcher);
+                }
+            }
+            Body::Unparsed => unreachable!("every file is parsed or copied by now"),
         }
+        ranges.push(start..exceptions.len());
     }
-    (exceptions, matcher)
+    (exceptions, matcher, ranges)
+}
+
+/// An exception of an unchanged file, as compiling its text again gives
+/// it, placed in the file's path as read now. Every part is a fresh copy
+/// (shared lists through `globs`, as a compile shares them): nothing of
+/// the policy it came from is kept alive, so that one is freed whole,
+/// pages and all, when it is retired.
+fn copy(e: &Exception, file: Arc<Path>, owner: Arc<str>, globs: &mut Globs) -> Exception {
+    let rules = e.rules().map(|r| {
+        let mut r = r.clone();
+        if let Some(paths) = &mut r.paths {
+            // Compiled before, so the patterns are valid: no report.
+            *paths = globs.paths(&r.path_patterns, &e.id, &mut |_| {});
+        }
+        r
+    });
+    Exception::new(
+        (*e.id).into(),
+        owner,
+        e.reason.clone(),
+        e.hosts.clone(),
+        e.cidrs.clone(),
+        globs.ports_of(&e.ports),
+        (file, e.line),
+        rules.unwrap_or_default(),
+    )
 }
 
 /// Where each exception of one file is: its `id:` line.
@@ -233,6 +307,15 @@ impl Globs {
         let shared: Arc<[u16]> = ports.as_slice().into();
         self.ports.insert(ports, shared.clone());
         shared
+    }
+
+    /// [`Globs::ports`] for a list already sorted and deduplicated, without
+    /// a copy of it when it is known.
+    fn ports_of(&mut self, ports: &[u16]) -> Arc<[u16]> {
+        match self.ports.get(ports) {
+            Some(p) => p.clone(),
+            None => self.ports(ports.to_vec()),
+        }
     }
 
     /// The clients whose id matches one of `pats` (a list with a bad

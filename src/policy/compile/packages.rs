@@ -7,23 +7,23 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use super::exceptions::expand_secret;
-use super::Errors;
+use super::{Errors, File};
 use crate::policy::packages::compile::{compile, CompileInput, PackagePolicy, SetSource};
-use crate::policy::raw::RawFile;
-use crate::policy::{Client, Diagnostic, Exception, Settings, Source};
+use crate::policy::{Client, Diagnostic, Exception, Settings};
 
 /// The package part of the policy; empty when no file has sets and the
-/// settings have no `packages:`.
+/// settings have no `packages:` (files copied from the previous policy
+/// have neither).
 pub(super) fn packages(
-    parsed: &[(&Source, RawFile)],
+    files: &[File<'_, '_>],
     settings: &Settings,
     clients: &[Client],
     exceptions: &[Exception],
     env: &dyn Fn(&str) -> Option<String>,
     errs: &mut Errors,
 ) -> PackagePolicy {
-    let files: Vec<SetSource<'_>> = parsed
-        .iter()
+    let parsed = || files.iter().filter_map(|f| Some((f.src, f.raw()?)));
+    let sets: Vec<SetSource<'_>> = parsed()
         .filter(|(_, f)| !f.packages.is_empty())
         .map(|(src, f)| SetSource {
             file: &src.path,
@@ -32,18 +32,18 @@ pub(super) fn packages(
         })
         .collect();
     // The first file with settings: a second is already an error.
-    let raw_settings = parsed.iter().find_map(|(src, f)| {
+    let raw_settings = parsed().find_map(|(src, f)| {
         let p = f.settings.as_ref()?.packages.as_ref()?;
         Some((src.path.as_path(), src.text.as_str(), p))
     });
-    if files.is_empty() && raw_settings.is_none() {
+    if sets.is_empty() && raw_settings.is_none() {
         return PackagePolicy::default();
     }
     let exception_files: HashMap<&str, &Path> =
         exceptions.iter().map(|e| (&*e.id, &*e.file)).collect();
     let client_ids: Vec<&str> = clients.iter().map(|c| &*c.id).collect();
     let input = CompileInput {
-        files: &files,
+        files: &sets,
         settings: raw_settings,
         clients: &client_ids,
         exception_id: &|id| exception_files.get(id).map(|p| p.to_path_buf()),

@@ -4,21 +4,22 @@
 use std::collections::HashMap;
 
 use super::locate::locate;
-use super::Errors;
-use crate::policy::raw::{RawClient, RawDns, RawFile, RawLimits, RawSettings, RawTunnel};
+use super::{Errors, File};
+use crate::policy::raw::{RawClient, RawDns, RawLimits, RawSettings, RawTunnel};
 use crate::policy::{Client, DnsSettings, Limits, Settings, Source};
 
 /// The settings and clients of the one file that has a `settings:` block
-/// (a second one is an error).
-pub(super) fn settings(
-    parsed: &[(&Source, RawFile)],
-    errs: &mut Errors,
-) -> (Settings, Vec<Client>) {
+/// (a second one is an error). Files copied from the previous policy have
+/// none.
+pub(super) fn settings(files: &[File<'_, '_>], errs: &mut Errors) -> (Settings, Vec<Client>) {
     let mut settings = Settings::default();
     let mut clients = Vec::new();
     let mut settings_src: Option<&Source> = None;
-    for (src, f) in parsed {
-        let Some(s) = &f.settings else { continue };
+    for file in files {
+        let src = file.src;
+        let Some(s) = file.raw().and_then(|f| f.settings.as_ref()) else {
+            continue;
+        };
         if let Some(first) = settings_src {
             errs.at(
                 src,
