@@ -15,7 +15,7 @@
 //! path does not take — any other method, a body or its framing headers, an
 //! upgrade, `Expect`, `Proxy-Authorization`, method-override headers, a
 //! `Host` that is not the target's authority spelled the same, a head that
-//! does not parse or is not complete in what arrived, a request the policy
+//! does not parse, a request the policy
 //! denies or whose exception injects credentials or is package-gated, a log
 //! that is not taking lines, an upstream proxy — the connection is handed
 //! to hyper with the bytes read put back ([`super::rewind`]): hyper parses
@@ -92,30 +92,25 @@ pub(crate) async fn serve(mut client: TcpStream, peer: SocketAddr, ctx: &ProxyCt
     let _active = ActiveGuard::new(&ctx.recorder.metrics, Proto::Http);
     let mut buf: Vec<u8> = Vec::with_capacity(4096);
     loop {
-        // A request head within the header timeout (hyper's rule: counted
-        // from the moment the connection waits for a request, idle
-        // keep-alive included), whole in what has arrived.
-        let timeout = ctx.header_timeout();
+        // A request head within the header timeout, counted from the
+        // moment the connection waits for a request (idle keep-alive
+        // included), as hyper counts it; one deadline however many reads
+        // the head takes. Past it the connection closes, as hyper closes it.
+        let deadline = tokio::time::Instant::now() + ctx.header_timeout();
         let req = loop {
             match parse_request(&buf) {
                 Parsed::Request(r) => break r,
                 Parsed::Other => return Next::HandOff(client, buf),
+                // hyper answers 431.
                 Parsed::Partial if buf.len() >= MAX_HEADER_BYTES => {
                     return Next::HandOff(client, buf)
                 }
-                Parsed::Partial if !buf.is_empty() => {
-                    // A head split across reads (slow or hostile clients):
-                    // hyper's reader, with its own timer, takes it.
-                    return Next::HandOff(client, buf);
-                }
                 Parsed::Partial => {}
             }
-            match tokio::time::timeout(timeout, client.read_buf(&mut buf)).await {
+            match tokio::time::timeout_at(deadline, client.read_buf(&mut buf)).await {
                 Ok(Ok(0)) | Ok(Err(_)) | Err(_) => return Next::Done,
                 Ok(Ok(_)) => {}
             }
-            // A head arrives whole in one read almost always; if it did
-            // not, hyper takes the connection at the next turn.
         };
         let policy = ctx.policy.snapshot();
         let Some(taken) = admit_and_decide(ctx, &policy, &req, peer) else {

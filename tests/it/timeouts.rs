@@ -190,6 +190,22 @@ async fn a_request_head_that_does_not_end_in_time_closes_the_connection() {
     e.running.shutdown().await;
 }
 
+/// The header timeout is one deadline from the moment the connection
+/// waits for a request, however the head is split: a head begun half way
+/// through it must still end by it (not get a fresh timeout of its own
+/// when its first bytes arrive).
+#[tokio::test(start_paused = true)]
+async fn a_head_begun_late_must_still_end_within_the_header_timeout() {
+    let e = InProcess::start(&loopback_policy(80), &[]).await;
+    let mut c = TcpStream::connect(e.running.proxy).await.unwrap();
+    tokio::time::sleep(HEADER_READ_TIMEOUT / 2).await;
+    c.write_all(b"GET http://127.0.0.1/ HTTP/1.1\r\n")
+        .await
+        .unwrap();
+    closed_after(&mut c, HEADER_READ_TIMEOUT / 2 - MARGIN).await;
+    e.running.shutdown().await;
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_connection_that_sends_nothing_is_closed_after_the_header_timeout() {
     let e = InProcess::start(&loopback_policy(80), &[]).await;

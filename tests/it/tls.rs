@@ -628,7 +628,12 @@ fn heads_over_64_kib_get_431_inside_interception() {
     let r = curl(&s, &["--http1.1", "-H", &fits], &target);
     assert_eq!(r.status, 200, "{r:?}");
     assert_eq!(s.api.count(), 1);
-    let lines = tls_lines(&s.e);
+    // The second line is written as its answer ends, by the log's writer
+    // thread a moment later: waited for, then counted.
+    let lines = eventually("both requests' lines", || {
+        let l = tls_lines(&s.e);
+        (l.len() >= 2).then_some(l)
+    });
     assert_eq!(lines.len(), 2, "{lines:#?}");
     assert_eq!(
         (&lines[0]["reason"], &lines[0]["status"]),
