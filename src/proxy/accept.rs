@@ -204,11 +204,15 @@ async fn linger(mut stream: TcpStream) {
 /// One client of the proxy port: the fast path first, then hyper from the
 /// first request the fast path does not take, with the bytes it read.
 async fn serve_conn(stream: TcpStream, peer: SocketAddr, ctx: Arc<ProxyCtx>, permit: Permit) {
+    // One count in `egressd_active_connections` for the connection's whole
+    // life, whichever of the two serves it: one guard each looked the
+    // gauge up twice for every new tunnel.
+    let active = ActiveGuard::new(&ctx.recorder.metrics, Proto::Http);
     let stream = match fast::serve(stream, peer, &ctx).await {
         fast::Next::Done => return,
         fast::Next::HandOff(stream, read) => Rewind::new(stream, read),
     };
-    serve_http1(stream, peer, ctx, permit, None, move |req, ctx| {
+    serve_http1(stream, peer, ctx, permit, active, None, move |req, ctx| {
         dispatch(req, peer, ctx)
     })
     .await
@@ -217,20 +221,22 @@ async fn serve_conn(stream: TcpStream, peer: SocketAddr, ctx: Arc<ProxyCtx>, per
 /// Serves one client connection as HTTP/1.1 (with upgrades), each request
 /// answered by `answer` and carrying a clone of the connection's `permit`.
 /// A request hyper could not parse has already been answered 400/431 by
-/// hyper; its log line (with `note`, if any) is written here. Shared by the
-/// proxy port and transparent capture.
+/// hyper; its log line (with `note`, if any) is written here. `active` is
+/// the connection's count in `egressd_active_connections`, held until it
+/// ends. Shared by the proxy port and transparent capture.
 pub(crate) async fn serve_http1<F, Fut>(
     stream: Rewind,
     peer: SocketAddr,
     ctx: Arc<ProxyCtx>,
     permit: Permit,
+    active: ActiveGuard,
     note: Option<String>,
     answer: F,
 ) where
     F: Fn(Request<Incoming>, Arc<ProxyCtx>) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = Response<ProxyBody>> + Send + 'static,
 {
-    let _active = ActiveGuard::new(&ctx.recorder.metrics, Proto::Http);
+    let _active = active;
     let header_timeout = ctx.header_timeout();
     let c2 = ctx.clone();
     let answer = Arc::new(answer);

@@ -56,7 +56,6 @@ use super::exchange::{is_hop_by_hop_name, origin_form, truncate_path, RESPONSE_T
 use super::respond::{self, Responder, Stop};
 use super::upstream::{self, Egress, POOL_IDLE, POOL_MAX_IDLE_PER_ADDR};
 use super::{ProxyCtx, MAX_HEADER_BYTES};
-use crate::metrics::ActiveGuard;
 use crate::policy::{self, Policy, Proto, Verdict};
 use crate::record::{Event, Recorder, UpstreamFailure};
 use crate::time::unix_now;
@@ -89,7 +88,6 @@ pub(crate) async fn serve(mut client: TcpStream, peer: SocketAddr, ctx: &ProxyCt
         // form, the proxy's credentials).
         return Next::HandOff(client, Vec::new());
     }
-    let _active = ActiveGuard::new(&ctx.recorder.metrics, Proto::Http);
     let mut buf: Vec<u8> = Vec::with_capacity(4096);
     loop {
         // A request head within the header timeout, counted from the

@@ -324,7 +324,8 @@ async fn serve_http(
 ) {
     let note = Some(format!("transparent: to {orig}"));
     let stream = Rewind::new(stream, Vec::new());
-    serve_http1(stream, peer, ctx, permit, note, move |req, ctx| {
+    let active = ActiveGuard::new(&ctx.recorder.metrics, Proto::Http);
+    serve_http1(stream, peer, ctx, permit, active, note, move |req, ctx| {
         request(req, peer, orig, ctx)
     })
     .await
