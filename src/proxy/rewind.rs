@@ -4,6 +4,9 @@
 //! bytes (and anything pipelined behind them) unread as far as hyper can
 //! tell.
 //!
+//! The same replay serves a CONNECT tunnel whose first bytes were read to
+//! tell TLS from plain HTTP before interception takes the stream.
+//!
 //! Owns only the replay. Does not own what the bytes are.
 
 use std::io;
@@ -14,25 +17,25 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 
 /// `inner`, read from `pre[pos..]` first.
-pub struct Rewind {
+pub struct Rewind<S = TcpStream> {
     pre: Vec<u8>,
     pos: usize,
-    inner: TcpStream,
+    inner: S,
 }
 
-impl Rewind {
-    pub fn new(inner: TcpStream, pre: Vec<u8>) -> Rewind {
+impl<S> Rewind<S> {
+    pub fn new(inner: S, pre: Vec<u8>) -> Rewind<S> {
         Rewind { pre, pos: 0, inner }
     }
 
-    /// The socket, and the bytes put back that no reader has taken yet.
-    pub fn into_parts(mut self) -> (TcpStream, Vec<u8>) {
+    /// The stream, and the bytes put back that no reader has taken yet.
+    pub fn into_parts(mut self) -> (S, Vec<u8>) {
         self.pre.drain(..self.pos);
         (self.inner, self.pre)
     }
 }
 
-impl AsyncRead for Rewind {
+impl<S: AsyncRead + Unpin> AsyncRead for Rewind<S> {
     fn poll_read(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -54,7 +57,7 @@ impl AsyncRead for Rewind {
     }
 }
 
-impl AsyncWrite for Rewind {
+impl<S: AsyncWrite + Unpin> AsyncWrite for Rewind<S> {
     fn poll_write(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -106,5 +109,14 @@ mod tests {
         got.extend_from_slice(&rest);
         s.read_to_end(&mut got).await.unwrap();
         assert_eq!(got, b"hello world");
+    }
+
+    #[tokio::test]
+    async fn a_reader_that_reads_to_the_end_gets_everything_in_order() {
+        let inner: &[u8] = b" world";
+        let mut r = Rewind::new(inner, b"hello".to_vec());
+        let mut out = String::new();
+        r.read_to_string(&mut out).await.unwrap();
+        assert_eq!(out, "hello world");
     }
 }

@@ -15,17 +15,14 @@
 //! CA needed) and TLS intercepted with `--ca-dir`; on port 443 (TLS only)
 //! intercepted, and refused `inspection_required` without a CA.
 
-use std::io;
 use std::net::SocketAddr;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 
 use http::{Request, Response, StatusCode};
 use hyper::body::Incoming;
 use hyper::upgrade::Upgraded;
 use hyper_util::rt::TokioIo;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use super::admit::{admit, identify, request_token, Draft};
@@ -285,12 +282,12 @@ async fn by_first_bytes(
     if sni::parse(&first) == Hello::NotTls {
         ev.note = Some("plain HTTP, decided per request".into());
         tunnel.scheme = Scheme::Http;
-        let io = Prefixed::new(first, client);
+        let io = Rewind::new(client, first);
         return mitm::run_plain(io, Arc::new(tunnel), ev, ctx.clone(), permit).await;
     }
     if let Some(mitm) = ctx.mitm.clone() {
         ev.note = Some("intercepted".into());
-        let io = Prefixed::new(first, client);
+        let io = Rewind::new(client, first);
         return mitm::run(io, Arc::new(tunnel), ev, ctx.clone(), mitm, permit).await;
     }
     if let Some((reason, note)) = read_hello(&mut client, &mut first, &tunnel.sni).await {
@@ -463,83 +460,4 @@ async fn server_speaks_first(client: &TcpStream, upstream: &TcpStream) -> Option
         }
     };
     tokio::time::timeout(IDLE_TIMEOUT, first).await.ok()
-}
-
-/// A stream whose first bytes were already read: they are read again
-/// first, then the stream itself.
-struct Prefixed<S> {
-    first: Vec<u8>,
-    at: usize,
-    inner: S,
-}
-
-impl<S> Prefixed<S> {
-    fn new(first: Vec<u8>, inner: S) -> Prefixed<S> {
-        Prefixed {
-            first,
-            at: 0,
-            inner,
-        }
-    }
-}
-
-impl<S: AsyncRead + Unpin> AsyncRead for Prefixed<S> {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        let this = &mut *self;
-        if this.at < this.first.len() {
-            let n = buf.remaining().min(this.first.len() - this.at);
-            buf.put_slice(&this.first[this.at..this.at + n]);
-            this.at += n;
-            if this.at == this.first.len() {
-                this.first = Vec::new();
-                this.at = 0;
-            }
-            return Poll::Ready(Ok(()));
-        }
-        Pin::new(&mut this.inner).poll_read(cx, buf)
-    }
-}
-
-impl<S: AsyncWrite + Unpin> AsyncWrite for Prefixed<S> {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write(cx, buf)
-    }
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_flush(cx)
-    }
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_shutdown(cx)
-    }
-    fn poll_write_vectored(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
-    }
-    fn is_write_vectored(&self) -> bool {
-        self.inner.is_write_vectored()
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[tokio::test]
-    async fn prefixed_reads_its_first_bytes_then_the_stream() {
-        let inner: &[u8] = b" world";
-        let mut p = Prefixed::new(b"hello".to_vec(), inner);
-        let mut out = String::new();
-        p.read_to_string(&mut out).await.unwrap();
-        assert_eq!(out, "hello world");
-    }
 }
