@@ -35,8 +35,14 @@ pub const PROXY_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(30);
 const MAX_PROXY_HEAD: usize = 16 << 10;
 /// Idle pooled connections to origins are closed after this.
 pub const POOL_IDLE: Duration = Duration::from_secs(30);
-/// Idle pooled connections kept per origin address.
-pub const POOL_MAX_IDLE_PER_ADDR: usize = 64;
+/// Idle pooled connections kept per origin address. The pool must hold as
+/// many as requests recently ran at once to one address, or steady load
+/// above the bound opens and closes an origin connection for each request
+/// past it (at 64, 128 kept-alive clients to one origin did, and paid for
+/// the connects in CPU per request). Every idle connection was in use by a client
+/// request less than [`POOL_IDLE`] ago, so client connections bound them;
+/// this bounds one address's share, at the default per-client share.
+pub const POOL_MAX_IDLE_PER_ADDR: usize = 1024;
 
 /// A corporate proxy egressd itself must leave through.
 #[derive(Debug)]

@@ -275,6 +275,72 @@ fn a_pooled_connection_the_origin_closed_is_not_used() {
     assert_eq!(conns.load(Ordering::SeqCst), 3);
 }
 
+/// As many requests at once to one origin as a busy sandbox sends: every
+/// origin connection they opened is kept, so the next burst of the same
+/// size opens none. (With 64 kept per address, each burst past 64 opened
+/// and closed a connection per request beyond it.)
+#[test]
+fn a_burst_of_concurrent_requests_leaves_every_origin_connection_pooled() {
+    const AT_ONCE: usize = 100;
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let conns = Arc::new(AtomicUsize::new(0));
+    // The origin answers only when AT_ONCE requests are waiting, so each
+    // burst has AT_ONCE origin connections busy at the same moment.
+    let all_in = Arc::new(std::sync::Barrier::new(AT_ONCE));
+    let c2 = conns.clone();
+    thread::spawn(move || {
+        for s in listener.incoming() {
+            let Ok(mut s) = s else { continue };
+            c2.fetch_add(1, Ordering::SeqCst);
+            let all_in = all_in.clone();
+            thread::spawn(move || {
+                let mut r = BufReader::new(s.try_clone().unwrap());
+                while read_head(&mut r).is_some() {
+                    all_in.wait();
+                    if s.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+                        .is_err()
+                    {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    let l = lab().names(&["allowed.test"]).start(|_| allow(port));
+    let mut lines = Lines::new(&l.e);
+    let burst = |round: usize| {
+        let proxy = l.e.proxy;
+        let clients: Vec<_> = (0..AT_ONCE)
+            .map(|i| {
+                thread::spawn(move || {
+                    let req = format!(
+                        "GET http://allowed.test:{port}/r{round}/{i} HTTP/1.1\r\n\
+                         Host: allowed.test:{port}\r\n\r\n"
+                    );
+                    http_request(proxy, req.as_bytes()).status
+                })
+            })
+            .collect();
+        for c in clients {
+            assert_eq!(c.join().unwrap(), 200, "round {round}");
+        }
+    };
+    burst(1);
+    // A request's line is written after its origin connection went back
+    // to the pool: all lines in means all connections returned.
+    let first = lines.next_n("the first burst", AT_ONCE);
+    assert!(first.iter().all(|l| l["status"] == 200), "{first:?}");
+    assert_eq!(conns.load(Ordering::SeqCst), AT_ONCE);
+    burst(2);
+    lines.next_n("the second burst", AT_ONCE);
+    assert_eq!(
+        conns.load(Ordering::SeqCst),
+        AT_ONCE,
+        "the second burst opened origin connections instead of reusing the pool's"
+    );
+}
+
 /// Pipelined GETs, sent in one write: each answered in order, each its
 /// own line.
 #[test]
