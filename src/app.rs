@@ -226,6 +226,7 @@ pub async fn start(args: &ServeArgs, listeners: Listeners) -> Result<Running> {
         mitm,
         connections: connections.clone(),
         package_views: proxy::packages::Views::new(),
+        index_cache: proxy::index_cache::IndexCache::new(),
         raw_origins: proxy::RawPool::new(),
     });
     for l in transparent_l {

@@ -59,6 +59,7 @@ const PROXY: &[&str] = &[
     "upstream",
     "pool",
     "tls_origins",
+    "index_cache",
     "packages",
     "exchange",
     "mitm",

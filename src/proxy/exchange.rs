@@ -31,6 +31,7 @@ use hyper_util::rt::TokioIo;
 
 use super::admit::Draft;
 use super::dest::Dest;
+use super::index_cache::{self, Use};
 use super::packages::{self, Gate, Plan, PlanKind};
 use super::pool;
 use super::relay::{self, meter::Counted};
@@ -135,7 +136,7 @@ pub(crate) async fn decide_and_forward(
     // The package gate's and the mirror's futures are boxed: they are
     // large and rare, and inline they would make every request's future
     // (which hyper moves per request) as large as theirs.
-    let (plan, mut ev) = match package_gated(policy, inbound.dest) {
+    let (mut plan, mut ev) = match package_gated(policy, inbound.dest) {
         None => (None, ev),
         Some(eco) => {
             let pkgs = package_policy(policy);
@@ -172,6 +173,16 @@ pub(crate) async fn decide_and_forward(
             (plan, ev)
         }
     };
+    if let Some(p) = plan.as_mut() {
+        if let Some(resp) = from_kept(ctx, &req, &inbound, &d, p, &mut ev) {
+            let pkgs = package_policy(policy);
+            let p = plan.take().expect("an index plan");
+            return Box::pin(packages::answer_index(
+                ctx, policy, pkgs, p, resp, ev, 0, now, responder,
+            ))
+            .await;
+        }
+    }
     let route = mirror.as_ref().map(|(e, m)| (*e, m));
     match reach_origin(ctx, policy, req, &mut ev, &inbound, &d, now, route).await {
         Ok(sent) => match plan {
@@ -203,6 +214,59 @@ pub(crate) async fn decide_and_forward(
         },
         Err(stop) => responder.stop(ev, stop),
     }
+}
+
+/// A gated index request the cache can answer: the kept copy, as the
+/// registry's answer to filter (its `Age` set, the line noting it);
+/// otherwise `None`, with the plan told where to keep the registry's
+/// answer if the request allows keeping it.
+fn from_kept(
+    ctx: &ProxyCtx,
+    req: &Request<Incoming>,
+    inbound: &Inbound<'_>,
+    d: &Decision<'_>,
+    plan: &mut Plan,
+    ev: &mut Event,
+) -> Option<Response<http_body_util::Full<Bytes>>> {
+    let PlanKind::Index { keep, .. } = &mut plan.what else {
+        return None;
+    };
+    let exception = d.exception?;
+    let mirror = plan.mirror.as_ref();
+    let injects = !exception.inject().is_empty() || mirror.is_some_and(|m| !m.inject.is_empty());
+    let Use::UpTo(limit) = index_cache::request_use(req.headers(), injects) else {
+        return None;
+    };
+    let key = index_cache::Key {
+        scheme: inbound.scheme.as_str(),
+        host: inbound.dest.target.to_string(),
+        port: inbound.dest.port,
+        target: req
+            .uri()
+            .path_and_query()
+            .map_or("/", |p| p.as_str())
+            .to_string(),
+        accept: req
+            .headers()
+            .get(header::ACCEPT)
+            .map(|v| Bytes::copy_from_slice(v.as_bytes())),
+        exception: exception.id.clone(),
+        mirror: mirror.map(|m| format!("{}://{}:{}{}", m.scheme, m.host, m.port, m.path)),
+    };
+    let Some(kept) = ctx.index_cache.get(&key, limit) else {
+        *keep = Some(Box::new(key));
+        return None;
+    };
+    let age = kept.age(std::time::Instant::now()).as_secs();
+    let mut resp = Response::new(http_body_util::Full::new(kept.doc.clone()));
+    *resp.headers_mut() = kept.headers.clone();
+    resp.headers_mut()
+        .insert(header::AGE, HeaderValue::from(age));
+    resp.headers_mut().append(header::VIA, VIA.clone());
+    ev.add_note(Some(format!(
+        "index answered from egressd's cache ({age} s old)"
+    )));
+    Some(resp)
 }
 
 /// The one decision for the request, noted in `ev`.

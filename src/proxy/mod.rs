@@ -29,6 +29,7 @@ mod exchange;
 #[doc(hidden)]
 pub mod fast;
 pub mod forward;
+pub(crate) mod index_cache;
 pub mod mitm;
 pub(crate) mod packages;
 pub mod pool;
@@ -84,6 +85,9 @@ pub struct ProxyCtx {
     pub connections: Permits,
     /// The package gate's views of registry indexes (short-lived cache).
     pub(crate) package_views: packages::Views,
+    /// Registry index documents kept while the registry says they are
+    /// fresh.
+    pub(crate) index_cache: index_cache::IndexCache,
     /// Origin connections of the forward proxy's fast path, per checked
     /// address.
     pub(crate) raw_origins: Arc<fast::RawPool>,

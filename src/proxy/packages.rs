@@ -33,6 +33,7 @@ use http_body_util::{BodyExt, Empty};
 use hyper::body::{Body, Frame, SizeHint};
 
 use super::dest::Dest;
+use super::index_cache;
 use super::respond::{self, BoxError, ProxyBody, Responder};
 use super::tls_origins::UpstreamAddr;
 use super::upstream;
@@ -173,6 +174,9 @@ pub(crate) enum PlanKind {
         form: IndexForm,
         /// The client's `If-None-Match`, answered against the filtered ETag.
         if_none_match: Option<HeaderValue>,
+        /// Where the registry's answer is kept if it allows
+        /// ([`index_cache`]); `None`: the request may not use the cache.
+        keep: Option<Box<index_cache::Key>>,
     },
     /// A download whose body must hash to one of these (empty: any);
     /// `cut`: a mismatch ends the transfer (the mode enforces it).
@@ -354,6 +358,7 @@ pub(crate) async fn gate<B>(
             PlanKind::Index {
                 form,
                 if_none_match,
+                keep: None,
             }
         }
         (Kind::Artifact(a), _) if !a.metadata && !d.verify_sha256.is_empty() => {
@@ -689,6 +694,7 @@ where
     let PlanKind::Index {
         form,
         if_none_match,
+        keep,
     } = &plan.what
     else {
         unreachable!("answer_index is given index plans only");
@@ -700,10 +706,7 @@ where
     let (mut parts, body) = resp.into_parts();
     let read = async {
         let raw = read_bounded(body, MAX_INDEX_BYTES).await?;
-        let mut doc = decode(parts.headers.get(header::CONTENT_ENCODING), raw)?;
-        if let Some(m) = &plan.mirror {
-            doc = rewrite_mirror_urls(m, &doc);
-        }
+        let doc = decode(parts.headers.get(header::CONTENT_ENCODING), raw)?;
         let ct = parts
             .headers
             .get(header::CONTENT_TYPE)
@@ -712,9 +715,16 @@ where
             .ok_or_else(|| unfilterable(format!("content type {:?}", ct.unwrap_or(""))))?;
         Ok::<_, FilterError>((doc, got))
     };
-    let (doc, got) = match read.await {
+    // `as_sent`: the registry's document, decoded, which is what the
+    // cache keeps; `doc`: what is filtered (with a mirror's URLs
+    // rewritten).
+    let (as_sent, got) = match read.await {
         Ok((doc, got)) => (doc, Ok(got)),
         Err(e) => (Vec::new(), Err(e)),
+    };
+    let doc = match &plan.mirror {
+        Some(m) if got.is_ok() => std::borrow::Cow::Owned(rewrite_mirror_urls(m, &as_sent)),
+        _ => std::borrow::Cow::Borrowed(&as_sent[..]),
     };
     let filtered = match got {
         Ok(got) => filter_document(ctx, policy, pkgs, &plan, got, &doc, &ev, now)
@@ -757,13 +767,21 @@ where
                     parts.headers.remove(header::CONTENT_LENGTH);
                     parts.headers.remove(header::CONTENT_ENCODING);
                     ctx.recorder.record(*ev);
-                    Response::from_parts(parts, respond::full(doc))
+                    Response::from_parts(parts, respond::full(doc.into_owned()))
                 }
             };
         }
     };
     if timed(got) {
         ctx.package_views.put(f.view.clone());
+    }
+    drop(doc);
+    if let Some(key) = keep.clone() {
+        // Headers as the registry sent them (the filtered answer's are
+        // set below); a document it does not let egressd keep drops any
+        // copy kept before.
+        ctx.index_cache
+            .put(*key, &parts.headers, Bytes::from(as_sent));
     }
     if let Some(l) = ev.package.as_mut() {
         l.hidden = Some(f.hidden.iter().collect());

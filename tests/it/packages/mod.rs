@@ -26,6 +26,7 @@
 //! SKIPPED (a failure in CI, which installs them).
 
 mod bench;
+mod cache;
 mod clients;
 mod scenarios;
 

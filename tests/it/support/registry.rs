@@ -160,6 +160,8 @@ struct State {
     /// Documents served with a `Content-Encoding` (body already encoded):
     /// (content type, encoding, body), before `docs`.
     encoded: BTreeMap<(String, String), (&'static str, &'static str, Vec<u8>)>,
+    /// `Cache-Control` sent with the document at (host, path).
+    cache_control: BTreeMap<(String, String), String>,
 }
 
 /// The fake registry; see the module header.
@@ -371,7 +373,8 @@ fn answer(
             .body(Full::new(Bytes::new()))
             .unwrap();
     }
-    let Some(doc) = st.docs.get(&(host.to_string(), key_path)) else {
+    let at = (host.to_string(), key_path);
+    let Some(doc) = st.docs.get(&at) else {
         return not_found(&format!("{host}{path}"));
     };
     let (ctype, body) = pick_form(doc, accept);
@@ -380,6 +383,9 @@ fn answer(
         .header("content-type", ctype)
         .header("etag", &etag)
         .header("vary", "Accept");
+    if let Some(cc) = st.cache_control.get(&at) {
+        b = b.header("cache-control", cc);
+    }
     if let Some(lm) = &doc.last_modified {
         b = b.header("last-modified", lm);
     }
@@ -546,6 +552,16 @@ impl Registry {
 }
 
 impl Registry {
+    /// Sends `Cache-Control: value` with the document at (host, path), as
+    /// the public registries send `max-age` with their index documents.
+    pub fn set_cache_control(&self, host: &str, path: &str, value: &str) {
+        self.state
+            .lock()
+            .unwrap()
+            .cache_control
+            .insert((host.into(), path.into()), value.into());
+    }
+
     /// Serves `body` at (host, path) as already encoded with `encoding`
     /// (`gzip`), whatever the request asks for.
     pub fn put_encoded(
