@@ -219,6 +219,23 @@ impl Shared {
     }
 }
 
+/// Puts the calling thread (the writer) in `SCHED_BATCH`: the same share
+/// of the CPU as the request threads, so it keeps pace with them under
+/// load, but its wake-ups (one per [`COALESCE`] tick while lines come) do
+/// not preempt a request being served; it runs when a request thread
+/// waits. On a CPU shared with the proxy's runtime, a tick that preempted
+/// the request in hand added the batch's `write(2)` to that request's
+/// latency. Where the class is refused the writer runs as before.
+fn batch_this_thread() {
+    #[cfg(target_os = "linux")]
+    // SAFETY: a plain syscall on the calling thread (pid 0) with a valid,
+    // initialised sched_param.
+    unsafe {
+        let param = libc::sched_param { sched_priority: 0 };
+        libc::sched_setscheduler(0, libc::SCHED_BATCH, &param);
+    }
+}
+
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
@@ -238,7 +255,10 @@ impl LogSink {
         let (sink, writer) = LogSink::parts(target, metrics)?;
         std::thread::Builder::new()
             .name("egressd-log".into())
-            .spawn(move || writer.run())?;
+            .spawn(move || {
+                batch_this_thread();
+                writer.run()
+            })?;
         Ok(sink)
     }
 
@@ -991,6 +1011,20 @@ mod tests {
             assert!(Instant::now() < end, "timed out waiting for {what}");
             std::thread::sleep(Duration::from_millis(5));
         }
+    }
+
+    /// The writer's class: batch, so its ticks do not preempt requests.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn the_writer_thread_runs_in_the_batch_class() {
+        let class = std::thread::spawn(|| {
+            batch_this_thread();
+            // SAFETY: a query on the calling thread.
+            unsafe { libc::sched_getscheduler(0) }
+        })
+        .join()
+        .unwrap();
+        assert_eq!(class, libc::SCHED_BATCH);
     }
 
     /// A FIFO whose reader stops: the sink turns unhealthy by age, without
