@@ -5,7 +5,7 @@
 //! one line per request throughout.
 
 use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpListener;
+use std::net::{TcpListener, TcpStream};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread;
@@ -233,28 +233,43 @@ fn a_connection_moves_to_hyper_at_the_first_request_the_fast_path_leaves() {
     );
 }
 
+const OK: &[u8] = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok";
+
+/// An origin on loopback that serves each connection it accepts on a
+/// thread of its own with `serve` (the connection, and a reader of it);
+/// its port, and how many connections it has accepted.
+fn counting_origin(
+    serve: impl Fn(TcpStream, &mut BufReader<TcpStream>) + Clone + Send + 'static,
+) -> (u16, Arc<AtomicUsize>) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let conns = Arc::new(AtomicUsize::new(0));
+    let counted = conns.clone();
+    thread::spawn(move || {
+        for s in listener.incoming() {
+            let Ok(s) = s else { continue };
+            counted.fetch_add(1, Ordering::SeqCst);
+            let serve = serve.clone();
+            thread::spawn(move || {
+                let mut r = BufReader::new(s.try_clone().unwrap());
+                serve(s, &mut r);
+            });
+        }
+    });
+    (port, conns)
+}
+
 /// An origin that closes each connection a moment after answering (as
 /// servers close idle keep-alive connections): the next request through
 /// egressd finds its pooled connection gone and goes on a new one, with
 /// no 502, sent once.
 #[test]
 fn a_pooled_connection_the_origin_closed_is_not_used() {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = listener.local_addr().unwrap().port();
-    let conns = Arc::new(AtomicUsize::new(0));
-    let c2 = conns.clone();
-    thread::spawn(move || {
-        for s in listener.incoming() {
-            let Ok(mut s) = s else { continue };
-            c2.fetch_add(1, Ordering::SeqCst);
-            thread::spawn(move || {
-                let mut r = BufReader::new(s.try_clone().unwrap());
-                if read_head(&mut r).is_some() {
-                    let _ = s.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok");
-                }
-                // Closed after one answer, although it said keep-alive.
-            });
+    let (port, conns) = counting_origin(|mut s, r| {
+        if read_head(r).is_some() {
+            let _ = s.write_all(OK);
         }
+        // Closed after one answer, although it said keep-alive.
     });
     let l = lab().names(&["allowed.test"]).start(|_| allow(port));
     let mut lines = Lines::new(&l.e);
@@ -282,29 +297,15 @@ fn a_pooled_connection_the_origin_closed_is_not_used() {
 #[test]
 fn a_burst_of_concurrent_requests_leaves_every_origin_connection_pooled() {
     const AT_ONCE: usize = 100;
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = listener.local_addr().unwrap().port();
-    let conns = Arc::new(AtomicUsize::new(0));
     // The origin answers only when AT_ONCE requests are waiting, so each
     // burst has AT_ONCE origin connections busy at the same moment.
     let all_in = Arc::new(std::sync::Barrier::new(AT_ONCE));
-    let c2 = conns.clone();
-    thread::spawn(move || {
-        for s in listener.incoming() {
-            let Ok(mut s) = s else { continue };
-            c2.fetch_add(1, Ordering::SeqCst);
-            let all_in = all_in.clone();
-            thread::spawn(move || {
-                let mut r = BufReader::new(s.try_clone().unwrap());
-                while read_head(&mut r).is_some() {
-                    all_in.wait();
-                    if s.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
-                        .is_err()
-                    {
-                        return;
-                    }
-                }
-            });
+    let (port, conns) = counting_origin(move |mut s, r| {
+        while read_head(r).is_some() {
+            all_in.wait();
+            if s.write_all(OK).is_err() {
+                return;
+            }
         }
     });
     let l = lab().names(&["allowed.test"]).start(|_| allow(port));

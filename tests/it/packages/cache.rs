@@ -119,4 +119,26 @@ fn a_fresh_index_is_served_again_filtered_without_a_trip_to_the_registry() {
         cached[0]
     );
     assert!(cached[0]["addr"].is_null(), "{:#}", cached[0]);
+
+    // An exception that injects a credential: its answers are neither
+    // kept nor served from a copy, even when the registry allows it.
+    let npm = "  - id: npm\n";
+    let injecting = policy.replacen(
+        npm,
+        &format!("{npm}    inject:\n      headers: {{ X-Registry-Key: \"k-1\" }}\n"),
+        1,
+    );
+    assert_ne!(injecting, policy, "the npm exception is in the policy");
+    let before = client_trips(l, "ic-kept");
+    let r = l.run(
+        &injecting,
+        &[fetch("inj1", "ic-kept", ""), fetch("inj2", "ic-kept", "")].concat(),
+    );
+    assert_eq!(r.code, 0, "{}", ctx(&r));
+    assert!(
+        r.stdout.contains("inj2 ['1.0.0', '2.0.0'] age=-"),
+        "{}",
+        ctx(&r)
+    );
+    assert_eq!(client_trips(l, "ic-kept") - before, 2, "{}", ctx(&r));
 }
