@@ -75,9 +75,9 @@ const STALL_POLL: Duration = Duration::from_millis(10);
 /// While lines keep coming, the writer collects them on this tick instead
 /// of sleeping on the channel: a parked receiver costs every sender a futex
 /// wake, and the process two context switches and one write(2) per line.
-const COALESCE: Duration = Duration::from_millis(1);
+const COALESCE: Duration = Duration::from_millis(10);
 /// Empty ticks before the writer parks on the channel again (an idle
-/// egressd does not wake every millisecond).
+/// egressd does not wake on every tick).
 const IDLE_TICKS: u32 = 2;
 /// How long an idle writer sleeps on the channel (a line, a reopen or the
 /// exit wakes it sooner).
