@@ -824,6 +824,65 @@ fn etags_are_the_filtered_documents_own_across_a_policy_reload() {
     assert!(!after.text().contains("2.31.0"), "{}", after.text());
 }
 
+/// A document egressd keeps (the registry allows it) is filtered by the
+/// policy serving when it is answered, not the one that fetched it: a
+/// reload that narrows the approved versions hides them from the kept
+/// copy at once, without a trip to the registry.
+#[test]
+fn a_kept_index_is_filtered_by_the_policy_after_a_reload() {
+    let Some(g) = start(
+        "a_kept_index_is_filtered_by_the_policy_after_a_reload",
+        |r| {
+            r.publish_all(
+                Eco::Pypi,
+                &[
+                    ("requests", "2.30.0", 10 * DAY),
+                    ("requests", "2.31.0", 10 * DAY),
+                ],
+            );
+            r.set_cache_control("pypi.org", "/simple/requests/", "max-age=600");
+        },
+        |_| policy_yaml("", ""),
+    ) else {
+        return;
+    };
+    let index = url("pypi.org", "/simple/requests/");
+    let accept = format!("Accept: {JSON}");
+    let first = g.curl(&["-H", &accept], &index);
+    assert_eq!(first.status, 200, "{first:?}");
+    assert!(first.text().contains("2.31.0"), "{}", first.text());
+    let again = g.curl(&["-H", &accept], &index);
+    assert_eq!(again.status, 200, "{again:?}");
+    assert!(again.header("age").is_some(), "from the cache: {again:?}");
+    assert_eq!(g.reg.hits_for("/simple/requests/").len(), 1);
+
+    let reloads = || {
+        g.e.metric("egressd_policy_reloads_total{result=\"ok\"}")
+            .unwrap_or(0.0)
+    };
+    let before = reloads();
+    let narrower = policy_yaml("", "").replace("      - requests\n", "      - requests <2.31\n");
+    assert_ne!(narrower, policy_yaml("", ""));
+    atomic_write(&g.e.policy_dir.join("p.yaml"), &narrower);
+    eventually("the reload", || (reloads() > before).then_some(()));
+    let after = g.curl(&["-H", &accept], &index);
+    assert_eq!(after.status, 200, "{after:?}");
+    assert!(after.header("age").is_some(), "from the cache: {after:?}");
+    assert_eq!(g.reg.hits_for("/simple/requests/").len(), 1);
+    assert!(after.text().contains("2.30.0"), "{}", after.text());
+    assert!(!after.text().contains("2.31.0"), "{}", after.text());
+    let lines = g.lines_for("/simple/requests/", 3);
+    assert_eq!(lines.len(), 3, "one line per request: {lines:#?}");
+    let line = &lines[2];
+    assert!(
+        line["note"]
+            .as_str()
+            .is_some_and(|n| n.contains("egressd's cache")),
+        "{line:#}"
+    );
+    assert_eq!(line["package"]["versions_hidden"], 1, "{line:#}");
+}
+
 // ---------------------------------------------------------------- mirrors
 
 #[test]
