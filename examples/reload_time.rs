@@ -3,7 +3,7 @@
 //! swap and free, the whole path a watcher event takes), and resident
 //! memory (/proc/self/status VmRSS, and the peak VmHWM) after the first
 //! load and after the reloads. Not a benchmark of record; a reproducible
-//! probe for the README's reload figures.
+//! probe for the reload figures in docs/performance.md.
 //!
 //! The policy is written into a fresh temporary directory: `00-settings.yaml`
 //! (as `benches/load/run` writes it) and FILES files of PER_FILE exceptions

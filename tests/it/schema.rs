@@ -45,12 +45,16 @@ fn shipped_policies() -> Vec<PathBuf> {
     out
 }
 
-/// The policies inside ```yaml blocks of the README and the examples'
-/// Markdown: those that are whole policy files (start with `settings:` or
-/// `exceptions:`).
+/// The policies inside ```yaml blocks of the README, the manual (docs/)
+/// and the examples' Markdown: those that are whole policy files (start
+/// with `settings:` or `exceptions:`).
 fn markdown_policies() -> Vec<(String, String)> {
     let mut docs = vec![root().join("README.md")];
-    let mut dirs = vec![root().join("examples"), root().join("policy")];
+    let mut dirs = vec![
+        root().join("docs"),
+        root().join("examples"),
+        root().join("policy"),
+    ];
     while let Some(d) = dirs.pop() {
         for e in fs::read_dir(&d).unwrap() {
             let p = e.unwrap().path();
@@ -475,6 +479,12 @@ fn shipped_example_and_complete_policies_validate() {
     }
     let docs = markdown_policies();
     assert!(docs.len() >= 2, "{docs:?}");
+    // The manual's policies are read too (docs/policy.md, dns.md, packages.md).
+    let manual = docs
+        .iter()
+        .filter(|(at, _)| at.starts_with("docs/"))
+        .count();
+    assert!(manual >= 4, "{manual} policies read from docs/: {docs:?}");
     for (i, (at, text)) in docs.iter().enumerate() {
         parse(at, text).unwrap_or_else(|e| panic!("{at}: {e}"));
         let p = tmp.path().join(format!("doc-{i}.yaml"));

@@ -57,7 +57,7 @@ const DENIED: &[&str] = &[
     "doh.test",
 ];
 
-/// The flags that switch Chromium's own background traffic off (README,
+/// The flags that switch Chromium's own background traffic off (docs/launcher.md,
 /// "Browsing agents", says which flag silences what).
 pub(crate) const QUIET: &[&str] = &[
     "--disable-background-networking",

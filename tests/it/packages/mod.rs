@@ -166,7 +166,7 @@ impl PkgLab {
             .arg("--timeout")
             .arg("55s")
             .cmd(&["sh", "-c", script]);
-        // What each client printed, for the README's client matrix.
+        // What each client printed, for the client matrix in docs/packages.md.
         if std::env::var_os("EGRESSD_LAB_SHOW").is_some() {
             eprintln!(
                 "=== {script}\n--- stdout\n{}--- stderr\n{}",

@@ -516,9 +516,9 @@ fn npm_scope_encodings_and_both_packument_forms_agree() {
     assert!(r.stdout.contains("installed 1.1.0"), "{}", ctx(&r));
 }
 
-// ---------------------------------------------------------------- the README's worked example
+// ---------------------------------------------------------------- the manual's worked example
 
-/// README "Packages", "Worked example": three approved PyPI packages, one
+/// docs/packages.md, "Worked example": three approved PyPI packages, one
 /// installed with its dependencies, a typo denied with "did you mean", a
 /// too-new release held back. Prints what pip and `egressd run` said.
 #[test]
