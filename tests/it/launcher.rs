@@ -6,20 +6,15 @@
 //! documentation address standing in for a public resolver, is made
 //! only after the script inside has checked it sees no interface but `lo`).
 
-use std::ffi::OsString;
-use std::io::Read;
-use std::net::{IpAddr, SocketAddr, UdpSocket};
-use std::path::{Path, PathBuf};
+use std::net::IpAddr;
+use std::path::Path;
 use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::thread;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use crate::support::sandbox::*;
 use crate::support::*;
-
-/// How long one `egressd run` may take before the test kills it.
-const RUN_DEADLINE: Duration = Duration::from_secs(60);
 
 fn policy(port: u16) -> String {
     format!(
@@ -35,194 +30,6 @@ exceptions:
     ports: [{port}]
 "##
     )
-}
-
-pub(crate) struct Outcome {
-    pub(crate) code: i32,
-    pub(crate) stdout: String,
-    pub(crate) stderr: String,
-    pub(crate) elapsed: Duration,
-    /// The launcher's pid (its cgroup is named after it).
-    pub(crate) pid: u32,
-    log_path: PathBuf,
-    _dir: tempfile::TempDir,
-}
-
-impl Outcome {
-    pub(crate) fn log_lines(&self) -> Vec<serde_json::Value> {
-        std::fs::read_to_string(&self.log_path)
-            .unwrap_or_default()
-            .lines()
-            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("bad log line {l:?}: {e}")))
-            .collect()
-    }
-    pub(crate) fn line(&self, pred: impl Fn(&serde_json::Value) -> bool) -> serde_json::Value {
-        self.log_lines()
-            .into_iter()
-            .find(|l| pred(l))
-            .unwrap_or_else(|| panic!("no such log line in {:?}", self.log_lines()))
-    }
-    pub(crate) fn context(&self) -> String {
-        format!(
-            "exit {}\n--- stdout\n{}\n--- stderr\n{}",
-            self.code, self.stdout, self.stderr
-        )
-    }
-}
-
-/// An `egressd run` invocation.
-pub(crate) struct Run {
-    args: Vec<OsString>,
-    env: Vec<(String, String)>,
-    policy: Option<String>,
-    dns: Option<SocketAddr>,
-    as_nobody: bool,
-    cwd: Option<PathBuf>,
-}
-
-pub(crate) fn run() -> Run {
-    Run {
-        args: Vec::new(),
-        env: Vec::new(),
-        policy: None,
-        dns: None,
-        as_nobody: false,
-        cwd: None,
-    }
-}
-
-impl Run {
-    pub(crate) fn policy(mut self, yaml: &str) -> Self {
-        self.policy = Some(yaml.to_string());
-        self
-    }
-    pub(crate) fn dns(mut self, addr: SocketAddr) -> Self {
-        self.dns = Some(addr);
-        self
-    }
-    pub(crate) fn arg(mut self, a: impl Into<OsString>) -> Self {
-        self.args.push(a.into());
-        self
-    }
-    pub(crate) fn env(mut self, k: &str, v: &str) -> Self {
-        self.env.push((k.into(), v.into()));
-        self
-    }
-    /// Runs the launcher as uid/gid 65534 with no supplementary groups.
-    pub(crate) fn unprivileged(mut self) -> Self {
-        self.as_nobody = true;
-        self
-    }
-    /// Runs the launcher in `dir` (default: an empty directory of its own,
-    /// which the sandbox shows read-write).
-    pub(crate) fn cwd(mut self, dir: impl Into<PathBuf>) -> Self {
-        self.cwd = Some(dir.into());
-        self
-    }
-
-    /// Runs `egressd run … -- cmd…` and waits for it.
-    pub(crate) fn cmd(self, cmd: &[&str]) -> Outcome {
-        let dir = tempfile::tempdir().unwrap();
-        let log_path = dir.path().join("decisions.log");
-        let policy_dir = dir.path().join("policy");
-        std::fs::create_dir(&policy_dir).unwrap();
-        // The working directory the sandbox shows: beside the policy and
-        // the log, which the sandbox does not show.
-        let work = dir.path().join("work");
-        std::fs::create_dir(&work).unwrap();
-        std::fs::write(
-            policy_dir.join("p.yaml"),
-            self.policy.as_deref().unwrap_or("exceptions: []\n"),
-        )
-        .unwrap();
-        if self.as_nobody {
-            use std::os::unix::fs::PermissionsExt;
-            for (p, mode) in [
-                (dir.path(), 0o777),
-                (policy_dir.as_path(), 0o755),
-                (policy_dir.join("p.yaml").as_path(), 0o644),
-            ] {
-                std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).unwrap();
-            }
-            std::os::unix::fs::chown(&work, Some(65534), Some(65534)).unwrap();
-        }
-        let bin = env!("CARGO_BIN_EXE_egressd");
-        let mut c = if self.as_nobody {
-            let mut c = Command::new("setpriv");
-            c.args(["--reuid=65534", "--regid=65534", "--clear-groups", bin]);
-            c.env("HOME", "/nonexistent");
-            c
-        } else {
-            Command::new(bin)
-        };
-        c.arg("run")
-            .arg("--policy")
-            .arg(&policy_dir)
-            .arg("--log")
-            .arg(&log_path)
-            .arg("--upstream-dns")
-            .arg(
-                self.dns
-                    .map(|a| a.to_string())
-                    .unwrap_or_else(|| "127.0.0.1:9".into()),
-            )
-            .args(&self.args)
-            .arg("--")
-            .args(cmd)
-            .current_dir(self.cwd.as_deref().unwrap_or(&work))
-            .env_remove("EGRESSD_POLICY")
-            .env_remove("EGRESSD_CA_DIR")
-            .env_remove("EGRESSD_TOKEN")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        for (k, v) in &self.env {
-            c.env(k, v);
-        }
-        let start = Instant::now();
-        let mut child = c.spawn().expect("spawn egressd run");
-        let pid = child.id();
-        let mut out = child.stdout.take().unwrap();
-        let mut err = child.stderr.take().unwrap();
-        let t_out = thread::spawn(move || {
-            let mut s = String::new();
-            let _ = out.read_to_string(&mut s);
-            s
-        });
-        let t_err = thread::spawn(move || {
-            let mut s = String::new();
-            let _ = err.read_to_string(&mut s);
-            s
-        });
-        let status = loop {
-            if let Some(s) = child.try_wait().unwrap() {
-                break s;
-            }
-            if start.elapsed() > RUN_DEADLINE {
-                let _ = child.kill();
-                let _ = child.wait();
-                panic!(
-                    "egressd run did not finish within {RUN_DEADLINE:?}; stderr: {}",
-                    t_err.join().unwrap()
-                );
-            }
-            thread::sleep(Duration::from_millis(20));
-        };
-        let elapsed = start.elapsed();
-        use std::os::unix::process::ExitStatusExt;
-        let code = status
-            .code()
-            .unwrap_or_else(|| 128 + status.signal().unwrap_or(0));
-        Outcome {
-            code,
-            stdout: t_out.join().unwrap(),
-            stderr: t_err.join().unwrap(),
-            elapsed,
-            pid,
-            log_path,
-            _dir: dir,
-        }
-    }
 }
 
 /// The first global-scope address of this host of the given family, if any.
@@ -246,34 +53,6 @@ fn host_address(v6: bool) -> Option<IpAddr> {
             w.next()?.split('/').next()?.parse().ok()
         })
         .next()
-}
-
-/// A UDP socket that counts the datagrams it receives.
-pub(crate) fn udp_canary(ip: IpAddr) -> (SocketAddr, Arc<AtomicUsize>) {
-    let s = UdpSocket::bind((ip, 0)).unwrap();
-    s.set_read_timeout(Some(Duration::from_millis(200)))
-        .unwrap();
-    let addr = s.local_addr().unwrap();
-    let hits = Arc::new(AtomicUsize::new(0));
-    let h = hits.clone();
-    thread::spawn(move || {
-        let mut buf = [0u8; 2048];
-        let end = Instant::now() + Duration::from_secs(120);
-        while Instant::now() < end {
-            if s.recv_from(&mut buf).is_ok() {
-                h.fetch_add(1, Ordering::SeqCst);
-            }
-        }
-    });
-    (addr, hits)
-}
-
-pub(crate) fn is_root() -> bool {
-    Command::new("id")
-        .arg("-u")
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
-        .unwrap_or(false)
 }
 
 // ---------------------------------------------------------------- egress through egressd
@@ -668,26 +447,6 @@ fn timeout_kills_a_setsid_grandchild_and_returns_124() {
     assert!(survivors.is_empty(), "still running: {survivors:?}");
 }
 
-/// `egressd run` where no cgroup can be had, so that the rlimit fallback
-/// is what bounds CMD: as root, run as uid 65534 (whom no cgroup is
-/// delegated to). `None` (and a SKIPPED note) where that cannot be done.
-pub(crate) fn without_cgroups(test: &str) -> Option<Run> {
-    if is_root() {
-        match unprivileged_userns() {
-            Ok(()) => Some(run().unprivileged()),
-            Err(why) => {
-                eprintln!("SKIPPED {test}: {why}");
-                None
-            }
-        }
-    } else {
-        Some(run())
-    }
-}
-
-/// The launcher's one line saying the limits are per process.
-pub(crate) const FALLBACK_NOTE: &str = "so limits are per process";
-
 #[test]
 fn memory_limit_bites() {
     // The rlimit fallback: address space per process. (With a cgroup the
@@ -866,33 +625,6 @@ exceptions:
 }
 
 // ---------------------------------------------------------------- rootless
-
-/// Whether uid 65534 may create a user namespace here; the reason if not.
-pub(crate) fn unprivileged_userns() -> Result<(), String> {
-    if !is_root() {
-        return Err("the test is not running as root, so it cannot switch to uid 65534 (the other launcher tests already ran unprivileged)".into());
-    }
-    let out = Command::new("setpriv")
-        .args([
-            "--reuid=65534",
-            "--regid=65534",
-            "--clear-groups",
-            "unshare",
-            "--user",
-            "--map-root-user",
-            "true",
-        ])
-        .output()
-        .map_err(|e| format!("cannot run setpriv/unshare: {e}"))?;
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(format!(
-            "this kernel does not let an unprivileged user create a user namespace: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        ))
-    }
-}
 
 #[test]
 fn rootless_as_an_unprivileged_user() {

@@ -11,7 +11,6 @@
 use std::path::PathBuf;
 use std::process::Command;
 
-use crate::launcher::is_root;
 use crate::support::*;
 
 const JSON: &str = "application/vnd.pypi.simple.v1+json";

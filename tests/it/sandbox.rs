@@ -13,7 +13,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread;
 
-use crate::launcher::{is_root, run, unprivileged_userns, without_cgroups, Outcome, FALLBACK_NOTE};
+use crate::support::is_root;
+use crate::support::sandbox::{
+    run, unprivileged_userns, without_cgroups, Outcome, Run, FALLBACK_NOTE,
+};
 
 /// A fresh directory on the host outside everything the sandbox shows.
 fn outside_dir() -> tempfile::TempDir {
@@ -63,7 +66,7 @@ fn as_each_user(test: &str) -> Vec<(&'static str, bool)> {
     v
 }
 
-fn runner(unprivileged: bool) -> crate::launcher::Run {
+fn runner(unprivileged: bool) -> Run {
     if unprivileged {
         run().unprivileged()
     } else {
@@ -629,7 +632,7 @@ fn suggested(stderr: &str) -> Vec<String> {
     flags.split_whitespace().map(str::to_string).collect()
 }
 
-fn with_args(mut b: crate::launcher::Run, args: &[String]) -> crate::launcher::Run {
+fn with_args(mut b: Run, args: &[String]) -> Run {
     for a in args {
         b = b.arg(a);
     }

@@ -26,8 +26,8 @@ use rustls::{HandshakeKind, NamedGroup};
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, ServerName};
 
+use crate::support::tls::{test_pki, CertKey};
 use crate::support::*;
-use crate::tls::{test_pki, CertKey};
 
 fn provider() -> Arc<rustls::crypto::CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())

@@ -20,9 +20,9 @@ use std::sync::Arc;
 use std::thread;
 use std::time::Duration;
 
-use crate::launcher::{is_root, run, udp_canary, unprivileged_userns, Outcome};
+use crate::support::sandbox::{run, udp_canary, unprivileged_userns, Outcome};
+use crate::support::tls::{test_pki, tls_origin_on, TlsOrigin};
 use crate::support::*;
-use crate::tls::{test_pki, tls_origin_on, TlsOrigin};
 
 /// Where the stand-in origins listen, in the test's namespace.
 const ORIGIN_IP: &str = "192.0.2.10";

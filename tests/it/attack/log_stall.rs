@@ -420,7 +420,7 @@ impl Drop for Tmpfs {
 /// of is shown whole).
 #[test]
 fn a_full_tmpfs_refuses_recovers_and_loses_no_line() {
-    if !crate::launcher::is_root() {
+    if !crate::support::is_root() {
         eprintln!("skipped: mounting a tmpfs needs root");
         return;
     }

@@ -30,9 +30,9 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use crate::launcher::{is_root, run, Outcome};
+use crate::support::sandbox::{run, Outcome};
+use crate::support::tls::{test_pki, tls_origin_at, TlsOrigin};
 use crate::support::*;
-use crate::tls::{test_pki, tls_origin_at, TlsOrigin};
 
 const ORIGIN_IP: &str = "192.0.2.10";
 const CANARY_IP: &str = "192.0.2.77";

@@ -34,7 +34,7 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::sync::OnceLock;
 
-use crate::launcher::{is_root, run, Outcome};
+use crate::support::sandbox::{run, Outcome};
 use crate::support::*;
 
 /// Go modules in the lab live under this prefix (and `GONOSUMDB` names it).

@@ -1,0 +1,234 @@
+//! TLS for the tests: a test PKI (the origins' own CA, not egressd's) and
+//! a local HTTPS origin (h2 and/or http/1.1 by ALPN) that records what it
+//! was asked. `tests/it/tls.rs` and the transparent, browser and TLS-reuse
+//! tests use them.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::thread;
+
+use bytes::Bytes;
+use http::{Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair, KeyUsagePurpose};
+use rustls_pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use super::Listener;
+
+// ---------------------------------------------------------------- test PKI
+
+/// The origins' own CA (not egressd's), and certificates it signs.
+pub struct TestPki {
+    issuer: Issuer<'static, KeyPair>,
+    pub ca_pem: String,
+}
+
+pub fn test_pki() -> TestPki {
+    let key = KeyPair::generate().unwrap();
+    let mut p = CertificateParams::new(Vec::<String>::new()).unwrap();
+    p.distinguished_name
+        .push(DnType::CommonName, "egressd test origin CA");
+    p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    p.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+    let cert = p.self_signed(&key).unwrap();
+    TestPki {
+        ca_pem: cert.pem(),
+        issuer: Issuer::new(p, key),
+    }
+}
+
+pub type CertKey = (CertificateDer<'static>, PrivateKeyDer<'static>);
+
+impl TestPki {
+    pub fn leaf(&self, names: &[&str]) -> CertKey {
+        let key = KeyPair::generate().unwrap();
+        let p = CertificateParams::new(names.iter().map(|s| s.to_string()).collect::<Vec<_>>())
+            .unwrap();
+        let cert = p.signed_by(&key, &self.issuer).unwrap();
+        (cert.der().clone(), pkcs8(&key))
+    }
+}
+
+pub fn pkcs8(key: &KeyPair) -> PrivateKeyDer<'static> {
+    PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der()))
+}
+
+/// A certificate for `name` that no CA vouches for.
+pub fn self_signed(name: &str) -> CertKey {
+    let key = KeyPair::generate().unwrap();
+    let cert = CertificateParams::new(vec![name.to_string()])
+        .unwrap()
+        .self_signed(&key)
+        .unwrap();
+    (cert.der().clone(), pkcs8(&key))
+}
+
+pub fn provider() -> Arc<rustls::crypto::CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+// ---------------------------------------------------------------- TLS origin
+
+/// A request as the TLS origin received it.
+#[derive(Debug, Clone)]
+pub struct SeenTls {
+    pub method: String,
+    pub target: String,
+    pub version: String,
+    pub headers: Vec<(String, String)>,
+}
+
+impl SeenTls {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+/// A local HTTPS origin (h2 and/or http/1.1 by ALPN) that records every
+/// request, answers `hello from tls origin <target>`, and echoes bytes
+/// after an `Upgrade`.
+pub struct TlsOrigin {
+    pub addr: SocketAddr,
+    seen: Arc<Mutex<Vec<SeenTls>>>,
+}
+
+impl TlsOrigin {
+    pub fn port(&self) -> u16 {
+        self.addr.port()
+    }
+    pub fn last(&self) -> Option<SeenTls> {
+        self.seen.lock().unwrap().last().cloned()
+    }
+    pub fn count(&self) -> usize {
+        self.seen.lock().unwrap().len()
+    }
+    /// Every request's method and target, in order.
+    pub fn requests(&self) -> Vec<(String, String)> {
+        let seen = self.seen.lock().unwrap();
+        seen.iter()
+            .map(|s| (s.method.clone(), s.target.clone()))
+            .collect()
+    }
+}
+
+impl Listener for TlsOrigin {
+    fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+}
+
+pub fn tls_origin(ck: CertKey, alpn: &[&[u8]]) -> TlsOrigin {
+    tls_origin_on("127.0.0.1".parse().unwrap(), ck, alpn)
+}
+
+/// [`tls_origin`] on another local address.
+pub fn tls_origin_on(ip: std::net::IpAddr, ck: CertKey, alpn: &[&[u8]]) -> TlsOrigin {
+    tls_origin_at(std::net::SocketAddr::new(ip, 0), ck, alpn)
+}
+
+/// A [`TlsOrigin`] on `at` (a fixed port, for a browser that is given URLs
+/// without one).
+pub fn tls_origin_at(at: std::net::SocketAddr, (cert, key): CertKey, alpn: &[&[u8]]) -> TlsOrigin {
+    let mut config = rustls::ServerConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(vec![cert], key)
+        .unwrap();
+    config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+    let l = std::net::TcpListener::bind(at).unwrap();
+    l.set_nonblocking(true).unwrap();
+    let addr = l.local_addr().unwrap();
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let s2 = seen.clone();
+    thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async move {
+            let l = tokio::net::TcpListener::from_std(l).unwrap();
+            loop {
+                let Ok((tcp, _)) = l.accept().await else {
+                    continue;
+                };
+                let (acceptor, seen) = (acceptor.clone(), s2.clone());
+                tokio::spawn(async move {
+                    let Ok(tls) = acceptor.accept(tcp).await else {
+                        return;
+                    };
+                    let svc =
+                        hyper::service::service_fn(move |req| origin_handle(req, seen.clone()));
+                    let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                        .serve_connection_with_upgrades(TokioIo::new(tls), svc)
+                        .await;
+                });
+            }
+        });
+    });
+    TlsOrigin { addr, seen }
+}
+
+async fn origin_handle(
+    mut req: Request<Incoming>,
+    seen: Arc<Mutex<Vec<SeenTls>>>,
+) -> Result<Response<Full<Bytes>>, Infallible> {
+    let target = req
+        .uri()
+        .path_and_query()
+        .map(|p| p.as_str().to_string())
+        .unwrap_or_default();
+    seen.lock().unwrap().push(SeenTls {
+        method: req.method().to_string(),
+        target: target.clone(),
+        version: format!("{:?}", req.version()),
+        // HTTP/2's :authority (the URI's, which hyper takes from it) is
+        // kept as a header of that name, beside any `host`.
+        headers: req
+            .uri()
+            .authority()
+            .filter(|_| req.version() == http::Version::HTTP_2)
+            .map(|a| (":authority".to_string(), a.to_string()))
+            .into_iter()
+            .chain(
+                req.headers()
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_str().unwrap_or("?").to_string())),
+            )
+            .collect(),
+    });
+    if let Some(proto) = req.headers().get(http::header::UPGRADE).cloned() {
+        let on = hyper::upgrade::on(&mut req);
+        tokio::spawn(async move {
+            let Ok(up) = on.await else { return };
+            let mut io = TokioIo::new(up);
+            let mut buf = [0u8; 4096];
+            while let Ok(n) = io.read(&mut buf).await {
+                if n == 0 || io.write_all(&buf[..n]).await.is_err() {
+                    break;
+                }
+            }
+        });
+        return Ok(Response::builder()
+            .status(StatusCode::SWITCHING_PROTOCOLS)
+            .header(http::header::UPGRADE, proto)
+            .header(http::header::CONNECTION, "upgrade")
+            .body(Full::new(Bytes::new()))
+            .unwrap());
+    }
+    let _ = req.into_body().collect().await;
+    Ok(Response::builder()
+        .header("x-origin", "tls")
+        .body(Full::new(Bytes::from(format!(
+            "hello from tls origin {target}"
+        ))))
+        .unwrap())
+}

@@ -1,0 +1,98 @@
+//! The programs and privileges tests need from the machine. `tests/setup`
+//! installs every program; a test whose program is missing, or that needs
+//! root and does not have it, fails with what to do. No test reports `ok`
+//! without having run.
+
+use std::path::{Path, PathBuf};
+
+/// Each program a test drives, and how it is installed (what `tests/setup`
+/// does for it).
+const INSTALL: &[(&str, &str)] = &[
+    ("bash", "apt-get install bash"),
+    ("certutil", "apt-get install libnss3-tools"),
+    ("check-jsonschema", "tests/setup installs it from PyPI"),
+    ("chromium", "apt-get install chromium"),
+    ("curl", "apt-get install curl"),
+    ("dns2tcpc", "apt-get install dns2tcp"),
+    ("dns2tcpd", "apt-get install dns2tcp"),
+    ("go", "apt-get install golang-go"),
+    ("iodine", "apt-get install iodine"),
+    ("iodined", "apt-get install iodine"),
+    ("ip", "apt-get install iproute2"),
+    ("mkfifo", "apt-get install coreutils"),
+    ("nft", "apt-get install nftables"),
+    ("node", "apt-get install nodejs"),
+    ("npm", "apt-get install npm"),
+    ("pnpm", "npm install -g pnpm@12.23.0"),
+    ("promtool", "apt-get install prometheus"),
+    (
+        "python3",
+        "apt-get install python3 python3-venv python3-pip",
+    ),
+    ("setpriv", "apt-get install util-linux"),
+    ("systemd-analyze", "apt-get install systemd"),
+    ("time", "apt-get install time"),
+    ("unshare", "apt-get install util-linux"),
+    (
+        "uv",
+        "tests/setup installs it from PyPI into /usr/local/bin",
+    ),
+];
+
+/// How `name` is installed, for the failure message.
+pub fn install_hint(name: &str) -> &'static str {
+    INSTALL
+        .iter()
+        .find(|(n, _)| *n == name)
+        .map_or("see tests/setup", |(_, how)| how)
+}
+
+/// The message a test fails with when `name` is missing.
+pub fn missing(name: &str) -> String {
+    format!(
+        "{name} is missing: run tests/setup ({})",
+        install_hint(name)
+    )
+}
+
+/// `name` on `PATH` (or in `/usr/sbin`, `/sbin`, where Debian puts some of
+/// them); fails the test, with the command that installs it, when absent.
+pub fn tool(name: &str) -> PathBuf {
+    find_tool(name).unwrap_or_else(|| panic!("{}", missing(name)))
+}
+
+/// `name` on `PATH`, `/usr/sbin` or `/sbin`, if it is there.
+pub fn find_tool(name: &str) -> Option<PathBuf> {
+    super::on_path(name).or_else(|| {
+        ["/usr/sbin", "/sbin"]
+            .iter()
+            .map(|d| Path::new(d).join(name))
+            .find(|p| p.is_file())
+    })
+}
+
+/// The program at `path` (a test that runs it by its absolute path); fails
+/// the test, with the command that installs it, when absent.
+pub fn installed(path: &str) -> PathBuf {
+    let p = PathBuf::from(path);
+    assert!(
+        p.is_file(),
+        "{}",
+        missing(p.file_name().unwrap().to_str().unwrap())
+    );
+    p
+}
+
+/// Whether the tests run as root.
+pub fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// Fails the test unless it runs as root; `why` says what needs root.
+pub fn need_root(test: &str, why: &str) {
+    assert!(
+        is_root(),
+        "{test} needs root ({why}): run the README's test command as root"
+    );
+}
