@@ -294,9 +294,7 @@ fn sarif_output_is_valid_sarif_2_1_0() {
                 .starts_with("3 × CONNECT pypi.org:443: was allowed by pypi")),
         "{notes:?}"
     );
-    let Some(tool) = validators::check_jsonschema("sarif_output_is_valid_sarif_2_1_0") else {
-        return;
-    };
+    let tool = validators::check_jsonschema("sarif_output_is_valid_sarif_2_1_0");
     let (ok, report) = validators::validate(&tool, &schema, &files);
     assert!(ok, "SARIF that the 2.1.0 schema refuses: {report:#}");
     // The validator does refuse a document that breaks the schema.

@@ -5,7 +5,7 @@
 //! Dockerfile's HEALTHCHECK works against a running egressd, and — where the
 //! tools are installed — promtool checks and unit-tests the rules (and the
 //! dashboard's queries) and systemd-analyze verifies the unit. A missing
-//! tool prints SKIPPED and why.
+//! tool fails the test with the command that installs it.
 
 use std::collections::BTreeSet;
 use std::fs;
@@ -13,7 +13,7 @@ use std::process::{Command, Stdio};
 
 use serde_yaml_ng::Value;
 
-use crate::support::{egressd, on_path, root, scratch};
+use crate::support::{egressd, root, scratch, tool};
 
 fn read(p: &str) -> String {
     fs::read_to_string(root().join(p)).unwrap_or_else(|e| panic!("{p}: {e}"))
@@ -153,10 +153,7 @@ fn dashboard_is_importable_json() {
 /// and every dashboard query parsed by promtool as a recording rule.
 #[test]
 fn promtool_checks_rules_and_dashboard_queries() {
-    let Some(promtool) = on_path("promtool") else {
-        println!("SKIPPED promtool checks: no promtool on PATH (apt-get install -y prometheus)");
-        return;
-    };
+    let promtool = tool("promtool");
     let dir = root().join("deploy/prometheus");
     let run = |args: &[&str]| {
         let o = Command::new(&promtool)
@@ -342,10 +339,7 @@ fn dockerfile_healthcheck_probes_healthz() {
     let argv: Vec<String> =
         serde_json::from_str(line.trim_start().trim_start_matches("CMD ")).unwrap();
     assert_eq!(argv[..2], ["bash", "-c"]);
-    let Some(bash) = on_path("bash") else {
-        println!("SKIPPED healthcheck: no bash");
-        return;
-    };
+    let bash = tool("bash");
     // The shipped policy, and nothing from the test's environment.
     let e = egressd()
         .policy_path(&root().join("policy"))
@@ -383,10 +377,7 @@ fn systemd_unit_verifies() {
     ] {
         assert!(unit.contains(want), "unit lacks {want:?}");
     }
-    let Some(analyze) = on_path("systemd-analyze") else {
-        println!("SKIPPED systemd-analyze verify: not installed");
-        return;
-    };
+    let analyze = tool("systemd-analyze");
     // verify wants ExecStart to exist: point it at the binary under test.
     let tmp = scratch();
     let f = tmp.path("egressd.service");

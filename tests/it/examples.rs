@@ -1,13 +1,13 @@
 //! The client examples (examples/clients/) run behind a real `egressd serve`
 //! on 127.0.0.1: an http:// request to a local origin that an exception
 //! allows goes through, and an https:// CONNECT nothing allows is refused
-//! with its reason read back from egressd. Python is required (CI installs
-//! it); the Node example is skipped with a message when node is absent.
+//! with its reason read back from egressd. Python and Node are required
+//! (`tests/setup` installs them).
 
 use std::path::Path;
 use std::process::Command;
 
-use crate::support::{egressd, on_path, policy, raw_origin, root, Act, Egressd, RawOrigin};
+use crate::support::{egressd, on_path, policy, raw_origin, root, tool, Act, Egressd, RawOrigin};
 
 /// A plain-HTTP origin on 127.0.0.1 answering every request with `hello`.
 fn hello_origin() -> RawOrigin {
@@ -95,10 +95,7 @@ fn python_client_behind_egressd() {
 
 #[test]
 fn node_client_behind_egressd() {
-    let Some(node) = on_path("node") else {
-        println!("SKIPPED node client: no node on PATH");
-        return;
-    };
+    let node = tool("node");
     let origin = hello_origin();
     let port = origin.addr.port();
     let (_e, proxy) = egressd_for(port);

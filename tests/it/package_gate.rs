@@ -6,7 +6,8 @@
 //! document would carry the held versions, every denied file would come
 //! from the registry, and no line would name a package.
 //!
-//! Needs root (the registries' port 443); elsewhere SKIPPED.
+//! Needs root (the registries' port 443); without it a test fails and
+//! says so.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -80,12 +81,12 @@ struct Gate {
 }
 
 /// A fresh registry with `publish` done, then egressd with `policy(reg)`;
-/// `None` (SKIPPED) without root.
+/// Needs root (the registry listens on port 443).
 fn start(
     test: &str,
     publish: impl FnOnce(&Registry),
     policy: impl FnOnce(&Registry) -> String,
-) -> Option<Gate> {
+) -> Gate {
     start_with(test, publish, policy, "", |b| b)
 }
 
@@ -96,11 +97,8 @@ fn start_with(
     policy: impl FnOnce(&Registry) -> String,
     extra_ca: &str,
     more: impl FnOnce(Builder) -> Builder,
-) -> Option<Gate> {
-    if !is_root() {
-        eprintln!("SKIPPED {test}: the fake registry needs port 443 (root)");
-        return None;
-    }
+) -> Gate {
+    need_root(test, "the fake registry listens on port 443");
     let BehindEgressd {
         reg,
         dns,
@@ -115,13 +113,13 @@ fn start_with(
         .env("EGRESSD_UPSTREAM_CA", reg_ca.to_str().unwrap())
         .policy("p.yaml", &policy(&reg));
     let e = more(b).start();
-    Some(Gate {
+    Gate {
         reg,
         dns,
         e,
         ca: certs.join("ca.pem"),
         dir,
-    })
+    }
 }
 
 #[derive(Debug)]
@@ -248,7 +246,7 @@ fn path_of(u: &str) -> String {
 
 #[test]
 fn pypi_indexes_are_filtered_and_kept_entries_are_byte_identical() {
-    let Some(g) = start(
+    let g = start(
         "pypi_indexes_are_filtered_and_kept_entries_are_byte_identical",
         |r| {
             r.publish_all(
@@ -260,9 +258,7 @@ fn pypi_indexes_are_filtered_and_kept_entries_are_byte_identical() {
             )
         },
         |_| policy_yaml("", ""),
-    ) else {
-        return;
-    };
+    );
     let upstream = g
         .reg
         .doc_body("pypi.org", "/simple/requests/", Some(JSON))
@@ -354,7 +350,7 @@ fn pypi_indexes_are_filtered_and_kept_entries_are_byte_identical() {
 
 #[test]
 fn npm_packuments_hold_new_versions_back_and_keep_the_rest_byte_identical() {
-    let Some(g) = start(
+    let g = start(
         "npm_packuments_hold_new_versions_back_and_keep_the_rest_byte_identical",
         |r| {
             r.publish_all(
@@ -363,9 +359,7 @@ fn npm_packuments_hold_new_versions_back_and_keep_the_rest_byte_identical() {
             )
         },
         |_| policy_yaml("", ""),
-    ) else {
-        return;
-    };
+    );
     let upstream: serde_json::Value = serde_json::from_slice(
         &g.reg
             .doc_body("registry.npmjs.org", "/left-pad", Some("application/json"))
@@ -407,13 +401,11 @@ fn npm_packuments_hold_new_versions_back_and_keep_the_rest_byte_identical() {
 
 #[test]
 fn an_unapproved_name_is_refused_in_the_reason_phrase_pip_shows() {
-    let Some(g) = start(
+    let g = start(
         "an_unapproved_name_is_refused_in_the_reason_phrase_pip_shows",
         |r| r.publish_all(Eco::Pypi, &[("requests", "2.31.0", 10 * DAY)]),
         |_| policy_yaml("", ""),
-    ) else {
-        return;
-    };
+    );
     let file = made_up_file("reqests-2.31.0-py3-none-any.whl");
     let r = g.get(&url("files.pythonhosted.org", &file));
     assert_eq!(r.status, 403, "{r:?}");
@@ -450,16 +442,14 @@ fn an_unapproved_name_is_refused_in_the_reason_phrase_pip_shows() {
 
 #[test]
 fn npm_denials_are_json_errors_and_go_denials_are_403_text() {
-    let Some(g) = start(
+    let g = start(
         "npm_denials_are_json_errors_and_go_denials_are_403_text",
         |r| {
             r.publish_all(Eco::Npm, &[("left-pad", "1.0.0", 10 * DAY)]);
             r.publish_all(Eco::Go, &[("git.lab.example/ok", "v1.0.0", 10 * DAY)]);
         },
         |_| policy_yaml("", ""),
-    ) else {
-        return;
-    };
+    );
     let r = g.get(&url("registry.npmjs.org", "/lef-pad"));
     assert_eq!(r.status, 403, "{r:?}");
     assert!(r
@@ -516,7 +506,7 @@ fn npm_denials_are_json_errors_and_go_denials_are_403_text() {
 
 #[test]
 fn a_download_before_any_index_is_authorised_by_egressds_own_fetch() {
-    let Some(g) = start(
+    let g = start(
         "a_download_before_any_index_is_authorised_by_egressds_own_fetch",
         |r| {
             r.publish_all(
@@ -528,9 +518,7 @@ fn a_download_before_any_index_is_authorised_by_egressds_own_fetch() {
             )
         },
         |_| policy_yaml("", ""),
-    ) else {
-        return;
-    };
+    );
     let ok = g
         .reg
         .pypi_url("requests", &wheel_name("requests", "2.31.0"));
@@ -591,7 +579,7 @@ fn a_download_before_any_index_is_authorised_by_egressds_own_fetch() {
 
 #[test]
 fn report_mode_indexes_hide_what_a_deny_entry_holds_and_nothing_else() {
-    let Some(g) = start(
+    let g = start(
         "report_mode_indexes_hide_what_a_deny_entry_holds_and_nothing_else",
         |r| {
             r.publish_all(
@@ -609,9 +597,7 @@ fn report_mode_indexes_hide_what_a_deny_entry_holds_and_nothing_else() {
                 "  mode: report\n",
             )
         },
-    ) else {
-        return;
-    };
+    );
     let r = g.curl(
         &["-H", &format!("Accept: {JSON}")],
         &url("pypi.org", "/simple/requests/"),
@@ -647,7 +633,7 @@ fn report_mode_indexes_hide_what_a_deny_entry_holds_and_nothing_else() {
 #[test]
 fn a_file_that_does_not_match_its_pin_is_cut_short() {
     let pins = std::cell::RefCell::new((String::new(), String::new()));
-    let Some(g) = start(
+    let g = start(
         "a_file_that_does_not_match_its_pin_is_cut_short",
         |r| {
             r.publish_all(
@@ -668,9 +654,7 @@ fn a_file_that_does_not_match_its_pin_is_cut_short() {
                 "",
             )
         },
-    ) else {
-        return;
-    };
+    );
     // The pinned file, as the registry has it: allowed, whole.
     let idna = g.reg.pypi_url("idna", &wheel_name("idna", "1.0"));
     let r = g.get(&idna);
@@ -717,7 +701,7 @@ fn a_file_that_does_not_match_its_pin_is_cut_short() {
 
 #[test]
 fn an_index_that_cannot_be_filtered_is_a_502_never_passed_on() {
-    let Some(g) = start(
+    let g = start(
         "an_index_that_cannot_be_filtered_is_a_502_never_passed_on",
         |r| {
             r.put_raw(
@@ -737,9 +721,7 @@ fn an_index_that_cannot_be_filtered_is_a_502_never_passed_on() {
             );
         },
         |_| policy_yaml("", ""),
-    ) else {
-        return;
-    };
+    );
     let r = g.curl(
         &["-H", &format!("Accept: {JSON}")],
         &url("pypi.org", "/simple/requests/"),
@@ -768,7 +750,7 @@ fn an_index_that_cannot_be_filtered_is_a_502_never_passed_on() {
 
 #[test]
 fn etags_are_the_filtered_documents_own_across_a_policy_reload() {
-    let Some(g) = start(
+    let g = start(
         "etags_are_the_filtered_documents_own_across_a_policy_reload",
         |r| {
             r.publish_all(
@@ -780,9 +762,7 @@ fn etags_are_the_filtered_documents_own_across_a_policy_reload() {
             )
         },
         |_| policy_yaml("", ""),
-    ) else {
-        return;
-    };
+    );
     let index = url("pypi.org", "/simple/requests/");
     let accept = format!("Accept: {JSON}");
     let first = g.curl(&["-H", &accept], &index);
@@ -829,7 +809,7 @@ fn etags_are_the_filtered_documents_own_across_a_policy_reload() {
 /// copy at once, without a trip to the registry.
 #[test]
 fn a_kept_index_is_filtered_by_the_policy_after_a_reload() {
-    let Some(g) = start(
+    let g = start(
         "a_kept_index_is_filtered_by_the_policy_after_a_reload",
         |r| {
             r.publish_all(
@@ -842,9 +822,7 @@ fn a_kept_index_is_filtered_by_the_policy_after_a_reload() {
             r.set_cache_control("pypi.org", "/simple/requests/", "max-age=600");
         },
         |_| policy_yaml("", ""),
-    ) else {
-        return;
-    };
+    );
     let index = url("pypi.org", "/simple/requests/");
     let accept = format!("Accept: {JSON}");
     let first = g.curl(&["-H", &accept], &index);
@@ -886,10 +864,10 @@ fn a_kept_index_is_filtered_by_the_policy_after_a_reload() {
 
 #[test]
 fn a_mirror_gets_its_credential_and_the_sandbox_never_sees_it() {
-    if !is_root() {
-        eprintln!("SKIPPED a_mirror_gets_its_credential_and_the_sandbox_never_sees_it: root");
-        return;
-    }
+    need_root(
+        "a_mirror_gets_its_credential_and_the_sandbox_never_sees_it",
+        "the fake registry listens on port 443",
+    );
     const TOKEN: &str = "mirror-secret-7f3a";
     // The mirror: another registry, serving what it has under its own
     // path and its own absolute URLs, as Artifactory does.
@@ -926,15 +904,13 @@ fn a_mirror_gets_its_credential_and_the_sandbox_never_sees_it() {
     let mirrors = format!(
         "    mirrors:\n      pypi: {{ url: \"https://{MIRROR_HOST}/api/pypi/simple/\", inject: {{ headers: {{ Authorization: \"Bearer ${{env:MIRROR_TOKEN}}\" }} }} }}\n"
     );
-    let Some(g) = start_with(
+    let g = start_with(
         "a_mirror_gets_its_credential_and_the_sandbox_never_sees_it",
         |_| {},
         |_| policy_yaml("", &mirrors),
         &mirror.ca_pem,
         |b| b.env("MIRROR_TOKEN", TOKEN),
-    ) else {
-        return;
-    };
+    );
     // Reached by its address, private as it is, with no exception for it.
     g.dns.set(MIRROR_HOST, &[&mirror.ip()]);
 
@@ -976,7 +952,7 @@ fn a_mirror_gets_its_credential_and_the_sandbox_never_sees_it() {
 
 #[test]
 fn go_lists_are_timed_by_each_mod_files_last_modified() {
-    let Some(g) = start(
+    let g = start(
         "go_lists_are_timed_by_each_mod_files_last_modified",
         |r| {
             r.publish_all(
@@ -997,9 +973,7 @@ fn go_lists_are_timed_by_each_mod_files_last_modified() {
                 "    allow: [\"git.lab.example/ok >=v2.0.0\"]\n  - id: gotimed\n    owner: go-team\n    reason: vetted\n    ecosystem: go\n    min_age: 3d\n    allow: [git.lab.example/timed]\n",
             )
         },
-    ) else {
-        return;
-    };
+    );
     let list = g.get(&url("proxy.golang.org", "/git.lab.example/timed/@v/list"));
     assert_eq!(list.status, 200, "{list:?}");
     assert_eq!(list.text(), "v1.0.0\n", "v1.1.0 is a day old");
@@ -1060,7 +1034,7 @@ fn a_plain_http_mirror_serves_downloads_egressd_authorised_through_it() {
     });
     let base = format!("http://{}/pypi/", mirror.addr);
     let mut public_file = String::new();
-    let Some(g) = start_with(
+    let g = start_with(
         "a_plain_http_mirror_serves_downloads_egressd_authorised_through_it",
         |r| {
             r.publish_all(Eco::Pypi, &[("requests", "2.31.0", 10 * DAY)]);
@@ -1095,9 +1069,7 @@ fn a_plain_http_mirror_serves_downloads_egressd_authorised_through_it() {
         },
         "",
         |b| b,
-    ) else {
-        return;
-    };
+    );
     // The URL a client finds in the filtered index, asked for first.
     let file_url = format!("https://files.pythonhosted.org/pypi{public_file}");
     let r = g.get(&file_url);

@@ -14,7 +14,7 @@ use egressd::time::{format_date, format_rfc3339_millis, unix_now};
 use flate2::write::GzEncoder;
 use flate2::Compression;
 
-use crate::support::{on_path, scratch, Scratch};
+use crate::support::{missing, on_path, scratch, Scratch};
 
 const DAY: i64 = 86400;
 
@@ -565,20 +565,18 @@ const CHROMIUM_FLAGS: &[&str] = &[
     "--proxy-server=http://127.0.0.1:9",
 ];
 
-fn find_chromium() -> Option<PathBuf> {
+fn find_chromium() -> PathBuf {
     ["chromium", "chromium-browser", "google-chrome"]
         .into_iter()
         .find_map(on_path)
+        .unwrap_or_else(|| panic!("{}", missing("chromium")))
 }
 
 /// Loads the page in headless Chromium and checks what rendered: the
 /// computed table rows, and the summary line that only the page's own
 /// script adds (so the script ran under the page's CSP).
 fn render_in_browser(dir: &Scratch, page: &Path) {
-    let Some(chromium) = find_chromium() else {
-        println!("SKIPPED browser check: no chromium on PATH (apt-get install -y chromium)");
-        return;
-    };
+    let chromium = find_chromium();
     let profile = dir.path("chromium-profile");
     fs::create_dir_all(&profile).unwrap();
     let url = format!("file://{}", page.display());

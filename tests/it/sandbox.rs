@@ -13,10 +13,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread;
 
-use crate::support::is_root;
 use crate::support::sandbox::{
     run, unprivileged_userns, without_cgroups, Outcome, Run, FALLBACK_NOTE,
 };
+use crate::support::{is_root, need_root};
 
 /// A fresh directory on the host outside everything the sandbox shows.
 fn outside_dir() -> tempfile::TempDir {
@@ -60,8 +60,10 @@ fn as_each_user(test: &str) -> Vec<(&'static str, bool)> {
     if is_root() {
         match unprivileged_userns() {
             Ok(()) => v.push(("as uid 65534", true)),
-            Err(why) => eprintln!("SKIPPED {test} as uid 65534: {why}"),
+            Err(why) => panic!("{test} as uid 65534: {why}"),
         }
+    } else {
+        need_root(test, "the uid 65534 variant");
     }
     v
 }
@@ -209,18 +211,15 @@ fn secrets_root_only_files_and_hidden_directories_are_out_of_reach() {
     );
     // Masked: an empty file, whatever the host's permissions would allow.
     assert!(r.stdout.contains("shadow-size=0"), "{}", r.context());
-    if is_root() {
-        // Root's own 0600 file: CMD holds no host privilege.
-        assert!(!r.stdout.contains("root-only-content"), "{}", r.context());
-        assert!(
-            r.stderr
-                .contains(&format!("{}: Permission denied", secret.display())),
-            "{}",
-            r.context()
-        );
-    } else {
-        eprintln!("SKIPPED the root-only file: the test is not running as root");
-    }
+    // Root's own 0600 file: CMD holds no host privilege.
+    need_root("secrets_root_only_files…", "a file only root may read");
+    assert!(!r.stdout.contains("root-only-content"), "{}", r.context());
+    assert!(
+        r.stderr
+            .contains(&format!("{}: Permission denied", secret.display())),
+        "{}",
+        r.context()
+    );
     assert!(
         r.stdout.contains("public-content"),
         "--ro works: {}",
@@ -285,10 +284,7 @@ fn writes_land_owned_by_the_invoking_user_and_nowhere_else() {
         assert!(!ro.path().join("egressd-x").exists());
     }
 
-    if !is_root() {
-        eprintln!("SKIPPED the SUDO_UID and --owner cases: they need root");
-        return;
-    }
+    need_root("writes_land_owned_by…", "the SUDO_UID and --owner cases");
     // Through sudo, files belong to the user who ran sudo; --owner names
     // another. Either way CMD is that user on the host, never root.
     for (how, extra_env, args) in [
@@ -442,14 +438,12 @@ fn the_working_directory_is_rw_ro_or_not_shown() {
 
 // ---------------------------------------------------------------- whole-sandbox limits
 
-/// Whether a cgroup bounds this run (as root it must: CI runs as root).
-fn had_a_cgroup(test: &str, r: &Outcome) -> bool {
-    if !r.stderr.contains(FALLBACK_NOTE) {
-        return true;
+/// Fails `test` unless a cgroup bounds this run (as root it must).
+fn need_a_cgroup(test: &str, r: &Outcome) {
+    if r.stderr.contains(FALLBACK_NOTE) {
+        need_root(test, "a cgroup for the whole sandbox");
+        panic!("{test}: root got no cgroup: {}", r.context());
     }
-    assert!(!is_root(), "root got no cgroup: {}", r.context());
-    eprintln!("SKIPPED {test}: no cgroup can be made here");
-    false
 }
 
 /// No directory named after the launcher is left under /sys/fs/cgroup.
@@ -510,9 +504,7 @@ fn memory_is_bounded_for_the_whole_sandbox() {
         .arg("--memory")
         .arg("400M")
         .cmd(&["python3", "-c", CHILDREN_OF_300_MIB, "1"]);
-    if !had_a_cgroup("memory_is_bounded_for_the_whole_sandbox", &r) {
-        return;
-    }
+    need_a_cgroup("memory_is_bounded_for_the_whole_sandbox", &r);
     assert_eq!(r.code, 0, "one child of 300 MiB fits: {}", r.context());
     assert!(r.stdout.contains("statuses [0]"), "{}", r.context());
     cgroups_removed(r.pid);
@@ -568,9 +560,8 @@ fn a_fork_loop_stops_at_the_pids_limit_in_total() {
             r.context()
         );
         if !unprivileged {
-            if had_a_cgroup("a_fork_loop_stops…", &r) {
-                cgroups_removed(r.pid);
-            }
+            need_a_cgroup("a_fork_loop_stops…", &r);
+            cgroups_removed(r.pid);
         } else {
             assert!(
                 r.stderr
@@ -589,9 +580,7 @@ fn cpu_time_is_bounded_for_the_whole_sandbox() {
     let burn = "import time\nwhile time.process_time() < 0.35: pass\n";
     let script = format!("for i in 1 2 3 4; do python3 -c '{burn}' & done; wait; echo all-done");
     let r = run().arg("--cpu").arg("1").cmd(&["sh", "-c", &script]);
-    if !had_a_cgroup("cpu_time_is_bounded_for_the_whole_sandbox", &r) {
-        return;
-    }
+    need_a_cgroup("cpu_time_is_bounded_for_the_whole_sandbox", &r);
     assert_eq!(r.code, 128 + libc::SIGXCPU, "{}", r.context());
     assert!(!r.stdout.contains("all-done"), "{}", r.context());
     assert!(
@@ -602,14 +591,12 @@ fn cpu_time_is_bounded_for_the_whole_sandbox() {
     cgroups_removed(r.pid);
 
     // Where no cgroup can be had, --cpu is each process's, and says so.
-    let Some(b) = without_cgroups("cpu_time_is_bounded… (fallback)") else {
-        return;
-    };
+    let b = without_cgroups("cpu_time_is_bounded… (fallback)");
     let r = b.arg("--cpu").arg("1").cmd(&["sh", "-c", &script]);
-    if !r.stderr.contains(FALLBACK_NOTE) {
-        eprintln!("SKIPPED the fallback case: this user has a cgroup of its own");
-        return;
-    }
+    assert!(
+        r.stderr.contains(FALLBACK_NOTE),
+        "cpu_time_is_bounded… (fallback) tests the rlimit fallback, and this user has a cgroup of its own: run it as root"
+    );
     assert_eq!(r.code, 0, "{}", r.context());
     assert!(r.stdout.contains("all-done"), "{}", r.context());
     assert!(
@@ -685,21 +672,17 @@ fn a_command_the_sandbox_does_not_show_fails_with_the_ro_to_pass() {
 #[test]
 fn cargo_from_home_fails_with_the_hint_and_works_with_it() {
     let path = std::env::var_os("PATH").unwrap_or_default();
-    let Some(cargo) = std::env::split_paths(&path)
+    let cargo = std::env::split_paths(&path)
         .map(|d| d.join("cargo"))
         .find(|p| p.is_file())
-    else {
-        eprintln!("SKIPPED cargo_from_home…: no cargo on PATH");
-        return;
-    };
+        .expect("cargo_from_home…: no cargo on PATH");
     let home = std::env::var_os("HOME").map(PathBuf::from);
-    if !home.is_some_and(|h| cargo.starts_with(h)) {
-        eprintln!(
-            "SKIPPED cargo_from_home…: cargo is {} here, which the sandbox shows",
-            cargo.display()
-        );
-        return;
-    }
+    assert!(
+        home.is_some_and(|h| cargo.starts_with(h)),
+        "cargo_from_home… needs cargo installed in HOME, as rustup does (it is {} here, \
+         which the sandbox shows)",
+        cargo.display()
+    );
     let r = run().cmd(&["cargo", "--version"]);
     assert_eq!(r.code, 127, "{}", r.context());
     assert!(r.stderr.contains("cannot run cargo: "), "{}", r.context());
@@ -743,12 +726,9 @@ fn ca_bundle_variables_are_not_taken_for_credentials() {
 /// can replace files there by rename, as `update-ca-certificates`,
 /// `passwd` or a DHCP client do on the host, without touching the host's.
 /// `$EGRESSD`, `$CA` (an interception CA directory), `$POLICY` and `$WORK`
-/// are set for it. `None` (SKIPPED) when not root.
-fn with_replaceable_etc(test: &str, whole_etc: bool, script: &str) -> Option<(i32, String)> {
-    if !is_root() {
-        eprintln!("SKIPPED {test}: needs root (a mount namespace with a tmpfs over /etc)");
-        return None;
-    }
+/// are set for it. Needs root.
+fn with_replaceable_etc(test: &str, whole_etc: bool, script: &str) -> (i32, String) {
+    need_root(test, "a mount namespace with a tmpfs over /etc");
     let dir = tempfile::tempdir().unwrap();
     let ca = dir.path().join("ca");
     let init = std::process::Command::new(env!("CARGO_BIN_EXE_egressd"))
@@ -786,7 +766,7 @@ fn with_replaceable_etc(test: &str, whole_etc: bool, script: &str) -> Option<(i3
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
-    Some((out.status.code().unwrap_or(-1), text))
+    (out.status.code().unwrap_or(-1), text)
 }
 
 /// The `egressd run` of [`with_replaceable_etc`]'s scripts, intercepting.
@@ -826,10 +806,7 @@ fn files_the_host_replaces_after_setup_stay_egressds_inside() {
          echo > go\n\
          wait $sandbox\n"
     );
-    let Some((code, out)) = with_replaceable_etc("sandbox::replaced_after_setup", true, &script)
-    else {
-        return;
-    };
+    let (code, out) = with_replaceable_etc("sandbox::replaced_after_setup", true, &script);
     assert_eq!(code, 0, "{out}");
     for when in ["before", "after"] {
         assert!(
@@ -863,10 +840,7 @@ fn sandboxes_start_whole_while_their_ca_bundles_are_rewritten() {
          wait $a; wait $b\n\
          kill $host $launchers\n"
     );
-    let Some((code, out)) = with_replaceable_etc("sandbox::ca_bundle_rewritten", false, &script)
-    else {
-        return;
-    };
+    let (code, out) = with_replaceable_etc("sandbox::ca_bundle_rewritten", false, &script);
     assert_eq!(code, 0, "{out}");
     let runs: Vec<&str> = out.lines().filter(|l| l.starts_with("run ")).collect();
     assert_eq!(runs.len(), 12, "{out}");

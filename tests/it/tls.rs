@@ -122,14 +122,6 @@ fn setup() -> Setup {
     }
 }
 
-fn have(tool: &str) -> bool {
-    let ok = on_path(tool).is_some();
-    if !ok {
-        eprintln!("skipping: {tool} is not installed (apt-get install {tool})");
-    }
-    ok
-}
-
 // ---------------------------------------------------------------- curl
 
 #[derive(Debug)]
@@ -224,9 +216,7 @@ fn ca_init_writes_a_private_key_and_refuses_to_overwrite() {
 
 #[test]
 fn curl_method_and_path_rules_with_injected_token() {
-    if !have("curl") {
-        return;
-    }
+    tool("curl");
     let s = setup();
     // Allowed: the origin sees the injected token, replacing the client's.
     let r = curl(
@@ -307,9 +297,7 @@ fn curl_method_and_path_rules_with_injected_token() {
 /// answering for api.github.com, a token the sandbox never sees.
 #[test]
 fn github_token_reaches_the_origin_and_delete_is_denied() {
-    if !have("curl") {
-        return;
-    }
+    tool("curl");
     let s = setup();
     let r = curl(&s, &[], &url("api.github.com", &s.api, "/repos/x/y"));
     assert_eq!(r.status, 200, "{r:?}");
@@ -341,9 +329,7 @@ fn github_token_reaches_the_origin_and_delete_is_denied() {
 /// honour it (issue 14).
 #[test]
 fn method_override_headers_are_decided_inside_interception() {
-    if !have("curl") {
-        return;
-    }
+    tool("curl");
     let s = setup();
     let target = url("api.test", &s.api, "/repos/x/y");
     for version in ["--http1.1", "--http2"] {
@@ -390,9 +376,7 @@ fn method_override_headers_are_decided_inside_interception() {
 /// over a record at a time).
 #[test]
 fn heads_over_64_kib_get_431_inside_interception() {
-    if !have("curl") {
-        return;
-    }
+    tool("curl");
     let s = setup();
     let target = url("api.test", &s.api, "/repos/x/y");
     let big = format!("X-Big: {}", "a".repeat(64 << 10));
@@ -417,9 +401,7 @@ fn heads_over_64_kib_get_431_inside_interception() {
 
 #[test]
 fn http2_both_sides_and_h2_to_an_http1_origin() {
-    if !have("curl") {
-        return;
-    }
+    tool("curl");
     let s = setup();
     let r = curl(&s, &["--http2"], &url("api.test", &s.api, "/repos/h2"));
     assert_eq!(r.status, 200, "{r:?}");
@@ -451,9 +433,7 @@ fn http2_both_sides_and_h2_to_an_http1_origin() {
 
 #[test]
 fn host_or_authority_other_than_the_connect_host_is_refused() {
-    if !have("curl") {
-        return;
-    }
+    tool("curl");
     let s = setup();
     let before = s.api.count();
     for v in ["--http1.1", "--http2"] {
@@ -478,9 +458,7 @@ fn host_or_authority_other_than_the_connect_host_is_refused() {
 
 #[test]
 fn origin_with_an_untrusted_certificate_gets_502() {
-    if !have("curl") {
-        return;
-    }
+    tool("curl");
     let s = setup();
     let r = curl(&s, &["--http1.1"], &url("bad.test", &s.bad, "/x"));
     assert_eq!(r.status, 502, "{r:?}");
@@ -493,9 +471,7 @@ fn origin_with_an_untrusted_certificate_gets_502() {
 
 #[test]
 fn path_normalisation_attacks_get_400() {
-    if !have("curl") {
-        return;
-    }
+    tool("curl");
     let s = setup();
     for p in [
         "/repos/../admin",
@@ -531,9 +507,7 @@ fn path_normalisation_attacks_get_400() {
 
 #[test]
 fn hosts_without_inspection_rules_are_tunnelled_untouched() {
-    if !have("curl") {
-        return;
-    }
+    tool("curl");
     let s = setup();
     // plain.test's exception has no methods/paths/inject: the client talks
     // TLS with the origin itself, so it must trust the origin's CA.
@@ -548,9 +522,7 @@ fn hosts_without_inspection_rules_are_tunnelled_untouched() {
 
 #[test]
 fn python_urllib_through_interception() {
-    if !have("python3") {
-        return;
-    }
+    tool("python3");
     let s = setup();
     let script = r#"
 import ssl, sys, urllib.request, urllib.error

@@ -8,8 +8,8 @@
 //! alone. The fake upstream DNS answers `allowed.test` with 192.0.2.10;
 //! inside the sandbox egressd answers each allowed name with an address of
 //! its own (198.18.0.x, `dns::inside`) and dials the name's checked
-//! address, local to the test's namespace; nothing leaves it. Making that namespace takes root (CI runs as root); elsewhere these
-//! tests say SKIPPED.
+//! address, local to the test's namespace; nothing leaves it. Making that namespace takes root; without it
+//! these tests fail and say so.
 
 use std::io::{self, Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpListener};
@@ -20,7 +20,7 @@ use std::sync::Arc;
 use std::thread;
 use std::time::Duration;
 
-use crate::support::sandbox::{run, udp_canary, unprivileged_userns, Outcome};
+use crate::support::sandbox::{need_unprivileged_userns, run, udp_canary, Outcome};
 use crate::support::tls::{test_pki, tls_origin_on, TlsOrigin};
 use crate::support::*;
 
@@ -41,12 +41,9 @@ fn ip(s: &str) -> IpAddr {
 
 /// Runs `f` on a thread of its own in a fresh network namespace holding
 /// only `lo` (127.0.0.1, ::1, [`ORIGIN_IP`], [`CANARY_IP`]). Everything
-/// `f` binds, and every process it starts, lives in that namespace. `None`
-/// (and a SKIPPED note) where no namespace can be made.
-fn in_test_netns<T: Send + 'static>(
-    name: &str,
-    f: impl FnOnce() -> T + Send + 'static,
-) -> Option<T> {
+/// `f` binds, and every process it starts, lives in that namespace. Making
+/// one needs root.
+fn in_test_netns<T: Send + 'static>(name: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
     let h = thread::spawn(move || -> io::Result<T> {
         // SAFETY: unshare with one flag and no pointers. CLONE_NEWNET
         // moves the calling thread alone; threads and processes it starts
@@ -71,14 +68,10 @@ fn in_test_netns<T: Send + 'static>(
         Ok(f())
     });
     match h.join() {
-        Ok(Ok(v)) => Some(v),
+        Ok(Ok(v)) => v,
         Ok(Err(e)) => {
-            assert!(
-                !is_root(),
-                "root could not make the test's network namespace: {e}"
-            );
-            eprintln!("SKIPPED {name}: cannot make a network namespace for the test ({e})");
-            None
+            need_root(name, "a network namespace of the test's own");
+            panic!("{name}: root could not make the test's network namespace: {e}");
         }
         Err(panic) => std::panic::resume_unwind(panic),
     }
@@ -723,10 +716,7 @@ print('dns from', src[0], 'answer', socket.inet_ntoa(resp[-4:]))
 
 #[test]
 fn rootless_capture_as_an_unprivileged_user() {
-    if let Err(why) = unprivileged_userns() {
-        eprintln!("SKIPPED rootless_capture_as_an_unprivileged_user: {why}");
-        return;
-    }
+    need_unprivileged_userns("rootless_capture_as_an_unprivileged_user");
     in_test_netns("rootless_capture_as_an_unprivileged_user", || {
         let w = world();
         let h = w.http.addr.port();
@@ -804,10 +794,10 @@ fn without_nft_transparent_mode_refuses_with_125() {
 
     // nft not installed: hidden by an empty tmpfs over every directory
     // that has one, in a mount namespace of this command's own.
-    if !is_root() {
-        eprintln!("SKIPPED the not-installed case: hiding nft needs root");
-        return;
-    }
+    need_root(
+        "without_nft_transparent_mode_refuses_with_125",
+        "hiding nft in a mount namespace",
+    );
     let mut dirs: Vec<PathBuf> =
         std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())
             .chain(

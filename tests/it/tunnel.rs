@@ -136,17 +136,16 @@ fn connect_port_authority_and_inspection_rules() {
 }
 
 /// Each SNI test uses its own loopback address, so tests can bind :443 in parallel.
-fn tls_echo(last_octet: u8) -> Option<IpAddr> {
+fn tls_echo(test: &str, last_octet: u8) -> IpAddr {
+    need_root(test, "binding port 443");
     let ip: IpAddr = format!("127.0.44.{last_octet}").parse().unwrap();
-    try_echo_on(ip, 443).ok().map(|_| ip)
+    try_echo_on(ip, 443).unwrap_or_else(|e| panic!("{test}: cannot bind {ip}:443: {e}"));
+    ip
 }
 
 #[test]
 fn sni_must_match_the_connect_host_on_443() {
-    let Some(ip) = tls_echo(1) else {
-        eprintln!("skipping: cannot bind port 443 (needs root or CAP_NET_BIND_SERVICE)");
-        return;
-    };
+    let ip = tls_echo("sni_must_match_the_connect_host_on_443", 1);
     let l = lab_with(SocketAddr::new(ip, 443))
         .names(&["echo.test", "wild.echo.test"])
         .start(|_| {

@@ -3,21 +3,14 @@
 //! by the code that wrote it proves little.
 //!
 //! `check-jsonschema` (PyPI) is found through `EGRESSD_CHECK_JSONSCHEMA` or
-//! `PATH`. `.ci/run` installs it, so under CI (`CI` set) a missing validator
-//! fails the test; on a developer's machine the test says how to install it
-//! and passes without checking.
+//! `PATH`; `tests/setup` installs it. A missing validator fails the test
+//! with the command that installs it.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-/// How to get the validator, for the skip or failure message.
-const INSTALL: &str = "python3 -m venv /tmp/egressd-ci-venv && \
-    /tmp/egressd-ci-venv/bin/pip install check-jsonschema==0.39.0 && \
-    export EGRESSD_CHECK_JSONSCHEMA=/tmp/egressd-ci-venv/bin/check-jsonschema";
-
-/// The `check-jsonschema` executable, or `None` (after saying so) when it is
-/// absent outside CI. Under CI its absence is a failure.
-pub fn check_jsonschema(test: &str) -> Option<PathBuf> {
+/// The `check-jsonschema` executable; `test` fails when it is absent.
+pub fn check_jsonschema(test: &str) -> PathBuf {
     let found = std::env::var_os("EGRESSD_CHECK_JSONSCHEMA")
         .map(PathBuf::from)
         .filter(|p| p.is_file())
@@ -26,13 +19,12 @@ pub fn check_jsonschema(test: &str) -> Option<PathBuf> {
                 .map(|d| d.join("check-jsonschema"))
                 .find(|p| p.is_file())
         });
-    if found.is_none() {
-        if std::env::var_os("CI").is_some() {
-            panic!("{test}: check-jsonschema is not installed (CI must have it): {INSTALL}");
-        }
-        eprintln!("{test}: SKIPPED, check-jsonschema not found; to run it: {INSTALL}");
-    }
-    found
+    found.unwrap_or_else(|| {
+        panic!(
+            "{test}: {} (or set EGRESSD_CHECK_JSONSCHEMA)",
+            crate::support::missing("check-jsonschema")
+        )
+    })
 }
 
 /// Validates `instances` against `schema`; the validator's output (JSON)

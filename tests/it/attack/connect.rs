@@ -236,13 +236,15 @@ fn bytes_pipelined_behind_an_allowed_connect_are_tunnel_data() {
 }
 
 /// A TLS echo server on its own loopback address at port 443, and a canary
-/// (counting bytes) on another; `None` when port 443 cannot be bound.
-fn tls_pair(n: u8) -> Option<(IpAddr, IpAddr, Canary)> {
+/// (counting bytes) on another; port 443 needs root.
+fn tls_pair(test: &str, n: u8) -> (IpAddr, IpAddr, Canary) {
+    need_root(test, "binding port 443");
     let echo_ip: IpAddr = format!("127.0.45.{n}").parse().unwrap();
     let canary_ip: IpAddr = format!("127.0.45.{}", n + 1).parse().unwrap();
-    try_echo_on(echo_ip, 443).ok()?;
-    let c = try_canary_on(canary_ip, 443).ok()?;
-    Some((echo_ip, canary_ip, c))
+    try_echo_on(echo_ip, 443).unwrap_or_else(|e| panic!("{test}: {echo_ip}:443: {e}"));
+    let c =
+        try_canary_on(canary_ip, 443).unwrap_or_else(|e| panic!("{test}: {canary_ip}:443: {e}"));
+    (echo_ip, canary_ip, c)
 }
 
 /// Opens a CONNECT to `host:443`, sends `bytes` (in `chunk`-sized writes)
@@ -267,10 +269,7 @@ fn through(e: &Egressd, host: &str, bytes: &[u8], chunk: usize, want: usize) -> 
 
 #[test]
 fn the_server_name_must_be_the_connect_host() {
-    let Some((echo_ip, canary_ip, tls_canary)) = tls_pair(10) else {
-        eprintln!("skipping: cannot bind port 443");
-        return;
-    };
+    let (echo_ip, canary_ip, tls_canary) = tls_pair("the_server_name_must_be_the_connect_host", 10);
     let l = lab_with(SocketAddr::new(echo_ip, 443))
         .canary(tls_canary)
         .names(&["allowed.test"])
@@ -341,10 +340,7 @@ fn the_server_name_must_be_the_connect_host() {
 
 #[test]
 fn non_tls_bytes_in_a_tunnel_to_443_close_it() {
-    let Some((_, _, trap)) = tls_pair(20) else {
-        eprintln!("skipping: cannot bind port 443");
-        return;
-    };
+    let (_, _, trap) = tls_pair("non_tls_bytes_in_a_tunnel_to_443_close_it", 20);
     // The only destination is the trap: whatever reaches it got through.
     let l = lab_with(trap)
         .names(&["trap.test"])

@@ -331,10 +331,10 @@ fn a_fifo_reader_that_stops_gets_refusals_and_loses_no_line() {
 /// origin, and at exit every line is on stderr (the sink took none).
 #[test]
 fn dev_full_refuses_counts_and_shows_every_line_at_exit() {
-    if !Path::new("/dev/full").exists() {
-        eprintln!("skipped: no /dev/full");
-        return;
-    }
+    assert!(
+        Path::new("/dev/full").exists(),
+        "this test writes its log to /dev/full, which this machine lacks"
+    );
     let origin = origin();
     let dns = fake_dns();
     dns.set("busy.test", &["127.0.0.1"]);
@@ -420,10 +420,10 @@ impl Drop for Tmpfs {
 /// of is shown whole).
 #[test]
 fn a_full_tmpfs_refuses_recovers_and_loses_no_line() {
-    if !crate::support::is_root() {
-        eprintln!("skipped: mounting a tmpfs needs root");
-        return;
-    }
+    crate::support::need_root(
+        "a_full_tmpfs_refuses_recovers_and_loses_no_line",
+        "mounting a tmpfs",
+    );
     let fs = Tmpfs::mount("256k").expect("mount a tmpfs (as root)");
     let log = fs.mnt.join("decisions.log");
     let origin = origin();

@@ -16,8 +16,8 @@
 //! name. Runs: explicit proxy, `--transparent`, and Chromium left idle with
 //! and without the recommended flags ([`QUIET`]).
 //!
-//! Needs root for the namespace and `chromium`; elsewhere SKIPPED (a
-//! failure in CI, which installs both).
+//! Needs root for the namespace and `chromium` (`tests/setup` installs
+//! it); without either a test fails and says what is missing.
 
 use std::io;
 use std::net::{IpAddr, UdpSocket};
@@ -75,25 +75,21 @@ pub(crate) const QUIET: &[&str] = &[
     "--disable-features=NetworkTimeServiceQuerying,OptimizationHints,MediaRouter,Translate,AutofillServerCommunication,CertificateTransparencyComponentUpdater",
 ];
 
-/// Whether Chromium is installed; in CI (`CI` set) it must be.
-fn chromium_or_skip(test: &str) -> bool {
+/// Fails `test` unless Chromium is installed and runs.
+fn need_chromium(test: &str) {
     let ok = Command::new("chromium")
         .arg("--version")
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .status()
         .is_ok_and(|s| s.success());
-    if !ok {
-        assert!(std::env::var_os("CI").is_none(), "CI must install chromium");
-        eprintln!("SKIPPED {test}: no chromium");
-    }
-    ok
+    assert!(ok, "{test}: {}", missing("chromium"));
 }
 
 /// Runs `f` on a thread in a fresh network namespace holding only `lo`
-/// with [`ORIGIN_IP`], [`CANARY_IP`] and [`METADATA_IP`] on it; `None`
-/// where no namespace can be made (not root).
-fn in_netns<T: Send + 'static>(name: &str, f: impl FnOnce() -> T + Send + 'static) -> Option<T> {
+/// with [`ORIGIN_IP`], [`CANARY_IP`] and [`METADATA_IP`] on it (root
+/// makes it).
+fn in_netns<T: Send + 'static>(name: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
     let h = thread::spawn(move || -> io::Result<T> {
         // SAFETY: unshare with one flag and no pointers; moves this thread
         // alone, and what it starts from here on.
@@ -126,11 +122,10 @@ fn in_netns<T: Send + 'static>(name: &str, f: impl FnOnce() -> T + Send + 'stati
         Ok(f())
     });
     match h.join() {
-        Ok(Ok(v)) => Some(v),
+        Ok(Ok(v)) => v,
         Ok(Err(e)) => {
-            assert!(!is_root(), "root could not make the test's namespace: {e}");
-            eprintln!("SKIPPED {name}: cannot make a network namespace ({e})");
-            None
+            need_root(name, "a network namespace of the test's own");
+            panic!("{name}: root could not make the test's network namespace: {e}");
         }
         Err(panic) => std::panic::resume_unwind(panic),
     }
@@ -377,9 +372,7 @@ fn denied(lines: &[Value], pred: impl Fn(&Value) -> bool) -> bool {
 /// One run of the probe page, with what both modes assert.
 fn probe_page(mode: Mode) {
     let name = format!("browser::{mode:?}");
-    if !chromium_or_skip(&name) {
-        return;
-    }
+    need_chromium(&name);
     in_netns(&name.clone(), move || {
         let s = stage();
         let r = s.browse(mode, Some("http://page.test/"), 0, true);
@@ -503,9 +496,7 @@ fn transparent_every_connection_is_decided_and_h2_cannot_coalesce_across_names()
 #[test]
 fn idle_chromium_background_traffic_is_silenced_by_the_flags_or_denied() {
     let name = "browser::idle";
-    if !chromium_or_skip(name) {
-        return;
-    }
+    need_chromium(name);
     in_netns(name, || {
         let s = stage();
         let idle = |quiet| {
@@ -555,9 +546,7 @@ fn idle_chromium_background_traffic_is_silenced_by_the_flags_or_denied() {
 
 #[test]
 fn chromium_keeps_its_own_sandbox_under_egressd_run() {
-    if !chromium_or_skip("browser::sandbox") {
-        return;
-    }
+    need_chromium("browser::sandbox");
     let cdp = format!("{HERE}/cdp.py");
     let r = run().arg("--ro").arg(HERE).cmd(&[
         "python3",

@@ -156,10 +156,8 @@ fn system_bundle() -> &'static Path {
 #[ignore = "a benchmark: benches/load/packages runs it"]
 fn install_benchmark() {
     let test = "packages::bench";
-    if !have("npm", test) {
-        return;
-    }
-    let Some(l) = lab(test) else { return };
+    have("npm", test);
+    let l = lab(test);
     let runs: usize = std::env::var("EGRESSD_BENCH_RUNS")
         .ok()
         .and_then(|v| v.parse().ok())

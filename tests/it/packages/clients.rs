@@ -66,7 +66,7 @@ fn all_allowed_inspected(r: &Outcome, host: &str) -> usize {
 #[test]
 fn pip_installs_through_egressd_intercepting() {
     let test = "packages::clients::pip";
-    let Some(l) = lab(test) else { return };
+    let l = lab(test);
     l.reg.publish(Eco::Pypi, "lab-beta", "2.0.0", 30 * DAY, &[]);
     l.reg.publish(
         Eco::Pypi,
@@ -107,10 +107,8 @@ fn pip_installs_through_egressd_intercepting() {
 #[test]
 fn npm_installs_through_egressd_intercepting() {
     let test = "packages::clients::npm";
-    if !have("npm", test) {
-        return;
-    }
-    let Some(l) = lab(test) else { return };
+    have("npm", test);
+    let l = lab(test);
     l.reg.publish(Eco::Npm, "lab-right", "3.1.0", 30 * DAY, &[]);
     l.reg.publish(
         Eco::Npm,
@@ -142,7 +140,7 @@ fn npm_installs_through_egressd_intercepting() {
 #[test]
 fn cargo_locks_and_fetches_through_egressd_intercepting() {
     let test = "packages::clients::cargo";
-    let Some(l) = lab(test) else { return };
+    let l = lab(test);
     l.reg
         .publish(Eco::Cargo, "lab-leaf", "0.3.1", 30 * DAY, &[]);
     l.reg.publish(
@@ -182,10 +180,8 @@ fn cargo_locks_and_fetches_through_egressd_intercepting() {
 #[test]
 fn go_gets_through_egressd_intercepting() {
     let test = "packages::clients::go";
-    if !have("go", test) {
-        return;
-    }
-    let Some(l) = lab(test) else { return };
+    have("go", test);
+    let l = lab(test);
     let left = format!("{GO_PREFIX}/acme/Left");
     l.reg.publish(Eco::Go, &left, "v1.0.0", 30 * DAY, &[]);
     l.reg.publish(Eco::Go, &left, "v1.2.0", 20 * DAY, &[]);
@@ -210,10 +206,8 @@ fn go_gets_through_egressd_intercepting() {
 #[test]
 fn uv_installs_through_egressd_intercepting() {
     let test = "packages::clients::uv";
-    if !have("uv", test) {
-        return;
-    }
-    let Some(l) = lab(test) else { return };
+    have("uv", test);
+    let l = lab(test);
     l.reg.publish(Eco::Pypi, "uv-dep", "0.9.0", 30 * DAY, &[]);
     l.reg
         .publish(Eco::Pypi, "uv-top", "1.0.0", 30 * DAY, &[("uv-dep", "<1")]);
@@ -233,10 +227,8 @@ fn uv_installs_through_egressd_intercepting() {
 #[test]
 fn pnpm_installs_through_egressd_intercepting() {
     let test = "packages::clients::pnpm";
-    if !have("pnpm", test) {
-        return;
-    }
-    let Some(l) = lab(test) else { return };
+    have("pnpm", test);
+    let l = lab(test);
     l.reg.publish(Eco::Npm, "pn-right", "2.0.1", 30 * DAY, &[]);
     l.reg.publish(
         Eco::Npm,

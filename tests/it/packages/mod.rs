@@ -22,8 +22,8 @@
 //!
 //! `EGRESSD_LAB_SHOW=1` prints what each client printed.
 //!
-//! Needs root (port 443, namespaces) and the four clients; elsewhere
-//! SKIPPED (a failure in CI, which installs them).
+//! Needs root (port 443, namespaces) and the clients (`tests/setup`
+//! installs them); without either a test fails and says what is missing.
 
 mod bench;
 mod cache;
@@ -53,26 +53,16 @@ pub(crate) struct PkgLab {
     _dir: tempfile::TempDir,
 }
 
-static LAB: OnceLock<Option<PkgLab>> = OnceLock::new();
+static LAB: OnceLock<PkgLab> = OnceLock::new();
 
-/// The module's lab, made on first use; `None` (SKIPPED, said once per
-/// test) where it cannot be made: not root.
-pub(crate) fn lab(test: &str) -> Option<&'static PkgLab> {
-    let l = LAB.get_or_init(make_lab).as_ref();
-    if l.is_none() {
-        eprintln!("SKIPPED {test}: the package lab needs root (port 443, namespaces)");
-    }
-    l
+/// The module's lab, made on first use; it needs root (port 443,
+/// namespaces).
+pub(crate) fn lab(test: &str) -> &'static PkgLab {
+    need_root(test, "the package lab: port 443, namespaces");
+    LAB.get_or_init(make_lab)
 }
 
-fn make_lab() -> Option<PkgLab> {
-    if !is_root() {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "CI runs the package lab as root"
-        );
-        return None;
-    }
+fn make_lab() -> PkgLab {
     let BehindEgressd {
         reg,
         dns,
@@ -85,24 +75,23 @@ fn make_lab() -> Option<PkgLab> {
         .output()
         .expect("rustc --print sysroot");
     let toolchain = PathBuf::from(String::from_utf8(sysroot.stdout).unwrap().trim());
-    Some(PkgLab {
+    PkgLab {
         reg,
         dns,
         certs,
         reg_ca,
         toolchain,
         _dir: dir,
-    })
+    }
 }
 
-/// Fails in CI when `tool` is missing; elsewhere says SKIPPED.
-pub(crate) fn have(tool: &str, test: &str) -> bool {
-    let ok = on_path(tool).is_some();
-    if !ok {
-        assert!(std::env::var_os("CI").is_none(), "CI must install {tool}");
-        eprintln!("SKIPPED {test}: no {tool}");
-    }
-    ok
+/// Fails `test` unless `tool` is installed.
+pub(crate) fn have(tool: &str, test: &str) {
+    assert!(
+        on_path(tool).is_some(),
+        "{test}: {}",
+        crate::support::missing(tool)
+    );
 }
 
 /// The exceptions that let the registries' hosts in (on the lab's

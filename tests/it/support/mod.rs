@@ -82,8 +82,8 @@ impl Listener for SocketAddr {
     }
 }
 
-/// The first `name` on `$PATH`, for tests that drive a real client (and
-/// say SKIPPED when it is not installed).
+/// The first `name` on `$PATH` ([`tool()`] fails the test when it is
+/// missing).
 pub fn on_path(name: &str) -> Option<PathBuf> {
     std::env::split_paths(&std::env::var_os("PATH")?)
         .map(|d| d.join(name))

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use super::is_root;
+use super::{is_root, missing};
 
 /// How long one `egressd run` may take before the test kills it.
 const RUN_DEADLINE: Duration = Duration::from_secs(60);
@@ -228,28 +228,30 @@ pub fn udp_canary(ip: IpAddr) -> (SocketAddr, Arc<AtomicUsize>) {
 
 /// `egressd run` where no cgroup can be had, so that the rlimit fallback
 /// is what bounds CMD: as root, run as uid 65534 (whom no cgroup is
-/// delegated to). `None` (and a SKIPPED note) where that cannot be done.
-pub fn without_cgroups(test: &str) -> Option<Run> {
+/// delegated to). Fails `test` where that cannot be done.
+pub fn without_cgroups(test: &str) -> Run {
     if is_root() {
-        match unprivileged_userns() {
-            Ok(()) => Some(run().unprivileged()),
-            Err(why) => {
-                eprintln!("SKIPPED {test}: {why}");
-                None
-            }
-        }
+        need_unprivileged_userns(test);
+        run().unprivileged()
     } else {
-        Some(run())
+        run()
     }
 }
 
 /// The launcher's one line saying the limits are per process.
 pub const FALLBACK_NOTE: &str = "so limits are per process";
 
+/// Fails `test` unless uid 65534 may create a user namespace here.
+pub fn need_unprivileged_userns(test: &str) {
+    if let Err(why) = unprivileged_userns() {
+        panic!("{test}: {why}");
+    }
+}
+
 /// Whether uid 65534 may create a user namespace here; the reason if not.
 pub fn unprivileged_userns() -> Result<(), String> {
     if !is_root() {
-        return Err("the test is not running as root, so it cannot switch to uid 65534 (the other launcher tests already ran unprivileged)".into());
+        return Err("the test is not running as root, so it cannot switch to uid 65534: run the README's test command as root".into());
     }
     let out = Command::new("setpriv")
         .args([
@@ -262,7 +264,7 @@ pub fn unprivileged_userns() -> Result<(), String> {
             "true",
         ])
         .output()
-        .map_err(|e| format!("cannot run setpriv/unshare: {e}"))?;
+        .map_err(|e| format!("cannot run setpriv/unshare ({e}): {}", missing("setpriv")))?;
     if out.status.success() {
         Ok(())
     } else {

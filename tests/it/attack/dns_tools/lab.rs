@@ -38,29 +38,28 @@ pub const TUN_PORT: u16 = 9999;
 /// The TCP port of dns2tcp's resource inside the auth namespace.
 pub const RESOURCE_PORT: u16 = 7007;
 
-/// Why the lab cannot run here, if it cannot (binaries missing, not root).
-pub fn unavailable(binaries: &[&str]) -> Option<String> {
+/// Fails `test` unless the lab can run here: `binaries` installed, root and
+/// iproute2 for network namespaces, a tunnel device.
+pub fn need(test: &str, binaries: &[&str]) {
     for b in binaries {
-        if !Path::new(b).exists() {
-            return Some(format!(
-                "{b} is not installed (apt-get install iodine dns2tcp)"
-            ));
-        }
+        crate::support::installed(b);
     }
+    crate::support::need_root(test, "network namespaces");
     let ok = Command::new("ip")
         .args(["netns", "list"])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .status()
         .is_ok_and(|s| s.success());
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    if !ok || unsafe { libc::geteuid() } != 0 {
-        return Some("needs root and iproute2 for network namespaces".into());
-    }
-    if !Path::new("/dev/net/tun").exists() {
-        return Some("needs /dev/net/tun (iodine's tunnel device)".into());
-    }
-    None
+    assert!(
+        ok,
+        "{test}: `ip netns` fails: {}",
+        crate::support::missing("ip")
+    );
+    assert!(
+        Path::new("/dev/net/tun").exists(),
+        "{test} needs /dev/net/tun (iodine's tunnel device)"
+    );
 }
 
 fn run(args: &[&str]) {
