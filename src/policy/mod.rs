@@ -695,8 +695,16 @@ pub struct Source {
 /// Reads a policy file, or every `*.yaml`/`*.yml` in a directory (sorted by
 /// name, hidden files and Kubernetes' `..data` internals skipped).
 pub fn read_sources(path: &Path) -> Result<Vec<Source>, LoadError> {
-    let meta = std::fs::metadata(path)
-        .map_err(|e| LoadError::at(path, 0, 0, format!("cannot read policy: {e}")))?;
+    let meta = std::fs::metadata(path).map_err(|e| {
+        // A newcomer's first run from another directory ends here.
+        let hint = if e.kind() == std::io::ErrorKind::NotFound {
+            "; name the policy with --policy PATH (or EGRESSD_POLICY; `egressd check PATH`), \
+             or start from the policy/ directory of egressd's repository"
+        } else {
+            ""
+        };
+        LoadError::at(path, 0, 0, format!("cannot read policy: {e}{hint}"))
+    })?;
     let mut files = Vec::new();
     if meta.is_dir() {
         let rd = std::fs::read_dir(path)

@@ -911,3 +911,40 @@ fn the_fast_yaml_front_end_reads_every_policy_as_serde_yaml_ng_does() {
     // The mutations exercise both sides: many still take the fast path.
     assert!(taken * 4 > all, "{taken} of {all} took the fast path");
 }
+
+/// The first run from a directory with no `policy/`: every command that
+/// reads the policy says how to name one (`--policy`) and where one to
+/// start from is, not only that the file is missing.
+#[test]
+fn a_missing_policy_names_the_flag_and_a_policy_to_start_from() {
+    let dir = scratch();
+    let bin = env!("CARGO_BIN_EXE_egressd");
+    for args in [
+        &["run", "--upstream-dns", "127.0.0.1:9", "--", "true"][..],
+        &[
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--dns-listen",
+            "127.0.0.1:0",
+        ][..],
+        &["check"][..],
+        &["explain", "https://pypi.org/"][..],
+    ] {
+        let o = std::process::Command::new(bin)
+            .args(args)
+            .current_dir(dir.dir())
+            .env_remove("EGRESSD_POLICY")
+            .output()
+            .unwrap();
+        // explain prints its answer, a failed load included, on stdout.
+        let err = String::from_utf8_lossy(&o.stderr) + String::from_utf8_lossy(&o.stdout);
+        assert!(!o.status.success(), "{args:?}: {err}");
+        assert!(
+            err.contains("cannot read policy: No such file or directory")
+                && err.contains("name the policy with --policy PATH")
+                && err.contains("the policy/ directory of egressd's repository"),
+            "{args:?}: {err}"
+        );
+    }
+}
