@@ -1,9 +1,12 @@
 //! Policies as tests write them: `policy().exception("origin").host("a.test")
 //! .cidr("127.0.0.0/8").port(p)`, rendered as the YAML an operator would
-//! write, so what egressd loads goes through the real parser. Every
-//! exception gets an owner and a reason unless the test names them (the
-//! parser refuses an exception without). Anything the builder has no word
-//! for is written through [`PolicyYaml::with`] and [`PolicyYaml::setting`] as YAML.
+//! write, so what egressd loads goes through the real parser. Package sets
+//! too: `.package_set("py", "pypi").allow("requests >=2.31,<3")`. Every
+//! entry (an exception, a package set, an entry of any other top-level list
+//! through [`PolicyYaml::entry`]) gets an owner and a reason unless the test
+//! names them (the parser refuses one without). Anything the builder has no
+//! word for is written through [`PolicyYaml::with`] and
+//! [`PolicyYaml::setting`] as YAML.
 //!
 //! Owns the text of a policy; not what it means (that is egressd's).
 
@@ -19,11 +22,16 @@ pub const REASON: &str = "a test exception";
 pub struct PolicyYaml {
     settings: Vec<(String, String)>,
     clients: Vec<String>,
-    exceptions: Vec<Exception>,
+    /// Exceptions, package sets and any other list's entries, in the order
+    /// started; rendered grouped by list.
+    entries: Vec<Entry>,
 }
 
+/// One entry of a top-level list: `exceptions:`, `packages:`, or another.
 #[derive(Clone, Debug)]
-struct Exception {
+struct Entry {
+    /// The top-level key of its list.
+    list: &'static str,
     id: String,
     owner: String,
     reason: String,
@@ -49,8 +57,23 @@ fn quoted(s: &str) -> String {
 
 impl PolicyYaml {
     /// Starts exception `id`; the calls after it describe it.
-    pub fn exception(mut self, id: &str) -> Self {
-        self.exceptions.push(Exception {
+    pub fn exception(self, id: &str) -> Self {
+        self.entry("exceptions", id)
+    }
+
+    /// Starts package set `id` for `ecosystem` (`pypi`, `npm`, `cargo`,
+    /// `go`); [`allow`](Self::allow), [`deny`](Self::deny),
+    /// [`min_age`](Self::min_age) and the common calls describe it.
+    pub fn package_set(self, id: &str, ecosystem: &str) -> Self {
+        self.entry("packages", id).with("ecosystem", ecosystem)
+    }
+
+    /// Starts entry `id` of the top-level list `list` (a list whose entries
+    /// carry `id`, `owner` and `reason`, as `exceptions:` and `packages:`
+    /// do); the calls after it describe it.
+    pub fn entry(mut self, list: &'static str, id: &str) -> Self {
+        self.entries.push(Entry {
+            list,
             id: id.to_string(),
             owner: OWNER.to_string(),
             reason: REASON.to_string(),
@@ -59,10 +82,10 @@ impl PolicyYaml {
         self
     }
 
-    fn last(&mut self) -> &mut Exception {
-        self.exceptions
+    fn last(&mut self) -> &mut Entry {
+        self.entries
             .last_mut()
-            .expect("call .exception(id) before describing one")
+            .expect("call .exception(id) or .package_set(id, eco) before describing one")
     }
 
     /// Adds `items` to list `key` of the current exception.
@@ -128,6 +151,29 @@ impl PolicyYaml {
     pub fn dns_type(self, t: &str) -> Self {
         self.push("dns_types", [t.to_string()])
     }
+
+    /// A package set's `allow:` entry, `name [constraint]`
+    /// (`"requests >=2.31,<3"`); a mapping entry goes through
+    /// [`allow_yaml`](Self::allow_yaml).
+    pub fn allow(self, item: &str) -> Self {
+        self.push("allow", [quoted(item)])
+    }
+
+    /// A package set's `allow:` entry written as YAML
+    /// (`"{ name: certifi, versions: \"==2024.8.30\" }"`).
+    pub fn allow_yaml(self, yaml: &str) -> Self {
+        self.push("allow", [yaml.to_string()])
+    }
+
+    /// A package set's `deny:` entry, `name [constraint]`.
+    pub fn deny(self, item: &str) -> Self {
+        self.push("deny", [quoted(item)])
+    }
+
+    /// A package set's (or an entry's) `min_age` (`"3d"`).
+    pub fn min_age(self, age: &str) -> Self {
+        self.with("min_age", age)
+    }
     /// Any other key of the exception, its value written as YAML (a flow
     /// mapping or sequence, or a scalar).
     pub fn with(mut self, key: &'static str, yaml: &str) -> Self {
@@ -191,18 +237,30 @@ impl fmt::Display for PolicyYaml {
                 }
             }
         }
-        if self.exceptions.is_empty() {
-            return writeln!(f, "exceptions: []");
+        // `exceptions:` always, first; then every other list in the order
+        // its first entry was started.
+        let mut lists = vec!["exceptions"];
+        for e in &self.entries {
+            if !lists.contains(&e.list) {
+                lists.push(e.list);
+            }
         }
-        writeln!(f, "exceptions:")?;
-        for e in &self.exceptions {
-            writeln!(f, "  - id: {}", quoted(&e.id))?;
-            writeln!(f, "    owner: {}", quoted(&e.owner))?;
-            writeln!(f, "    reason: {}", quoted(&e.reason))?;
-            for (k, v) in &e.fields {
-                match v {
-                    Field::List(items) => writeln!(f, "    {k}: [{}]", items.join(", "))?,
-                    Field::Yaml(y) => writeln!(f, "    {k}: {y}")?,
+        for list in lists {
+            let entries: Vec<&Entry> = self.entries.iter().filter(|e| e.list == list).collect();
+            if entries.is_empty() {
+                writeln!(f, "{list}: []")?;
+                continue;
+            }
+            writeln!(f, "{list}:")?;
+            for e in entries {
+                writeln!(f, "  - id: {}", quoted(&e.id))?;
+                writeln!(f, "    owner: {}", quoted(&e.owner))?;
+                writeln!(f, "    reason: {}", quoted(&e.reason))?;
+                for (k, v) in &e.fields {
+                    match v {
+                        Field::List(items) => writeln!(f, "    {k}: [{}]", items.join(", "))?,
+                        Field::Yaml(y) => writeln!(f, "    {k}: {y}")?,
+                    }
                 }
             }
         }
