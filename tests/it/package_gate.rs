@@ -9,7 +9,6 @@
 //! Needs root (the registries' port 443); without it a test fails and
 //! says so.
 
-use std::path::PathBuf;
 use std::process::Command;
 
 use crate::support::*;
@@ -70,15 +69,9 @@ fn policy_yaml(extra_sets: &str, extra_settings: &str) -> String {
     )
 }
 
-/// A registry, egressd intercepting in front of it, and what curl needs.
-struct Gate {
-    reg: Registry,
-    dns: FakeDns,
-    e: Egressd,
-    /// egressd's CA (what the client trusts).
-    ca: PathBuf,
-    dir: tempfile::TempDir,
-}
+/// A registry, egressd intercepting in front of it, and what curl needs:
+/// a [`Lab`] with a registry.
+type Gate = Lab;
 
 /// A fresh registry with `publish` done, then egressd with `policy(reg)`;
 /// Needs root (the registry listens on port 443).
@@ -99,27 +92,10 @@ fn start_with(
     more: impl FnOnce(Builder) -> Builder,
 ) -> Gate {
     need_root(test, "the fake registry listens on port 443");
-    let BehindEgressd {
-        reg,
-        dns,
-        certs,
-        reg_ca,
-        dir,
-    } = behind_egressd(extra_ca);
-    publish(&reg);
-    let b = egressd()
-        .dns(dns.addr)
-        .env("EGRESSD_CA_DIR", certs.to_str().unwrap())
-        .env("EGRESSD_UPSTREAM_CA", reg_ca.to_str().unwrap())
-        .policy("p.yaml", &policy(&reg));
-    let e = more(b).start();
-    Gate {
-        reg,
-        dns,
-        e,
-        ca: certs.join("ca.pem"),
-        dir,
-    }
+    let l = lab().registry(extra_ca).egressd(more);
+    publish(l.reg());
+    let yaml = policy(l.reg());
+    l.start(|_| yaml)
 }
 
 #[derive(Debug)]
@@ -150,10 +126,20 @@ impl Curl {
     }
 }
 
-impl Gate {
+/// What the gate's tests do with a [`Gate`].
+trait GateClient {
+    fn curl(&self, args: &[&str], url: &str) -> Curl;
+    fn get(&self, url: &str) -> Curl;
+    fn lines_for(&self, path: &str, n: usize) -> Vec<serde_json::Value>;
+    fn line_for(&self, path: &str) -> serde_json::Value;
+    fn metric(&self, name: &str, labels: &[(&str, &str)]) -> f64;
+}
+
+impl GateClient for Gate {
     /// curl through egressd, HTTP/1.1 (so the reason phrase is on the wire).
     fn curl(&self, args: &[&str], url: &str) -> Curl {
-        let (h, b) = (self.dir.path().join("h"), self.dir.path().join("b"));
+        let dir = self.scratch_dir();
+        let (h, b) = (dir.join("h"), dir.join("b"));
         let _ = std::fs::remove_file(&h);
         let _ = std::fs::remove_file(&b);
         let out = Command::new("curl")
@@ -161,7 +147,7 @@ impl Gate {
             .arg("--proxy")
             .arg(format!("http://{}", self.e.proxy))
             .arg("--cacert")
-            .arg(&self.ca)
+            .arg(self.ca_pem())
             .arg("-D")
             .arg(&h)
             .arg("-o")
@@ -260,7 +246,7 @@ fn pypi_indexes_are_filtered_and_kept_entries_are_byte_identical() {
         |_| policy_yaml("", ""),
     );
     let upstream = g
-        .reg
+        .reg()
         .doc_body("pypi.org", "/simple/requests/", Some(JSON))
         .unwrap();
     let up: serde_json::Value = serde_json::from_slice(&upstream).unwrap();
@@ -300,7 +286,7 @@ fn pypi_indexes_are_filtered_and_kept_entries_are_byte_identical() {
 
     // The same project as PEP 503 HTML: the anchors of 2.31.0, as served.
     let upstream_html = String::from_utf8(
-        g.reg
+        g.reg()
             .doc_body("pypi.org", "/simple/requests/", Some("text/html"))
             .unwrap(),
     )
@@ -361,7 +347,7 @@ fn npm_packuments_hold_new_versions_back_and_keep_the_rest_byte_identical() {
         |_| policy_yaml("", ""),
     );
     let upstream: serde_json::Value = serde_json::from_slice(
-        &g.reg
+        &g.reg()
             .doc_body("registry.npmjs.org", "/left-pad", Some("application/json"))
             .unwrap(),
     )
@@ -420,7 +406,7 @@ fn an_unapproved_name_is_refused_in_the_reason_phrase_pip_shows() {
     assert!(r.text().contains("did you mean requests?"), "{}", r.text());
     assert!(r.text().contains(CONTACT), "{}", r.text());
     assert!(
-        g.reg.hits_for("reqests").is_empty(),
+        g.reg().hits_for("reqests").is_empty(),
         "never sent to the registry"
     );
     let l = g.line_for(&file);
@@ -491,7 +477,7 @@ fn npm_denials_are_json_errors_and_go_denials_are_403_text() {
             r.text()
         );
     }
-    assert!(g.reg.hits_for("evil").is_empty());
+    assert!(g.reg().hits_for("evil").is_empty());
     // The list of an approved module is served, filtered (v1 held).
     let r = g.get(&url("proxy.golang.org", "/git.lab.example/ok/@v/list"));
     assert_eq!(r.status, 200, "{r:?}");
@@ -520,7 +506,7 @@ fn a_download_before_any_index_is_authorised_by_egressds_own_fetch() {
         |_| policy_yaml("", ""),
     );
     let ok = g
-        .reg
+        .reg()
         .pypi_url("requests", &wheel_name("requests", "2.31.0"));
     let r = g.get(&ok);
     assert_eq!(r.status, 200, "{r:?}");
@@ -551,7 +537,7 @@ fn a_download_before_any_index_is_authorised_by_egressds_own_fetch() {
 
     // Decided on the view egressd keeps: no second index fetch.
     let too_new = g
-        .reg
+        .reg()
         .pypi_url("requests", &wheel_name("requests", "2.32.0"));
     let r = g.get(&too_new);
     assert_eq!(r.status, 403, "{r:?}");
@@ -571,9 +557,9 @@ fn a_download_before_any_index_is_authorised_by_egressds_own_fetch() {
         "{}",
         r.status_line
     );
-    assert_eq!(g.reg.hits_for("/simple/requests/").len(), 1);
-    assert_eq!(g.reg.hits_for("requests-2.32.0").len(), 0);
-    assert_eq!(g.reg.hits_for("requests-9.9").len(), 0);
+    assert_eq!(g.reg().hits_for("/simple/requests/").len(), 1);
+    assert_eq!(g.reg().hits_for("requests-2.32.0").len(), 0);
+    assert_eq!(g.reg().hits_for("requests-9.9").len(), 0);
     assert_eq!(g.line_for(&missing)["reason"], "package_not_listed");
 }
 
@@ -614,7 +600,7 @@ fn report_mode_indexes_hide_what_a_deny_entry_holds_and_nothing_else() {
     let l = g.line_for("/simple/requests/");
     assert_eq!(l["package"]["versions_hidden"], 1, "{l}");
     let denied = g
-        .reg
+        .reg()
         .pypi_url("requests", &wheel_name("requests", "2.31.0"));
     let r = g.get(&denied);
     assert_eq!(r.status, 403, "{r:?}");
@@ -623,7 +609,7 @@ fn report_mode_indexes_hide_what_a_deny_entry_holds_and_nothing_else() {
         Some("package_denied")
     );
     let too_new = g
-        .reg
+        .reg()
         .pypi_url("requests", &wheel_name("requests", "2.32.0"));
     let r = g.get(&too_new);
     assert_eq!(r.status, 200, "report mode lets it through: {r:?}");
@@ -656,26 +642,26 @@ fn a_file_that_does_not_match_its_pin_is_cut_short() {
         },
     );
     // The pinned file, as the registry has it: allowed, whole.
-    let idna = g.reg.pypi_url("idna", &wheel_name("idna", "1.0"));
+    let idna = g.reg().pypi_url("idna", &wheel_name("idna", "1.0"));
     let r = g.get(&idna);
     assert_eq!((r.status, r.code), (200, 0), "{r:?}");
     assert_eq!(g.line_for(&path_of(&idna))["decision"], "allow");
     // With pins, only pinned files download: idna's sdist is not pinned.
-    let sdist = g.reg.pypi_url("idna", &sdist_name("idna", "1.0"));
+    let sdist = g.reg().pypi_url("idna", &sdist_name("idna", "1.0"));
     let r = g.get(&sdist);
     assert_eq!(r.status, 403, "{r:?}");
     assert_eq!(
         r.header("x-egressd-reason").as_deref(),
         Some("package_integrity_mismatch")
     );
-    assert!(g.reg.hits_for(&sdist_name("idna", "1.0")).is_empty());
+    assert!(g.reg().hits_for(&sdist_name("idna", "1.0")).is_empty());
 
     // The registry now serves other bytes under the pinned file's URL
     // (its index still lists the pinned digest).
-    let certifi = g.reg.pypi_url("certifi", &wheel_name("certifi", "1.0"));
+    let certifi = g.reg().pypi_url("certifi", &wheel_name("certifi", "1.0"));
     let path = path_of(&certifi);
     let evil = vec![b'x'; 200_000];
-    g.reg.put_raw(
+    g.reg().put_raw(
         "files.pythonhosted.org",
         &path,
         "application/octet-stream",
@@ -742,7 +728,7 @@ fn an_index_that_cannot_be_filtered_is_a_502_never_passed_on() {
         assert_eq!(l["status"], 502);
     }
     // The registry was asked for gzip only.
-    let h = &g.reg.hits_for("/left-pad")[0];
+    let h = &g.reg().hits_for("/left-pad")[0];
     assert_eq!(h.header("accept-encoding"), Some("gzip"));
 }
 
@@ -775,7 +761,7 @@ fn etags_are_the_filtered_documents_own_across_a_policy_reload() {
     assert_eq!(again.status, 304, "{again:?}");
     assert_eq!(again.header("etag").as_deref(), Some(e1.as_str()));
     // The registry never saw the client's validator: egressd answered it.
-    let hits = g.reg.hits_for("/simple/requests/");
+    let hits = g.reg().hits_for("/simple/requests/");
     assert_eq!(hits.len(), 2);
     assert!(
         hits.iter().all(|h| h.header("if-none-match").is_none()),
@@ -831,7 +817,7 @@ fn a_kept_index_is_filtered_by_the_policy_after_a_reload() {
     let again = g.curl(&["-H", &accept], &index);
     assert_eq!(again.status, 200, "{again:?}");
     assert!(again.header("age").is_some(), "from the cache: {again:?}");
-    assert_eq!(g.reg.hits_for("/simple/requests/").len(), 1);
+    assert_eq!(g.reg().hits_for("/simple/requests/").len(), 1);
 
     let reloads = || {
         g.e.metric("egressd_policy_reloads_total{result=\"ok\"}")
@@ -845,7 +831,7 @@ fn a_kept_index_is_filtered_by_the_policy_after_a_reload() {
     let after = g.curl(&["-H", &accept], &index);
     assert_eq!(after.status, 200, "{after:?}");
     assert!(after.header("age").is_some(), "from the cache: {after:?}");
-    assert_eq!(g.reg.hits_for("/simple/requests/").len(), 1);
+    assert_eq!(g.reg().hits_for("/simple/requests/").len(), 1);
     assert!(after.text().contains("2.30.0"), "{}", after.text());
     assert!(!after.text().contains("2.31.0"), "{}", after.text());
     let lines = g.lines_for("/simple/requests/", 3);
@@ -936,7 +922,7 @@ fn a_mirror_gets_its_credential_and_the_sandbox_never_sees_it() {
         assert_eq!(h[0].host, MIRROR_HOST);
     }
     assert!(
-        g.reg.hits().is_empty(),
+        g.reg().hits().is_empty(),
         "the public registry is never asked"
     );
     for c in [&r, &dl] {
@@ -1004,8 +990,8 @@ fn go_lists_are_timed_by_each_mod_files_last_modified() {
         zip.header("x-egressd-reason").as_deref(),
         Some("package_too_new")
     );
-    assert_eq!(g.reg.hits_for("v1.1.0.mod").len(), 1);
-    assert!(g.reg.hits_for("v1.1.0.zip").is_empty());
+    assert_eq!(g.reg().hits_for("v1.1.0.mod").len(), 1);
+    assert!(g.reg().hits_for("v1.1.0.zip").is_empty());
 }
 
 #[test]
@@ -1088,7 +1074,7 @@ fn a_plain_http_mirror_serves_downloads_egressd_authorised_through_it() {
         );
     }
     assert!(
-        g.reg.hits().is_empty(),
+        g.reg().hits().is_empty(),
         "the public registry is never asked"
     );
     assert!(!r.headers.contains("bWlycm9yOnB3"));

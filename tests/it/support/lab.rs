@@ -9,16 +9,21 @@
 //!     .start(|ports| policy().exception("origin").host("allowed.test").cidr(LOOPBACK).port(ports.origin));
 //! ```
 //!
+//! With [`LabBuilder::registry`] the lab also holds the fake package
+//! registry (`registry.rs`) behind an intercepting egressd: the package
+//! gate's tests are labs too.
+//!
 //! Owns the wiring between the fixtures; not the fixtures themselves (see
-//! `origin.rs`, `dns.rs`, `process.rs`) nor what a test asserts about them,
-//! beyond [`Lab::assert_clean`].
+//! `origin.rs`, `dns.rs`, `process.rs`, `registry.rs`) nor what a test
+//! asserts about them, beyond [`Lab::assert_clean`].
 
 use std::fmt::Display;
 use std::net::{Ipv4Addr, SocketAddr};
+use std::path::{Path, PathBuf};
 
 use super::{
-    assert_only_asked, canary, echo_on, egressd, fake_dns, origin, Builder, Canary, Egressd,
-    FakeDns, Listener, Origin,
+    assert_only_asked, canary, echo_on, egressd, fake_dns, origin, registry_side, Builder, Canary,
+    Egressd, FakeDns, Listener, Origin, Registry, RegistrySide,
 };
 
 /// The loopback range, as an exception's `cidrs` names it: names in a lab
@@ -34,6 +39,8 @@ pub struct Lab<O = Origin> {
     pub canary: Canary,
     /// A TCP echo server on 127.0.0.1, for tunnels.
     pub echo: SocketAddr,
+    /// The fake package registry, when the lab has one.
+    pub registry: Option<RegistrySide>,
 }
 
 /// Where a lab's fixtures listen (all on loopback).
@@ -52,6 +59,7 @@ pub struct LabBuilder<O> {
     dns: FakeDns,
     names: Vec<String>,
     egressd: Builder,
+    registry: Option<RegistrySide>,
 }
 
 /// A lab whose origin is an [`Origin`] on 127.0.0.1.
@@ -70,6 +78,7 @@ pub fn lab_with<O: Listener>(origin: O) -> LabBuilder<O> {
         egressd: egressd().dns(dns.addr),
         dns,
         names: Vec::new(),
+        registry: None,
     }
 }
 
@@ -78,6 +87,22 @@ impl<O: Listener> LabBuilder<O> {
     pub fn names(mut self, names: &[&str]) -> Self {
         self.names.extend(names.iter().map(|n| n.to_string()));
         self
+    }
+    /// The fake package registry on port 443 (so: root), its public names
+    /// answered by the lab's DNS, and egressd intercepting with a CA of its
+    /// own (`--ca-dir`) and trusting the registry's and `extra_ca` (PEM).
+    pub fn registry(mut self, extra_ca: &str) -> Self {
+        let side = registry_side(&self.dns, extra_ca);
+        self.egressd = std::mem::take(&mut self.egressd)
+            .env("EGRESSD_CA_DIR", side.certs.to_str().unwrap())
+            .env("EGRESSD_UPSTREAM_CA", side.reg_ca.to_str().unwrap());
+        self.registry = Some(side);
+        self
+    }
+    /// The registry of [`registry`](Self::registry), to publish into
+    /// before egressd starts.
+    pub fn reg(&self) -> &Registry {
+        &self.registry.as_ref().expect("a lab with .registry()").reg
     }
     /// This canary instead of the one on 127.0.0.1.
     pub fn canary(mut self, c: Canary) -> Self {
@@ -120,6 +145,7 @@ impl<O: Listener> LabBuilder<O> {
             origin: self.origin,
             canary: self.canary,
             echo: self.echo,
+            registry: self.registry,
         }
     }
 }
@@ -134,6 +160,21 @@ impl<O: Listener> Lab<O> {
     }
     pub fn echo_port(&self) -> u16 {
         self.echo.port()
+    }
+    fn side(&self) -> &RegistrySide {
+        self.registry.as_ref().expect("a lab with .registry()")
+    }
+    /// The fake package registry ([`LabBuilder::registry`]).
+    pub fn reg(&self) -> &Registry {
+        &self.side().reg
+    }
+    /// egressd's interception CA certificate, for a client to trust.
+    pub fn ca_pem(&self) -> PathBuf {
+        self.side().certs.join("ca.pem")
+    }
+    /// Scratch space of the registry side, for a client's files.
+    pub fn scratch_dir(&self) -> &Path {
+        self.side().dir.path()
     }
     /// Nothing reached the canary, and the fake DNS was asked about no
     /// name but `allowed` (a denied name must never be resolved).

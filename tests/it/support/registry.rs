@@ -54,8 +54,38 @@ pub struct BehindEgressd {
 
 /// [`BehindEgressd`], egressd also trusting `extra_ca` (PEM) upstream.
 pub fn behind_egressd(extra_ca: &str) -> BehindEgressd {
-    let reg = try_registry().expect("a fake registry on 127.77.0.x:443");
     let dns = super::dns::fake_dns();
+    let RegistrySide {
+        reg,
+        certs,
+        reg_ca,
+        dir,
+    } = registry_side(&dns, extra_ca);
+    BehindEgressd {
+        reg,
+        dns,
+        certs,
+        reg_ca,
+        dir,
+    }
+}
+
+/// A fake registry and what egressd needs to reach it intercepting: an
+/// interception CA (`certs`, for `--ca-dir`) and the bundle it trusts the
+/// registry with (`reg_ca`, for `--upstream-ca`). A [`super::Lab`] with
+/// [`super::LabBuilder::registry`] holds one.
+pub struct RegistrySide {
+    pub reg: Registry,
+    pub certs: PathBuf,
+    pub reg_ca: PathBuf,
+    /// Scratch space beside the certificates.
+    pub dir: tempfile::TempDir,
+}
+
+/// A fake registry whose public names `dns` answers with its address;
+/// egressd trusts it and `extra_ca` (PEM) upstream.
+pub fn registry_side(dns: &super::dns::FakeDns, extra_ca: &str) -> RegistrySide {
+    let reg = try_registry().expect("a fake registry on 127.77.0.x:443");
     for h in REGISTRY_HOSTS {
         dns.set(h, &[&reg.ip()]);
     }
@@ -69,9 +99,8 @@ pub fn behind_egressd(extra_ca: &str) -> BehindEgressd {
     assert!(init.status.success(), "{init:?}");
     let reg_ca = dir.path().join("registry-ca.pem");
     std::fs::write(&reg_ca, format!("{}{extra_ca}", reg.ca_pem)).unwrap();
-    BehindEgressd {
+    RegistrySide {
         reg,
-        dns,
         certs,
         reg_ca,
         dir,
