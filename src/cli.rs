@@ -189,9 +189,14 @@ pub struct RunArgs {
     /// Upstream DNS servers of the embedded egressd (default: /etc/resolv.conf's nameservers).
     #[arg(long, env = "EGRESSD_UPSTREAM_DNS")]
     pub upstream_dns: Option<String>,
-    /// Decision log of the embedded egressd; `-` is stdout (default: stderr, so CMD's stdout stays CMD's).
-    #[arg(long, default_value = "/dev/stderr")]
+    /// Decision log of the embedded egressd, a file (default: a new file outside the
+    /// sandbox, its path printed at start; never CMD's stdout or stderr).
+    #[arg(long, default_value = "")]
     pub log: String,
+    /// Let the sandbox write the working directory's `.git/config`, `.git/hooks`,
+    /// `.git/info` and `.git/commondir` (read-only inside by default).
+    #[arg(long)]
+    pub git_writable: bool,
     /// Decision lines of the embedded egressd as egressd's JSON or as OCSF events.
     #[arg(
         long,

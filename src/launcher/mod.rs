@@ -26,6 +26,7 @@
 pub mod cgroup;
 pub mod command;
 pub mod env;
+pub mod guard;
 pub mod identity;
 pub mod limits;
 pub mod namespaces;
@@ -70,7 +71,7 @@ const CPU_CHECK_MAX: Duration = Duration::from_secs(1);
 /// Runs `egressd run`; returns the process's exit status. Must be called
 /// while the process is single-threaded: it forks before starting threads.
 pub fn main(args: RunArgs) -> u8 {
-    let plan = match prepare(&args) {
+    let (plan, found) = match prepare(&args) {
         Ok(p) => p,
         Err((code, e)) => {
             eprintln!("egressd run: {e}");
@@ -78,6 +79,12 @@ pub fn main(args: RunArgs) -> u8 {
         }
     };
     notes(&plan);
+    if matches!(plan.egress, Egress::Embedded) {
+        eprintln!(
+            "egressd run: decision log: {}",
+            found.log.display()
+        );
+    }
 
     // The cgroup is made (and later removed) by the launcher, which stays
     // outside it; the sandbox's outer process joins it first thing.
@@ -131,6 +138,7 @@ pub fn main(args: RunArgs) -> u8 {
     };
     let code = rt.block_on(supervise(
         &args,
+        &found,
         &plan,
         sandbox,
         inside,
@@ -144,9 +152,9 @@ pub fn main(args: RunArgs) -> u8 {
 
 /// Everything checked and decided before a namespace exists; the exit
 /// status and the reason when the sandbox is not to be made.
-fn prepare(args: &RunArgs) -> Result<Plan, (u8, String)> {
+fn prepare(args: &RunArgs) -> Result<(Plan, guard::Found), (u8, String)> {
     let setup = |e: String| (EXIT_SETUP, e);
-    let facts = gather(args).map_err(setup)?;
+    let (facts, found) = gather(args).map_err(setup)?;
     let opts = Options {
         command: args.command.clone(),
         env: args.env.clone(),
@@ -164,19 +172,20 @@ fn prepare(args: &RunArgs) -> Result<Plan, (u8, String)> {
         cwd: args.cwd,
         uid: args.uid,
         gid: args.gid,
+        git_writable: args.git_writable,
     };
     if args.token_file.is_some() && args.client.is_none() {
         return Err(setup("--token-file needs --client".into()));
     }
     let plan = plan::build(&opts, &facts).map_err(|e| setup(e.to_string()))?;
-    let found = command::lookup(
+    let cmd = command::lookup(
         std::ffi::OsStr::from_bytes(plan.argv[0].as_bytes()),
         &plan.path_var(),
         &plan.cwd,
         &facts.env,
     );
-    command::check(&found, &plan.view, &plan.home).map_err(|e| (EXIT_NOT_FOUND, e.to_string()))?;
-    Ok(plan)
+    command::check(&cmd, &plan.view, &plan.home).map_err(|e| (EXIT_NOT_FOUND, e.to_string()))?;
+    Ok((plan, found))
 }
 
 /// Whether this process is in the initial user namespace (whose uid map is
@@ -218,8 +227,9 @@ fn owner_account(spec: &str) -> Result<Account, String> {
     }
 }
 
-/// Reads what the plan needs to know about the host.
-fn gather(args: &RunArgs) -> Result<HostFacts, String> {
+/// Reads what the plan needs to know about the host, and finds egressd's
+/// own files.
+fn gather(args: &RunArgs) -> Result<(HostFacts, guard::Found), String> {
     let cwd = std::env::current_dir()
         .and_then(|d| d.canonicalize())
         .map_err(|e| format!("cannot read the working directory: {e}"))?;
@@ -315,6 +325,8 @@ fn gather(args: &RunArgs) -> Result<HostFacts, String> {
         None
     };
     let owner = args.owner.as_deref().map(owner_account).transpose()?;
+    let found = guard::find(args, &cwd)?;
+    let git = git_entries(&cwd);
     let uid = sys::geteuid();
     Ok(HostFacts {
         caller: Caller {
@@ -334,7 +346,25 @@ fn gather(args: &RunArgs) -> Result<HostFacts, String> {
         token,
         ca,
         nft,
+        guarded: found.guarded.clone(),
+        git,
     })
+    .map(|facts| (facts, found))
+}
+
+/// The working directory's `.git` (a directory, not a worktree's link
+/// file) and the entries git takes code or configuration from.
+fn git_entries(cwd: &Path) -> Option<(PathBuf, Vec<PathBuf>)> {
+    let git = cwd.join(".git");
+    if !std::fs::symlink_metadata(&git).is_ok_and(|m| m.is_dir()) {
+        return None;
+    }
+    let ro = ["config", "hooks", "info", "commondir", "config.worktree"]
+        .iter()
+        .map(|n| git.join(n))
+        .filter(|p| std::fs::symlink_metadata(p).is_ok_and(|m| !m.file_type().is_symlink()))
+        .collect();
+    Some((git, ro))
 }
 
 /// The `nft` program for `--transparent`: `--nft` (which must exist), else
@@ -442,13 +472,14 @@ enum End {
 /// the CPU limit, an OOM).
 async fn supervise(
     args: &RunArgs,
+    found: &guard::Found,
     plan: &Plan,
     sandbox: Arc<Sandbox>,
     inside: namespaces::InsideSockets,
     forwarded: sys::SigSet,
     cgroups: &mut Cgroups,
 ) -> u8 {
-    let egressd = match serve(args, plan, inside).await {
+    let egressd = match serve(args, found, plan, inside).await {
         Ok(e) => e,
         Err(e) => {
             eprintln!("egressd run: {e:#}");
@@ -527,6 +558,9 @@ async fn supervise(
             // After the drain, so that the last requests' denials are in.
             if let Some(s) = denials.summary("egressd run") {
                 eprint!("{s}");
+            }
+            if found.log_is_default {
+                eprintln!("egressd run: decisions are in {}", found.log.display());
             }
         }
         // The egressd it relays to keeps the decisions (and its log).
@@ -622,6 +656,7 @@ fn humanize(d: Duration) -> String {
 /// Starts whatever serves the inside sockets.
 async fn serve(
     args: &RunArgs,
+    found: &guard::Found,
     plan: &Plan,
     inside: namespaces::InsideSockets,
 ) -> anyhow::Result<Egressd> {
@@ -646,7 +681,12 @@ async fn serve(
                 metrics: None,
                 transparent,
             };
-            Egressd::Embedded(app::start(&args.embedded_serve_args(), listeners).await?)
+            // The policy by its canonical path (a link the sandbox could
+            // repoint is not followed again on reload), the log outside.
+            let mut serve_args = args.embedded_serve_args();
+            serve_args.policy = found.policy.clone();
+            serve_args.log = found.log.to_string_lossy().into_owned();
+            Egressd::Embedded(app::start(&serve_args, listeners).await?)
         }
         Egress::Connect { proxy: p, dns } => {
             Egressd::Relay(relay::Relay::start(proxy, dns_udp, dns_tcp, *p, *dns))

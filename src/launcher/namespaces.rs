@@ -44,6 +44,9 @@ use super::seccomp;
 use super::sys::{self, SigSet};
 use super::view::{Layer, Rebuilt, SystemEntry, DEV_LINKS, DEV_NODES};
 
+/// What `/proc/1/cmdline` says inside: nothing of the launcher's.
+const INIT_NAME: &[u8] = b"egressd-init";
+
 /// How long setting up the namespaces may take before the launcher gives up.
 const SETUP_DEADLINE: Duration = Duration::from_secs(30);
 
@@ -432,6 +435,17 @@ fn idmapped_binds(plan: &Plan, map: &IdMap) -> Result<IdmappedTrees, String> {
 fn init_main(plan: &Plan, setup: &Setup, chan: OwnedFd, idmapped: IdmappedTrees) -> ! {
     if sys::set_parent_death_signal(libc::SIGKILL).is_err() {
         sys::exit_now(125);
+    }
+    // PID 1 is a fork of the launcher: its argument vector and environment
+    // (`--upstream-proxy http://user:password@…`, the variables the scrub
+    // kept from CMD) would show in /proc/1/cmdline and /proc/1/environ, and
+    // its memory holds the rest. Blanked, and closed to CMD (same uid when
+    // started unprivileged).
+    if let Err(e) = sys::set_undumpable() {
+        fail(&chan, format!("cannot make the sandbox's init undumpable: {e}"));
+    }
+    if let Err(e) = sys::wipe_arguments_and_environment(INIT_NAME) {
+        fail(&chan, format!("cannot clear the sandbox's init arguments: {e}"));
     }
     if let Err(e) = sys::loopback_up(SECOND_LOOPBACK) {
         fail(
@@ -1068,6 +1082,15 @@ fn command_main(plan: &Plan, setup: &Setup) -> ! {
     let id = &plan.identity;
     if let Err(e) = sys::drop_privileges(id.uid, id.gid, !id.deny_setgroups()) {
         die(125, format!("cannot drop privileges: {e}"));
+    }
+    // A session keyring of CMD's own, before the filter forbids keyctl:
+    // the launcher's session keys stay out of reach.
+    // A kernel without keyrings (ENOSYS), or a container's filter that
+    // already refuses keyctl (EPERM, inherited by CMD), leaves none to share.
+    match sys::join_new_session_keyring() {
+        Ok(()) => {}
+        Err(e) if matches!(e.raw_os_error(), Some(libc::ENOSYS | libc::EPERM)) => {}
+        Err(e) => die(125, format!("cannot give CMD a session keyring of its own: {e}")),
     }
     if let Err(e) = sys::install_seccomp(&seccomp::program()) {
         die(125, format!("cannot install the seccomp filter: {e}"));

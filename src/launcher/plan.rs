@@ -126,6 +126,12 @@ pub struct HostFacts {
     pub ca: Option<CaTrust>,
     /// The `nft` program (`--nft`, else found in PATH or [`NFT_DIRS`]).
     pub nft: Option<PathBuf>,
+    /// Everything the embedded egressd reads or writes ([`super::guard`]).
+    pub guarded: Vec<super::guard::Guarded>,
+    /// The working directory's `.git` when it is a directory, and the
+    /// entries in it git runs code from or reads its configuration from
+    /// (`config`, `hooks`, `info`, `commondir`), those that exist.
+    pub git: Option<(PathBuf, Vec<PathBuf>)>,
 }
 
 /// The interception CA's public files, as the launcher read them, and the
@@ -162,6 +168,8 @@ pub struct Options {
     /// `--uid`, `--gid`: CMD's ids inside.
     pub uid: u32,
     pub gid: u32,
+    /// `--git-writable`: `.git/config`, `.git/hooks`… writable inside.
+    pub git_writable: bool,
 }
 
 impl Default for Options {
@@ -178,6 +186,7 @@ impl Default for Options {
             cwd: CwdMode::default(),
             uid: identity::DEFAULT_ID,
             gid: identity::DEFAULT_ID,
+            git_writable: false,
         }
     }
 }
@@ -283,6 +292,61 @@ pub enum PlanError {
          project directory, or pass --cwd none (CMD then starts in HOME)"
     )]
     CwdTooBroad(PathBuf, String),
+    #[error(
+        "{1} {0} holds {2}, which the sandbox shows; egressd's own files are hidden inside, \
+         so keep them apart from what the sandbox works on"
+    )]
+    GuardedHoldsShown(PathBuf, String, PathBuf),
+    #[error(
+        "the policy {0} is inside {1}, which the sandbox may write: it could move a directory \
+         above the policy and put a policy of its own in its place; keep the policy outside \
+         the working directory and --rw paths (or directly in one of them)"
+    )]
+    PolicyWritable(PathBuf, PathBuf),
+}
+
+/// egressd's files against the layers: a mask must not hide what the
+/// sandbox is to show, and no policy file may sit where the sandbox could
+/// move a directory above it (a mount point itself cannot be moved, so a
+/// policy directly in a writable tree stays put).
+fn guard_check(guarded: &[super::guard::Guarded], layers: &[Layer]) -> Result<(), PlanError> {
+    for g in guarded {
+        for l in layers {
+            if let Layer::Bind { path, .. } = l {
+                if covers(&g.path, path) {
+                    return Err(PlanError::GuardedHoldsShown(
+                        g.path.clone(),
+                        g.what.clone(),
+                        path.clone(),
+                    ));
+                }
+            }
+        }
+        if !g.policy {
+            continue;
+        }
+        for l in layers {
+            if let Layer::Bind {
+                path,
+                writable: true,
+                ..
+            } = l
+            {
+                let Ok(below) = g.path.strip_prefix(path) else {
+                    continue;
+                };
+                // The first directory below the layer is a mount point
+                // (a mask) when it is guarded itself.
+                let first = below.components().next().map(|c| path.join(c));
+                let pinned = first
+                    .is_none_or(|f| f == g.path || guarded.iter().any(|h| h.path == f && h.dir));
+                if !pinned {
+                    return Err(PlanError::PolicyWritable(g.path.clone(), path.clone()));
+                }
+            }
+        }
+    }
+    Ok(())
 }
 
 /// `true` if `a` is `b` or one of its ancestors.
@@ -451,6 +515,15 @@ pub fn build(opts: &Options, host: &HostFacts) -> Result<Plan, PlanError> {
             dir: *dir,
         });
     }
+    // egressd's own files: hidden wherever a layer shows them.
+    for g in &host.guarded {
+        if !masks.iter().any(|m| m.path == g.path) {
+            masks.push(Mask {
+                path: g.path.clone(),
+                dir: g.dir,
+            });
+        }
+    }
 
     // Binds: never over what keeps the sandbox closed.
     let mut protected: Vec<(PathBuf, &'static str)> = vec![
@@ -496,6 +569,31 @@ pub fn build(opts: &Options, host: &HostFacts) -> Result<Plan, PlanError> {
             origin: Origin::Cwd,
         });
     }
+
+    // `.git` pinned in place (a mount cannot be renamed away), and what
+    // git runs code from read-only in it: the box plants no hook or
+    // `core.fsmonitor` for the host's next git command.
+    if let (true, CwdMode::Rw, false, Some((git, ro))) =
+        (shown_cwd, opts.cwd, opts.git_writable, &host.git)
+    {
+        if !seen.contains(&git.as_path()) && git.parent() == Some(host.cwd.as_path()) {
+            layers.push(Layer::Bind {
+                path: git.clone(),
+                writable: true,
+                idmapped: idmap,
+                origin: Origin::Cwd,
+            });
+            for p in ro {
+                layers.push(Layer::Bind {
+                    path: p.clone(),
+                    writable: false,
+                    idmapped: false,
+                    origin: Origin::Cwd,
+                });
+            }
+        }
+    }
+    guard_check(&host.guarded, &layers)?;
 
     let mut view = View {
         system: host.system.clone(),

@@ -14,6 +14,10 @@
 //! - **No typing into the terminal** (`TIOCSTI`, `TIOCLINUX`): EPERM. CMD
 //!   shares the launcher's terminal, and pushing characters into its input
 //!   would run commands outside the sandbox.
+//! - **No kernel keyrings** (`keyctl`, `add_key`, `request_key`): EPERM,
+//!   as the container runtimes' default profiles answer. CMD starts in a
+//!   fresh session keyring of its own (joined just before this filter), and
+//!   cannot read, plant or join another.
 //! - Only the native system-call ABI: a 32-bit or x32 call is killed (their
 //!   numbers differ, and this filter would not recognise them).
 
@@ -69,6 +73,9 @@ fn mode_args() -> Vec<(libc::c_long, u32)> {
     v
 }
 
+/// `add_key`, `request_key`, `keyctl`: the kernel keyring calls.
+const KEYRING: &[libc::c_long] = &[libc::SYS_add_key, libc::SYS_request_key, libc::SYS_keyctl];
+
 /// `fchmodat2` (Linux 6.6; the same number on every architecture).
 const FCHMODAT2: libc::c_long = 452;
 /// openat2, io_uring_setup/enter/register (the same numbers everywhere).
@@ -119,6 +126,9 @@ pub fn program() -> Vec<Insn> {
     }
     for nr in UNFILTERABLE {
         p.extend([jump(JEQ_K, *nr as u32, 0, 1), ret(errno(libc::ENOSYS))]);
+    }
+    for nr in KEYRING {
+        p.extend([jump(JEQ_K, *nr as u32, 0, 1), ret(errno(libc::EPERM))]);
     }
     p.extend([
         jump(JEQ_K, libc::SYS_ioctl as u32, 0, 5),
@@ -179,6 +189,14 @@ mod tests {
 
     fn call(nr: libc::c_long, args: [u64; 6]) -> u32 {
         run(&program(), nr, AUDIT_ARCH, args)
+    }
+
+    #[test]
+    fn keyring_calls_are_refused() {
+        for nr in [libc::SYS_keyctl, libc::SYS_add_key, libc::SYS_request_key] {
+            assert_eq!(call(nr, [0; 6]), errno(libc::EPERM), "{nr}");
+        }
+        assert_eq!(call(libc::SYS_getpid, [0; 6]), RET_ALLOW);
     }
 
     #[test]

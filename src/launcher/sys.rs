@@ -54,6 +54,67 @@ pub fn set_parent_death_signal(sig: c_int) -> io::Result<()> {
     check(unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, sig as c_ulong, 0, 0, 0) }).map(drop)
 }
 
+/// Makes the process undumpable: no core file, and a process of the same
+/// uid without CAP_SYS_PTRACE can neither trace it nor read its
+/// `/proc/PID/{mem,environ}` (the kernel owns them). Reset by execve.
+pub fn set_undumpable() -> io::Result<()> {
+    // SAFETY: prctl with integer arguments only.
+    check(unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0 as c_ulong, 0, 0, 0) }).map(drop)
+}
+
+/// Joins a new, empty session keyring of the process's own
+/// (`KEYCTL_JOIN_SESSION_KEYRING` with no name): the keys of the session
+/// it came from are no longer reachable through `@s`.
+pub fn join_new_session_keyring() -> io::Result<()> {
+    const KEYCTL_JOIN_SESSION_KEYRING: c_long = 1;
+    // SAFETY: keyctl with a null name pointer, which the kernel reads as
+    // "an anonymous keyring"; no memory is handed over.
+    check_long(unsafe {
+        libc::syscall(
+            libc::SYS_keyctl,
+            KEYCTL_JOIN_SESSION_KEYRING,
+            std::ptr::null::<libc::c_char>(),
+        )
+    })
+    .map(drop)
+}
+
+/// Overwrites the process's argument and environment strings (the memory
+/// `/proc/PID/cmdline` and `/proc/PID/environ` read) with zeros, and puts
+/// `name` at the start of the arguments. The areas' bounds are the
+/// kernel's own (`/proc/self/stat`, fields 48 to 51).
+///
+/// Only for a forked child that is done with `std::env` (the strings libc's
+/// `environ` and Rust's arguments point to become empty).
+pub fn wipe_arguments_and_environment(name: &[u8]) -> io::Result<()> {
+    let stat = std::fs::read_to_string("/proc/self/stat")?;
+    let bad = || io::Error::new(io::ErrorKind::InvalidData, "unexpected /proc/self/stat");
+    let rest = &stat[stat.rfind(')').ok_or_else(bad)? + 1..];
+    let fields: Vec<usize> = rest
+        .split_whitespace()
+        .skip(45)
+        .take(4)
+        .map(|f| f.parse().map_err(|_| bad()))
+        .collect::<io::Result<_>>()?;
+    let [arg_start, arg_end, env_start, env_end] = fields[..] else {
+        return Err(bad());
+    };
+    for (start, end) in [(arg_start, arg_end), (env_start, env_end)] {
+        if end > start {
+            // SAFETY: the kernel reports these as this process's own
+            // argument and environment areas: mapped, writable (the
+            // initial stack), and only read through pointers into them,
+            // which this single-threaded child no longer follows.
+            unsafe { std::ptr::write_bytes(start as *mut u8, 0, end - start) };
+        }
+    }
+    let n = name.len().min(arg_end.saturating_sub(arg_start + 1));
+    // SAFETY: within the argument area zeroed above, leaving its last
+    // byte 0 (the kernel then reads it as plain arguments).
+    unsafe { std::ptr::copy_nonoverlapping(name.as_ptr(), arg_start as *mut u8, n) };
+    Ok(())
+}
+
 pub fn getpid() -> pid_t {
     // SAFETY: always succeeds.
     unsafe { libc::getpid() }

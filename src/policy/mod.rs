@@ -68,9 +68,61 @@ impl Diagnostic {
             file: path.to_path_buf(),
             line,
             column,
-            message: msg,
+            message: without_content(&msg),
         }
     }
+}
+
+/// A YAML error's message with nothing of the file's content: the value
+/// in `invalid type: string "…"` (a key file, `/etc/shadow` linked in as a
+/// policy would otherwise be printed), quoted values of other errors, and
+/// a key that does not look like a mistyped field name. What was expected
+/// stays, and the location says where.
+fn without_content(msg: &str) -> String {
+    for lead in ["invalid type: ", "invalid value: "] {
+        if let Some(rest) = msg.strip_prefix(lead) {
+            let expected = rest.find(", expected").map_or("", |i| &rest[i..]);
+            let kind = rest.split([' ', ',']).next().unwrap_or("");
+            let kind = match kind {
+                "string" | "integer" | "floating" | "boolean" | "map" | "sequence" | "unit"
+                | "character" | "bytes" | "null" => kind,
+                _ => "value",
+            };
+            return format!("{lead}{kind}{expected}");
+        }
+    }
+    let mut out = String::with_capacity(msg.len());
+    let mut rest = msg;
+    // `name` (serde's unknown field or variant): kept when it reads as a
+    // mistyped field name, the one thing a policy author needs from it.
+    let mut first_tick = true;
+    loop {
+        let Some(i) = rest.find(['"', '`']) else {
+            out.push_str(rest);
+            break;
+        };
+        out.push_str(&rest[..i]);
+        let q = rest.as_bytes()[i] as char;
+        let body = &rest[i + 1..];
+        let end = body.find(q).unwrap_or(body.len());
+        let inner = &body[..end];
+        let name_like = inner.len() <= 40
+            && inner
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
+        if q == '`' && (name_like || !first_tick) {
+            out.push('`');
+            out.push_str(inner);
+            out.push('`');
+        } else {
+            out.push_str(if q == '`' { "(a key, not shown)" } else { "\"…\"" });
+        }
+        if q == '`' {
+            first_tick = false;
+        }
+        rest = body.get(end + 1..).unwrap_or("");
+    }
+    out
 }
 
 impl fmt::Display for Diagnostic {
@@ -694,6 +746,13 @@ pub struct Source {
 
 /// Reads a policy file, or every `*.yaml`/`*.yml` in a directory (sorted by
 /// name, hidden files and Kubernetes' `..data` internals skipped).
+///
+/// A file in a directory that is a symlink must lead to a file inside that
+/// directory (Kubernetes' `p.yaml -> ..data/p.yaml`), never out of it; files
+/// are opened without following a link (`O_NOFOLLOW`, on the link's
+/// target), so one swapped in between the check and the read is refused.
+/// A file owned by someone other than the user running egressd or root is
+/// refused: whoever owns it could change the policy.
 pub fn read_sources(path: &Path) -> Result<Vec<Source>, LoadError> {
     let meta = std::fs::metadata(path).map_err(|e| {
         // A newcomer's first run from another directory ends here.
@@ -707,6 +766,9 @@ pub fn read_sources(path: &Path) -> Result<Vec<Source>, LoadError> {
     })?;
     let mut files = Vec::new();
     if meta.is_dir() {
+        let dir = path
+            .canonicalize()
+            .map_err(|e| LoadError::at(path, 0, 0, format!("cannot read policy directory: {e}")))?;
         let rd = std::fs::read_dir(path)
             .map_err(|e| LoadError::at(path, 0, 0, format!("cannot read policy directory: {e}")))?;
         for entry in rd {
@@ -722,8 +784,24 @@ pub fn read_sources(path: &Path) -> Result<Vec<Source>, LoadError> {
                 continue;
             }
             let p = entry.path();
-            if p.is_file() {
-                files.push(p);
+            let is_link = entry.file_type().is_ok_and(|t| t.is_symlink());
+            if is_link {
+                let target = p.canonicalize().ok();
+                match target {
+                    Some(t) if t.starts_with(&dir) && t.is_file() => files.push((p, t)),
+                    Some(t) if !t.starts_with(&dir) => {
+                        return Err(LoadError::at(
+                            &p,
+                            0,
+                            0,
+                            "is a symlink that leads out of the policy directory; egressd \
+                             reads only files inside it",
+                        ))
+                    }
+                    _ => {}
+                }
+            } else if p.is_file() {
+                files.push((p.clone(), p));
             }
         }
         files.sort();
@@ -736,24 +814,49 @@ pub fn read_sources(path: &Path) -> Result<Vec<Source>, LoadError> {
             ));
         }
     } else {
-        files.push(path.to_path_buf());
+        let real = path.canonicalize().unwrap_or_else(|_| path.to_path_buf());
+        files.push((path.to_path_buf(), real));
     }
     let mut out = Vec::with_capacity(files.len());
-    for f in files {
-        let size = std::fs::metadata(&f).map(|m| m.len()).unwrap_or(0);
-        if size > MAX_POLICY_FILE_BYTES {
-            return Err(LoadError::at(
-                &f,
-                0,
-                0,
-                format!("policy file is larger than {MAX_POLICY_FILE_BYTES} bytes"),
-            ));
-        }
-        let text = std::fs::read_to_string(&f)
-            .map_err(|e| LoadError::at(&f, 0, 0, format!("cannot read: {e}")))?;
+    for (f, real) in files {
+        let text = read_policy_file(&real).map_err(|e| LoadError::at(&f, 0, 0, e))?;
         out.push(Source { path: f, text });
     }
     Ok(out)
+}
+
+/// One policy file, opened without following a link, its owner checked.
+fn read_policy_file(p: &Path) -> Result<String, String> {
+    use std::io::Read;
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(p)
+        .map_err(|e| format!("cannot read: {e}"))?;
+    let meta = file.metadata().map_err(|e| format!("cannot read: {e}"))?;
+    if !meta.is_file() {
+        return Err("not a regular file".into());
+    }
+    // The process's effective uid owns its /proc entry.
+    let me = std::fs::metadata("/proc/self").map_or(0, |m| m.uid());
+    if meta.uid() != me && meta.uid() != 0 {
+        return Err(format!(
+            "owned by uid {}, neither the user running egressd (uid {me}) nor root: whoever \
+             owns a policy file can change what egressd allows; chown it",
+            meta.uid()
+        ));
+    }
+    if meta.len() > MAX_POLICY_FILE_BYTES {
+        return Err(format!(
+            "policy file is larger than {MAX_POLICY_FILE_BYTES} bytes"
+        ));
+    }
+    let mut text = String::new();
+    file.take(MAX_POLICY_FILE_BYTES + 1)
+        .read_to_string(&mut text)
+        .map_err(|e| format!("cannot read: {e}"))?;
+    Ok(text)
 }
 
 /// Reads and compiles a policy file or directory.
