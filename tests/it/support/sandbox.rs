@@ -59,6 +59,10 @@ pub struct Run {
     dns: Option<SocketAddr>,
     as_nobody: bool,
     cwd: Option<PathBuf>,
+    /// `--policy` given instead of the run's own directory.
+    policy_at: Option<PathBuf>,
+    /// No `--log`: the launcher's default.
+    default_log: bool,
 }
 
 pub fn run() -> Run {
@@ -69,6 +73,8 @@ pub fn run() -> Run {
         dns: None,
         as_nobody: false,
         cwd: None,
+        policy_at: None,
+        default_log: false,
     }
 }
 
@@ -98,6 +104,17 @@ impl Run {
     /// which the sandbox shows read-write).
     pub fn cwd(mut self, dir: impl Into<PathBuf>) -> Self {
         self.cwd = Some(dir.into());
+        self
+    }
+
+    /// Passes `--policy path` instead of the run's own policy directory.
+    pub fn policy_at(mut self, path: impl Into<PathBuf>) -> Self {
+        self.policy_at = Some(path.into());
+        self
+    }
+    /// Leaves `--log` out (the launcher picks a file outside the sandbox).
+    pub fn default_log(mut self) -> Self {
+        self.default_log = true;
         self
     }
 
@@ -138,10 +155,11 @@ impl Run {
         };
         c.arg("run")
             .arg("--policy")
-            .arg(&policy_dir)
-            .arg("--log")
-            .arg(&log_path)
-            .arg("--upstream-dns")
+            .arg(self.policy_at.as_deref().unwrap_or(&policy_dir));
+        if !self.default_log && !self.args.iter().any(|a| a == "--log") {
+            c.arg("--log").arg(&log_path);
+        }
+        c.arg("--upstream-dns")
             .arg(
                 self.dns
                     .map(|a| a.to_string())
