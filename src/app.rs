@@ -63,6 +63,9 @@ pub struct Listeners {
     /// redirected to them by nftables (one per address family); they are
     /// served by `proxy::transparent`. `serve` has none.
     pub transparent: Vec<TcpListener>,
+    /// `egressd run`: the one client behind these listeners (see
+    /// `Policy::serve_only`); `serve` identifies clients by token or source.
+    pub client: Option<Arc<str>>,
 }
 
 impl Listeners {
@@ -80,6 +83,7 @@ impl Listeners {
             dns_tcp,
             metrics: Some(metrics),
             transparent: Vec::new(),
+            client: None,
         })
     }
 }
@@ -140,9 +144,13 @@ impl Running {
 pub async fn start(args: &ServeArgs, listeners: Listeners) -> Result<Running> {
     let metrics = Metrics::new();
     let stamp = Stamp::of(&args.policy);
-    let pol = policy::load(&args.policy).map_err(|e| {
+    let mut pol = policy::load(&args.policy).map_err(|e| {
         anyhow::anyhow!("{e}\negressd: policy {} is invalid", args.policy.display())
     })?;
+    let only_client = listeners.client.clone();
+    if let Some(id) = &only_client {
+        pol.serve_only(id);
+    }
     let exceptions = pol.exceptions.len();
     let pol = Arc::new(pol);
     metrics.sync_policy(&pol);
@@ -161,6 +169,7 @@ pub async fn start(args: &ServeArgs, listeners: Listeners) -> Result<Running> {
         dns_tcp,
         metrics: metrics_l,
         transparent: transparent_l,
+        client: _,
     } = listeners;
     let proxy_addr = proxy_l.local_addr()?;
     let dns_addr = dns_udp.local_addr()?;
@@ -258,7 +267,9 @@ pub async fn start(args: &ServeArgs, listeners: Listeners) -> Result<Running> {
     }
     let (hup_tx, hup_rx) = mpsc::unbounded_channel();
     let reloader =
-        Reloader::new(args.policy.clone(), handle.clone(), metrics.clone()).loaded_from(stamp);
+        Reloader::new(args.policy.clone(), handle.clone(), metrics.clone())
+            .loaded_from(stamp)
+            .serving_only(only_client);
     // Its own thread at the idle class, not a runtime worker: compiling a
     // large policy must not take CPU from requests (see policy::reload).
     reloader

@@ -52,6 +52,11 @@ use namespaces::{Sandbox, Setup, FORWARDED};
 use plan::{Egress, HostFacts, Options, Plan};
 use view::SystemEntry;
 
+/// The client the embedded egressd names the sandbox when `--client` does
+/// not: its lines say `"client": "sandbox"`, and a policy declares a client
+/// of this id to give the sandbox exceptions of its own.
+pub const SANDBOX_CLIENT: &str = "sandbox";
+
 /// Exit status when `--timeout` ended CMD (as timeout(1)).
 pub const EXIT_TIMEOUT: u8 = 124;
 /// Exit status when the sandbox could not be set up (as env(1), timeout(1)).
@@ -680,6 +685,9 @@ async fn serve(
                 dns_tcp,
                 metrics: None,
                 transparent,
+                // The sandbox is a client of its own, never a host
+                // client's `sources:` (its traffic comes from loopback).
+                client: Some(args.client.as_deref().unwrap_or(SANDBOX_CLIENT).into()),
             };
             // The policy by its canonical path (a link the sandbox could
             // repoint is not followed again on reload), the log outside.

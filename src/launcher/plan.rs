@@ -260,7 +260,7 @@ pub enum PlanError {
     NoToken(String),
     #[error("the token for --client is empty or contains spaces or control characters")]
     BadToken,
-    #[error("--client, --token-file and --connect-dns need --connect")]
+    #[error("--token-file and --connect-dns need --connect")]
     ClientWithoutConnect,
     #[error(
         "--transparent works with the embedded egressd only, not with --connect: a relay cannot \
@@ -363,7 +363,7 @@ pub fn build(opts: &Options, host: &HostFacts) -> Result<Plan, PlanError> {
     if opts.command.is_empty() {
         return Err(PlanError::NoCommand);
     }
-    if opts.connect.is_none() && (opts.client.is_some() || opts.connect_dns.is_some()) {
+    if opts.connect.is_none() && opts.connect_dns.is_some() {
         return Err(PlanError::ClientWithoutConnect);
     }
     let transparent = if opts.transparent {
@@ -386,7 +386,8 @@ pub fn build(opts: &Options, host: &HostFacts) -> Result<Plan, PlanError> {
                 .unwrap_or_else(|| SocketAddr::new(proxy.ip(), SERVE_DNS_PORT)),
         },
     };
-    let credentials = match &opts.client {
+    // Embedded, `--client` only names the sandbox's client: no token.
+    let credentials = match opts.connect.and(opts.client.as_ref()) {
         None => None,
         Some(id) => {
             let token = host

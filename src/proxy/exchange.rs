@@ -36,6 +36,7 @@ use super::packages::{self, Gate, Plan, PlanKind};
 use super::pool;
 use super::relay::{self, meter::Counted};
 use super::respond::{self, BoxError, ProxyBody, Responder, Stop};
+use super::scrub;
 use super::tls_origins::{TlsClient, UpstreamAddr};
 use super::upstream::{self, Egress};
 use super::ProxyCtx;
@@ -130,6 +131,9 @@ pub(crate) async fn decide_and_forward(
     if !d.is_allowed() {
         return responder.refuse(ev);
     }
+    if let Err(stop) = scrub::refuse_trace(req.method(), d.exception) {
+        return responder.stop(ev, stop);
+    }
     let mut req = req;
     Draft::publish(&req, &ev);
     let mut mirror = None;
@@ -184,6 +188,10 @@ pub(crate) async fn decide_and_forward(
         }
     }
     let route = mirror.as_ref().map(|(e, m)| (*e, m));
+    let secrets = scrub::Secrets::of(
+        d.exception,
+        mirror.iter().flat_map(|(_, m)| m.inject.iter().map(|h| &h.value)),
+    );
     match reach_origin(ctx, policy, req, &mut ev, &inbound, &d, now, route).await {
         Ok(sent) => match plan {
             Some(p)
@@ -210,7 +218,7 @@ pub(crate) async fn decide_and_forward(
                 }
                 r
             }
-            p => answer(sent, ev, ctx, p, policy.settings.mode),
+            p => answer(sent, ev, ctx, p, policy.settings.mode, secrets),
         },
         Err(stop) => responder.stop(ev, stop),
     }
@@ -689,6 +697,7 @@ fn answer(
     ctx: &ProxyCtx,
     plan: Option<Plan>,
     mode: policy::Mode,
+    secrets: Option<Arc<scrub::Secrets>>,
 ) -> Response<ProxyBody> {
     let rec = &ctx.recorder;
     let Sent {
@@ -705,6 +714,9 @@ fn answer(
     let resp_upgrade = resp.headers().get(header::UPGRADE).cloned();
     strip_hop_by_hop(resp.headers_mut());
     resp.headers_mut().append(header::VIA, VIA.clone());
+    if let Some(s) = &secrets {
+        s.scrub_headers(resp.headers_mut());
+    }
     if let (true, Some((client_up, permit)), Some(p)) = (switching, client_upgrade, resp_upgrade) {
         let origin_up = hyper::upgrade::on(&mut resp);
         let h = resp.headers_mut();
@@ -733,6 +745,10 @@ fn answer(
         }
         _ => (body.map_err(BoxError::from).boxed(), None),
     };
+    let inner = match &secrets {
+        Some(s) => scrub::Scrubbed::new(inner, s.clone()).boxed(),
+        None => inner,
+    };
     let body = Recorded {
         inner,
         up: up_bytes,
@@ -742,6 +758,7 @@ fn answer(
         lent,
         integrity,
         mode,
+        secrets,
     };
     Response::from_parts(parts, body.boxed())
 }
@@ -941,6 +958,8 @@ struct Recorded {
     /// A pinned download's check ([`packages::Verified`]'s outcome).
     integrity: Option<Arc<std::sync::atomic::AtomicU8>>,
     mode: policy::Mode,
+    /// Injected values replaced on the way back ([`scrub`]).
+    secrets: Option<Arc<scrub::Secrets>>,
 }
 
 impl Recorded {
@@ -958,6 +977,9 @@ impl Recorded {
             }
             if let Some(outcome) = &self.integrity {
                 packages::note_integrity(&mut ev, outcome.load(Ordering::Relaxed), self.mode);
+            }
+            if let Some(s) = &self.secrets {
+                s.note(&mut ev);
             }
             self.recorder.record(ev);
         }

@@ -35,6 +35,7 @@ pub(crate) mod packages;
 pub mod pool;
 pub(crate) mod relay;
 pub mod respond;
+pub(crate) mod scrub;
 pub(crate) mod rewind;
 pub mod sni;
 mod tls_origins;

@@ -75,6 +75,8 @@ pub struct Reloader {
     pace: Option<Arc<Pace>>,
     /// The policy files' metadata taken before the serving policy was read.
     loaded: Option<Stamp>,
+    /// `egressd run`: each new policy serves this client only.
+    only_client: Option<Arc<str>>,
 }
 
 /// The policy files' metadata (each file's name, size, mtime, inode): what
@@ -104,7 +106,14 @@ impl Reloader {
             retired: Retired::default(),
             pace: None,
             loaded: None,
+            only_client: None,
         }
+    }
+
+    /// Every policy loaded serves `client` only (`Policy::serve_only`).
+    pub fn serving_only(mut self, client: Option<Arc<str>>) -> Reloader {
+        self.only_client = client;
+        self
     }
 
     /// Tells the reloader the stamp of the files as they were just before
@@ -210,8 +219,11 @@ impl Reloader {
         // a reference here would count as a request still using it.
         drop(serving);
         match compiled {
-            Ok(p) => {
+            Ok(mut p) => {
                 drop(sources);
+                if let Some(id) = &self.only_client {
+                    p.serve_only(id);
+                }
                 let n = p.exceptions.len();
                 let (parsed, files) = (p.files_parsed(), p.files.len());
                 let t2 = Instant::now();

@@ -818,11 +818,17 @@ fn without_user_namespaces_it_refuses_with_125_and_says_why() {
         probe.as_ref().is_ok_and(|o| o.status.success()),
         "without_user_namespaces…: cannot create the user namespace the test needs: {probe:?}"
     );
+    // A policy that loads: the launcher reads it (and finds egressd's
+    // files) before it makes any namespace.
+    let dir = tempfile::tempdir().unwrap();
+    let policy = dir.path().join("p.yaml");
+    std::fs::write(&policy, "exceptions: []\n").unwrap();
     let out = Command::new("unshare")
         .args(["--user", "--map-root-user", "sh", "-c"])
         .arg(format!(
-            "echo 0 > /proc/sys/user/max_user_namespaces && exec {} run --cwd none --upstream-dns 127.0.0.1:9 -- true",
-            env!("CARGO_BIN_EXE_egressd")
+            "echo 0 > /proc/sys/user/max_user_namespaces && exec {} run --cwd none --policy {} --upstream-dns 127.0.0.1:9 -- true",
+            env!("CARGO_BIN_EXE_egressd"),
+            policy.display()
         ))
         .current_dir("/")
         .output()

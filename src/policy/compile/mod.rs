@@ -117,6 +117,7 @@ fn build(
         matcher,
         packages,
         compiled_files,
+        only_client: None,
     })
 }
 

@@ -23,7 +23,7 @@
 //! | `ech.rs` | ECH configurations in HTTPS/SVCB answers |
 //! | `fairness.rs` | one client holding thousands of connections or DNS queries: others keep their share |
 //! | `faults.rs` | resets, dead upstreams, reload storms, drain, rotation, full sink |
-//! | `guard.rs` | `egressd run`'s guard: a hostile CMD against egressd's own files, log, keyring, PID 1, `.git` (issue 36) |
+//! | `guard.rs` | `egressd run`'s guard: a hostile CMD against egressd's own files, log, keyring, PID 1, `.git` (issue 36); `guard_identity.rs`: the sandbox's own client, the echoed credential |
 //! | `log_stall.rs` | a decision log that stops taking lines: stalled FIFO, `/dev/full`, full tmpfs |
 //!
 //! The fixtures (a [`Lab`], the fake DNS, raw origins, the decision-log
@@ -39,6 +39,7 @@ mod fairness;
 mod faults;
 mod framing;
 mod guard;
+mod guard_identity;
 mod hostnames;
 mod literals;
 mod log_stall;
