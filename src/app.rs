@@ -266,10 +266,9 @@ pub async fn start(args: &ServeArgs, listeners: Listeners) -> Result<Running> {
         ));
     }
     let (hup_tx, hup_rx) = mpsc::unbounded_channel();
-    let reloader =
-        Reloader::new(args.policy.clone(), handle.clone(), metrics.clone())
-            .loaded_from(stamp)
-            .serving_only(only_client);
+    let reloader = Reloader::new(args.policy.clone(), handle.clone(), metrics.clone())
+        .loaded_from(stamp)
+        .serving_only(only_client);
     // Its own thread at the idle class, not a runtime worker: compiling a
     // large policy must not take CPU from requests (see policy::reload).
     reloader

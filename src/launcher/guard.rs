@@ -64,8 +64,8 @@ pub fn find(args: &RunArgs, cwd: &Path) -> Result<Found, String> {
         let canonical = given
             .canonicalize()
             .map_err(|e| format!("{what} {}: {e}", p.display()))?;
-        let meta = std::fs::metadata(&canonical)
-            .map_err(|e| format!("{what} {}: {e}", p.display()))?;
+        let meta =
+            std::fs::metadata(&canonical).map_err(|e| format!("{what} {}: {e}", p.display()))?;
         if meta.is_file() && meta.nlink() > 1 {
             return Err(format!(
                 "{what} {} has {} hard links: the sandbox could reach it under another name; \
@@ -204,7 +204,8 @@ mod tests {
 
     #[test]
     fn file_substitutions_are_found_wherever_they_are() {
-        let t = "exceptions:\n  - inject: {headers: {A: \"x ${file:/run/a} ${env:B} ${file: /b }\"}}\n\
+        let t =
+            "exceptions:\n  - inject: {headers: {A: \"x ${file:/run/a} ${env:B} ${file: /b }\"}}\n\
                  mirrors: {pypi: {inject: {headers: {C: \"${file:/c}\"}}}}\n";
         assert_eq!(file_substitutions(t), ["/run/a", "/b", "/c"]);
         assert!(file_substitutions("${file:").is_empty());

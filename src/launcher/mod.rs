@@ -85,10 +85,7 @@ pub fn main(args: RunArgs) -> u8 {
     };
     notes(&plan);
     if matches!(plan.egress, Egress::Embedded) {
-        eprintln!(
-            "egressd run: decision log: {}",
-            found.log.display()
-        );
+        eprintln!("egressd run: decision log: {}", found.log.display());
     }
 
     // The cgroup is made (and later removed) by the launcher, which stays

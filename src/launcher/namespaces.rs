@@ -442,10 +442,16 @@ fn init_main(plan: &Plan, setup: &Setup, chan: OwnedFd, idmapped: IdmappedTrees)
     // its memory holds the rest. Blanked, and closed to CMD (same uid when
     // started unprivileged).
     if let Err(e) = sys::set_undumpable() {
-        fail(&chan, format!("cannot make the sandbox's init undumpable: {e}"));
+        fail(
+            &chan,
+            format!("cannot make the sandbox's init undumpable: {e}"),
+        );
     }
     if let Err(e) = sys::wipe_arguments_and_environment(INIT_NAME) {
-        fail(&chan, format!("cannot clear the sandbox's init arguments: {e}"));
+        fail(
+            &chan,
+            format!("cannot clear the sandbox's init arguments: {e}"),
+        );
     }
     if let Err(e) = sys::loopback_up(SECOND_LOOPBACK) {
         fail(
@@ -1090,7 +1096,10 @@ fn command_main(plan: &Plan, setup: &Setup) -> ! {
     match sys::join_new_session_keyring() {
         Ok(()) => {}
         Err(e) if matches!(e.raw_os_error(), Some(libc::ENOSYS | libc::EPERM)) => {}
-        Err(e) => die(125, format!("cannot give CMD a session keyring of its own: {e}")),
+        Err(e) => die(
+            125,
+            format!("cannot give CMD a session keyring of its own: {e}"),
+        ),
     }
     if let Err(e) = sys::install_seccomp(&seccomp::program()) {
         die(125, format!("cannot install the seccomp filter: {e}"));

@@ -115,7 +115,11 @@ fn without_content(msg: &str) -> String {
             out.push_str(inner);
             out.push('`');
         } else {
-            out.push_str(if q == '`' { "(a key, not shown)" } else { "\"…\"" });
+            out.push_str(if q == '`' {
+                "(a key, not shown)"
+            } else {
+                "\"…\""
+            });
         }
         if q == '`' {
             first_tick = false;

@@ -190,7 +190,9 @@ pub(crate) async fn decide_and_forward(
     let route = mirror.as_ref().map(|(e, m)| (*e, m));
     let secrets = scrub::Secrets::of(
         d.exception,
-        mirror.iter().flat_map(|(_, m)| m.inject.iter().map(|h| &h.value)),
+        mirror
+            .iter()
+            .flat_map(|(_, m)| m.inject.iter().map(|h| &h.value)),
     );
     match reach_origin(ctx, policy, req, &mut ev, &inbound, &d, now, route).await {
         Ok(sent) => match plan {

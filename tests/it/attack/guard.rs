@@ -4,7 +4,7 @@
 //! arguments, or plant code for the host; the last walks every path the
 //! launcher's arguments and the policy name.
 
-use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 use crate::support::sandbox::{run, Outcome};
@@ -101,7 +101,10 @@ print('OK', ok)
     );
     assert_eq!(r.code, 0, "{}", r.context());
     assert!(r.stdout.contains("OK []"), "{}", r.context());
-    assert!(!policy.join("99-pwn.yaml").exists(), "the planted policy stays");
+    assert!(
+        !policy.join("99-pwn.yaml").exists(),
+        "the planted policy stays"
+    );
     assert!(policy.join("p.yaml").exists());
 }
 
@@ -114,14 +117,21 @@ fn a_policy_the_sandbox_could_move_aside_is_refused() {
         .policy_at("config/policy")
         .cmd(&["true"]);
     assert_eq!(r.code, 125, "{}", r.context());
-    assert!(r.stderr.contains("which the sandbox may write"), "{}", r.context());
+    assert!(
+        r.stderr.contains("which the sandbox may write"),
+        "{}",
+        r.context()
+    );
 }
 
 #[test]
 fn a_guarded_file_with_a_hard_link_in_sight_is_refused() {
     let work = project();
     let outside = tempfile::tempdir().unwrap();
-    let ca = write(&outside.path().join("upstream-ca.pem"), "not a secret, a link\n");
+    let ca = write(
+        &outside.path().join("upstream-ca.pem"),
+        "not a secret, a link\n",
+    );
     std::fs::hard_link(&ca, work.path().join("ca-link.pem")).unwrap();
     let r = run()
         .cwd(work.path())
@@ -278,7 +288,8 @@ print('KEYCTL', r, os.strerror(e1) if r < 0 else '', 'ADD', r2, os.strerror(e2) 
     );
     assert_eq!(r.code, 0, "{}", r.context());
     assert!(
-        r.stdout.contains("KEYCTL -1 Operation not permitted ADD -1 Operation not permitted"),
+        r.stdout
+            .contains("KEYCTL -1 Operation not permitted ADD -1 Operation not permitted"),
         "{}",
         r.context()
     );
@@ -318,15 +329,20 @@ fn git_config_and_hooks_are_read_only_unless_asked() {
                  echo x > .git/objects/new && echo objects-writable";
     let r = run().cwd(work.path()).cmd(&["sh", "-c", plant]);
     assert!(r.stdout.contains("objects-writable"), "{}", r.context());
-    assert!(!std::fs::read_to_string(&config).unwrap().contains("fsmonitor"));
+    assert!(!std::fs::read_to_string(&config)
+        .unwrap()
+        .contains("fsmonitor"));
     assert!(!work.path().join(".git/hooks/post-checkout").exists());
     assert!(work.path().join(".git").is_dir());
-    let r = run()
-        .cwd(work.path())
-        .arg("--git-writable")
-        .cmd(&["sh", "-c", &plant.replace("mv .git .git-moved;", "")]);
+    let r = run().cwd(work.path()).arg("--git-writable").cmd(&[
+        "sh",
+        "-c",
+        &plant.replace("mv .git .git-moved;", ""),
+    ]);
     assert!(
-        std::fs::read_to_string(&config).unwrap().contains("fsmonitor"),
+        std::fs::read_to_string(&config)
+            .unwrap()
+            .contains("fsmonitor"),
         "{}",
         r.context()
     );

@@ -99,16 +99,14 @@ exceptions:
         r.context()
     );
     assert!(
-        r.stdout.contains(&format!("seen: {stars} and again: {stars}.")),
+        r.stdout
+            .contains(&format!("seen: {stars} and again: {stars}.")),
         "{}",
         r.context()
     );
     assert!(r.stdout.contains("trace 403"), "{}", r.context());
     let line = r.line(|l| l["method"] == "GET" && l["host"] == "echo.test");
-    assert!(
-        line.to_string().contains("replaced 3 times"),
-        "{line}"
-    );
+    assert!(line.to_string().contains("replaced 3 times"), "{line}");
 }
 
 #[test]
