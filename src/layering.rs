@@ -53,6 +53,7 @@ const PROXY: &[&str] = &[
     "rewind",
     "dest",
     "respond",
+    "scrub",
     "admit",
     "sni",
     "relay",
