@@ -1080,8 +1080,14 @@ mod tests {
         hf.token = Some("has space".into());
         assert_eq!(build(&o, &hf).unwrap_err(), PlanError::BadToken);
 
+        // Embedded, --client only names the sandbox's client: no token, no
+        // credentials in the proxy URL.
         let mut o = opts();
         o.client = Some("agent-a".into());
+        let p = build(&o, &host()).unwrap();
+        assert_eq!(p.egress, Egress::Embedded);
+        assert!(!p.proxy_url.contains("agent-a"), "{}", p.proxy_url);
+        o.connect_dns = Some("10.0.0.5:8053".parse().unwrap());
         assert_eq!(
             build(&o, &host()).unwrap_err(),
             PlanError::ClientWithoutConnect
