@@ -171,6 +171,9 @@ struct Stage {
     certs: PathBuf,
     /// The origins' CA, which Chromium is told to trust (`cdp.py --trust`).
     origin_ca: PathBuf,
+    /// The same certificate as egressd's `--upstream-ca`: a file of its own,
+    /// which the sandbox does not see (egressd's files are masked inside).
+    upstream_ca: PathBuf,
     _dir: tempfile::TempDir,
 }
 
@@ -192,6 +195,8 @@ fn stage() -> Stage {
     let origin_ca = public.join("origin-ca.pem");
     std::fs::write(&origin_ca, &pki.ca_pem).unwrap();
     std::fs::set_permissions(&origin_ca, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let upstream_ca = dir.path().join("upstream-ca.pem");
+    std::fs::write(&upstream_ca, &pki.ca_pem).unwrap();
     let tls = tls_origin_at(
         format!("{ORIGIN_IP}:443").parse().unwrap(),
         pki.leaf(&["tls.test", "allowed.test", "coalesce.test"]),
@@ -246,6 +251,7 @@ fn stage() -> Stage {
         udp_canaries,
         certs,
         origin_ca,
+        upstream_ca,
         _dir: dir,
     }
 }
@@ -308,7 +314,7 @@ impl Stage {
             .arg("--ca-dir")
             .arg(&self.certs)
             .arg("--upstream-ca")
-            .arg(&self.origin_ca)
+            .arg(&self.upstream_ca)
             .arg("--ro")
             .arg(HERE)
             .arg("--ro")
