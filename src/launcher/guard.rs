@@ -95,10 +95,15 @@ pub fn find(args: &RunArgs, cwd: &Path) -> Result<Found, String> {
 
     // The policy, as egressd reads it (links out of its directory, and
     // files of other owners, are refused there).
-    let policy = cwd
-        .join(&args.policy)
-        .canonicalize()
-        .map_err(|e| format!("--policy {}: {e}", args.policy.display()))?;
+    let given = cwd.join(&args.policy);
+    let policy = match given.canonicalize() {
+        Ok(p) => p,
+        // The loader's own words for a missing policy (with the hint).
+        Err(e) => {
+            crate::policy::read_sources(&given).map_err(|e| e.to_string())?;
+            return Err(format!("--policy {}: {e}", args.policy.display()));
+        }
+    };
     let sources = crate::policy::read_sources(&policy).map_err(|e| e.to_string())?;
     add(&policy, "the policy", true)?;
     let mut secrets = Vec::new();
