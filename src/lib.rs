@@ -66,7 +66,7 @@
 /// freed by a compile), mimalloc with [`reload::release_freed_memory`]
 /// 102–107 MiB; a kept-alive GET also costs 6% fewer instructions. The
 /// crate's own unit tests count allocations through a wrapper around it
-/// (`dns::server`'s tests).
+/// (`dns::alloc_count`).
 #[cfg(not(test))]
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;

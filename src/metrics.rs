@@ -166,11 +166,19 @@ fn escape_label(v: &str, out: &mut Vec<u8>) {
     }
 }
 
+/// The kinds of `egressd_overload_total{what}`: HTTP/2 streams, upstream
+/// connections opened for a client, TCP DNS connections, decision-log
+/// lines past a client's rate, and proxy client connections.
+pub const OVERLOAD_WHAT: [&str; 5] = ["streams", "upstream", "tcp_dns", "log_rate", "connections"];
+
 pub struct Metrics {
     pub registry: Registry,
     pub requests: IntCounterVec,
     pub denied: IntCounterVec,
     pub dns_tunnel: IntCounterVec,
+    /// `egressd_overload_total{what}`: refusals and reclaims that keep a
+    /// bound shared fairly ([`Metrics::overloaded`]); no client label.
+    pub overload: IntCounterVec,
     pub reloads: IntCounterVec,
     pub policy_exceptions: IntGauge,
     pub log_write_errors: IntCounter,
@@ -206,6 +214,13 @@ fn counter_vec(r: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCoun
 }
 
 impl Metrics {
+    /// Counts one refusal or reclaim in `egressd_overload_total{what}`
+    /// (`what` one of [`OVERLOAD_WHAT`]).
+    pub fn overloaded(&self, what: &str) {
+        debug_assert!(OVERLOAD_WHAT.contains(&what), "{what}");
+        self.overload.with_label_values(&[what]).inc();
+    }
+
     pub fn new() -> Arc<Metrics> {
         let r = Registry::new();
         let requests = counter_vec(
@@ -225,6 +240,12 @@ impl Metrics {
             "egressd_dns_tunnel_suspected_total",
             "DNS names judged to carry tunnelled data, by action taken.",
             &["action"],
+        );
+        let overload = counter_vec(
+            &r,
+            "egressd_overload_total",
+            "Work refused or reclaimed to keep a bound shared fairly, by what was bounded.",
+            &["what"],
         );
         let reloads = counter_vec(
             &r,
@@ -311,6 +332,9 @@ impl Metrics {
         for a in ["block", "log"] {
             dns_tunnel.with_label_values(&[a]);
         }
+        for w in OVERLOAD_WHAT {
+            overload.with_label_values(&[w]);
+        }
         for res in ["ok", "error"] {
             reloads.with_label_values(&[res]);
         }
@@ -357,6 +381,7 @@ impl Metrics {
             requests,
             denied,
             dns_tunnel,
+            overload,
             reloads,
             policy_exceptions,
             log_write_errors,

@@ -9,9 +9,10 @@
 
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv6Addr};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
-use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{watch, Notify, OwnedSemaphorePermit, Semaphore};
 
 /// The stop signal, as the tasks that obey it hold it. Cheap to clone.
 #[derive(Clone, Debug)]
@@ -63,9 +64,14 @@ impl Trigger {
     }
 }
 
-/// A bound on things open at once (client connections), each held as a
-/// [`Permit`] for as long as it lives, and on how many of them one
-/// [`Holder`] holds.
+/// A bound on things open at once (client connections, DNS queries), each
+/// held as a [`Permit`] for as long as it lives, and on how many of them
+/// one [`Holder`] holds.
+///
+/// The bound on all is shared fairly ([`Permits::try_admit`]): when it is
+/// full, a holder under its share still gets a slot, reclaimed from the
+/// holder that holds the most (an idle one of its permits first), so a few
+/// holders cannot keep the total to themselves.
 #[derive(Clone, Debug)]
 pub struct Permits {
     sem: Arc<Semaphore>,
@@ -96,13 +102,43 @@ impl Holder {
     }
 }
 
+impl std::fmt::Display for Holder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Holder::Named(id) => write!(f, "client {id}"),
+            Holder::Addr(ip) => write!(f, "address {ip}"),
+        }
+    }
+}
+
 /// Permits held per holder.
 #[derive(Debug, Default)]
-struct Shares(Mutex<HashMap<Holder, u32>>);
+struct Shares(Mutex<HashMap<Holder, Share>>);
+
+/// One holder's share: how many permits count against it, and the live
+/// ones it was the first holder of (those a reclaim may take).
+#[derive(Debug, Default)]
+struct Share {
+    n: u32,
+    first_of: Vec<Weak<Held>>,
+}
 
 impl Shares {
-    fn lock(&self) -> MutexGuard<'_, HashMap<Holder, u32>> {
+    fn lock(&self) -> MutexGuard<'_, HashMap<Holder, Share>> {
         self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// Takes `held` off `holder`'s count in `map` (and off its reclaimable
+/// list), dropping the entry once it is empty.
+fn uncount(map: &mut HashMap<Holder, Share>, holder: Holder, held: *const Held) {
+    if let std::collections::hash_map::Entry::Occupied(mut e) = map.entry(holder) {
+        let share = e.get_mut();
+        share.n = share.n.saturating_sub(1);
+        share.first_of.retain(|w| w.as_ptr() != held);
+        if share.n == 0 {
+            e.remove();
+        }
     }
 }
 
@@ -116,23 +152,43 @@ pub struct Permit {
 
 #[derive(Debug)]
 struct Held {
-    _global: OwnedSemaphorePermit,
+    /// Its slot of the bound on all; handed to another permit when this
+    /// one is reclaimed.
+    global: Mutex<Option<OwnedSemaphorePermit>>,
     shares: Arc<Shares>,
     /// The holders this permit counts against (one or two).
     holders: Mutex<Vec<Holder>>,
+    /// Tasks that close what this permit holds once it is reclaimed
+    /// ([`Permit::reclaimed`]): only a watched permit may be reclaimed.
+    watchers: AtomicU32,
+    /// Work in progress on it ([`Permit::busy`]): an idle permit (none)
+    /// is reclaimed before a busy one.
+    busy: AtomicU32,
+    reclaimed: AtomicBool,
+    wake: Notify,
+}
+
+impl Held {
+    fn new(global: OwnedSemaphorePermit, shares: Arc<Shares>) -> Arc<Held> {
+        Arc::new(Held {
+            global: Mutex::new(Some(global)),
+            shares,
+            holders: Mutex::new(Vec::new()),
+            watchers: AtomicU32::new(0),
+            busy: AtomicU32::new(0),
+            reclaimed: AtomicBool::new(false),
+            wake: Notify::new(),
+        })
+    }
 }
 
 impl Drop for Held {
     fn drop(&mut self) {
         let holders = std::mem::take(self.holders.get_mut().unwrap_or_else(|e| e.into_inner()));
+        let me = self as *const Held;
         let mut map = self.shares.lock();
         for h in holders {
-            if let std::collections::hash_map::Entry::Occupied(mut n) = map.entry(h) {
-                *n.get_mut() -= 1;
-                if *n.get() == 0 {
-                    n.remove();
-                }
-            }
+            uncount(&mut map, h, me);
         }
     }
 }
@@ -147,18 +203,82 @@ impl Permit {
         if holders.contains(&holder) {
             return true;
         }
+        if self.share.reclaimed.load(Ordering::Acquire) {
+            return false;
+        }
         let mut map = self.share.shares.lock();
-        let n = map.entry(holder.clone()).or_insert(0);
-        if *n >= max {
-            if *n == 0 {
+        let share = map.entry(holder.clone()).or_default();
+        if share.n >= max {
+            if share.n == 0 {
                 map.remove(&holder);
             }
             return false;
         }
-        *n += 1;
+        share.n += 1;
+        if holders.is_empty() {
+            share.first_of.push(Arc::downgrade(&self.share));
+        }
         holders.push(holder);
         true
     }
+
+    /// Resolves once this permit was reclaimed for another holder
+    /// ([`Permits::try_admit`]); meanwhile (while this future lives) the
+    /// permit may be. What holds it should then close and say why.
+    pub async fn reclaimed(&self) {
+        struct Watching<'a>(&'a AtomicU32);
+        impl Drop for Watching<'_> {
+            fn drop(&mut self) {
+                self.0.fetch_sub(1, Ordering::AcqRel);
+            }
+        }
+        self.share.watchers.fetch_add(1, Ordering::AcqRel);
+        let _w = Watching(&self.share.watchers);
+        loop {
+            let woken = self.share.wake.notified();
+            tokio::pin!(woken);
+            woken.as_mut().enable();
+            if self.share.reclaimed.load(Ordering::Acquire) {
+                return;
+            }
+            woken.await;
+        }
+    }
+
+    /// Marks the permit busy (work in progress: a query being answered)
+    /// until the guard goes; a reclaim takes idle permits first.
+    pub fn busy(&self) -> Busy<'_> {
+        self.share.busy.fetch_add(1, Ordering::AcqRel);
+        Busy(&self.share.busy)
+    }
+}
+
+/// A permit marked busy ([`Permit::busy`]).
+pub struct Busy<'a>(&'a AtomicU32);
+
+impl Drop for Busy<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// What [`Permits::try_admit`] gave.
+#[derive(Debug)]
+pub enum Admission {
+    /// A free slot.
+    Admitted(Permit),
+    /// The bound on all was full: the slot was taken from `from`, which
+    /// held `held` (the most), and the permit that had it told to close.
+    Reclaimed {
+        permit: Permit,
+        from: Holder,
+        held: u32,
+    },
+    /// The holder already holds `max`, its share.
+    OverShare,
+    /// The bound on all is full and no holder holds more than this one
+    /// (by two or more): nothing to reclaim fairly.
+    Full,
 }
 
 impl Permits {
@@ -168,6 +288,11 @@ impl Permits {
             max,
             shares: Arc::default(),
         }
+    }
+
+    /// The bound on all.
+    pub fn max(&self) -> u32 {
+        self.max
     }
 
     /// Waits for a free share of the bound on all, counted against no
@@ -180,11 +305,66 @@ impl Permits {
             .await
             .expect("the semaphore is never closed");
         Permit {
-            share: Arc::new(Held {
-                _global: p,
-                shares: self.shares.clone(),
-                holders: Mutex::new(Vec::new()),
-            }),
+            share: Held::new(p, self.shares.clone()),
+        }
+    }
+
+    /// A slot for `holder` if one is free and it holds fewer than `max`;
+    /// never waits, never reclaims.
+    pub fn try_acquire(&self, holder: Holder, max: u32) -> Option<Permit> {
+        let p = self.sem.clone().try_acquire_owned().ok()?;
+        let permit = Permit {
+            share: Held::new(p, self.shares.clone()),
+        };
+        permit.count_against(holder, max).then_some(permit)
+    }
+
+    /// Whether [`Permits::try_acquire`] would give a slot now, without
+    /// taking one. With nothing held by anyone it makes no holder (`who`
+    /// is not called) and hashes nothing.
+    pub fn has_room(&self, who: impl FnOnce() -> Holder, max: u32) -> bool {
+        if self.sem.available_permits() == 0 {
+            return false;
+        }
+        let map = self.shares.lock();
+        if map.is_empty() {
+            return true;
+        }
+        map.get(&who()).map_or(0, |s| s.n) < max
+    }
+
+    /// A slot for `holder`, at most `max` of them, shared fairly: when the
+    /// bound on all is full, the holder that holds the most (at least two
+    /// more than `holder`) gives up one permit, an idle one if it has one.
+    /// Only permits whose holder watches for it ([`Permit::reclaimed`])
+    /// are taken; the one taken is told at once, and its slot is
+    /// `holder`'s from now on.
+    pub fn try_admit(&self, holder: Holder, max: u32) -> Admission {
+        let mut map = self.shares.lock();
+        let held = map.get(&holder).map_or(0, |s| s.n);
+        if held >= max {
+            return Admission::OverShare;
+        }
+        let (global, reclaimed) = match self.sem.clone().try_acquire_owned() {
+            Ok(p) => (p, None),
+            Err(_) => match reclaim(&mut map, &holder, held) {
+                Some((p, from, n)) => (p, Some((from, n))),
+                None => return Admission::Full,
+            },
+        };
+        drop(map);
+        let permit = Permit {
+            share: Held::new(global, self.shares.clone()),
+        };
+        let counted = permit.count_against(holder, max);
+        debug_assert!(counted, "checked under the lock; a race only adds one");
+        match reclaimed {
+            None => Admission::Admitted(permit),
+            Some((from, held)) => Admission::Reclaimed {
+                permit,
+                from,
+                held,
+            },
         }
     }
 
@@ -195,7 +375,7 @@ impl Permits {
 
     /// How many `holder` holds now.
     pub fn held_by(&self, holder: &Holder) -> u32 {
-        self.shares.lock().get(holder).copied().unwrap_or(0)
+        self.shares.lock().get(holder).map_or(0, |s| s.n)
     }
 
     /// Resolves once no permit is held (every one released). New permits
@@ -208,6 +388,52 @@ impl Permits {
             .expect("the semaphore is never closed");
         drop(all);
     }
+}
+
+/// Takes a slot from the holder in `map` that holds the most, if it holds
+/// at least two more than `held` (what `holder` holds): its idle watched
+/// permit if it has one, else a busy watched one. That permit is told it
+/// was reclaimed and stops counting against anyone. The slot, the holder
+/// it came from and what that holder held.
+fn reclaim(
+    map: &mut HashMap<Holder, Share>,
+    holder: &Holder,
+    held: u32,
+) -> Option<(OwnedSemaphorePermit, Holder, u32)> {
+    let mut order: Vec<(&Holder, u32)> = map
+        .iter()
+        .filter(|(h, s)| *h != holder && s.n > held + 1)
+        .map(|(h, s)| (h, s.n))
+        .collect();
+    order.sort_unstable_by(|a, b| b.1.cmp(&a.1));
+    let (victim, from, n) = order.iter().find_map(|(h, n)| {
+        let live: Vec<Arc<Held>> = map[*h]
+            .first_of
+            .iter()
+            .filter_map(Weak::upgrade)
+            .filter(|p| p.watchers.load(Ordering::Acquire) > 0)
+            .collect();
+        let pick = live
+            .iter()
+            .find(|p| p.busy.load(Ordering::Acquire) == 0)
+            .or(live.first())?;
+        Some((pick.clone(), (*h).clone(), *n))
+    })?;
+    // The victim's own lock: taken without waiting (a `count_against` on
+    // it holds it and waits for `map`), else it is not taken this time.
+    let mut holders = victim.holders.try_lock().ok()?;
+    let global = victim
+        .global
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .take()?;
+    victim.reclaimed.store(true, Ordering::Release);
+    for h in std::mem::take(&mut *holders) {
+        uncount(map, h, Arc::as_ptr(&victim));
+    }
+    drop(holders);
+    victim.wake.notify_waiters();
+    Some((global, from, n))
 }
 
 #[cfg(test)]
@@ -280,6 +506,76 @@ mod tests {
         drop((second, third));
         assert_eq!((permits.held_by(&a), permits.held_by(&b)), (0, 0));
         assert_eq!(permits.in_use(), 0);
+    }
+
+    /// A full bound on all still admits a holder under its share: the
+    /// holder with the most gives up an idle permit (not a busy one, not
+    /// an unwatched one), which is told; a holder as small as the
+    /// newcomer is never taken from.
+    #[tokio::test]
+    async fn a_full_total_is_reclaimed_from_the_largest_holder_idle_first() {
+        let permits = Permits::new(4);
+        let (big, small, new) = (
+            Holder::addr("127.0.0.2".parse().unwrap()),
+            Holder::addr("127.0.0.3".parse().unwrap()),
+            Holder::addr("127.0.0.4".parse().unwrap()),
+        );
+        let admitted = |a: Admission| match a {
+            Admission::Admitted(p) => p,
+            other => panic!("{other:?}"),
+        };
+        let b: Vec<Permit> = (0..3)
+            .map(|_| admitted(permits.try_admit(big.clone(), 16)))
+            .collect();
+        let s = admitted(permits.try_admit(small.clone(), 16));
+        // Nobody watches yet: nothing can be reclaimed.
+        assert!(matches!(permits.try_admit(new.clone(), 16), Admission::Full));
+        let busy = b[0].busy();
+        let watch: Vec<_> = b
+            .iter()
+            .chain([&s])
+            .map(|p| {
+                let p = p.clone();
+                tokio::spawn(async move { p.reclaimed().await })
+            })
+            .collect();
+        tokio::task::yield_now().await;
+        while b.iter().chain([&s]).any(|p| p.share.watchers.load(Ordering::Acquire) == 0) {
+            tokio::task::yield_now().await;
+        }
+        let got = match permits.try_admit(new.clone(), 16) {
+            Admission::Reclaimed { permit, from, held } => {
+                assert_eq!((from, held), (big.clone(), 3));
+                permit
+            }
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(permits.in_use(), 4, "the slot changed hands");
+        assert_eq!(
+            (permits.held_by(&big), permits.held_by(&new)),
+            (2, 1)
+        );
+        assert!(!b[0].share.reclaimed.load(Ordering::Acquire), "busy kept");
+        let taken = b
+            .iter()
+            .position(|p| p.share.reclaimed.load(Ordering::Acquire))
+            .expect("an idle one was taken");
+        tokio::time::timeout(Duration::from_secs(5), watch.into_iter().nth(taken).unwrap())
+            .await
+            .expect("the reclaimed permit was told")
+            .unwrap();
+        drop(busy);
+        // big holds 2, the next newcomer 0: one more is taken from big; then
+        // big, small and the newcomers hold 1 or 2 each and nobody gives.
+        let another = Holder::addr("127.0.0.5".parse().unwrap());
+        let kept = permits.try_admit(another.clone(), 16);
+        assert!(matches!(kept, Admission::Reclaimed { .. }), "{kept:?}");
+        let last = Holder::addr("127.0.0.6".parse().unwrap());
+        assert!(matches!(permits.try_admit(last, 16), Admission::Full));
+        // Over its own share, whatever the total.
+        assert!(matches!(permits.try_admit(new.clone(), 1), Admission::OverShare));
+        drop((b, s, got, kept));
+        assert_eq!(permits.held_by(&big), 0);
     }
 
     #[test]

@@ -23,7 +23,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::by_name::ByNameType;
-use super::resolver::ResolveError;
+use super::error::ResolveError;
 use crate::policy::host::Host;
 
 /// How long a first failure is held.

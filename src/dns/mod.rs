@@ -36,6 +36,7 @@ mod resolver;
 mod server;
 mod wire;
 
+use std::borrow::Cow;
 use std::net::{IpAddr, SocketAddr};
 
 use anyhow::{bail, Context};
@@ -46,6 +47,7 @@ pub use server::serve;
 
 use crate::policy::host::Host;
 use crate::policy::{ClientIdx, Exception, Policy, TunnelAction};
+use crate::shutdown::Holder;
 
 /// The DNS port `--upstream-dns` entries get when they name none.
 pub const DEFAULT_DNS_PORT: u16 = 53;
@@ -60,17 +62,20 @@ impl Resolver {
     /// (`block` for [`TunnelOutcome::Block`], `log` for [`TunnelOutcome::Alert`]);
     /// the caller denies a `Block` with reason `dns_tunnel`.
     ///
+    /// The budget is the named client's, else its source address `src`'s.
     /// Only names allowed through a wildcard host pattern are budgeted: an
     /// exact host has no room to carry data.
     pub fn tunnel_check(
         &self,
         policy: &Policy,
         client: Option<ClientIdx>,
+        src: IpAddr,
         host: &Host,
         exception: &Exception,
         now: i64,
     ) -> TunnelOutcome {
-        self.tunnel_assess(policy, client, host, exception, now).0
+        self.tunnel_assess(policy, client, src, host, exception, now)
+            .0
     }
 
     /// [`Resolver::tunnel_check`] with a one-line explanation for the log's
@@ -79,6 +84,7 @@ impl Resolver {
         &self,
         policy: &Policy,
         client: Option<ClientIdx>,
+        src: IpAddr,
         host: &Host,
         exception: &Exception,
         now: i64,
@@ -90,10 +96,10 @@ impl Resolver {
         {
             return (TunnelOutcome::Ok, None);
         }
-        let id = policy.client_id(client).map(|c| &**c).unwrap_or("-");
+        let id = budget_key(policy, client, src);
         let a = self
             .tunnel_detector()
-            .check(settings, id, host, exception, now);
+            .check(settings, &id, host, exception, now);
         match a.outcome {
             TunnelOutcome::Ok => {}
             TunnelOutcome::Alert => self.metrics().dns_tunnel.with_label_values(&["log"]).inc(),
@@ -114,20 +120,35 @@ impl Resolver {
         &self,
         policy: &Policy,
         client: Option<ClientIdx>,
+        src: IpAddr,
         exception: &Exception,
         valid_tail: &str,
         labels_above: usize,
         now: i64,
     ) -> Option<String> {
-        let id = policy.client_id(client).map(|c| &**c).unwrap_or("-");
+        let id = budget_key(policy, client, src);
         self.tunnel_detector().strike(
             &policy.settings.dns.tunnel,
-            id,
+            &id,
             exception,
             valid_tail,
             labels_above,
             now,
         )
+    }
+}
+
+/// Whose tunnel budget a query spends: the named client, else its source
+/// address (an IPv6 source by its /64, as every share is kept): one
+/// unnamed client never spends another's (DESIGN "Bounds, backpressure and
+/// fairness"). A client id is a word, so no id reads as an address key.
+fn budget_key(policy: &Policy, client: Option<ClientIdx>, src: IpAddr) -> Cow<'_, str> {
+    match policy.client_id(client) {
+        Some(id) => Cow::Borrowed(&**id),
+        None => match Holder::addr(src) {
+            Holder::Addr(ip) => Cow::Owned(format!("addr {ip}")),
+            Holder::Named(id) => Cow::Owned(id.to_string()),
+        },
     }
 }
 

@@ -35,6 +35,7 @@ use super::answers::AnswerMemory;
 use super::budget::TunnelDetector;
 use super::by_name::ByNameType;
 use super::failures::Failures;
+pub use super::error::ResolveError;
 use crate::metrics::Metrics;
 use crate::policy::host::Host;
 use crate::policy::{qtype, DnsSettings, Policy};
@@ -56,26 +57,6 @@ const UPSTREAM_RECV_BUF: usize = 4096;
 pub const MAX_CACHE_ENTRIES: usize = 100_000;
 /// CNAMEs followed within one answer.
 pub const MAX_CNAME_CHAIN: usize = 8;
-
-/// Why a name could not be resolved: always upstream's fault or absence,
-/// never a policy decision.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum ResolveError {
-    /// No upstream answered within our deadline.
-    #[error("upstream DNS timed out")]
-    Timeout,
-    /// Upstreams failed (SERVFAIL, REFUSED, unreachable, garbage).
-    #[error("upstream DNS failed: {0}")]
-    Upstream(String),
-    /// The name does not exist or has no A/AAAA records (NXDOMAIN, NODATA).
-    #[error("the name has no addresses")]
-    NoAddresses,
-    /// This (name, type) failed a moment ago, and the failure is held
-    /// (`failures`, RFC 9520): the upstreams were not asked this time. The
-    /// seconds until they are asked again.
-    #[error("{0}; failure remembered, upstreams asked again in {1} s")]
-    Remembered(Box<ResolveError>, u64),
-}
 
 /// An upstream answer, as cached: the records for the question (the CNAME
 /// chain from the name and the records it ends in) and, for negative

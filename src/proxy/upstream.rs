@@ -302,8 +302,9 @@ pub struct Checked {
     pub note: Option<String>,
 }
 
-/// Resolves (if needed) and checks a destination allowed by `exception`.
-/// IP literals are checked as they are; names are resolved once, through the
+/// Resolves (if needed) and checks a destination allowed by `exception`
+/// for `client` at source address `src` (whose tunnel budget a name
+/// spends: the named client's, else the address's). IP literals are checked as they are; names are resolved once, through the
 /// cache, after the tunnel budget has had its say. Failed upstream DNS
 /// exchanges are noted in `attempts` (the request's event).
 #[allow(clippy::too_many_arguments)]
@@ -311,7 +312,7 @@ pub async fn resolve_checked(
     policy: &Policy,
     resolver: &Resolver,
     exception: Option<&Exception>,
-    client: Option<ClientIdx>,
+    (client, src): (Option<ClientIdx>, IpAddr),
     target: &Target,
     port: u16,
     own: &[SocketAddr],
@@ -326,7 +327,7 @@ pub async fn resolve_checked(
         Target::Ip(ip) => vec![*ip],
         Target::Name(host) => {
             if let Some(exc) = exception {
-                let (outcome, why) = resolver.tunnel_assess(policy, client, host, exc, now);
+                let (outcome, why) = resolver.tunnel_assess(policy, client, src, host, exc, now);
                 if outcome == TunnelOutcome::Block {
                     if enforced(mode, Reason::DnsTunnel) {
                         return Err(Refusal::Policy(Reason::DnsTunnel, why));
@@ -394,7 +395,7 @@ pub(crate) async fn check_destination(
         policy,
         &ctx.resolver,
         exception,
-        client,
+        (client, ev.src.ip()),
         &dest.target,
         dest.port,
         &ctx.own_addrs,

@@ -1,6 +1,6 @@
 //! Answers to allowed queries kept as the bytes that were sent.
 //!
-//! A query of the common shape ([`fast::parse`](super::fast::parse)) that
+//! A query of the common shape ([`codec::parse`](super::codec::parse)) that
 //! the policy allowed, whose budget was spent and whose answer came back
 //! from the resolver without any address removed, leaves its encoded answer
 //! here, keyed by (name in lower case, type, whether the client spoke EDNS,
@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 
 use crate::policy::{Exception, Policy};
 
-use super::fast::{self, Query};
+use super::codec::{self, Query};
 
 /// Answers kept, in all (names × types × EDNS or not × exception).
 pub const MAX_ENTRIES: usize = 65_536;
@@ -92,11 +92,11 @@ impl Inner {
 
 /// See the module documentation.
 #[derive(Default)]
-pub(super) struct WireCache {
+pub(super) struct AnswerCache {
     inner: Mutex<Inner>,
 }
 
-impl WireCache {
+impl AnswerCache {
     fn lock(&self) -> MutexGuard<'_, Inner> {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -132,7 +132,7 @@ impl WireCache {
             out[at..at + 4].copy_from_slice(&ttl);
         }
         out[0..2].copy_from_slice(&q.id.to_be_bytes());
-        out[2..4].copy_from_slice(&fast::answer_flags(q, e.rcode).to_be_bytes());
+        out[2..4].copy_from_slice(&codec::answer_flags(q, e.rcode).to_be_bytes());
         out[12..12 + q.question.len()].copy_from_slice(q.question);
         Some(e.rcode)
     }
@@ -209,7 +209,7 @@ fn skip_name(m: &[u8], mut at: usize) -> Option<usize> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::fast::tests::query;
+    use super::super::codec::tests::query;
     use super::*;
     use hickory_proto::op::{Message, ResponseCode};
     use hickory_proto::rr::rdata::{A, CNAME};
@@ -229,7 +229,7 @@ mod tests {
     /// The answer egressd would send for `raw`: an A record and a CNAME,
     /// both at `ttl`.
     fn answer(raw: &[u8], ttl: u32) -> Vec<u8> {
-        let q = fast::parse(raw).unwrap();
+        let q = codec::parse(raw).unwrap();
         let name = |s: &str| Name::from_ascii(s).unwrap();
         let records = [
             Record::from_rdata(
@@ -243,21 +243,21 @@ mod tests {
                 RData::A(A::new(192, 0, 2, 1)),
             ),
         ];
-        fast::encode(&q, ResponseCode::NoError, &records, &[], None, 4096, 1232).unwrap()
+        codec::encode(&q, ResponseCode::NoError, &records, &[], None, 4096, 1232).unwrap()
     }
 
     #[test]
     fn a_hit_is_the_fresh_answer_with_the_querys_id_flags_case_and_ttl() {
-        let (p, cache) = (policy(), WireCache::default());
+        let (p, cache) = (policy(), AnswerCache::default());
         let e = &p.exceptions[0];
         let t0 = Instant::now();
         let first = query(0x1111, 0x0100, "www.example.test", 1, Some(1232));
-        let q1 = fast::parse(&first).unwrap();
+        let q1 = codec::parse(&first).unwrap();
         cache.store(&p, &Key::new(&q1, Some(e)), &answer(&first, 300), 300, t0);
         // Asked again, in another case, with CD set, DO set and another
         // id, 100.5 s later.
         let again = query(0x2222, 0x0110, "WwW.eXaMpLe.TeSt", 1, Some(4096));
-        let q2 = fast::parse(&again).unwrap();
+        let q2 = codec::parse(&again).unwrap();
         let mut out = Vec::new();
         let at = t0 + Duration::from_millis(100_500);
         let rcode = cache.answer(&p, &Key::new(&q2, Some(e)), &q2, 4096, at, &mut out);
@@ -276,7 +276,7 @@ mod tests {
         assert!(m.edns.is_some(), "EDNS answered to an EDNS query");
         // Once the output buffer has an answer's room, a hit (key, lookup,
         // copy and patches) allocates nothing.
-        let n = super::super::server::tests::allocations(|| {
+        let n = super::super::alloc_count::allocations(|| {
             let key = Key::new(&q2, Some(e));
             assert!(cache.answer(&p, &key, &q2, 4096, at, &mut out).is_some());
         });
@@ -285,15 +285,15 @@ mod tests {
 
     #[test]
     fn the_key_holds_type_edns_and_exception_and_ignores_case() {
-        let (p, cache) = (policy(), WireCache::default());
+        let (p, cache) = (policy(), AnswerCache::default());
         let (a, b) = (&p.exceptions[0], &p.exceptions[1]);
         let t0 = Instant::now();
         let raw = query(1, 0x0100, "www.example.test", 1, Some(1232));
-        let q = fast::parse(&raw).unwrap();
+        let q = codec::parse(&raw).unwrap();
         cache.store(&p, &Key::new(&q, Some(a)), &answer(&raw, 60), 60, t0);
         let mut out = Vec::new();
         let mut hit = |raw: &[u8], e| {
-            let q = fast::parse(raw).unwrap();
+            let q = codec::parse(raw).unwrap();
             cache
                 .answer(&p, &Key::new(&q, e), &q, 4096, t0, &mut out)
                 .is_some()
@@ -313,11 +313,11 @@ mod tests {
 
     #[test]
     fn an_answer_expires_with_its_ttl_and_is_not_sent_too_big() {
-        let (p, cache) = (policy(), WireCache::default());
+        let (p, cache) = (policy(), AnswerCache::default());
         let e = &p.exceptions[0];
         let t0 = Instant::now();
         let raw = query(1, 0x0100, "www.example.test", 1, Some(1232));
-        let q = fast::parse(&raw).unwrap();
+        let q = codec::parse(&raw).unwrap();
         let key = Key::new(&q, Some(e));
         let bytes = answer(&raw, 5);
         cache.store(&p, &key, &bytes, 5, t0);
@@ -339,10 +339,10 @@ mod tests {
 
     #[test]
     fn a_reload_empties_it() {
-        let (p, cache) = (policy(), WireCache::default());
+        let (p, cache) = (policy(), AnswerCache::default());
         let t0 = Instant::now();
         let raw = query(1, 0x0100, "www.example.test", 1, None);
-        let q = fast::parse(&raw).unwrap();
+        let q = codec::parse(&raw).unwrap();
         let key = Key::new(&q, Some(&p.exceptions[0]));
         cache.store(&p, &key, &answer(&raw, 60), 60, t0);
         let mut out = Vec::new();
@@ -368,12 +368,12 @@ mod tests {
 
     #[test]
     fn it_stays_bounded() {
-        let (p, cache) = (policy(), WireCache::default());
+        let (p, cache) = (policy(), AnswerCache::default());
         let e = &p.exceptions[0];
         let t0 = Instant::now();
         for i in 0..MAX_ENTRIES + 10 {
             let raw = query(1, 0, &format!("n{i}.example.test"), 1, None);
-            let q = fast::parse(&raw).unwrap();
+            let q = codec::parse(&raw).unwrap();
             cache.store(&p, &Key::new(&q, Some(e)), &raw, 60, t0);
             assert!(cache.len() <= MAX_ENTRIES);
         }

@@ -1,4 +1,5 @@
-//! The common query, read and answered without building hickory messages.
+//! The DNS codec of the common query: read and answered without building
+//! hickory messages.
 //!
 //! Almost every query a sandbox sends is one question for a host name, with
 //! or without an EDNS(0) OPT record. [`parse`] recognises exactly that shape
@@ -8,13 +9,18 @@
 //! version 0, an opcode other than QUERY, trailing bytes) returns `None`,
 //! and the query takes the general path through hickory's `Request`, which
 //! also logs and answers malformed input. Both paths decide through the same
-//! code in `server.rs`; only the wire work differs, and the tests there hold
+//! code in `answer.rs`; only the wire work differs, and the tests there hold
 //! the two to the same answers.
 
 use hickory_proto::op::ResponseCode;
 use hickory_proto::rr::{DNSClass, Name, RData, Record};
 use hickory_proto::serialize::binary::{BinEncodable, BinEncoder};
 
+/// The EDNS option code of Extended DNS Errors (RFC 8914), and the
+/// INFO-CODEs egressd sends.
+pub(super) const EDNS_EDE: u16 = 15;
+pub(super) const EDE_OTHER: u16 = 0;
+pub(super) const EDE_BLOCKED: u16 = 15;
 /// The OPT record's type (RFC 6891).
 const TYPE_OPT: u16 = 41;
 const CLASS_IN: u16 = 1;
@@ -84,8 +90,69 @@ fn host_byte(b: u8) -> bool {
     b.is_ascii_alphanumeric() || b == b'-' || b == b'_'
 }
 
+/// A query of the common shape that owns its packet: what a query that
+/// waits for an upstream carries, parsed once ([`Packet::query`] reads it
+/// again without parsing).
+pub(super) struct Packet {
+    raw: Vec<u8>,
+    id: u16,
+    flags: u16,
+    name_len: u16,
+    question_len: u16,
+    qtype: u16,
+    edns: Option<u16>,
+}
+
+impl Packet {
+    /// `q`, parsed from `raw`, with a copy of `raw`.
+    pub fn own(q: &Query<'_>, raw: &[u8]) -> Packet {
+        Packet {
+            raw: raw.to_vec(),
+            id: q.id,
+            flags: q.flags,
+            name_len: q.name.len() as u16,
+            question_len: q.question.len() as u16,
+            qtype: q.qtype,
+            edns: q.edns,
+        }
+    }
+
+    /// The query as [`parse`] read it.
+    pub fn query(&self) -> Query<'_> {
+        let question = &self.raw[HEADER..HEADER + usize::from(self.question_len)];
+        Query {
+            id: self.id,
+            flags: self.flags,
+            question,
+            name: &question[..usize::from(self.name_len)],
+            qtype: self.qtype,
+            edns: self.edns,
+        }
+    }
+
+    /// The packet as received.
+    pub fn raw(&self) -> &[u8] {
+        &self.raw
+    }
+}
+
+#[cfg(test)]
+thread_local! {
+    /// Packets this thread parsed (common shape or hickory's general
+    /// way): what the tests count a query's parses by.
+    pub(super) static PARSES: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// Counts one parse of a packet (tests only).
+#[inline]
+pub(super) fn counted_parse() {
+    #[cfg(test)]
+    PARSES.with(|n| n.set(n.get() + 1));
+}
+
 /// Recognises a query of the common shape; `None` sends it the general way.
 pub(super) fn parse(raw: &[u8]) -> Option<Query<'_>> {
+    counted_parse();
     let flags = be16(raw, 2)?;
     if flags & (QR | OPCODE | TC) != 0 {
         return None;
@@ -259,7 +326,7 @@ pub(super) fn encode_into(
                     return false;
                 };
                 buf.extend_from_slice(&(4 + olen).to_be_bytes());
-                buf.extend_from_slice(&super::server::EDNS_EDE.to_be_bytes());
+                buf.extend_from_slice(&EDNS_EDE.to_be_bytes());
                 buf.extend_from_slice(&olen.to_be_bytes());
                 buf.extend_from_slice(&info.to_be_bytes());
                 buf.extend_from_slice(text.as_bytes());
