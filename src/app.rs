@@ -1,7 +1,7 @@
 //! Wiring only: load the policy → start the log → bind → spawn the
 //! front-ends and the reloader → wait for a signal → stop accepting →
 //! drain (one [`Shutdown`] for everything; the drain waits on the proxy's
-//! connection permits and the DNS server's own drain).
+//! connection permits and DNS's bounds, `dns::Bounds`).
 //!
 //! [`start`] runs a whole egressd in the calling runtime and hands back
 //! [`Running`]: the launcher embeds egressd this way, and tests run it
@@ -15,7 +15,6 @@ use anyhow::{Context, Result};
 use tokio::net::{TcpListener, UdpSocket};
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::mpsc;
-use tokio::task::JoinHandle;
 
 use crate::cli::ServeArgs;
 use crate::log::{LogSink, LogTarget};
@@ -103,8 +102,9 @@ pub struct Running {
     trigger: Trigger,
     /// One per open proxy connection (tunnels and upgrades included).
     connections: Permits,
-    /// The DNS server, which drains its own queries once stopped.
-    dns_task: JoinHandle<()>,
+    /// What DNS holds open (queries waiting for an upstream, TCP
+    /// connections): the drain waits for them too.
+    dns_bounds: dns::Bounds,
 }
 
 impl Running {
@@ -126,10 +126,10 @@ impl Running {
     /// permits, and returns as soon as the last one is gone.
     pub async fn shutdown(self) {
         self.trigger.fire();
-        let (connections, dns) = (self.connections.clone(), self.dns_task);
+        let (connections, dns) = (self.connections.clone(), self.dns_bounds.clone());
         let _ = tokio::time::timeout(DRAIN, async move {
             connections.drained().await;
-            let _ = dns.await;
+            dns.drained().await;
         })
         .await;
         // Every line queued so far reaches the log, or stderr, before the
@@ -242,19 +242,21 @@ pub async fn start(args: &ServeArgs, listeners: Listeners) -> Result<Running> {
         tokio::spawn(proxy::transparent::serve(l, ctx.clone(), shutdown.clone()));
     }
     tokio::spawn(proxy::serve(proxy_l, ctx, shutdown.clone()));
-    let dns_task = {
-        let (h, r, rec, s) = (
+    let dns_bounds = dns::Bounds::default();
+    {
+        let (h, r, rec, b, s) = (
             handle.clone(),
             resolver.clone(),
             recorder.clone(),
+            dns_bounds.clone(),
             shutdown.clone(),
         );
         tokio::spawn(async move {
-            if let Err(e) = dns::serve(dns_udp, dns_tcp, h, r, rec, s).await {
+            if let Err(e) = dns::serve(dns_udp, dns_tcp, h, r, rec, b, s).await {
                 eprintln!("egressd: DNS resolver stopped: {e:#}");
             }
-        })
-    };
+        });
+    }
     if let Some(ml) = metrics_l {
         let lh = log.clone();
         let mut s = shutdown.clone();
@@ -287,7 +289,7 @@ pub async fn start(args: &ServeArgs, listeners: Listeners) -> Result<Running> {
         hup: hup_tx,
         trigger,
         connections,
-        dns_task,
+        dns_bounds,
     })
 }
 

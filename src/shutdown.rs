@@ -531,7 +531,7 @@ mod tests {
         // Nobody watches yet: nothing can be reclaimed.
         assert!(matches!(permits.try_admit(new.clone(), 16), Admission::Full));
         let busy = b[0].busy();
-        let watch: Vec<_> = b
+        let mut watch: Vec<_> = b
             .iter()
             .chain([&s])
             .map(|p| {
@@ -560,7 +560,7 @@ mod tests {
             .iter()
             .position(|p| p.share.reclaimed.load(Ordering::Acquire))
             .expect("an idle one was taken");
-        tokio::time::timeout(Duration::from_secs(5), watch.into_iter().nth(taken).unwrap())
+        tokio::time::timeout(Duration::from_secs(5), &mut watch[taken])
             .await
             .expect("the reclaimed permit was told")
             .unwrap();
@@ -575,7 +575,14 @@ mod tests {
         // Over its own share, whatever the total.
         assert!(matches!(permits.try_admit(new.clone(), 1), Admission::OverShare));
         drop((b, s, got, kept));
+        for (i, w) in watch.into_iter().enumerate() {
+            w.abort();
+            if i != taken {
+                let _ = w.await;
+            }
+        }
         assert_eq!(permits.held_by(&big), 0);
+        assert_eq!(permits.in_use(), 0);
     }
 
     #[test]

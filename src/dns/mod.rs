@@ -24,17 +24,21 @@
 //! event) and [`Resolver::tunnel_assess`] (the tunnel budget that a
 //! client's proxy lookups and its own queries share).
 
+#[cfg(test)]
+mod alloc_count;
+mod answer;
+mod answer_cache;
 mod answers;
 mod batch;
 mod budget;
 mod by_name;
+mod codec;
 mod ech;
+mod error;
 mod failures;
-mod fast;
 pub mod inside;
 mod resolver;
 mod server;
-mod wire;
 
 use std::borrow::Cow;
 use std::net::{IpAddr, SocketAddr};
@@ -43,7 +47,7 @@ use anyhow::{bail, Context};
 
 pub use budget::{encoded_weight, TunnelOutcome};
 pub use resolver::{ResolveError, Resolver};
-pub use server::serve;
+pub use server::{serve, Bounds};
 
 use crate::policy::host::Host;
 use crate::policy::{ClientIdx, Exception, Policy, TunnelAction};

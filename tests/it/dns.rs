@@ -78,6 +78,7 @@ async fn start_with_log(policy: PolicyYaml, up: &FakeDns, log: Option<PathBuf>) 
         policy.clone(),
         resolver.clone(),
         recorder,
+        dns::Bounds::default(),
         rx,
     ));
     Egressd {
@@ -1105,7 +1106,7 @@ async fn proxy_lookups_share_the_clients_budget() {
         let host = parse_host(&tunnel_name(i, "cdn.test").0).unwrap();
         match e
             .resolver
-            .tunnel_check(&policy, client, &host, exception, now)
+            .tunnel_check(&policy, client, ip("127.0.0.1"), &host, exception, now)
         {
             TunnelOutcome::Block => {
                 proxy_blocked = Some(i);
@@ -1124,7 +1125,7 @@ async fn proxy_lookups_share_the_clients_budget() {
     let fresh = parse_host(&tunnel_name(501, "cdn.test").0).unwrap();
     assert_eq!(
         e.resolver
-            .tunnel_check(&policy, None, &fresh, exception, now),
+            .tunnel_check(&policy, None, ip("127.0.0.2"), &fresh, exception, now),
         TunnelOutcome::Ok
     );
 }
@@ -1266,7 +1267,15 @@ async fn refuses_itself_as_upstream() {
     let (_tx, rx) = watch::channel(false);
     let r = timeout(
         WAIT,
-        dns::serve(udp, tcp, policy, resolver, Recorder::new(sink, metrics), rx),
+        dns::serve(
+            udp,
+            tcp,
+            policy,
+            resolver,
+            Recorder::new(sink, metrics),
+            dns::Bounds::default(),
+            rx,
+        ),
     )
     .await;
     let err = r.expect("returns at once").expect_err("a loop is refused");

@@ -562,7 +562,7 @@ fn run_queries(policy: &Policy, mut queries: Vec<Query>) -> BenignResult {
             .unwrap_or_else(|| panic!("corpus bug: {name} is not allowed under a wildcard"));
         names.insert(name.clone());
         r.queries += 1;
-        match resolver.tunnel_check(policy, None, &host, e, now) {
+        match resolver.tunnel_check(policy, None, std::net::Ipv4Addr::LOCALHOST.into(), &host, e, now) {
             TunnelOutcome::Ok => {}
             TunnelOutcome::Alert => r.alerts += 1,
             TunnelOutcome::Block => {
