@@ -146,7 +146,15 @@ fn setup() -> Env {
         // The sender is leaked on purpose: the resolver serves until exit.
         let (tx, rx) = tokio::sync::watch::channel(false);
         std::mem::forget(tx);
-        tokio::spawn(dns::serve(udp, tcp, policy, resolver, recorder, rx));
+        tokio::spawn(dns::serve(
+            udp,
+            tcp,
+            policy,
+            resolver,
+            recorder,
+            dns::Bounds::default(),
+            rx,
+        ));
         addr
     });
     Env {

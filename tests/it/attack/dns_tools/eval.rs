@@ -35,6 +35,9 @@ pub const BENIGN: &str = include_str!("benign_names.txt");
 
 /// Tunnel targets (wildcards an attacker's zone sits under) and the
 /// wildcards real policies carry, for the benign corpus.
+/// The one source address the evaluation's queries come from (one budget).
+const LOCAL: std::net::IpAddr = std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
+
 const EXCEPTIONS: &str = r#"
 exceptions:
   - { id: partner, owner: eval, reason: eval, hosts: ["*.partner-api.example"] }
@@ -437,7 +440,7 @@ pub fn replay(policy: &Policy, run: &Tunnel, days: i64) -> Replay {
         let target = Target::Name(host.clone());
         let e = allowing_exception(policy, &target, 1)
             .unwrap_or_else(|| panic!("eval bug: {name} is not allowed"));
-        let (outcome, note) = resolver.tunnel_assess(policy, None, &host, e, now);
+        let (outcome, note) = resolver.tunnel_assess(policy, None, LOCAL, &host, e, now);
         if outcome == TunnelOutcome::Block {
             let note = note.unwrap_or_default();
             r.stopped_by = if note.contains("max_name_len") || note.contains("max_label_len") {
@@ -562,7 +565,7 @@ fn run_queries(policy: &Policy, mut queries: Vec<Query>) -> BenignResult {
             .unwrap_or_else(|| panic!("corpus bug: {name} is not allowed under a wildcard"));
         names.insert(name.clone());
         r.queries += 1;
-        match resolver.tunnel_check(policy, None, std::net::Ipv4Addr::LOCALHOST.into(), &host, e, now) {
+        match resolver.tunnel_check(policy, None, LOCAL, &host, e, now) {
             TunnelOutcome::Ok => {}
             TunnelOutcome::Alert => r.alerts += 1,
             TunnelOutcome::Block => {
