@@ -360,11 +360,7 @@ impl Permits {
         debug_assert!(counted, "checked under the lock; a race only adds one");
         match reclaimed {
             None => Admission::Admitted(permit),
-            Some((from, held)) => Admission::Reclaimed {
-                permit,
-                from,
-                held,
-            },
+            Some((from, held)) => Admission::Reclaimed { permit, from, held },
         }
     }
 
@@ -529,7 +525,10 @@ mod tests {
             .collect();
         let s = admitted(permits.try_admit(small.clone(), 16));
         // Nobody watches yet: nothing can be reclaimed.
-        assert!(matches!(permits.try_admit(new.clone(), 16), Admission::Full));
+        assert!(matches!(
+            permits.try_admit(new.clone(), 16),
+            Admission::Full
+        ));
         let busy = b[0].busy();
         let mut watch: Vec<_> = b
             .iter()
@@ -540,7 +539,11 @@ mod tests {
             })
             .collect();
         tokio::task::yield_now().await;
-        while b.iter().chain([&s]).any(|p| p.share.watchers.load(Ordering::Acquire) == 0) {
+        while b
+            .iter()
+            .chain([&s])
+            .any(|p| p.share.watchers.load(Ordering::Acquire) == 0)
+        {
             tokio::task::yield_now().await;
         }
         let got = match permits.try_admit(new.clone(), 16) {
@@ -551,10 +554,7 @@ mod tests {
             other => panic!("{other:?}"),
         };
         assert_eq!(permits.in_use(), 4, "the slot changed hands");
-        assert_eq!(
-            (permits.held_by(&big), permits.held_by(&new)),
-            (2, 1)
-        );
+        assert_eq!((permits.held_by(&big), permits.held_by(&new)), (2, 1));
         assert!(!b[0].share.reclaimed.load(Ordering::Acquire), "busy kept");
         let taken = b
             .iter()
@@ -573,7 +573,10 @@ mod tests {
         let last = Holder::addr("127.0.0.6".parse().unwrap());
         assert!(matches!(permits.try_admit(last, 16), Admission::Full));
         // Over its own share, whatever the total.
-        assert!(matches!(permits.try_admit(new.clone(), 1), Admission::OverShare));
+        assert!(matches!(
+            permits.try_admit(new.clone(), 1),
+            Admission::OverShare
+        ));
         drop((b, s, got, kept));
         for (i, w) in watch.into_iter().enumerate() {
             w.abort();

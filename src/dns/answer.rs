@@ -157,7 +157,6 @@ pub(super) struct Pending {
     _slot: Option<Permit>,
 }
 
-
 /// What the answers given at once reuse from query to query: the bytes
 /// sent, and the room of the event's two names (`qname`, `host`).
 pub(super) struct Scratch {
@@ -424,7 +423,10 @@ impl Handler {
                 b
             }
             // Too long for the client's UDP size: hickory truncates it.
-            None => self.encode_general(packet.raw(), who.src, protocol, &reply).await,
+            None => {
+                self.encode_general(packet.raw(), who.src, protocol, &reply)
+                    .await
+            }
         };
         drop(who);
         ev.rcode = Some(rcode_name(reply.rcode));
@@ -824,15 +826,10 @@ impl Handler {
                 let mut note = format!(
                     "dns tunnel: name below an allowed wildcard is not a host name ({err})"
                 );
-                if let Some(cooling) = self.resolver.tunnel_strike(
-                    policy,
-                    client,
-                    who.src.ip(),
-                    e,
-                    &tail,
-                    above,
-                    now,
-                ) {
+                if let Some(cooling) =
+                    self.resolver
+                        .tunnel_strike(policy, client, who.src.ip(), e, &tail, above, now)
+                {
                     note = format!("{note}; {cooling}");
                 }
                 ev.note = Some(note);
@@ -858,7 +855,10 @@ fn exception_index(policy: &Policy, e: &Exception) -> usize {
     let base = policy.exceptions.as_ptr() as usize;
     let at = (e as *const Exception as usize).wrapping_sub(base) / std::mem::size_of::<Exception>();
     assert!(
-        policy.exceptions.get(at).is_some_and(|x| std::ptr::eq(x, e)),
+        policy
+            .exceptions
+            .get(at)
+            .is_some_and(|x| std::ptr::eq(x, e)),
         "a decision's exception is one of its policy's"
     );
     at
@@ -1396,7 +1396,6 @@ mod tests {
             .is_some_and(|n| n.contains("127.0.0.6")));
     }
 
-
     /// The allocations of a cached and of a denied answer: one, the parsed
     /// name (the policy's `Host`). The event's names reuse the scratch's
     /// room, and the line is written straight into the log's batch.
@@ -1461,5 +1460,4 @@ mod tests {
         assert!(refused <= 1, "denied: {refused} allocations");
         assert!(sink.flush(Duration::from_secs(5)));
     }
-
 }

@@ -190,7 +190,10 @@ impl Loops {
     fn udp_query(&self, raw: &[u8], src: SocketAddr, scratch: &mut Scratch, outbox: &mut Outbox) {
         let who = self.handler.who(src);
         let slots = self.bounds.slots();
-        match self.handler.take(raw, Protocol::Udp, who, Some(slots), scratch) {
+        match self
+            .handler
+            .take(raw, Protocol::Udp, who, Some(slots), scratch)
+        {
             Step::Answered => outbox.push(&scratch.out, src),
             Step::Resolve(p) => self.udp_finish(p, src, outbox),
             Step::General(who) => {
@@ -245,7 +248,11 @@ impl Loops {
     /// connection for it.
     fn tcp_accepted(&self, stream: TcpStream, src: SocketAddr, shutdown: &Shutdown) {
         let metrics = &self.handler.recorder.metrics;
-        let permit = match self.bounds.tcp.try_admit(Holder::addr(src.ip()), MAX_TCP_PER_CLIENT) {
+        let permit = match self
+            .bounds
+            .tcp
+            .try_admit(Holder::addr(src.ip()), MAX_TCP_PER_CLIENT)
+        {
             Admission::Admitted(p) => p,
             Admission::Reclaimed { permit, .. } => {
                 metrics.overloaded("tcp_dns");
@@ -345,7 +352,6 @@ mod tests {
         assert!(!is_self(sa("127.0.0.1:8053"), sa("127.0.0.1:53")));
         assert!(!is_self(sa("127.0.0.1:53"), sa("127.0.0.53:53")));
     }
-
 
     #[test]
     fn limiter_bounds_per_client_and_in_all() {

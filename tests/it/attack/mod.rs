@@ -22,6 +22,7 @@
 //! | `dns_tools/` | DNS tunnels: real iodine and dns2tcp in a namespace lab, generated tunnels, the benign corpus |
 //! | `ech.rs` | ECH configurations in HTTPS/SVCB answers |
 //! | `fairness.rs` | one client holding thousands of connections or DNS queries: others keep their share |
+//! | `fairness_dns.rs` | one address spending a wildcard's tunnel budget, twenty holding every TCP DNS slot: the others keep theirs |
 //! | `faults.rs` | resets, dead upstreams, reload storms, drain, rotation, full sink |
 //! | `guard.rs` | `egressd run`'s guard: a hostile CMD against egressd's own files, log, keyring, PID 1, `.git` (issue 36); `guard_identity.rs`: the sandbox's own client, the echoed credential |
 //! | `log_stall.rs` | a decision log that stops taking lines: stalled FIFO, `/dev/full`, full tmpfs |
@@ -36,6 +37,7 @@ mod dns;
 mod dns_tools;
 mod ech;
 mod fairness;
+mod fairness_dns;
 mod faults;
 mod framing;
 mod guard;
