@@ -245,20 +245,21 @@ impl Permit {
         }
     }
 
-    /// Marks the permit busy (work in progress: a query being answered)
-    /// until the guard goes; a reclaim takes idle permits first.
-    pub fn busy(&self) -> Busy<'_> {
+    /// Marks the permit busy (work in progress: a query or a request
+    /// being answered) until the guard goes; a reclaim takes idle permits
+    /// first.
+    pub fn busy(&self) -> Busy {
         self.share.busy.fetch_add(1, Ordering::AcqRel);
-        Busy(&self.share.busy)
+        Busy(self.share.clone())
     }
 }
 
 /// A permit marked busy ([`Permit::busy`]).
-pub struct Busy<'a>(&'a AtomicU32);
+pub struct Busy(Arc<Held>);
 
-impl Drop for Busy<'_> {
+impl Drop for Busy {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::AcqRel);
+        self.0.busy.fetch_sub(1, Ordering::AcqRel);
     }
 }
 

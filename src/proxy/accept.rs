@@ -17,6 +17,15 @@
 //! share holds nothing: it is answered `503` (`overloaded`) at once, with
 //! no request read, and closed; others are not affected.
 //!
+//! The total is shared fairly (DESIGN "Bounds, backpressure and
+//! fairness"): when every permit is held, a client under its share still
+//! gets one, taken from the client holding the most (a connection between
+//! requests first), whose connection is closed with a line (reason
+//! `overloaded`); only when no client holds more than the newcomer is the
+//! newcomer refused. A connection can be taken back while hyper serves it,
+//! not once it has become a tunnel. Both count in
+//! `egressd_overload_total{what="connections"}`.
+//!
 //! Owns the connection bounds and timeouts of the client side. Does not
 //! own what a request is answered (the front-ends) or the line of a
 //! request hyper could not parse beyond writing it here.
@@ -43,7 +52,7 @@ use super::{fast, forward, tunnel, ProxyCtx, MAX_HEADER_BYTES};
 use crate::metrics::ActiveGuard;
 use crate::policy::{Policy, Proto, Reason};
 use crate::record::Event;
-use crate::shutdown::{Holder, Permit, Shutdown};
+use crate::shutdown::{Admission, Holder, Permit, Shutdown};
 
 /// How long accepting pauses after it failed (EMFILE and friends), instead
 /// of spinning.
@@ -81,11 +90,12 @@ fn holder_of(policy: &Policy, ip: std::net::IpAddr) -> (Holder, Option<Arc<str>>
     }
 }
 
-/// Accepts connections on `listener` until `shutdown` fires, while the
-/// proxy's [`MAX_CONNECTIONS`](super::MAX_CONNECTIONS) permits last (beyond them clients wait in
-/// the backlog), and runs `conn` for each on its own task, with its
-/// permit, counted against its client's share; past the share it is
-/// refused as `refusal` says. Shared by the proxy port and transparent
+/// Accepts connections on `listener` until `shutdown` fires and runs
+/// `conn` for each on its own task, with its permit of the proxy's
+/// [`MAX_CONNECTIONS`](super::MAX_CONNECTIONS), counted against its
+/// client's share and admitted fairly ([`Permits::try_admit`](crate::shutdown::Permits::try_admit)); past the
+/// share, or with the total full and nobody to take from, it is refused as
+/// `refusal` says. Shared by the proxy port and transparent
 /// capture; `what` names the listener in accept errors.
 pub(crate) async fn accept_loop<F, Fut>(
     listener: TcpListener,
@@ -99,11 +109,8 @@ pub(crate) async fn accept_loop<F, Fut>(
     Fut: Future<Output = ()> + Send + 'static,
 {
     let refusing = Arc::new(Semaphore::new(MAX_REFUSING));
+    let metrics = ctx.recorder.metrics.clone();
     loop {
-        let permit = tokio::select! {
-            p = ctx.connections.acquire() => p,
-            _ = shutdown.fired() => return,
-        };
         let (stream, peer) = tokio::select! {
             r = listener.accept() => match r {
                 Ok(x) => x,
@@ -119,19 +126,62 @@ pub(crate) async fn accept_loop<F, Fut>(
         let policy = ctx.policy.snapshot();
         let (holder, named) = holder_of(&policy, peer.ip());
         let max = policy.settings.limits.connections_per_client;
-        if permit.count_against(holder, max) {
-            // Boxed, so the task's own memory is a pointer: the connection
-            // future (hyper's, 1.6 KiB) is freed the moment it ends. A
-            // task's memory lives as long as any waker of it, and a
-            // CONNECT's tunnel keeps one: each idle tunnel held a finished
-            // connection task (dhat: 1,000 of them live with 1,000 tunnels).
-            tokio::spawn(Box::pin(conn(stream, peer, ctx.clone(), permit)));
-        } else {
-            drop(permit);
-            let slot = refusing.clone().try_acquire_owned().ok();
-            refuse(stream, peer, named, &policy, &ctx, refusal, slot);
-        }
+        let permit = match ctx.connections.try_admit(holder, max) {
+            Admission::Admitted(p) => p,
+            Admission::Reclaimed { permit, .. } => {
+                metrics.overloaded("connections");
+                permit
+            }
+            full => {
+                metrics.overloaded("connections");
+                let detail = match full {
+                    Admission::OverShare => {
+                        format!("this client already has {max} connections open, its share")
+                    }
+                    _ => format!(
+                        "all {} of egressd's connections are open and no client holds more \
+                         than this one",
+                        ctx.connections.max()
+                    ),
+                };
+                let slot = refusing.clone().try_acquire_owned().ok();
+                refuse(stream, (peer, named), &detail, &policy, &ctx, refusal, slot);
+                continue;
+            }
+        };
+        // Boxed, so the task's own memory is a pointer: the connection
+        // future (hyper's, 1.6 KiB) is freed the moment it ends. A task's
+        // memory lives as long as any waker of it, and a CONNECT's tunnel
+        // keeps one: each idle tunnel held a finished connection task
+        // (dhat: 1,000 of them live with 1,000 tunnels).
+        let watch = permit.clone();
+        let served = Box::pin(conn(stream, peer, ctx.clone(), permit));
+        let ctx = ctx.clone();
+        tokio::spawn(async move {
+            // While the connection is served (not once it has become a
+            // tunnel), the total may take it back for a client under its
+            // share: then it closes, with its line.
+            tokio::select! {
+                () = served => {}
+                () = watch.reclaimed() => reclaimed_line(peer, named, &ctx),
+            }
+        });
     }
+}
+
+/// The line of a connection closed to give its slot to another client.
+fn reclaimed_line(peer: SocketAddr, named: Option<Arc<str>>, ctx: &ProxyCtx) {
+    let mut ev = Event::new(Proto::Http, peer);
+    if let Some(id) = named {
+        ev.client = id;
+    }
+    ev.set_denied(Reason::Overloaded);
+    ev.note = Some(format!(
+        "connection closed: all {} of egressd's connections were open and this client held \
+         the most of them; its slot went to another client under its share",
+        ctx.connections.max()
+    ));
+    ctx.recorder.record(ev);
 }
 
 /// A connection past its client's share: one line, reason
@@ -141,8 +191,8 @@ pub(crate) async fn accept_loop<F, Fut>(
 /// sends, so that closing it does not reset the answer away.
 fn refuse(
     stream: TcpStream,
-    peer: SocketAddr,
-    named: Option<Arc<str>>,
+    (peer, named): (SocketAddr, Option<Arc<str>>),
+    detail: &str,
     policy: &Policy,
     ctx: &ProxyCtx,
     refusal: Refusal,
@@ -153,8 +203,6 @@ fn refuse(
         ev.client = id;
     }
     ev.set_denied(Reason::Overloaded);
-    let max = policy.settings.limits.connections_per_client;
-    let detail = format!("this client already has {max} connections open, its share");
     if refusal == Refusal::Close {
         ev.add_note(Some(format!("{detail}; closed")));
         ctx.recorder.record(ev);
@@ -166,13 +214,13 @@ fn refuse(
         reason: Reason::Overloaded,
         what: "this connection",
         contact: &policy.settings.contact,
-        detail: Some(&detail),
+        detail: Some(detail),
         explain: None,
         stub: None,
     };
     let resp = respond::deny(&denial, true, false);
     ev.status = Some(resp.status().as_u16());
-    ev.add_note(Some(detail));
+    ev.add_note(Some(detail.to_string()));
     // A new connection's send buffer is empty: the answer fits at once.
     let written = match respond::encode(resp) {
         Some(bytes) => stream.try_write(&bytes).is_ok_and(|n| n == bytes.len()),
@@ -243,6 +291,9 @@ pub(crate) async fn serve_http1<F, Fut>(
     let stream = ChunkGuard::new(stream);
     let upgraded = stream.upgraded();
     let svc = hyper::service::service_fn(move |mut req: Request<Incoming>| {
+        // Busy until its answer's head: a connection between requests is
+        // the idle one a full total takes back first.
+        let busy = permit.busy();
         req.extensions_mut().insert(permit.clone());
         let (ctx, answer, upgraded) = (c2.clone(), answer.clone(), upgraded.clone());
         async move {
@@ -256,6 +307,7 @@ pub(crate) async fn serve_http1<F, Fut>(
             if chunks::is_upgrade(&method, resp.status()) {
                 upgraded.store(true, Ordering::Release);
             }
+            drop(busy);
             Ok::<_, Infallible>(resp)
         }
     });
