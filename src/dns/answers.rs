@@ -31,7 +31,6 @@ use hickory_proto::rr::rdata::A;
 use hickory_proto::rr::{Name, RData, Record, RecordType};
 
 use super::inside::{is_inside, Pool};
-use super::Resolver;
 use crate::policy::canonical_ip;
 use crate::policy::host::Host;
 
@@ -132,7 +131,8 @@ impl Table {
     }
 }
 
-/// The remembered answers; one per [`Resolver`].
+/// The remembered answers; one per resolver (`Resolver`), whose methods
+/// of the same names call these.
 #[derive(Default)]
 pub(super) struct AnswerMemory {
     on: AtomicBool,
@@ -150,23 +150,23 @@ impl AnswerMemory {
     }
 }
 
-impl Resolver {
+impl AnswerMemory {
     /// Starts (or stops) remembering answers, and answering each allowed
     /// name with its own address (`inside`): on while a transparent
     /// listener is served.
     pub fn remember_answers(&self, on: bool) {
-        self.answers().on.store(on, Ordering::Relaxed);
+        self.on.store(on, Ordering::Relaxed);
         if !on {
-            *self.answers().table() = Table::default();
-            *self.answers().inside() = Pool::default();
+            *self.table() = Table::default();
+            *self.inside() = Pool::default();
         }
     }
 
     /// Whether answers are remembered (transparent capture): each answer
     /// then has side effects per client, so none is served from the wire
     /// cache.
-    pub(super) fn remembering_answers(&self) -> bool {
-        self.answers().on.load(Ordering::Relaxed)
+    pub fn remembering_answers(&self) -> bool {
+        self.on.load(Ordering::Relaxed)
     }
 
     /// The records answered to the sandbox for `host`, an allowed name, to
@@ -184,7 +184,7 @@ impl Resolver {
         qtype: u16,
         rcode: ResponseCode,
     ) -> Vec<Record> {
-        if !self.answers().on.load(Ordering::Relaxed) {
+        if !self.on.load(Ordering::Relaxed) {
             return records;
         }
         let mut given = false;
@@ -193,7 +193,7 @@ impl Resolver {
             match r.data {
                 RData::A(_) if !given => {
                     given = true;
-                    r.data = RData::A(A(self.answers().inside().address(host)));
+                    r.data = RData::A(A(self.inside().address(host)));
                     out.push(r);
                 }
                 RData::A(_) | RData::AAAA(_) | RData::HTTPS(_) | RData::SVCB(_) => {}
@@ -204,7 +204,7 @@ impl Resolver {
         if !given && !cname && qtype == u16::from(RecordType::A) && rcode == ResponseCode::NoError {
             if let Ok(mut name) = Name::from_ascii(host.as_str()) {
                 name.set_fqdn(true);
-                let a = A(self.answers().inside().address(host));
+                let a = A(self.inside().address(host));
                 out.push(Record::from_rdata(name, 0, RData::A(a)));
             }
         }
@@ -213,16 +213,16 @@ impl Resolver {
 
     /// The name whose own address inside the sandbox `ip` is, if any.
     pub fn inside_name(&self, ip: IpAddr) -> Option<Host> {
-        if !self.answers().on.load(Ordering::Relaxed) {
+        if !self.on.load(Ordering::Relaxed) {
             return None;
         }
-        self.answers().inside().name(ip)
+        self.inside().name(ip)
     }
 
     /// Remembers that the DNS front-end answered `ip` to `client` for
     /// `host`, a name the policy allowed, with `ttl` seconds to live.
     pub fn remember_answer(&self, client: IpAddr, ip: IpAddr, host: &Host, ttl: u32) {
-        let mem = self.answers();
+        let mem = self;
         if !mem.on.load(Ordering::Relaxed) {
             return;
         }
@@ -238,7 +238,7 @@ impl Resolver {
     /// The allowed names that `client` resolved to `ip` through this
     /// egressd and whose answers are still remembered, most recent first.
     pub fn recall(&self, client: IpAddr, ip: IpAddr) -> Vec<Host> {
-        let mem = self.answers();
+        let mem = self;
         if !mem.on.load(Ordering::Relaxed) {
             return Vec::new();
         }
@@ -351,7 +351,7 @@ mod tests {
 
     #[test]
     fn inside_each_name_is_answered_with_its_own_address_only() {
-        let r = Resolver::new(Vec::new(), crate::metrics::Metrics::new());
+        let r = AnswerMemory::default();
         let a = |s: &str| RData::A(A(s.parse().unwrap()));
         let aaaa = |s: &str| RData::AAAA(hickory_proto::rr::rdata::AAAA(s.parse().unwrap()));
         let upstream = vec![

@@ -135,6 +135,47 @@ impl Resolver {
         &self.answers
     }
 
+    /// Starts (or stops) remembering answers, and answering each allowed
+    /// name with its own address inside the sandbox: on while a
+    /// transparent listener is served ([`AnswerMemory::remember_answers`]).
+    pub fn remember_answers(&self, on: bool) {
+        self.answers.remember_answers(on)
+    }
+
+    /// Whether answers are remembered (transparent capture).
+    pub(super) fn remembering_answers(&self) -> bool {
+        self.answers.remembering_answers()
+    }
+
+    /// The records answered to the sandbox for `host`
+    /// ([`AnswerMemory::inside_records`]).
+    pub fn inside_records(
+        &self,
+        records: Vec<Record>,
+        host: &Host,
+        qtype: u16,
+        rcode: ResponseCode,
+    ) -> Vec<Record> {
+        self.answers.inside_records(records, host, qtype, rcode)
+    }
+
+    /// The name whose own address inside the sandbox `ip` is, if any.
+    pub fn inside_name(&self, ip: IpAddr) -> Option<Host> {
+        self.answers.inside_name(ip)
+    }
+
+    /// Remembers that the DNS front-end answered `ip` to `client` for
+    /// `host`, with `ttl` seconds to live.
+    pub fn remember_answer(&self, client: IpAddr, ip: IpAddr, host: &Host, ttl: u32) {
+        self.answers.remember_answer(client, ip, host, ttl)
+    }
+
+    /// The allowed names that `client` resolved to `ip` through this
+    /// egressd, most recent first ([`AnswerMemory::recall`]).
+    pub fn recall(&self, client: IpAddr, ip: IpAddr) -> Vec<Host> {
+        self.answers.recall(client, ip)
+    }
+
     /// A + AAAA for a name, via the cache; never /etc/hosts, never search
     /// domains; our own timeout and retry. Addresses are returned unchecked:
     /// the caller classifies each one before dialling it. For callers with
