@@ -402,7 +402,7 @@ fn reclaim(
         .filter(|(h, s)| *h != holder && s.n > held + 1)
         .map(|(h, s)| (h, s.n))
         .collect();
-    order.sort_unstable_by(|a, b| b.1.cmp(&a.1));
+    order.sort_unstable_by_key(|(_, n)| std::cmp::Reverse(*n));
     let (victim, from, n) = order.iter().find_map(|(h, n)| {
         let live: Vec<Arc<Held>> = map[*h]
             .first_of

@@ -826,10 +826,14 @@ impl Handler {
                 let mut note = format!(
                     "dns tunnel: name below an allowed wildcard is not a host name ({err})"
                 );
-                if let Some(cooling) =
-                    self.resolver
-                        .tunnel_strike(policy, client, who.src.ip(), e, &tail, above, now)
-                {
+                if let Some(cooling) = self.resolver.tunnel_strike(
+                    policy,
+                    (client, who.src.ip()),
+                    e,
+                    &tail,
+                    above,
+                    now,
+                ) {
                     note = format!("{note}; {cooling}");
                 }
                 ev.note = Some(note);

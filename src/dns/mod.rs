@@ -2,6 +2,11 @@
 //! and cache ([`Resolver`], in `resolver`) that the HTTP proxy also resolves
 //! through, and the tunnel budget (`budget`) both share.
 //!
+//! Inside, imports point one way: `server` (receive loops, [`Bounds`]) →
+//! `answer` (one query parsed, identified and decided once) → `codec` (the
+//! common packet shape), `answer_cache` (allowed answers as sent) and
+//! `resolver` → `failures`, `answers`, `budget`, `by_name`, `ech`, `error`.
+//!
 //! hickory types never leave this module: the public API below speaks
 //! [`Host`], [`IpAddr`], [`Policy`] and [`Exception`].
 //!
@@ -123,8 +128,7 @@ impl Resolver {
     pub(crate) fn tunnel_strike(
         &self,
         policy: &Policy,
-        client: Option<ClientIdx>,
-        src: IpAddr,
+        (client, src): (Option<ClientIdx>, IpAddr),
         exception: &Exception,
         valid_tail: &str,
         labels_above: usize,

@@ -131,10 +131,6 @@ impl Resolver {
         lock(&self.tunnel)
     }
 
-    pub(super) fn answers(&self) -> &AnswerMemory {
-        &self.answers
-    }
-
     /// Starts (or stops) remembering answers, and answering each allowed
     /// name with its own address inside the sandbox: on while a
     /// transparent listener is served ([`AnswerMemory::remember_answers`]).
@@ -234,7 +230,7 @@ impl Resolver {
         Some(Lookup { answer, ttl })
     }
 
-    /// Counts a query answered from the server's wire cache as a cache hit,
+    /// Counts a query answered from the server's answer cache as a cache hit,
     /// as it would have been one here.
     pub(super) fn count_cache_hit(&self) {
         self.cache_hits.inc();

@@ -63,7 +63,10 @@ const UDP_BURST: usize = super::batch::BATCH;
 /// client) and TCP connections (in all, shared fairly, and per address).
 /// Made by the app, which waits on them when it drains.
 #[derive(Clone, Debug)]
-pub struct Bounds {
+pub struct Bounds(Arc<Both>);
+
+#[derive(Debug)]
+struct Both {
     queries: Permits,
     tcp: Permits,
 }
@@ -77,26 +80,26 @@ impl Default for Bounds {
 impl Bounds {
     /// `queries` in flight and `tcp` connections in all.
     pub fn new(queries: u32, tcp: u32) -> Bounds {
-        Bounds {
+        Bounds(Arc::new(Both {
             queries: Permits::new(queries),
             tcp: Permits::new(tcp),
-        }
+        }))
     }
 
     /// Resolves once no query is in flight and no TCP connection open.
     pub async fn drained(&self) {
-        self.queries.drained().await;
-        self.tcp.drained().await;
+        self.0.queries.drained().await;
+        self.0.tcp.drained().await;
     }
 
     /// TCP connections open now.
     pub fn tcp_open(&self) -> usize {
-        self.tcp.in_use()
+        self.0.tcp.in_use()
     }
 
     fn slots(&self) -> Slots<'_> {
         Slots {
-            permits: &self.queries,
+            permits: &self.0.queries,
             per_client: MAX_INFLIGHT_PER_CLIENT,
         }
     }
@@ -248,11 +251,8 @@ impl Loops {
     /// connection for it.
     fn tcp_accepted(&self, stream: TcpStream, src: SocketAddr, shutdown: &Shutdown) {
         let metrics = &self.handler.recorder.metrics;
-        let permit = match self
-            .bounds
-            .tcp
-            .try_admit(Holder::addr(src.ip()), MAX_TCP_PER_CLIENT)
-        {
+        let tcp = &self.bounds.0.tcp;
+        let permit = match tcp.try_admit(Holder::addr(src.ip()), MAX_TCP_PER_CLIENT) {
             Admission::Admitted(p) => p,
             Admission::Reclaimed { permit, .. } => {
                 metrics.overloaded("tcp_dns");
@@ -280,7 +280,7 @@ fn reclaimed_line(handler: &Handler, src: SocketAddr, bounds: &Bounds) {
     ev.note = Some(format!(
         "TCP connection closed: all {} TCP DNS connections were open and this address held \
          the most of them; its slot went to another client under its share",
-        bounds.tcp.max()
+        bounds.0.tcp.max()
     ));
     handler.recorder.record(ev);
 }
@@ -447,7 +447,11 @@ mod tests {
             let got = (after.0 - before.0, after.1 - before.1, after.2 - before.2);
             eprintln!("{what}: parses, identifications, decisions = {got:?}");
             assert_eq!(got, (1, 1, 1), "{what}");
-            assert_eq!(loops.bounds.queries.in_use(), 0, "{what}: the slot is back");
+            assert_eq!(
+                loops.bounds.0.queries.in_use(),
+                0,
+                "{what}: the slot is back"
+            );
             let _ = waits;
         }
         assert!(sink.flush(Duration::from_secs(5)));

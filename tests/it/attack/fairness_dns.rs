@@ -159,7 +159,7 @@ fn hold_tcp_slots(
                         None => true,
                         Some(s) => {
                             let mut b = [0u8; 1];
-                            match s.read(&mut b) {
+                            match s.peek(&mut b) {
                                 Ok(_) => true,
                                 Err(e) => e.kind() != std::io::ErrorKind::WouldBlock,
                             }
