@@ -13,18 +13,18 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use egressd::policy::packages::classify::IndexForm;
-use egressd::policy::packages::compile::{compile, CompileInput, SetSource};
-use egressd::policy::packages::filter::filter;
-use egressd::policy::packages::name::normalize;
-use egressd::policy::packages::raw::RawPackageSet;
-use egressd::policy::packages::Ecosystem;
+use egressd::packages::classify::IndexForm;
+use egressd::packages::compile::{compile, CompileInput, SetSource};
+use egressd::packages::filter::filter;
+use egressd::packages::name::normalize;
+use egressd::packages::raw::RawPackageSet;
+use egressd::packages::Ecosystem;
 
 const NOW: i64 = 1_800_000_000;
 const VERSIONS: usize = 3_300;
 
 fn iso(t: i64) -> String {
-    egressd::policy::packages::stamp::format_rfc3339(t)
+    egressd::packages::stamp::format_rfc3339(t)
 }
 
 fn packument() -> String {
@@ -107,23 +107,23 @@ fn bench(c: &mut Criterion) {
     });
     g.bench_function("json_document_5mb", |b| {
         b.iter(|| {
-            egressd::policy::packages::filter::json::document(black_box(&body))
+            egressd::packages::filter::json::document(black_box(&body))
                 .unwrap()
                 .members
                 .len()
         })
     });
-    let top = egressd::policy::packages::filter::json::document(&body).unwrap();
+    let top = egressd::packages::filter::json::document(&body).unwrap();
     let versions = top.get("versions").unwrap().value;
     g.bench_function("json_versions_object_5mb", |b| {
         b.iter(|| {
-            egressd::policy::packages::filter::json::object(&body, black_box(versions))
+            egressd::packages::filter::json::object(&body, black_box(versions))
                 .unwrap()
                 .members
                 .len()
         })
     });
-    let keys: Vec<String> = egressd::policy::packages::filter::json::object(&body, versions)
+    let keys: Vec<String> = egressd::packages::filter::json::object(&body, versions)
         .unwrap()
         .members
         .iter()
@@ -137,7 +137,7 @@ fn bench(c: &mut Criterion) {
         })
     });
     g.bench_function("etag_5mb", |b| {
-        b.iter(|| egressd::policy::packages::filter::etag(black_box(body.as_bytes())))
+        b.iter(|| egressd::packages::filter::etag(black_box(body.as_bytes())))
     });
     g.finish();
 }

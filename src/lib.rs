@@ -41,7 +41,8 @@
 //! | [`proxy`] | the HTTP front-ends (forward, CONNECT, interception, transparent capture), the shared exchange, the relay, the way out | the decision; the resolver |
 //! | [`reload`] | watch → load → swap, the last good policy kept; the reloader thread's priority | compiling (`policy`) |
 //! | [`app`] | wiring: load, bind, spawn, signals, drain; an egressd run in-process | answering any request |
-//! | [`check`], [`explain`], [`report`], [`packages`] | the commands: lint and policy tests, why a target is decided so, review and replay of logs, approved sets from lockfiles | serving |
+//! | [`packages`] | the package gate's knowledge, PURE: classify a registry URL, names, versions, stamps, index filters, the package decision, lockfile import; the policy compiles and holds its sets | any I/O; serving (`proxy::packages`) |
+//! | [`check`], [`explain`], [`report`], [`cmd`] | the commands: lint and policy tests, why a target is decided so, review and replay of logs, approved sets from lockfiles | serving |
 //! | [`launcher`] | `egressd run`: the plan, namespaces, the sandbox's environment and limits | decisions (it embeds `app`) |
 //! | [`cli`] | the command line and its exit codes | behaviour |
 //!
@@ -74,6 +75,7 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 pub mod app;
 pub mod check;
 pub mod cli;
+pub mod cmd;
 pub mod dns;
 pub mod explain;
 pub mod launcher;

@@ -111,14 +111,14 @@ fn main() -> ExitCode {
                     lockfiles,
                 },
         } => {
-            let args = egressd::packages::ImportArgs {
+            let args = egressd::cmd::packages::ImportArgs {
                 id: &id,
                 owner: &owner,
                 reason: reason.as_deref(),
                 output: output.as_deref(),
                 lockfiles: &lockfiles,
             };
-            let code = egressd::packages::run_import(
+            let code = egressd::cmd::packages::run_import(
                 &args,
                 &mut std::io::stdout().lock(),
                 &mut std::io::stderr(),

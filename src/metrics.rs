@@ -24,8 +24,8 @@ use prometheus::{
 };
 use tokio::net::TcpListener;
 
+use crate::packages::Ecosystem;
 use crate::policy::matcher::Fnv;
-use crate::policy::packages::Ecosystem;
 use crate::policy::{Policy, Proto, Reason};
 use crate::time::{unix_now, unix_now_millis};
 

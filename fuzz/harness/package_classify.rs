@@ -1,4 +1,4 @@
-//! The package gate's URL classifier (`policy::packages::classify`) on
+//! The package gate's URL classifier (`packages::classify`) on
 //! arbitrary requests. Input: one byte choosing the host, one the method,
 //! then the path, a newline, and the Accept header. Invariants: it never
 //! panics; only GET/HEAD without a query string reach a package; a package
@@ -8,10 +8,8 @@
 //! to an index of the same name; and the three npm scope encodings of a
 //! path classify alike.
 
-use egressd::policy::packages::classify::{
-    classify, index_location, registry_ecosystem, Classified, Kind,
-};
-use egressd::policy::packages::name::normalize;
+use egressd::packages::classify::{classify, index_location, registry_ecosystem, Classified, Kind};
+use egressd::packages::name::normalize;
 
 const HOSTS: &[&str] = &[
     "pypi.org",
@@ -83,7 +81,7 @@ pub fn run(data: &[u8]) {
         other => panic!("{host}{path}: index location {loc:?} classifies as {other:?}"),
     }
     // `@s/n`, `@s%2fn` and `@s%2Fn` are one package (DESIGN).
-    if p.ecosystem == egressd::policy::packages::Ecosystem::Npm {
+    if p.ecosystem == egressd::packages::Ecosystem::Npm {
         if let Some(rest) = path.strip_prefix("/@") {
             // Only a path that spells the separator as `/`: re-encoding a
             // slash after an already encoded one would name another path.

@@ -4,7 +4,7 @@
 //! suffix anyone can register names under, exceptions an earlier one
 //! shadows, `cidrs` that reach non-public ranges, client patterns that match
 //! no client, and credentials injected on plain HTTP; and the package sets'
-//! lints ([`crate::policy::packages::compile::lints`]: a set whose ecosystem
+//! lints ([`crate::packages::compile::lints`]: a set whose ecosystem
 //! is not gated, an expired set, an allow a deny covers, every version with
 //! no release-age quarantine).
 //!
@@ -23,9 +23,9 @@ use std::path::PathBuf;
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use psl::Psl;
 
+use crate::packages::compile::{self as packages, PackageLintKind};
 use crate::policy::addr;
 use crate::policy::host::{is_strict_subdomain, HostPattern};
-use crate::policy::packages::compile::{self as packages, PackageLintKind};
 use crate::policy::{Exception, Policy};
 use crate::time::format_date;
 

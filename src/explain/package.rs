@@ -8,17 +8,17 @@
 //! the registry's publish time, and a version or file the index does not
 //! list is `package_not_listed` only then.
 //!
-//! [`PackagePolicy::decide`]: crate::policy::packages::compile::PackagePolicy::decide
-//! [`NameRules`]: crate::policy::packages::decide::NameRules
+//! [`PackagePolicy::decide`]: crate::packages::compile::PackagePolicy::decide
+//! [`NameRules`]: crate::packages::decide::NameRules
 
 use std::io::{self, Write};
 
-use crate::policy::packages::classify::{index_location, Kind, PackageRef};
-use crate::policy::packages::compile::{PackagePolicy, PackageSet};
-use crate::policy::packages::decide::{PackageReason, Verdict};
-use crate::policy::packages::name::{normalize, PackageName};
-use crate::policy::packages::version::Version;
-use crate::policy::packages::Ecosystem;
+use crate::packages::classify::{index_location, Kind, PackageRef};
+use crate::packages::compile::{PackagePolicy, PackageSet};
+use crate::packages::decide::{PackageReason, Verdict};
+use crate::packages::name::{normalize, PackageName};
+use crate::packages::version::Version;
+use crate::packages::Ecosystem;
 use crate::policy::{enforced, ClientIdx, Policy, Reason};
 use crate::time::format_date;
 

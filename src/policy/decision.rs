@@ -7,9 +7,9 @@
 //! decision: writing it down and counting it is `record`, answering it the
 //! front-ends.
 
-use super::packages::decide::PackageReason;
 use super::raw::Mode;
 use super::Exception;
+use crate::packages::decide::PackageReason;
 
 /// The one rule for `mode: report`, asked by every place that refuses:
 /// whether a denial for `reason` is enforced under `mode`.
@@ -219,8 +219,11 @@ impl Reason {
     /// refused for overload or an unwritable log is 503; a destination it
     /// could not reach 502; every policy denial 403.
     pub fn status(self) -> u16 {
+        if let Some(p) = self.package() {
+            return p.status();
+        }
         match self {
-            Reason::PackageIndexUnfilterable | Reason::UpstreamError => 502,
+            Reason::UpstreamError => 502,
             Reason::Overloaded | Reason::LogUnavailable => 503,
             Reason::Malformed => 400,
             _ => 403,

@@ -13,10 +13,10 @@
 pub mod addr;
 mod compile;
 pub mod decision;
+pub mod field;
 mod handle;
 pub mod host;
 pub mod matcher;
-pub mod packages;
 pub mod path;
 pub mod qtype;
 pub mod raw;
@@ -30,6 +30,8 @@ use std::sync::Arc;
 
 use http::{HeaderName, HeaderValue};
 use ipnet::IpNet;
+
+use crate::packages;
 
 pub use compile::{compile, compile_digested, digest_sources, Digests};
 pub use decision::{enforced, Decision, Logged, Proto, Reason, Verdict};

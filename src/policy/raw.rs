@@ -10,19 +10,20 @@
 //! `Deserialize`; the schema never decides anything the parser does not.
 
 use std::borrow::Cow;
-use std::collections::BTreeMap;
 
 use ipnet::IpNet;
 use schemars::{json_schema, JsonSchema, Schema, SchemaGenerator};
 use serde::de::{self, Deserializer};
 use serde::Deserialize;
 
+use super::field::validated;
+pub use super::field::{DateField, DurationField, IdField, RawInject};
 use super::host::HostPattern;
 use super::{
     MAX_CONNECTIONS_PER_CLIENT, MAX_HEADER_TIMEOUT_SECS, MIN_CONNECTIONS_PER_CLIENT,
     MIN_HEADER_TIMEOUT_SECS,
 };
-use crate::time::{parse_date, parse_duration};
+use crate::time::parse_duration;
 
 /// One egressd policy file. A policy is a directory of such files (or one
 /// file), merged; `settings` may appear in one file only, exception ids are
@@ -38,7 +39,7 @@ pub struct RawFile {
     /// Approved package sets (DESIGN "Packages"): with an ecosystem in
     /// `settings.packages.enforce`, only the packages they approve install.
     #[serde(default)]
-    pub packages: Vec<crate::policy::packages::raw::RawPackageSet>,
+    pub packages: Vec<crate::packages::raw::RawPackageSet>,
 }
 
 /// Settings for the whole policy.
@@ -68,7 +69,7 @@ pub struct RawSettings {
     pub limits: Option<RawLimits>,
     /// The package gate: which ecosystems' registry traffic goes through it,
     /// the default `min_age`, and mirrors.
-    pub packages: Option<crate::policy::packages::raw::RawPackageSettings>,
+    pub packages: Option<crate::packages::raw::RawPackageSettings>,
 }
 
 /// What a request no exception allows gets.
@@ -314,70 +315,6 @@ pub struct RawException {
     pub inject: Option<RawInject>,
 }
 
-/// Credentials egressd adds to requests after they leave the sandbox.
-#[derive(Debug, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct RawInject {
-    /// Header name to value; values may hold `${env:NAME}` and `${file:PATH}`.
-    #[serde(default)]
-    #[schemars(extend("propertyNames" = {"pattern": "^[!#$%&'*+.^_`|~0-9A-Za-z-]+$"}))]
-    pub headers: BTreeMap<String, String>,
-}
-
-macro_rules! validated {
-    ($name:ident, $inner:ty, $parse:expr, $schema:expr) => {
-        #[derive(Debug, Clone)]
-        pub struct $name(pub $inner);
-        impl<'de> Deserialize<'de> for $name {
-            fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-                // Validate inside the visitor: an error raised there is
-                // located at this scalar, one raised after `String::deserialize`
-                // returns only at the enclosing list or mapping.
-                struct V;
-                impl<'de> de::Visitor<'de> for V {
-                    type Value = $name;
-                    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                        f.write_str("a string")
-                    }
-                    fn visit_str<E: de::Error>(self, s: &str) -> Result<$name, E> {
-                        let f: fn(&str) -> Result<$inner, String> = $parse;
-                        f(s).map($name).map_err(E::custom)
-                    }
-                }
-                d.deserialize_str(V)
-            }
-        }
-        impl JsonSchema for $name {
-            fn schema_name() -> Cow<'static, str> {
-                stringify!($name).into()
-            }
-            fn json_schema(_: &mut SchemaGenerator) -> Schema {
-                let f: fn() -> Schema = $schema;
-                f()
-            }
-        }
-    };
-}
-
-validated!(
-    IdField,
-    String,
-    |s| {
-        if !s.is_empty()
-            && s.bytes()
-                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"._-".contains(&b))
-        {
-            Ok(s.to_string())
-        } else {
-            Err(format!("invalid id {s:?}: use [a-z0-9._-]+"))
-        }
-    },
-    || json_schema!({
-        "description": "An id: lower-case letters, digits, '.', '_' and '-'.",
-        "type": "string",
-        "pattern": "^[a-z0-9._-]+$"
-    })
-);
 validated!(
     PatternField,
     HostPattern,
@@ -401,26 +338,6 @@ validated!(
         }
     },
     cidr_schema
-);
-validated!(
-    DateField,
-    i64,
-    |s| parse_date(s).ok_or_else(|| format!(
-        "invalid date {s:?}: expected YYYY-MM-DD or RFC 3339 (2027-03-01T12:00:00Z)"
-    )),
-    date_schema
-);
-validated!(
-    DurationField,
-    u64,
-    |s| parse_duration(s).ok_or_else(|| format!(
-        "invalid duration {s:?}: expected a number with s, m, h or d (90d)"
-    )),
-    || json_schema!({
-        "description": "A duration: a whole number and a unit, s, m, h, d or w (90d, 12h).",
-        "type": "string",
-        "pattern": "^\\s*[0-9]+[smhdw]\\s*$"
-    })
 );
 validated!(
     HeaderTimeoutField,
@@ -572,16 +489,6 @@ fn cidr_schema() -> Schema {
             address. Host bits must be zero.",
         "type": "string",
         "pattern": format!("^\\s*(?:{v4}|{v6})\\s*$")
-    })
-}
-
-fn date_schema() -> Schema {
-    json_schema!({
-        "description": "A date, YYYY-MM-DD (UTC midnight), or an RFC 3339 UTC time \
-            (2027-03-01T12:00:00Z).",
-        "type": "string",
-        "pattern": "^\\s*(?:19[7-9][0-9]|[2-9][0-9]{3})-(?:0?[1-9]|1[0-2])-(?:0?[1-9]|[12][0-9]|3[01])\
-            (?:[T ](?:[01]?[0-9]|2[0-3]):[0-5]?[0-9](?::(?:[0-5]?[0-9]|60))?(?:Z|\\+00:00))?\\s*$"
     })
 }
 

@@ -1,6 +1,6 @@
 //! The package gate on the wire (DESIGN "Packages"): every request to a
 //! registry host of an enforced ecosystem, once the host itself is allowed,
-//! is classified, decided by `policy::packages`, and either answered here
+//! is classified, decided by `packages`, and either answered here
 //! (a denial in the channel its client shows, a `304`), or forwarded with a
 //! [`Plan`] for its response: an index document filtered before the client
 //! sees it, a pinned download hashed as it streams.
@@ -15,7 +15,7 @@
 //! Owns: the gate's answers, the index response rewrite (decompression
 //! bound, filter, `ETag`/`304`), egressd's own index fetches and their
 //! cache, the streaming sha256 check. Does not own: which versions are
-//! allowed (`policy::packages`), the host decision or how requests reach
+//! allowed (`packages`), the host decision or how requests reach
 //! origins (`exchange`, `upstream`, `tls_origins`).
 
 use std::io::Read;
@@ -38,17 +38,17 @@ use super::respond::{self, BoxError, ProxyBody, Responder};
 use super::tls_origins::UpstreamAddr;
 use super::upstream;
 use super::ProxyCtx;
-use crate::policy::host::{parse_target, Target};
-use crate::policy::packages::classify::{
+use crate::packages::classify::{
     self, classify, go_mod_path, index_location, Classified, IndexForm, Kind, PackageRef,
 };
-use crate::policy::packages::compile::{Mirror, PackagePolicy};
-use crate::policy::packages::decide::{deny_phrase, PackageDecision, PackageReason, Verdict};
-use crate::policy::packages::filter::{self, FilterError, Filtered, MAX_INDEX_BYTES};
-use crate::policy::packages::name::PackageName;
-use crate::policy::packages::stamp::parse_http_date;
-use crate::policy::packages::view::IndexView;
-use crate::policy::packages::Ecosystem;
+use crate::packages::compile::{Mirror, PackagePolicy};
+use crate::packages::decide::{deny_phrase, PackageDecision, PackageReason, Verdict};
+use crate::packages::filter::{self, FilterError, Filtered, MAX_INDEX_BYTES};
+use crate::packages::name::PackageName;
+use crate::packages::stamp::parse_http_date;
+use crate::packages::view::IndexView;
+use crate::packages::Ecosystem;
+use crate::policy::host::{parse_target, Target};
 use crate::policy::path::{normalize_path, PathError};
 use crate::policy::{self, enforced, ClientIdx, Decision, Mode, Policy, Proto, Reason};
 use crate::record::{Event, PackageLine, UpstreamFailure};
@@ -1495,7 +1495,7 @@ pub(crate) fn note_integrity(ev: &mut Event, outcome: u8, mode: Mode) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy::packages::compile::tests::compile_yaml;
+    use crate::packages::compile::tests::compile_yaml;
     use std::io::Write;
 
     fn sha(b: &[u8]) -> [u8; 32] {

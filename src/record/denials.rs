@@ -118,8 +118,8 @@ fn key(p: &PackageLine, reason: &'static str) -> Key {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy::packages::decide::PackageReason;
-    use crate::policy::packages::Ecosystem;
+    use crate::packages::decide::PackageReason;
+    use crate::packages::Ecosystem;
     use crate::policy::Proto;
 
     fn denied(

@@ -426,8 +426,8 @@ mod tests {
 
     #[test]
     fn package_requests_carry_their_package_and_own_fetches_their_origin() {
-        use crate::policy::packages::decide::PackageReason;
-        use crate::policy::packages::Ecosystem;
+        use crate::packages::decide::PackageReason;
+        use crate::packages::Ecosystem;
         let mut ev = Event::new(Proto::Tls, "10.0.0.1:1".parse().unwrap());
         assert!(line(&ev).get("package").is_none());
         assert!(line(&ev).get("origin").is_none());

@@ -19,8 +19,8 @@ use std::time::Instant;
 
 use crate::log::LogSink;
 use crate::metrics::Metrics;
-use crate::policy::packages::decide::PackageReason;
-use crate::policy::packages::Ecosystem;
+use crate::packages::decide::PackageReason;
+use crate::packages::Ecosystem;
 use crate::policy::{Decision, Logged, Mode, Proto, Reason};
 use crate::time::unix_now_millis;
 

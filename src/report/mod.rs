@@ -597,8 +597,8 @@ fn packages_report(
     now: i64,
     covers_stale_window: bool,
 ) -> PackagesReport {
-    use crate::policy::packages::name::normalize;
-    use crate::policy::packages::Ecosystem;
+    use crate::packages::name::normalize;
+    use crate::packages::Ecosystem;
     let pp = &policy.packages;
     let stale_after = policy.settings.stale_after_secs as i64;
     let (mut approved, mut stale, mut unused_recently) = (Vec::new(), Vec::new(), Vec::new());

@@ -1,5 +1,5 @@
 //! `packages:` of every file and `settings.packages`: handed to the package
-//! compile ([`crate::policy::packages::compile::compile`]) with what it needs
+//! compile ([`crate::packages::compile::compile`]) with what it needs
 //! from the rest of the policy (client ids, exception ids, the secret
 //! expander, the contact); its located errors become the policy's.
 
@@ -8,7 +8,7 @@ use std::path::Path;
 
 use super::exceptions::expand_secret;
 use super::{Errors, File};
-use crate::policy::packages::compile::{compile, CompileInput, PackagePolicy, SetSource};
+use crate::packages::compile::{compile, CompileInput, PackagePolicy, SetSource};
 use crate::policy::{Client, Diagnostic, Exception, Settings};
 
 /// The package part of the policy; empty when no file has sets and the

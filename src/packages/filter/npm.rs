@@ -13,10 +13,10 @@ use std::collections::{HashMap, HashSet};
 
 use super::json::{self, quote, Object};
 use super::{done, text, unfilterable, FilterError, Filtered, Hidden};
-use crate::policy::packages::decide::{NameRules, PackageReason};
-use crate::policy::packages::stamp::parse_rfc3339;
-use crate::policy::packages::view::{FileFacts, IndexView};
-use crate::policy::packages::Ecosystem;
+use crate::packages::decide::{NameRules, PackageReason};
+use crate::packages::stamp::parse_rfc3339;
+use crate::packages::view::{FileFacts, IndexView};
+use crate::packages::Ecosystem;
 
 /// Held versions the message names (the newest ones); the rest are counted.
 pub const MESSAGE_VERSIONS: usize = 3;
@@ -252,12 +252,12 @@ fn restrictions<'d>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy::packages::classify::IndexForm;
-    use crate::policy::packages::compile::tests::compile_yaml;
-    use crate::policy::packages::compile::PackagePolicy;
-    use crate::policy::packages::filter::filter;
-    use crate::policy::packages::name::normalize;
-    use crate::policy::packages::testutil::Rng;
+    use crate::packages::classify::IndexForm;
+    use crate::packages::compile::tests::compile_yaml;
+    use crate::packages::compile::PackagePolicy;
+    use crate::packages::filter::filter;
+    use crate::packages::name::normalize;
+    use crate::packages::testutil::Rng;
     use serde_json::Value;
 
     const NOW: i64 = 1_800_000_000;
@@ -274,7 +274,7 @@ mod tests {
     }
 
     fn ts(t: i64) -> String {
-        crate::policy::packages::stamp::format_rfc3339(t)
+        crate::packages::stamp::format_rfc3339(t)
     }
 
     fn doc(name: &str, versions: &[(&str, i64)], latest: &str) -> String {

@@ -1,13 +1,13 @@
 //! `egressd packages import LOCKFILE…`: the approved set a project's
 //! lockfiles already pin, written as a `packages:` policy file for review.
-//! The translation is the pure [`crate::policy::packages::import`]; this
+//! The translation is the pure [`crate::packages::import`]; this
 //! command reads the lockfiles and writes the YAML (stdout, or `--output`
 //! atomically, so a policy directory never sees a half-written file).
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use crate::policy::packages::import::{import, ImportSet};
+use crate::packages::import::{import, ImportSet};
 
 /// Exit status: the set was written.
 pub const OK: i32 = 0;

@@ -12,13 +12,13 @@ use serde::Deserialize;
 
 use super::json::{self, quote};
 use super::{done, text, unfilterable, FilterError, Filtered, Hidden};
-use crate::policy::packages::classify::pypi_filename;
-use crate::policy::packages::decide::{NameRules, PackageReason};
-use crate::policy::packages::name::normalize;
-use crate::policy::packages::raw::parse_sha256_hex;
-use crate::policy::packages::stamp::parse_rfc3339;
-use crate::policy::packages::view::{FileFacts, IndexView};
-use crate::policy::packages::Ecosystem;
+use crate::packages::classify::pypi_filename;
+use crate::packages::decide::{NameRules, PackageReason};
+use crate::packages::name::normalize;
+use crate::packages::raw::parse_sha256_hex;
+use crate::packages::stamp::parse_rfc3339;
+use crate::packages::view::{FileFacts, IndexView};
+use crate::packages::Ecosystem;
 
 fn bad(e: String) -> FilterError {
     FilterError::Unfilterable(e)
@@ -649,12 +649,12 @@ pub fn project_json(rules: &NameRules<'_>, body: &[u8]) -> Result<Filtered, Filt
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy::packages::classify::IndexForm;
-    use crate::policy::packages::compile::tests::compile_yaml;
-    use crate::policy::packages::compile::PackagePolicy;
-    use crate::policy::packages::filter::filter;
-    use crate::policy::packages::stamp::format_rfc3339;
-    use crate::policy::packages::testutil::Rng;
+    use crate::packages::classify::IndexForm;
+    use crate::packages::compile::tests::compile_yaml;
+    use crate::packages::compile::PackagePolicy;
+    use crate::packages::filter::filter;
+    use crate::packages::stamp::format_rfc3339;
+    use crate::packages::testutil::Rng;
     use serde_json::Value;
 
     const NOW: i64 = 1_800_000_000;

@@ -573,7 +573,7 @@ fn go_sum(file: &str, text: &str, c: &mut Collected) -> Result<(), ImportError> 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy::packages::compile::tests::compile_yaml;
+    use crate::packages::compile::tests::compile_yaml;
 
     fn set() -> ImportSet<'static> {
         ImportSet {

@@ -270,7 +270,7 @@ pub fn go_escape(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy::packages::testutil::Rng;
+    use crate::packages::testutil::Rng;
 
     fn n(eco: Ecosystem, s: &str) -> String {
         normalize(eco, s).unwrap().to_string()

@@ -19,7 +19,7 @@ use serde::de::{self, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
 
 use super::Ecosystem;
-use crate::policy::raw::{DateField, DurationField, IdField, RawInject};
+use crate::policy::field::{DateField, DurationField, IdField, RawInject};
 
 /// One approved package set: the packages of one ecosystem that may be
 /// installed, who answers for them and why.

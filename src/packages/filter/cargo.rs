@@ -9,12 +9,12 @@ use serde::Deserialize;
 
 use super::json;
 use super::{done, text, unfilterable, FilterError, Filtered, Hidden};
-use crate::policy::packages::decide::{NameRules, PackageReason};
-use crate::policy::packages::name::normalize;
-use crate::policy::packages::raw::parse_sha256_hex;
-use crate::policy::packages::stamp::parse_rfc3339;
-use crate::policy::packages::view::{FileFacts, IndexView};
-use crate::policy::packages::Ecosystem;
+use crate::packages::decide::{NameRules, PackageReason};
+use crate::packages::name::normalize;
+use crate::packages::raw::parse_sha256_hex;
+use crate::packages::stamp::parse_rfc3339;
+use crate::packages::view::{FileFacts, IndexView};
+use crate::packages::Ecosystem;
 
 #[derive(Deserialize)]
 struct Line {
@@ -82,10 +82,10 @@ pub fn sparse(rules: &NameRules<'_>, body: &[u8]) -> Result<Filtered, FilterErro
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy::packages::classify::IndexForm;
-    use crate::policy::packages::compile::tests::compile_yaml;
-    use crate::policy::packages::filter::filter;
-    use crate::policy::packages::testutil::Rng;
+    use crate::packages::classify::IndexForm;
+    use crate::packages::compile::tests::compile_yaml;
+    use crate::packages::filter::filter;
+    use crate::packages::testutil::Rng;
 
     const NOW: i64 = 1_800_000_000;
     const DAY: i64 = 86400;
@@ -94,7 +94,7 @@ mod tests {
         let pt = t.map_or(String::new(), |t| {
             format!(
                 ",\"pubtime\":\"{}\"",
-                crate::policy::packages::stamp::format_rfc3339(t)
+                crate::packages::stamp::format_rfc3339(t)
             )
         });
         format!("{{\"name\":\"{name}\",\"vers\":\"{v}\",\"deps\":[{{\"name\":\"x\",\"req\":\"^1\"}}],\"cksum\":\"{}\",\"features\":{{}},\"yanked\":{yanked},\"v\":2{pt}}}\n", "e".repeat(64))

@@ -9,11 +9,11 @@ use serde::Deserialize;
 
 use super::json::quote;
 use super::{done, text, unfilterable, FilterError, Filtered, Hidden};
-use crate::policy::packages::decide::NameRules;
-use crate::policy::packages::stamp::format_rfc3339;
-use crate::policy::packages::version::GoVersion;
-use crate::policy::packages::view::{FileFacts, IndexView};
-use crate::policy::packages::Ecosystem;
+use crate::packages::decide::NameRules;
+use crate::packages::stamp::format_rfc3339;
+use crate::packages::version::GoVersion;
+use crate::packages::view::{FileFacts, IndexView};
+use crate::packages::Ecosystem;
 
 fn time_of(times: Option<&IndexView>, v: &str) -> Option<i64> {
     times.and_then(|t| t.version(v)).and_then(|f| f.published)
@@ -110,12 +110,12 @@ pub fn latest(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy::packages::classify::IndexForm;
-    use crate::policy::packages::compile::tests::compile_yaml;
-    use crate::policy::packages::compile::PackagePolicy;
-    use crate::policy::packages::decide::PackageReason;
-    use crate::policy::packages::filter::filter;
-    use crate::policy::packages::name::normalize;
+    use crate::packages::classify::IndexForm;
+    use crate::packages::compile::tests::compile_yaml;
+    use crate::packages::compile::PackagePolicy;
+    use crate::packages::decide::PackageReason;
+    use crate::packages::filter::filter;
+    use crate::packages::name::normalize;
 
     const NOW: i64 = 1_800_000_000;
     const DAY: i64 = 86400;

@@ -85,10 +85,14 @@ impl PackageReason {
     }
 
     /// The HTTP status DESIGN gives it: 502 for an index egressd could not
-    /// filter (the registry's fault), 403 for every policy denial. Read
-    /// from the one status table, [`Reason::status`](crate::policy::Reason::status).
+    /// filter (the registry's fault), 403 for every policy denial. The
+    /// policy's status table ([`Reason::status`](crate::policy::Reason::status))
+    /// reads the package reasons' statuses here.
     pub fn status(self) -> u16 {
-        crate::policy::Reason::from(self).status()
+        match self {
+            PackageReason::IndexUnfilterable => 502,
+            _ => 403,
+        }
     }
 }
 
@@ -540,10 +544,10 @@ impl<'p> NameRules<'p> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy::packages::classify::{classify, Classified};
-    use crate::policy::packages::compile::tests::compile_yaml;
-    use crate::policy::packages::name::normalize;
-    use crate::policy::packages::view::FileFacts;
+    use crate::packages::classify::{classify, Classified};
+    use crate::packages::compile::tests::compile_yaml;
+    use crate::packages::name::normalize;
+    use crate::packages::view::FileFacts;
 
     const DAY: i64 = 86400;
     const NOW: i64 = 1_800_000_000;
@@ -965,7 +969,7 @@ settings:
     /// random policies, versions and times.
     #[test]
     fn version_rules_match_a_reference_model() {
-        use crate::policy::packages::testutil::Rng;
+        use crate::packages::testutil::Rng;
         let mut rng = Rng::new(5);
         let versions = ["1.0.0", "1.2.0", "2.0.0", "2.1.0-beta.1", "3.0.0"];
         let ranges = ["", "^1", ">=1.2.0", "<2.0.0", "=2.0.0", "^2.1.0-beta.0"];

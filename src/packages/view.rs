@@ -125,7 +125,7 @@ impl IndexView {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy::packages::name::normalize;
+    use crate::packages::name::normalize;
 
     #[test]
     fn versions_are_found_by_any_spelling_and_take_the_earliest_time() {

@@ -944,7 +944,7 @@ pub fn go_mod_path(module: &PackageName, version: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy::packages::testutil::Rng;
+    use crate::packages::testutil::Rng;
 
     fn c(host: &str, path: &str) -> Classified {
         classify(None, host, "GET", path, None)
