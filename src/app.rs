@@ -234,8 +234,8 @@ pub async fn start(args: &ServeArgs, listeners: Listeners) -> Result<Running> {
         egress,
         mitm,
         connections: connections.clone(),
-        package_views: proxy::packages::Views::new(),
-        index_cache: proxy::index_cache::IndexCache::new(),
+        package_views: proxy::gate::Views::new(),
+        index_cache: proxy::gate::index_cache::IndexCache::new(),
         raw_origins: proxy::RawPool::new(),
     });
     for l in transparent_l {

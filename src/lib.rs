@@ -16,8 +16,14 @@
 //!        │                    └► metrics (counted here and nowhere else)
 //!        │ allowed
 //!        ▼
+//!   proxy::gate (a registry host of an enforced ecosystem): classify → decide the
+//!        │      package (packages, pure) → plan the route: plain │ gated index │
+//!        │      gated download │ mirror; egressd's own index fetches go the same way
+//!        ▼
 //!   proxy::upstream: resolve once (dns::Resolver) → check every address → connect
 //!                    to a checked SocketAddr (pool, tls_origins) ─► relay / exchange
+//!        │
+//!        ▼ answer (a gated index filtered, a pinned download hashed as it streams)
 //! ```
 //!
 //! Every front-end turns its input into one [`policy::Request`], asks
@@ -38,10 +44,10 @@
 //! | [`record`] | the typed [`record::Event`], its JSON writer, [`record::Recorder`]: the one log-and-count | the decision |
 //! | [`tls`] | the interception CA, minted leaves and their cache, trust stores | intercepted connections (`proxy::mitm`) |
 //! | [`dns`] | the resolver front-end, the upstream client and cache, the tunnel budget, which name an answered address came from | the decision; binding sockets |
-//! | [`proxy`] | the HTTP front-ends (forward, CONNECT, interception, transparent capture), the shared exchange, the relay, the way out | the decision; the resolver |
+//! | [`proxy`] | the HTTP front-ends (forward, CONNECT, interception, transparent capture), the shared exchange, the package gate's serving step (`proxy::gate`: route, own index fetches, index cache, answers), the relay, the way out | the decision; the resolver; which versions are approved (`packages`) |
 //! | [`reload`] | watch → load → swap, the last good policy kept; the reloader thread's priority | compiling (`policy`) |
 //! | [`app`] | wiring: load, bind, spawn, signals, drain; an egressd run in-process | answering any request |
-//! | [`packages`] | the package gate's knowledge, PURE: classify a registry URL, names, versions, stamps, index filters, the package decision, lockfile import; the policy compiles and holds its sets | any I/O; serving (`proxy::packages`) |
+//! | [`packages`] | the package gate's knowledge, PURE: classify a registry URL, names, versions, stamps, index filters, the package decision, lockfile import; the policy compiles and holds its sets | any I/O; serving (`proxy::gate`) |
 //! | [`check`], [`explain`], [`report`], [`cmd`] | the commands: lint and policy tests, why a target is decided so, review and replay of logs, approved sets from lockfiles | serving |
 //! | [`launcher`] | `egressd run`: the plan, namespaces, the sandbox's environment and limits | decisions (it embeds `app`) |
 //! | [`cli`] | the command line and its exit codes | behaviour |

@@ -31,8 +31,8 @@ use hyper_util::rt::TokioIo;
 
 use super::admit::Draft;
 use super::dest::Dest;
-use super::index_cache::{self, Use};
-use super::packages::{self, Gate, Plan, PlanKind};
+use super::gate::index_cache::{self, Use};
+use super::gate::{self, Gate, Plan, PlanKind};
 use super::pool;
 use super::relay::{self, meter::Counted};
 use super::respond::{self, BoxError, ProxyBody, Responder, Stop};
@@ -145,7 +145,7 @@ pub(crate) async fn decide_and_forward(
         Some(eco) => {
             let pkgs = package_policy(policy);
             let client = inbound.client;
-            let gated = Box::pin(packages::gate(
+            let gated = Box::pin(gate::gate(
                 ctx,
                 policy,
                 pkgs,
@@ -181,7 +181,7 @@ pub(crate) async fn decide_and_forward(
         if let Some(resp) = from_kept(ctx, &req, &inbound, &d, p, &mut ev) {
             let pkgs = package_policy(policy);
             let p = plan.take().expect("an index plan");
-            return Box::pin(packages::answer_index(
+            return Box::pin(gate::answer_index(
                 ctx, policy, pkgs, p, resp, ev, 0, now, responder,
             ))
             .await;
@@ -210,7 +210,7 @@ pub(crate) async fn decide_and_forward(
                 resp.headers_mut().append(header::VIA, VIA.clone());
                 let up = up_bytes.load(Ordering::Relaxed);
                 let pkgs = package_policy(policy);
-                let r = Box::pin(packages::answer_index(
+                let r = Box::pin(gate::answer_index(
                     ctx, policy, pkgs, p, resp, ev, up, now, responder,
                 ))
                 .await;
@@ -449,8 +449,8 @@ async fn reach_mirror(
     m: &Mirror,
 ) -> Result<Sent, Stop> {
     let unreachable_mirror = |why: String| unreachable(UpstreamFailure::Connect, why, false);
-    let dest = packages::mirror_dest(m).map_err(unreachable_mirror)?;
-    let addrs = packages::mirror_addrs(ctx, policy, &dest, ev)
+    let dest = gate::mirror_dest(m).map_err(unreachable_mirror)?;
+    let addrs = gate::mirror_addrs(ctx, policy, &dest, ev)
         .await
         .map_err(|why| unreachable(UpstreamFailure::Resolve, why, false))?;
     let host = inbound.dest.target.to_string();
@@ -459,7 +459,7 @@ async fn reach_mirror(
         .path_and_query()
         .map_or("/", |p| p.as_str())
         .to_string();
-    let path = packages::mirror_path(m, eco, &host, &pq);
+    let path = gate::mirror_path(m, eco, &host, &pq);
     *req.uri_mut() = path
         .parse()
         .map_err(|_| Stop::Deny(Reason::Malformed, Some("unparsable mirror path".into())))?;
@@ -692,7 +692,7 @@ async fn send(
 /// The origin's response, on its way to the client: hop-by-hop headers
 /// out, `Via` in, and either a body that writes the line when it ends or,
 /// for a WebSocket the origin accepted, the upgraded connection relayed.
-/// A pinned download's body is hashed on its way ([`packages::Verified`]).
+/// A pinned download's body is hashed on its way ([`gate::Verified`]).
 fn answer(
     sent: Sent,
     mut ev: Event,
@@ -733,7 +733,7 @@ fn answer(
         return Response::from_parts(parts, respond::full(""));
     }
     if let Some(p) = &plan {
-        packages::note_go_mod(ctx, p, resp.headers());
+        gate::note_go_mod(ctx, p, resp.headers());
     }
     let (parts, body) = resp.into_parts();
     let (inner, integrity): (ProxyBody, _) = match plan {
@@ -741,7 +741,7 @@ fn answer(
             what: PlanKind::Download { verify, cut },
             ..
         }) if !verify.is_empty() && parts.status == StatusCode::OK => {
-            let v = packages::Verified::new(body, verify, cut);
+            let v = gate::Verified::new(body, verify, cut);
             let outcome = v.outcome.clone();
             (v.boxed(), Some(outcome))
         }
@@ -957,7 +957,7 @@ struct Recorded {
     /// The pooled origin connection, given back once the response has
     /// been read to its end (and dropped, closing it, otherwise).
     lent: Option<pool::Lent>,
-    /// A pinned download's check ([`packages::Verified`]'s outcome).
+    /// A pinned download's check ([`gate::Verified`]'s outcome).
     integrity: Option<Arc<std::sync::atomic::AtomicU8>>,
     mode: policy::Mode,
     /// Injected values replaced on the way back ([`scrub`]).
@@ -978,7 +978,7 @@ impl Recorded {
                 ev.error = error;
             }
             if let Some(outcome) = &self.integrity {
-                packages::note_integrity(&mut ev, outcome.load(Ordering::Relaxed), self.mode);
+                gate::note_integrity(&mut ev, outcome.load(Ordering::Relaxed), self.mode);
             }
             if let Some(s) = &self.secrets {
                 s.note(&mut ev);

@@ -240,7 +240,7 @@ fn parse_request(buf: &[u8]) -> Parsed {
     let Ok(dest) = parse_authority(authority, Some(80)) else {
         return Parsed::Other;
     };
-    let Ok(path) = super::packages::policy_path(&dest.target, uri.path()) else {
+    let Ok(path) = super::gate::policy_path(&dest.target, uri.path()) else {
         return Parsed::Other;
     };
     let mut fwd = Vec::with_capacity(buf.len());

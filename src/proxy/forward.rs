@@ -75,7 +75,7 @@ fn read_target<B>(req: &Request<B>, ev: &mut Event) -> Result<(Dest, String), St
     ev.port = Some(dest.port);
     check_host_headers_spelled(req.headers(), &dest, Some(authority.as_str()))
         .map_err(|(r, d)| Stop::Deny(r, d))?;
-    let path = super::packages::policy_path(&dest.target, uri.path()).map_err(Stop::malformed)?;
+    let path = super::gate::policy_path(&dest.target, uri.path()).map_err(Stop::malformed)?;
     ev.path = Some(truncate_path(&path));
     Ok((dest, path))
 }

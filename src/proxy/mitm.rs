@@ -393,5 +393,5 @@ fn read_inner<B>(req: &Request<B>, dest: &Dest, scheme: Scheme) -> Result<String
         }
     }
     check_host_headers(req.headers(), dest).map_err(|(r, d)| Stop::Deny(r, d))?;
-    super::packages::policy_path(&dest.target, req.uri().path()).map_err(Stop::malformed)
+    super::gate::policy_path(&dest.target, req.uri().path()).map_err(Stop::malformed)
 }

@@ -29,9 +29,9 @@ mod exchange;
 #[doc(hidden)]
 pub mod fast;
 pub mod forward;
-pub(crate) mod index_cache;
+
+pub(crate) mod gate;
 pub mod mitm;
-pub(crate) mod packages;
 pub mod pool;
 pub(crate) mod relay;
 pub mod respond;
@@ -85,10 +85,10 @@ pub struct ProxyCtx {
     /// bound, and what a drain waits for.
     pub connections: Permits,
     /// The package gate's views of registry indexes (short-lived cache).
-    pub(crate) package_views: packages::Views,
+    pub(crate) package_views: gate::Views,
     /// Registry index documents kept while the registry says they are
     /// fresh.
-    pub(crate) index_cache: index_cache::IndexCache,
+    pub(crate) index_cache: gate::index_cache::IndexCache,
     /// Origin connections of the forward proxy's fast path, per checked
     /// address.
     pub(crate) raw_origins: Arc<fast::RawPool>,

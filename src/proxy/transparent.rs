@@ -431,7 +431,7 @@ fn captured_path<B>(req: &Request<B>, dest: &Dest, orig: SocketAddr) -> Result<S
             )),
         ));
     }
-    super::packages::policy_path(&dest.target, req.uri().path()).map_err(Stop::malformed)
+    super::gate::policy_path(&dest.target, req.uri().path()).map_err(Stop::malformed)
 }
 
 /// The name of a connection that names nothing itself: the most recent

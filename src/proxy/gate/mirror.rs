@@ -1,0 +1,145 @@
+//! A registry's mirror: where its requests go instead, its paths and the
+//! URLs in its documents.
+
+use std::net::SocketAddr;
+
+use crate::packages::compile::Mirror;
+use crate::packages::Ecosystem;
+use crate::policy::host::{parse_target, Target};
+use crate::policy::Policy;
+use crate::proxy::dest::Dest;
+use crate::proxy::upstream;
+use crate::proxy::ProxyCtx;
+use crate::record::{Event, UpstreamFailure};
+
+/// The mirror's host and port as a destination.
+pub(crate) fn mirror_dest(m: &Mirror) -> Result<Dest, String> {
+    let target = parse_target(&m.host).map_err(|e| format!("mirror host: {e}"))?;
+    Ok(Dest {
+        target,
+        port: m.port,
+    })
+}
+
+/// The mirror's addresses: resolved through egressd's resolver like any
+/// name, but not judged by the exceptions (a mirror is configuration, as
+/// `--upstream-proxy` is, and usually private); only egressd's own
+/// listeners are refused.
+pub(crate) async fn mirror_addrs(
+    ctx: &ProxyCtx,
+    policy: &Policy,
+    dest: &Dest,
+    ev: &mut Event,
+) -> Result<Vec<SocketAddr>, String> {
+    let ips = match &dest.target {
+        Target::Ip(ip) => vec![*ip],
+        Target::Name(h) => ctx
+            .resolver
+            .lookup_ip_for(h, policy, &mut ev.dns_attempts)
+            .await
+            .map_err(|e| {
+                ev.fail_upstream(UpstreamFailure::Resolve, &e);
+                format!("mirror {h}: {e}")
+            })?,
+    };
+    let addrs: Vec<SocketAddr> = ips
+        .into_iter()
+        .map(|ip| SocketAddr::new(ip, dest.port))
+        .filter(|a| !upstream::is_own_listener(*a, &ctx.own_addrs))
+        .collect();
+    if addrs.is_empty() {
+        return Err("the mirror resolves to egressd itself".into());
+    }
+    Ok(addrs)
+}
+
+/// The mirror's path for a public registry request: the index root
+/// (`/simple/` for PyPI, `/` elsewhere) replaced by the mirror URL's path;
+/// requests to the file hosts keep their path (mirror documents' file URLs
+/// were rewritten to the public file host with the mirror's path).
+pub(crate) fn mirror_path(m: &Mirror, eco: Ecosystem, host: &str, path: &str) -> String {
+    let base = mirror_base(m);
+    if base != "/" && path.starts_with(base) {
+        return path.to_string();
+    }
+    let index_root = match (eco, host) {
+        (Ecosystem::Pypi, "pypi.org") => Some("/simple/"),
+        (Ecosystem::Pypi, _) => None,
+        (Ecosystem::Cargo, "static.crates.io" | "crates.io") => None,
+        _ => Some("/"),
+    };
+    match index_root.and_then(|r| path.strip_prefix(r)) {
+        Some(rest) => format!("{}{rest}", m.path),
+        None => path.to_string(),
+    }
+}
+
+/// Where a mirror keeps its documents and files: its URL's path, without
+/// PyPI's `simple/` (`/api/pypi/simple/` keeps files under `/api/pypi/`).
+pub(super) fn mirror_base(m: &Mirror) -> &str {
+    match m.ecosystem {
+        Ecosystem::Pypi => m.path.strip_suffix("simple/").unwrap_or(&m.path),
+        _ => &m.path,
+    }
+}
+
+/// The registry path a request names, for classifying it: a path under
+/// the mirror's base (a URL egressd rewrote from a mirror's document) is
+/// read without that base (`/api/pypi/packages/…` is `/packages/…`).
+pub(super) fn public_path<'a>(m: Option<&Mirror>, path: &'a str) -> std::borrow::Cow<'a, str> {
+    if let Some(m) = m {
+        let base = mirror_base(m);
+        if base != "/" {
+            if let Some(rest) = path.strip_prefix(base) {
+                return format!("/{rest}").into();
+            }
+        }
+    }
+    path.into()
+}
+
+/// The public host a mirror's absolute URLs are rewritten to: the
+/// ecosystem's file host.
+pub(super) fn public_file_host(eco: Ecosystem) -> &'static str {
+    match eco {
+        Ecosystem::Pypi => "files.pythonhosted.org",
+        Ecosystem::Npm => "registry.npmjs.org",
+        Ecosystem::Cargo => "static.crates.io",
+        Ecosystem::Go => "proxy.golang.org",
+    }
+}
+
+/// A mirror document with its absolute URLs into the mirror
+/// (`https://mirror.corp[:port]/…`) pointing at the public file host with
+/// the same path, which egressd routes back to the mirror.
+pub(crate) fn rewrite_mirror_urls(m: &Mirror, doc: &[u8]) -> Vec<u8> {
+    let scheme = m.scheme.as_str();
+    let default = if scheme == "https" { 443 } else { 80 };
+    let mut prefixes = vec![format!("{scheme}://{}:{}/", m.host, m.port)];
+    if m.port == default {
+        prefixes.push(format!("{scheme}://{}/", m.host));
+    }
+    let to = format!("https://{}/", public_file_host(m.ecosystem));
+    let mut out = doc.to_vec();
+    for p in prefixes {
+        out = replace_all(&out, p.as_bytes(), to.as_bytes());
+    }
+    out
+}
+
+pub(super) fn replace_all(hay: &[u8], from: &[u8], to: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(hay.len());
+    let mut i = 0;
+    while i < hay.len() {
+        if hay[i..].starts_with(from) {
+            out.extend_from_slice(to);
+            i += from.len();
+        } else {
+            out.push(hay[i]);
+            i += 1;
+        }
+    }
+    out
+}
+
+// ---------------------------------------------------------------- downloads
