@@ -143,9 +143,12 @@ impl Running {
 /// the resolver, metrics (if given) and the reloader, as tasks.
 pub async fn start(args: &ServeArgs, listeners: Listeners) -> Result<Running> {
     let metrics = Metrics::new();
-    let stamp = Stamp::of(&args.policy);
-    let mut pol = policy::load(&args.policy).map_err(|e| {
-        anyhow::anyhow!("{e}\negressd: policy {} is invalid", args.policy.display())
+    let stamp = Stamp::of(&args.engine.policy);
+    let mut pol = policy::load(&args.engine.policy).map_err(|e| {
+        anyhow::anyhow!(
+            "{e}\negressd: policy {} is invalid",
+            args.engine.policy.display()
+        )
     })?;
     let only_client = listeners.client.clone();
     if let Some(id) = &only_client {
@@ -159,8 +162,9 @@ pub async fn start(args: &ServeArgs, listeners: Listeners) -> Result<Running> {
 
     let log = LogSink::start(LogTarget::parse(&args.log), metrics.clone())
         .with_context(|| format!("cannot open decision log {}", args.log))?;
-    let recorder = Recorder::new(log.clone(), metrics.clone()).with_format(args.log_format);
-    let upstreams = dns::parse_upstreams(args.upstream_dns.as_deref()).context("--upstream-dns")?;
+    let recorder = Recorder::new(log.clone(), metrics.clone()).with_format(args.engine.log_format);
+    let upstreams =
+        dns::parse_upstreams(args.engine.upstream_dns.as_deref()).context("--upstream-dns")?;
     let resolver = dns::Resolver::new(upstreams.clone(), metrics.clone());
 
     let Listeners {
@@ -183,10 +187,10 @@ pub async fn start(args: &ServeArgs, listeners: Listeners) -> Result<Running> {
     // client resolved through this egressd for that address.
     resolver.remember_answers(!transparent_l.is_empty());
 
-    let egress = match &args.upstream_proxy {
+    let egress = match &args.engine.upstream_proxy {
         None => Egress::Direct,
         Some(url) => {
-            let p = UpstreamProxy::parse(url, args.upstream_proxy_auth_file.as_deref())
+            let p = UpstreamProxy::parse(url, args.engine.upstream_proxy_auth_file.as_deref())
                 .map_err(|e| anyhow::anyhow!("--upstream-proxy: {e}"))?;
             eprintln!(
                 "egressd: leaving through upstream proxy {}{}",
@@ -200,11 +204,12 @@ pub async fn start(args: &ServeArgs, listeners: Listeners) -> Result<Running> {
             Egress::Proxy(Arc::new(p))
         }
     };
-    let mitm = match &args.ca_dir {
+    let mitm = match &args.engine.ca_dir {
         None => None,
         Some(dir) => {
-            let (m, warnings) = Interceptor::new(dir, args.upstream_ca.as_deref(), egress.clone())
-                .with_context(|| format!("TLS interception (--ca-dir {})", dir.display()))?;
+            let (m, warnings) =
+                Interceptor::new(dir, args.engine.upstream_ca.as_deref(), egress.clone())
+                    .with_context(|| format!("TLS interception (--ca-dir {})", dir.display()))?;
             for w in warnings {
                 eprintln!("egressd: warning: {w}");
             }
@@ -218,7 +223,7 @@ pub async fn start(args: &ServeArgs, listeners: Listeners) -> Result<Running> {
             Some(Arc::new(m))
         }
     };
-    if mitm.is_none() && args.upstream_ca.is_some() {
+    if mitm.is_none() && args.engine.upstream_ca.is_some() {
         eprintln!("egressd: warning: --upstream-ca has no effect without --ca-dir");
     }
 
@@ -268,7 +273,7 @@ pub async fn start(args: &ServeArgs, listeners: Listeners) -> Result<Running> {
         ));
     }
     let (hup_tx, hup_rx) = mpsc::unbounded_channel();
-    let reloader = Reloader::new(args.policy.clone(), handle.clone(), metrics.clone())
+    let reloader = Reloader::new(args.engine.policy.clone(), handle.clone(), metrics.clone())
         .loaded_from(stamp)
         .serving_only(only_client);
     // Its own thread at the idle class, not a runtime worker: compiling a
@@ -313,7 +318,7 @@ pub async fn serve(args: ServeArgs) -> Result<LogSink> {
             .metrics_addr
             .map(|a| a.to_string())
             .unwrap_or_else(|| "-".into()),
-        args.policy.display(),
+        args.engine.policy.display(),
         running.exceptions,
         running
             .upstreams

@@ -24,123 +24,36 @@ pub enum Command {
     /// Run the proxy, the DNS resolver and the metrics endpoint; the policy is hot-reloaded.
     Serve(ServeArgs),
     /// Validate and lint a policy directory or file (exit 1 on errors).
-    Check {
-        /// Policy directory or file (default policy/). Policy tests beside it
-        /// (tests.yaml, *.tests.yaml) are run too.
-        policy: Option<PathBuf>,
-        /// Replay these decision logs (plain or gzip) against the policy and
-        /// print what would be newly denied or newly allowed. A last value that
-        /// is a directory or a .yaml/.yml file is taken as POLICY.
-        #[arg(long, value_name = "LOG", num_args = 1..)]
-        against: Vec<PathBuf>,
-        /// text (people), json (scripts), github (workflow annotations on
-        /// each line), sarif (SARIF 2.1.0 for code scanning). Exit codes are
-        /// the same in every format.
-        #[arg(long, value_enum, default_value = "text")]
-        format: crate::check::Format,
-    },
+    Check(crate::cmd::check::Args),
     /// Print the policy's JSON Schema (for editors and CI validators).
     Schema,
     /// Say which exception (if any) allows a target, and why not otherwise;
     /// for `pkg:ECOSYSTEM/NAME[@VERSION]`, the package gate's decision.
-    Explain {
-        #[arg(long, env = "EGRESSD_POLICY", default_value = "policy/")]
-        policy: PathBuf,
-        /// Decide as this client (an id from settings.clients).
-        #[arg(long)]
-        client: Option<String>,
-        /// `https://host/path`, `http://host:port/path`, `host:port`, `GET http://…`,
-        /// `dns:name[/TYPE]`, or `pkg:pypi/requests@2.32.3` (`pkg:npm/@scope/name@1.0.0`,
-        /// `pkg:cargo/serde`, `pkg:go/golang.org/x/text@v0.14.0`; no version: the index).
-        #[arg(required = true, num_args = 1..=2)]
-        target: Vec<String>,
-    },
+    Explain(crate::cmd::explain::Args),
     /// Exception review from decision logs: use per exception, stale, expired
     /// and expiring exceptions, the hottest, and the most-denied destinations
     /// with ready-to-edit exception stubs.
-    Report(ReportArgs),
+    Report(crate::cmd::report::Options),
     /// Run CMD in a sandbox whose only way out is egressd (embedded by default).
     Run(RunArgs),
     /// The package gate's approved sets.
     Packages {
         #[command(subcommand)]
-        command: PackagesCommand,
+        command: crate::cmd::packages::Command,
     },
     /// Manage the TLS-interception CA.
     Ca {
         #[command(subcommand)]
-        command: CaCommand,
+        command: crate::cmd::ca::Command,
     },
 }
 
-#[derive(Debug, Subcommand)]
-pub enum PackagesCommand {
-    /// Write an approved set pinning the exact versions (and sha256 of files,
-    /// where the lockfile has them) of uv.lock, requirements*.txt with
-    /// --hash, package-lock.json, npm-shrinkwrap.json, pnpm-lock.yaml,
-    /// Cargo.lock and go.sum. One set per ecosystem.
-    Import {
-        /// The set's id (`<id>-<ecosystem>` each when the lockfiles span several).
-        #[arg(long)]
-        id: String,
-        /// Who answers for these packages (the set's `owner`).
-        #[arg(long)]
-        owner: String,
-        /// The set's `reason` (default: "pinned from <lockfiles>").
-        #[arg(long)]
-        reason: Option<String>,
-        /// Write the YAML here (atomically) instead of to stdout.
-        #[arg(long, short = 'o', value_name = "FILE")]
-        output: Option<PathBuf>,
-        #[arg(required = true, value_name = "LOCKFILE")]
-        lockfiles: Vec<PathBuf>,
-    },
-}
-
-/// `egressd report [--policy P] [--since 30d] [--format text|json|html] LOG…`
-#[derive(Debug, Clone, Args)]
-pub struct ReportArgs {
-    #[arg(long, env = "EGRESSD_POLICY", default_value = "policy/")]
-    pub policy: PathBuf,
-    /// Only lines from this long ago until now (`30d`, `12h`, `2w`).
-    #[arg(long, value_name = "DUR", value_parser = parse_since)]
-    pub since: Option<u64>,
-    #[arg(long, value_enum, default_value = "text")]
-    pub format: crate::report::Format,
-    /// How many denied destinations to list.
-    #[arg(long, default_value_t = 25)]
-    pub top: usize,
-    /// Decision logs, plain or gzip (`-` reads stdin).
-    #[arg(required = true, value_name = "LOG")]
-    pub logs: Vec<PathBuf>,
-}
-
-fn parse_since(s: &str) -> Result<u64, String> {
-    crate::time::parse_duration(s)
-        .ok_or_else(|| format!("{s:?} is not a duration: write e.g. 30d, 12h, 2w"))
-}
-
-#[derive(Debug, Subcommand)]
-pub enum CaCommand {
-    /// Create the interception CA: `ca.pem` (give it to sandboxes) and `ca.key` (mode 0600).
-    Init {
-        /// Directory to write the CA into.
-        #[arg(long, default_value = "certs/")]
-        dir: PathBuf,
-        /// Days the CA is valid.
-        #[arg(long, default_value_t = crate::tls::ca::DEFAULT_CA_DAYS)]
-        days: u32,
-        /// Replace an existing CA (clients trusting the old one stop trusting egressd).
-        #[arg(long)]
-        force: bool,
-    },
-}
-
+/// The flags of the egressd that serves: `serve`'s own, and those of the
+/// one `run` embeds ([`EngineArgs`], declared once for both).
 #[derive(Debug, Clone, Args)]
 pub struct ServeArgs {
-    /// Policy directory or file.
-    #[arg(long, env = "EGRESSD_POLICY", default_value = "policy/")]
-    pub policy: PathBuf,
+    #[command(flatten)]
+    pub engine: EngineArgs,
     /// HTTP proxy listen address.
     #[arg(long, env = "EGRESSD_LISTEN", default_value = "127.0.0.1:3128")]
     pub listen: SocketAddr,
@@ -150,12 +63,21 @@ pub struct ServeArgs {
     /// Metrics listen address (/metrics, /healthz, /readyz).
     #[arg(long, env = "EGRESSD_METRICS_LISTEN", default_value = "127.0.0.1:9464")]
     pub metrics_listen: SocketAddr,
-    /// Upstream DNS servers: IP or IP:PORT, comma-separated (default: /etc/resolv.conf's nameservers).
-    #[arg(long, env = "EGRESSD_UPSTREAM_DNS")]
-    pub upstream_dns: Option<String>,
     /// Decision log path; `-` is stdout.
     #[arg(long, env = "EGRESSD_LOG", default_value = "-")]
     pub log: String,
+}
+
+/// The flags `serve` and `run` share: what the egressd that decides reads
+/// (for `run`, the one it embeds unless `--connect` names one).
+#[derive(Debug, Clone, Args)]
+pub struct EngineArgs {
+    /// Policy directory or file.
+    #[arg(long, env = "EGRESSD_POLICY", default_value = "policy/")]
+    pub policy: PathBuf,
+    /// Upstream DNS servers: IP or IP:PORT, comma-separated (default: /etc/resolv.conf's nameservers).
+    #[arg(long, env = "EGRESSD_UPSTREAM_DNS")]
+    pub upstream_dns: Option<String>,
     /// Decision lines as egressd's JSON or as OCSF events (for SIEMs).
     #[arg(
         long,
@@ -183,12 +105,9 @@ pub struct ServeArgs {
 /// the flags of the egressd it embeds (unless `--connect` names one).
 #[derive(Debug, Clone, Args)]
 pub struct RunArgs {
-    /// Policy for the embedded egressd.
-    #[arg(long, env = "EGRESSD_POLICY", default_value = "policy/")]
-    pub policy: PathBuf,
-    /// Upstream DNS servers of the embedded egressd (default: /etc/resolv.conf's nameservers).
-    #[arg(long, env = "EGRESSD_UPSTREAM_DNS")]
-    pub upstream_dns: Option<String>,
+    /// The embedded egressd's policy, DNS upstreams, log format, CA and way out.
+    #[command(flatten)]
+    pub engine: EngineArgs,
     /// Decision log of the embedded egressd, a file (default: a new file outside the
     /// sandbox, its path printed at start; never CMD's stdout or stderr).
     #[arg(long, default_value = "")]
@@ -197,26 +116,6 @@ pub struct RunArgs {
     /// `.git/info` and `.git/commondir` (read-only inside by default).
     #[arg(long)]
     pub git_writable: bool,
-    /// Decision lines of the embedded egressd as egressd's JSON or as OCSF events.
-    #[arg(
-        long,
-        env = "EGRESSD_LOG_FORMAT",
-        value_enum,
-        default_value = "egressd"
-    )]
-    pub log_format: crate::record::LogFormat,
-    /// Interception CA directory for the embedded egressd (enables TLS interception).
-    #[arg(long, env = "EGRESSD_CA_DIR")]
-    pub ca_dir: Option<PathBuf>,
-    /// Extra CA certificates (PEM) the embedded egressd trusts for origins.
-    #[arg(long, env = "EGRESSD_UPSTREAM_CA")]
-    pub upstream_ca: Option<PathBuf>,
-    /// The embedded egressd leaves through this proxy (http://[user:password@]host:port).
-    #[arg(long, env = "EGRESSD_UPSTREAM_PROXY", value_name = "URL")]
-    pub upstream_proxy: Option<String>,
-    /// File holding `user:password` for --upstream-proxy.
-    #[arg(long, env = "EGRESSD_UPSTREAM_PROXY_AUTH_FILE", value_name = "FILE")]
-    pub upstream_proxy_auth_file: Option<PathBuf>,
     /// Use the egressd serving its proxy at ADDR instead of embedding one.
     #[arg(long, value_name = "ADDR")]
     pub connect: Option<SocketAddr>,
@@ -289,21 +188,14 @@ pub struct RunArgs {
 
 impl RunArgs {
     /// The embedded egressd's settings. Its listeners are created inside the
-    /// sandbox, so the listen addresses here are never bound; keep this in
-    /// step with [`ServeArgs`] (DESIGN: `run` takes serve's flags).
+    /// sandbox, so the listen addresses here are never bound.
     pub fn embedded_serve_args(&self) -> ServeArgs {
         ServeArgs {
-            policy: self.policy.clone(),
+            engine: self.engine.clone(),
             listen: SocketAddr::from(([127, 0, 0, 1], 3128)),
             dns_listen: SocketAddr::from(([127, 0, 0, 1], 53)),
             metrics_listen: SocketAddr::from(([127, 0, 0, 1], 0)),
-            upstream_dns: self.upstream_dns.clone(),
             log: self.log.clone(),
-            log_format: self.log_format,
-            ca_dir: self.ca_dir.clone(),
-            upstream_ca: self.upstream_ca.clone(),
-            upstream_proxy: self.upstream_proxy.clone(),
-            upstream_proxy_auth_file: self.upstream_proxy_auth_file.clone(),
         }
     }
 }

@@ -47,9 +47,7 @@ const RULES: &[(&str, &[&str])] = &[
 
 /// The top: wiring, reload, the commands and the launcher. They may use
 /// everything, and one another; nothing below may use them.
-const TOP: &[&str] = &[
-    "app", "reload", "check", "explain", "report", "cmd", "launcher", "cli", "main", "lib",
-];
+const TOP: &[&str] = &["app", "reload", "cmd", "launcher", "cli", "main", "lib"];
 
 /// The proxy's modules, lowest first: each may use only those before it
 /// (and the context in `proxy/mod.rs`). The edges (forward, tunnel, mitm,

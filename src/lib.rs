@@ -48,9 +48,9 @@
 //! | [`reload`] | watch → load → swap, the last good policy kept; the reloader thread's priority | compiling (`policy`) |
 //! | [`app`] | wiring: load, bind, spawn, signals, drain; an egressd run in-process | answering any request |
 //! | [`packages`] | the package gate's knowledge, PURE: classify a registry URL, names, versions, stamps, index filters, the package decision, lockfile import; the policy compiles and holds its sets | any I/O; serving (`proxy::gate`) |
-//! | [`check`], [`explain`], [`report`], [`cmd`] | the commands: lint and policy tests, why a target is decided so, review and replay of logs, approved sets from lockfiles | serving |
+//! | [`cmd`] | the commands above the engine, each `main(args, out, err) -> Exit`: `check` (+ `--against`), `explain`, `report` (+ replay), `packages import`, `ca init`, `schema`, `serve`, `run` | serving; the sandbox (`launcher`) |
 //! | [`launcher`] | `egressd run`: the plan, namespaces, the sandbox's environment and limits | decisions (it embeds `app`) |
-//! | [`cli`] | the command line and its exit codes | behaviour |
+//! | [`cli`] | the command line: the commands and the flags `serve` and `run` share | behaviour; exit codes (`cmd::Exit`) |
 //!
 //! # Layers
 //!
@@ -79,11 +79,9 @@
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 pub mod app;
-pub mod check;
 pub mod cli;
 pub mod cmd;
 pub mod dns;
-pub mod explain;
 pub mod launcher;
 #[cfg(test)]
 mod layering;
@@ -94,7 +92,6 @@ pub mod policy;
 pub mod proxy;
 pub mod record;
 pub mod reload;
-pub mod report;
 pub mod shutdown;
 pub mod time;
 pub mod tls;

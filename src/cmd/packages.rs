@@ -14,6 +14,50 @@ pub const OK: i32 = 0;
 /// Exit status: a lockfile could not be read or translated.
 pub const FAILED: i32 = 1;
 
+/// `egressd packages …`.
+#[derive(Debug, clap::Subcommand)]
+pub enum Command {
+    /// Write an approved set pinning the exact versions (and sha256 of files,
+    /// where the lockfile has them) of uv.lock, requirements*.txt with
+    /// --hash, package-lock.json, npm-shrinkwrap.json, pnpm-lock.yaml,
+    /// Cargo.lock and go.sum. One set per ecosystem.
+    Import {
+        /// The set's id (`<id>-<ecosystem>` each when the lockfiles span several).
+        #[arg(long)]
+        id: String,
+        /// Who answers for these packages (the set's `owner`).
+        #[arg(long)]
+        owner: String,
+        /// The set's `reason` (default: "pinned from <lockfiles>").
+        #[arg(long)]
+        reason: Option<String>,
+        /// Write the YAML here (atomically) instead of to stdout.
+        #[arg(long, short = 'o', value_name = "FILE")]
+        output: Option<PathBuf>,
+        #[arg(required = true, value_name = "LOCKFILE")]
+        lockfiles: Vec<PathBuf>,
+    },
+}
+
+/// `egressd packages`: the command's entry.
+pub fn main(command: Command, out: &mut dyn Write, err: &mut dyn Write) -> super::Exit {
+    let Command::Import {
+        id,
+        owner,
+        reason,
+        output,
+        lockfiles,
+    } = command;
+    let args = ImportArgs {
+        id: &id,
+        owner: &owner,
+        reason: reason.as_deref(),
+        output: output.as_deref(),
+        lockfiles: &lockfiles,
+    };
+    run_import(&args, out, err).into()
+}
+
 /// What `packages import` was asked for.
 pub struct ImportArgs<'a> {
     pub id: &'a str,

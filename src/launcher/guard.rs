@@ -95,13 +95,13 @@ pub fn find(args: &RunArgs, cwd: &Path) -> Result<Found, String> {
 
     // The policy, as egressd reads it (links out of its directory, and
     // files of other owners, are refused there).
-    let given = cwd.join(&args.policy);
+    let given = cwd.join(&args.engine.policy);
     let policy = match given.canonicalize() {
         Ok(p) => p,
         // The loader's own words for a missing policy (with the hint).
         Err(e) => {
             crate::policy::read_sources(&given).map_err(|e| e.to_string())?;
-            return Err(format!("--policy {}: {e}", args.policy.display()));
+            return Err(format!("--policy {}: {e}", args.engine.policy.display()));
         }
     };
     let sources = crate::policy::read_sources(&policy).map_err(|e| e.to_string())?;
@@ -114,13 +114,13 @@ pub fn find(args: &RunArgs, cwd: &Path) -> Result<Found, String> {
     for f in secrets {
         add(Path::new(&f), "a ${file:…} secret of the policy", false)?;
     }
-    if let Some(d) = &args.ca_dir {
+    if let Some(d) = &args.engine.ca_dir {
         add(d, "--ca-dir", false)?;
     }
-    if let Some(f) = &args.upstream_ca {
+    if let Some(f) = &args.engine.upstream_ca {
         add(f, "--upstream-ca", false)?;
     }
-    if let Some(f) = &args.upstream_proxy_auth_file {
+    if let Some(f) = &args.engine.upstream_proxy_auth_file {
         add(f, "--upstream-proxy-auth-file", false)?;
     }
 

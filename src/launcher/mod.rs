@@ -289,7 +289,7 @@ fn gather(args: &RunArgs) -> Result<(HostFacts, guard::Found), String> {
     } else {
         std::env::var("EGRESSD_TOKEN").ok()
     };
-    let ca = match &args.ca_dir {
+    let ca = match &args.engine.ca_dir {
         None => None,
         Some(d) => {
             let at = |e: &dyn std::fmt::Display| format!("--ca-dir {}: {e}", d.display());
@@ -689,7 +689,7 @@ async fn serve(
             // The policy by its canonical path (a link the sandbox could
             // repoint is not followed again on reload), the log outside.
             let mut serve_args = args.embedded_serve_args();
-            serve_args.policy = found.policy.clone();
+            serve_args.engine.policy = found.policy.clone();
             serve_args.log = found.log.to_string_lossy().into_owned();
             Egressd::Embedded(app::start(&serve_args, listeners).await?)
         }

@@ -227,7 +227,7 @@ fn configmap_is_the_shipped_policy_and_passes_check() {
         }
     }
     let (mut out, mut err) = (Vec::new(), Vec::new());
-    let code = egressd::check::run_check(tmp.dir(), &mut out, &mut err);
+    let code = egressd::cmd::check::run_check(tmp.dir(), &mut out, &mut err);
     assert_eq!(code, 0, "{}", String::from_utf8_lossy(&err));
 }
 

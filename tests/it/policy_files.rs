@@ -6,9 +6,9 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use egressd::check::check_at;
-use egressd::check::lint::{lint, Lint};
-use egressd::explain::{explain, run_explain};
+use egressd::cmd::check::check_at;
+use egressd::cmd::check::lint::{lint, Lint};
+use egressd::cmd::explain::{explain, run_explain};
 use egressd::policy::host::parse_target;
 use egressd::policy::Proto;
 use egressd::policy::{

@@ -19,7 +19,7 @@ fn root() -> &'static Path {
 }
 
 fn shipped_schema() -> PathBuf {
-    root().join(egressd::check::schema::SHIPPED_PATH)
+    root().join(egressd::cmd::check::schema::SHIPPED_PATH)
 }
 
 /// Policy files shipped under policy/ (with its examples), not policy tests.
@@ -119,8 +119,8 @@ fn egressd_schema_prints_the_shipped_file() {
         String::from_utf8_lossy(&o.stdout) == shipped,
         "{} is not what `egressd schema` prints: regenerate it with \
          `cargo run -q -- schema > {}`",
-        egressd::check::schema::SHIPPED_PATH,
-        egressd::check::schema::SHIPPED_PATH
+        egressd::cmd::check::schema::SHIPPED_PATH,
+        egressd::cmd::check::schema::SHIPPED_PATH
     );
     let v: serde_json::Value = serde_json::from_str(&shipped).unwrap();
     assert_eq!(v["$schema"], "http://json-schema.org/draft-07/schema#");
@@ -146,7 +146,7 @@ fn egressd_schema_prints_the_shipped_file() {
 /// shows up here.
 #[test]
 fn every_object_is_closed_and_every_key_described() {
-    let v = egressd::check::schema::policy_schema();
+    let v = egressd::cmd::check::schema::policy_schema();
     let mut objects = 0;
     let mut stack = vec![("$".to_string(), &v)];
     while let Some((at, s)) = stack.pop() {
@@ -495,7 +495,7 @@ fn shipped_example_and_complete_policies_validate() {
         key_paths(&serde_yaml_ng::from_str(text).unwrap(), "", &mut used);
     }
     files.extend(write_all(tmp.path(), VALID, ""));
-    let defined = schema_paths(&egressd::check::schema::policy_schema());
+    let defined = schema_paths(&egressd::cmd::check::schema::policy_schema());
     let unused: Vec<&String> = defined.difference(&used).collect();
     assert!(
         unused.is_empty(),

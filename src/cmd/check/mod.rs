@@ -177,12 +177,60 @@ pub fn collect(path: &Path, now: i64) -> Checked {
     checked
 }
 
-/// `egressd check [--format F] [--against LOG…] POLICY`.
+/// `egressd check [POLICY] [--against LOG…] [--format F]`, as parsed.
+#[derive(Debug, Clone, clap::Args)]
+pub struct Args {
+    /// Policy directory or file (default policy/). Policy tests beside it
+    /// (tests.yaml, *.tests.yaml) are run too.
+    pub policy: Option<PathBuf>,
+    /// Replay these decision logs (plain or gzip) against the policy and
+    /// print what would be newly denied or newly allowed. A last value that
+    /// is a directory or a .yaml/.yml file is taken as POLICY.
+    #[arg(long, value_name = "LOG", num_args = 1..)]
+    pub against: Vec<PathBuf>,
+    /// text (people), json (scripts), github (workflow annotations on
+    /// each line), sarif (SARIF 2.1.0 for code scanning). Exit codes are
+    /// the same in every format.
+    #[arg(long, value_enum, default_value = "text")]
+    pub format: Format,
+}
+
+impl Args {
+    /// What was asked: `check --against a.log b.log policy/` takes a last
+    /// value that is a directory or a `.yaml`/`.yml` file as the policy;
+    /// with none, `policy/`.
+    pub fn options(self) -> Options {
+        let Args {
+            policy,
+            mut against,
+            format,
+        } = self;
+        let last_is_policy = against.len() > 1
+            && against.last().is_some_and(|p| {
+                p.is_dir() || p.extension().is_some_and(|e| e == "yaml" || e == "yml")
+            });
+        let policy = policy
+            .or_else(|| last_is_policy.then(|| against.pop()).flatten())
+            .unwrap_or_else(|| "policy/".into());
+        Options {
+            policy,
+            against,
+            format,
+        }
+    }
+}
+
+/// What `check` was asked, the policy resolved.
 #[derive(Debug, Clone)]
 pub struct Options {
     pub policy: PathBuf,
     pub against: Vec<PathBuf>,
     pub format: Format,
+}
+
+/// `egressd check`: the command's entry.
+pub fn main(args: Args, out: &mut dyn Write, err: &mut dyn Write) -> super::Exit {
+    run(&args.options(), out, err).into()
 }
 
 /// Runs `check` as the command line asked; returns the exit code.
@@ -197,7 +245,7 @@ pub fn run_at(opts: &Options, now: i64, out: &mut dyn Write, err: &mut dyn Write
     if opts.format == Format::Text {
         format::text(&checked, out, err);
         if !opts.against.is_empty() {
-            code = code.max(crate::report::replay::run_against(
+            code = code.max(crate::cmd::report::replay::run_against(
                 &opts.policy,
                 &opts.against,
                 out,

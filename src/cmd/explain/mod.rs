@@ -31,6 +31,28 @@ pub const USAGE: i32 = 2;
 /// How many exceptions a `no_exception` answer offers as hints.
 const MAX_HINTS: usize = 3;
 
+/// `egressd explain [--policy P] [--client ID] TARGET`, as parsed.
+#[derive(Debug, Clone, clap::Args)]
+pub struct Args {
+    #[arg(long, env = "EGRESSD_POLICY", default_value = "policy/")]
+    pub policy: std::path::PathBuf,
+    /// Decide as this client (an id from settings.clients).
+    #[arg(long)]
+    pub client: Option<String>,
+    /// `https://host/path`, `http://host:port/path`, `host:port`, `GET http://…`,
+    /// `dns:name[/TYPE]`, or `pkg:pypi/requests@2.32.3` (`pkg:npm/@scope/name@1.0.0`,
+    /// `pkg:cargo/serde`, `pkg:go/golang.org/x/text@v0.14.0`; no version: the index).
+    #[arg(required = true, num_args = 1..=2)]
+    pub target: Vec<String>,
+}
+
+/// `egressd explain`: the command's entry (its answer, errors included,
+/// goes to `out`).
+pub fn main(args: Args, out: &mut dyn Write, _err: &mut dyn Write) -> super::Exit {
+    let target = args.target.join(" ");
+    run_explain(&args.policy, args.client.as_deref(), &target, out).into()
+}
+
 /// `egressd explain [--policy P] [--client ID] TARGET`. Returns the exit
 /// status: 0 allowed, 1 denied, 2 usage or policy error. The answer is for
 /// egressd as it runs by default, without TLS interception; what

@@ -139,8 +139,8 @@ pub fn exception_stub(domain: &str, d: &DeniedUse, now: i64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cmd::report::stats::Stats;
     use crate::policy::from_yaml;
-    use crate::report::stats::Stats;
 
     const NOW: i64 = 1_800_000_000;
 

@@ -1,11 +1,11 @@
 //! `check --against LOG…` for the machine-readable formats: the replay of
-//! [`crate::report::replay`], kept as data for [`super::format`] to render
+//! [`crate::cmd::report::replay`], kept as data for [`super::format`] to render
 //! (the text format prints the replay's own report).
 
 use std::path::{Path, PathBuf};
 
-use crate::report::read::{for_each_line, ReadStats};
-use crate::report::replay::{Change, ChangeKey, Replay};
+use crate::cmd::report::read::{for_each_line, ReadStats};
+use crate::cmd::report::replay::{Change, ChangeKey, Replay};
 
 /// A replay of decision logs against a policy.
 #[derive(Debug)]

@@ -29,7 +29,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
-use crate::check::lint::EXPIRY_WARNING_SECS;
+use crate::cmd::check::lint::EXPIRY_WARNING_SECS;
 use crate::policy::Policy;
 use crate::time::{format_date, format_rfc3339_millis, unix_now};
 use stats::{Pruned, Stats};
@@ -51,16 +51,32 @@ pub enum Format {
     Html,
 }
 
-/// What `egressd report` was asked.
-#[derive(Debug, Clone)]
+/// `egressd report [--policy P] [--since 30d] [--format text|json|html] LOG…`
+#[derive(Debug, Clone, clap::Args)]
 pub struct Options {
+    #[arg(long, env = "EGRESSD_POLICY", default_value = "policy/")]
     pub policy: PathBuf,
-    /// Only lines from the last this many seconds.
+    /// Only lines from this long ago until now (`30d`, `12h`, `2w`).
+    #[arg(long = "since", value_name = "DUR", value_parser = parse_since)]
     pub since_secs: Option<u64>,
+    #[arg(long, value_enum, default_value = "text")]
     pub format: Format,
     /// How many denied destinations to list.
+    #[arg(long, default_value_t = 25)]
     pub top: usize,
+    /// Decision logs, plain or gzip (`-` reads stdin).
+    #[arg(required = true, value_name = "LOG")]
     pub logs: Vec<PathBuf>,
+}
+
+fn parse_since(s: &str) -> Result<u64, String> {
+    crate::time::parse_duration(s)
+        .ok_or_else(|| format!("{s:?} is not a duration: write e.g. 30d, 12h, 2w"))
+}
+
+/// `egressd report`: the command's entry.
+pub fn main(opts: Options, out: &mut dyn Write, err: &mut dyn Write) -> super::Exit {
+    run_report(&opts, out, err).into()
 }
 
 /// The review, ready to render. Its JSON form is `--format json`.
