@@ -12,6 +12,10 @@ pub mod run;
 pub mod schema;
 pub mod serve;
 
+/// How far ahead `check` warns about an exception's expiry and `report`
+/// lists it as expiring (one horizon for both).
+pub const EXPIRY_WARNING_SECS: i64 = 14 * 86400;
+
 /// The exit status of every command: 0 done (or allowed), 1 failed (or
 /// denied, or errors found), and the codes a command documents beside
 /// them (`run`'s are its sandbox's).

@@ -29,8 +29,7 @@ use crate::policy::host::{is_strict_subdomain, HostPattern};
 use crate::policy::{Exception, Policy};
 use crate::time::format_date;
 
-/// How far ahead `check` warns about an exception's expiry.
-pub const EXPIRY_WARNING_SECS: i64 = 14 * 86400;
+pub use crate::cmd::EXPIRY_WARNING_SECS;
 
 /// Which rule a warning comes from (stable names, e.g. for tests or a
 /// future per-exception suppression list).

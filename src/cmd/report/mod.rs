@@ -29,7 +29,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
-use crate::cmd::check::lint::EXPIRY_WARNING_SECS;
+use crate::cmd::EXPIRY_WARNING_SECS;
 use crate::policy::Policy;
 use crate::time::{format_date, format_rfc3339_millis, unix_now};
 use stats::{Pruned, Stats};
