@@ -8,15 +8,16 @@
 //! in-process (under paused time, for the timeouts).
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
+use clap::Args;
 use tokio::net::{TcpListener, UdpSocket};
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::mpsc;
 
-use crate::cli::ServeArgs;
 use crate::log::{LogSink, LogTarget};
 use crate::metrics::Metrics;
 use crate::policy::PolicyHandle;
@@ -339,4 +340,57 @@ pub async fn serve(args: ServeArgs) -> Result<LogSink> {
     let log = running.log.clone();
     running.shutdown().await;
     Ok(log)
+}
+
+/// The flags of the egressd that serves: `serve`'s own, and those of the
+/// one `run` embeds ([`EngineArgs`], declared once for both).
+#[derive(Debug, Clone, Args)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    pub engine: EngineArgs,
+    /// HTTP proxy listen address.
+    #[arg(long, env = "EGRESSD_LISTEN", default_value = "127.0.0.1:3128")]
+    pub listen: SocketAddr,
+    /// DNS resolver listen address (UDP and TCP).
+    #[arg(long, env = "EGRESSD_DNS_LISTEN", default_value = "127.0.0.1:8053")]
+    pub dns_listen: SocketAddr,
+    /// Metrics listen address (/metrics, /healthz, /readyz).
+    #[arg(long, env = "EGRESSD_METRICS_LISTEN", default_value = "127.0.0.1:9464")]
+    pub metrics_listen: SocketAddr,
+    /// Decision log path; `-` is stdout.
+    #[arg(long, env = "EGRESSD_LOG", default_value = "-")]
+    pub log: String,
+}
+
+/// The flags `serve` and `run` share: what the egressd that decides reads
+/// (for `run`, the one it embeds unless `--connect` names one).
+#[derive(Debug, Clone, Args)]
+pub struct EngineArgs {
+    /// Policy directory or file.
+    #[arg(long, env = "EGRESSD_POLICY", default_value = "policy/")]
+    pub policy: PathBuf,
+    /// Upstream DNS servers: IP or IP:PORT, comma-separated (default: /etc/resolv.conf's nameservers).
+    #[arg(long, env = "EGRESSD_UPSTREAM_DNS")]
+    pub upstream_dns: Option<String>,
+    /// Decision lines as egressd's JSON or as OCSF events (for SIEMs).
+    #[arg(
+        long,
+        env = "EGRESSD_LOG_FORMAT",
+        value_enum,
+        default_value = "egressd"
+    )]
+    pub log_format: crate::record::LogFormat,
+    /// Directory holding the interception CA (`ca.pem`, `ca.key`); enables TLS interception.
+    #[arg(long, env = "EGRESSD_CA_DIR")]
+    pub ca_dir: Option<PathBuf>,
+    /// Extra CA certificates (PEM) to trust for origins, beside the system roots.
+    #[arg(long, env = "EGRESSD_UPSTREAM_CA")]
+    pub upstream_ca: Option<PathBuf>,
+    /// Leave through this proxy: http://[user:password@]host:port (prefer the
+    /// environment variable for credentials, or --upstream-proxy-auth-file).
+    #[arg(long, env = "EGRESSD_UPSTREAM_PROXY", value_name = "URL")]
+    pub upstream_proxy: Option<String>,
+    /// File holding `user:password` for --upstream-proxy.
+    #[arg(long, env = "EGRESSD_UPSTREAM_PROXY_AUTH_FILE", value_name = "FILE")]
+    pub upstream_proxy_auth_file: Option<PathBuf>,
 }

@@ -469,41 +469,10 @@ fn cycles(g: &BTreeMap<String, BTreeSet<String>>) -> Vec<String> {
     out
 }
 
-/// The cycles inside `dns/` that issue #40's DNS item removes (the `dns`
-/// work, landing beside this test). A ratchet, not an exemption: the test
-/// fails on any other cycle, and on any of these once it is gone, so that
-/// the list only shrinks and is deleted with the last of them.
-const DNS_CYCLES_BEING_REMOVED: &[&str] = &[
-    "dns/failures → dns/resolver → dns/failures",
-    "dns/fast → dns/server → dns/fast",
-    "dns/fast → dns/server → dns/wire → dns/fast",
-    "dns/server → dns/wire → dns/server",
-];
-
 #[test]
 fn there_is_no_cycle_anywhere_in_src() {
     let found = cycles(&graph());
-    let unexpected: Vec<&String> = found
-        .iter()
-        .filter(|c| !DNS_CYCLES_BEING_REMOVED.contains(&c.as_str()))
-        .collect();
-    assert!(
-        unexpected.is_empty(),
-        "import cycles:\n{}",
-        unexpected
-            .iter()
-            .map(|c| c.as_str())
-            .collect::<Vec<_>>()
-            .join("\n")
-    );
-    let gone: Vec<&&str> = DNS_CYCLES_BEING_REMOVED
-        .iter()
-        .filter(|c| !found.iter().any(|f| f == *c))
-        .collect();
-    assert!(
-        gone.is_empty(),
-        "these cycles are gone: delete them from DNS_CYCLES_BEING_REMOVED:\n{gone:?}"
-    );
+    assert!(found.is_empty(), "import cycles:\n{}", found.join("\n"));
 }
 
 #[test]

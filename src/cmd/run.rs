@@ -4,7 +4,7 @@
 use std::io::Write;
 
 use super::Exit;
-use crate::cli::RunArgs;
+use crate::launcher::RunArgs;
 
 /// `egressd run`: the command's entry (the launcher writes its own
 /// messages to the process's stderr).

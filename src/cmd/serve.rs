@@ -5,7 +5,7 @@ use std::io::Write;
 use std::time::Duration;
 
 use super::Exit;
-use crate::cli::ServeArgs;
+use crate::app::ServeArgs;
 
 /// `egressd serve`: the command's entry.
 pub fn main(args: ServeArgs, _out: &mut dyn Write, err: &mut dyn Write) -> Exit {

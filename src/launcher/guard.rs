@@ -16,7 +16,7 @@
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
-use crate::cli::RunArgs;
+use crate::launcher::RunArgs;
 
 /// One guarded path.
 #[derive(Debug, Clone, PartialEq, Eq)]

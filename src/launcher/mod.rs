@@ -23,6 +23,7 @@
 //! This module is the `run` command's wiring (its `app.rs`): errors are
 //! reported here and turned into the exit status.
 
+pub mod args;
 pub mod cgroup;
 pub mod command;
 pub mod env;
@@ -43,7 +44,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::app::{self, Listeners};
-use crate::cli::RunArgs;
+pub use args::RunArgs;
 
 use cgroup::Cgroups;
 use identity::{Account, Caller};
