@@ -100,6 +100,7 @@ pub struct Running {
     /// The package requests denied so far (`egressd run` prints them at exit).
     pub package_denials: Arc<PackageDenials>,
     hup: mpsc::UnboundedSender<()>,
+    recorder: Recorder,
     trigger: Trigger,
     /// One per open proxy connection (tunnels and upgrades included).
     connections: Permits,
@@ -134,7 +135,8 @@ impl Running {
         })
         .await;
         // Every line queued so far reaches the log, or stderr, before the
-        // process exits.
+        // process exits: the decisions summed for a `rate_limited` line too.
+        self.recorder.flush_rate_limited(true);
         let log = self.log.clone();
         let _ = tokio::task::spawn_blocking(move || log.finish(Duration::from_secs(2))).await;
     }
@@ -163,7 +165,16 @@ pub async fn start(args: &ServeArgs, listeners: Listeners) -> Result<Running> {
 
     let log = LogSink::start(LogTarget::parse(&args.log), metrics.clone())
         .with_context(|| format!("cannot open decision log {}", args.log))?;
-    let recorder = Recorder::new(log.clone(), metrics.clone()).with_format(args.engine.log_format);
+    let rate_policy = handle.clone();
+    let recorder = Recorder::new(log.clone(), metrics.clone())
+        .with_format(args.engine.log_format)
+        .with_log_rate(Box::new(move || {
+            rate_policy
+                .snapshot()
+                .settings
+                .limits
+                .log_lines_per_client_per_sec
+        }));
     let upstreams =
         dns::parse_upstreams(args.engine.upstream_dns.as_deref()).context("--upstream-dns")?;
     let resolver = dns::Resolver::new(upstreams.clone(), metrics.clone());
@@ -230,6 +241,7 @@ pub async fn start(args: &ServeArgs, listeners: Listeners) -> Result<Running> {
 
     let (trigger, shutdown) = Shutdown::new();
     let connections = Permits::new(proxy::MAX_CONNECTIONS);
+    tokio::spawn(summarise_rate_limited(recorder.clone(), shutdown.clone()));
     let ctx = Arc::new(ProxyCtx {
         policy: handle.clone(),
         recorder: recorder.clone(),
@@ -293,10 +305,24 @@ pub async fn start(args: &ServeArgs, listeners: Listeners) -> Result<Running> {
         metrics,
         package_denials: recorder.package_denials.clone(),
         hup: hup_tx,
+        recorder,
         trigger,
         connections,
         dns_bounds,
     })
+}
+
+/// Writes each second's `rate_limited` summaries once it has ended, until
+/// `shutdown` fires (`Running::shutdown` writes the last ones).
+async fn summarise_rate_limited(recorder: Recorder, mut shutdown: Shutdown) {
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => recorder.flush_rate_limited(false),
+            _ = shutdown.fired() => return,
+        }
+    }
 }
 
 /// `egressd serve`: bind from the flags, start, and steer by signals.

@@ -220,6 +220,11 @@ impl Metrics {
         debug_assert!(OVERLOAD_WHAT.contains(&what), "{what}");
         self.overload.with_label_values(&[what]).inc();
     }
+    /// Counts `n` in `egressd_overload_total{what}` (one of
+    /// [`OVERLOAD_WHAT`]).
+    pub fn count_overload(&self, what: &str, n: u64) {
+        self.overload.with_label_values(&[what]).inc_by(n);
+    }
 
     pub fn new() -> Arc<Metrics> {
         let r = Registry::new();

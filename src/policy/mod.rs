@@ -227,6 +227,16 @@ pub struct Limits {
     /// Seconds a client has to send a request head,
     /// [`MIN_HEADER_TIMEOUT_SECS`]..=[`MAX_HEADER_TIMEOUT_SECS`].
     pub header_timeout_secs: u64,
+    /// Seconds a client may keep its receive window shut (an HTTP/2
+    /// stream's flow-control window) while egressd holds data for it;
+    /// past it the stream is reset, with a line.
+    /// [`MIN_STALL_TIMEOUT_SECS`]..=[`MAX_STALL_TIMEOUT_SECS`].
+    pub stall_timeout_secs: u64,
+    /// Decision lines per second one client gets written one by one; past
+    /// it that second's further decisions are summed into one
+    /// `rate_limited` line. [`MIN_LOG_LINES_PER_CLIENT_PER_SEC`]..=
+    /// [`MAX_LOG_LINES_PER_CLIENT_PER_SEC`].
+    pub log_lines_per_client_per_sec: u32,
 }
 
 pub const DEFAULT_CONNECTIONS_PER_CLIENT: u32 = 1024;
@@ -237,12 +247,20 @@ pub const MAX_CONNECTIONS_PER_CLIENT: u32 = 16_384;
 pub const DEFAULT_HEADER_TIMEOUT_SECS: u64 = 10;
 pub const MIN_HEADER_TIMEOUT_SECS: u64 = 1;
 pub const MAX_HEADER_TIMEOUT_SECS: u64 = 300;
+pub const DEFAULT_STALL_TIMEOUT_SECS: u64 = 30;
+pub const MIN_STALL_TIMEOUT_SECS: u64 = 1;
+pub const MAX_STALL_TIMEOUT_SECS: u64 = 300;
+pub const DEFAULT_LOG_LINES_PER_CLIENT_PER_SEC: u32 = 200;
+pub const MIN_LOG_LINES_PER_CLIENT_PER_SEC: u32 = 1;
+pub const MAX_LOG_LINES_PER_CLIENT_PER_SEC: u32 = 1_000_000;
 
 impl Default for Limits {
     fn default() -> Self {
         Limits {
             connections_per_client: DEFAULT_CONNECTIONS_PER_CLIENT,
             header_timeout_secs: DEFAULT_HEADER_TIMEOUT_SECS,
+            stall_timeout_secs: DEFAULT_STALL_TIMEOUT_SECS,
+            log_lines_per_client_per_sec: DEFAULT_LOG_LINES_PER_CLIENT_PER_SEC,
         }
     }
 }

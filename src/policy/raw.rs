@@ -20,8 +20,9 @@ use super::field::validated;
 pub use super::field::{DateField, DurationField, IdField, RawInject};
 use super::host::HostPattern;
 use super::{
-    MAX_CONNECTIONS_PER_CLIENT, MAX_HEADER_TIMEOUT_SECS, MIN_CONNECTIONS_PER_CLIENT,
-    MIN_HEADER_TIMEOUT_SECS,
+    MAX_CONNECTIONS_PER_CLIENT, MAX_HEADER_TIMEOUT_SECS, MAX_LOG_LINES_PER_CLIENT_PER_SEC,
+    MAX_STALL_TIMEOUT_SECS, MIN_CONNECTIONS_PER_CLIENT, MIN_HEADER_TIMEOUT_SECS,
+    MIN_LOG_LINES_PER_CLIENT_PER_SEC, MIN_STALL_TIMEOUT_SECS,
 };
 use crate::time::parse_duration;
 
@@ -204,6 +205,64 @@ pub struct RawLimits {
     /// How long a client has to send a request head, from the connection's
     /// start or the end of its previous request (default 10s, 1s to 5m).
     pub header_timeout: Option<HeaderTimeoutField>,
+    /// How long a client may keep its receive window shut on an
+    /// intercepted HTTP/2 stream while egressd holds data for it; past it
+    /// the stream is reset, with a line (default 30s, 1s to 5m).
+    pub stall_timeout: Option<StallTimeoutField>,
+    /// Decision lines per second written one by one for one client; past
+    /// it the rest of that second's decisions are summed into one
+    /// `rate_limited` line (default 200, 1 to 1000000).
+    pub log_lines_per_client_per_sec: Option<LogRateField>,
+}
+
+/// `limits.log_lines_per_client_per_sec`: a whole number within its range.
+#[derive(Debug, Clone, Copy)]
+pub struct LogRateField(pub u32);
+
+impl<'de> Deserialize<'de> for LogRateField {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl de::Visitor<'_> for V {
+            type Value = LogRateField;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a whole number of lines per second")
+            }
+            fn visit_u64<E: de::Error>(self, n: u64) -> Result<LogRateField, E> {
+                let range = MIN_LOG_LINES_PER_CLIENT_PER_SEC..=MAX_LOG_LINES_PER_CLIENT_PER_SEC;
+                match u32::try_from(n) {
+                    Ok(n) if range.contains(&n) => Ok(LogRateField(n)),
+                    _ => Err(E::custom(format!(
+                        "must be {MIN_LOG_LINES_PER_CLIENT_PER_SEC} to \
+                         {MAX_LOG_LINES_PER_CLIENT_PER_SEC}, not {n}"
+                    ))),
+                }
+            }
+            fn visit_i64<E: de::Error>(self, n: i64) -> Result<LogRateField, E> {
+                match u64::try_from(n) {
+                    Ok(n) => self.visit_u64(n),
+                    Err(_) => Err(E::custom(format!(
+                        "must be {MIN_LOG_LINES_PER_CLIENT_PER_SEC} to \
+                         {MAX_LOG_LINES_PER_CLIENT_PER_SEC}, not {n}"
+                    ))),
+                }
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+impl JsonSchema for LogRateField {
+    fn schema_name() -> Cow<'static, str> {
+        "LogRateField".into()
+    }
+    fn json_schema(_: &mut SchemaGenerator) -> Schema {
+        json_schema!({
+            "description": "A number of decision lines per second.",
+            "type": "integer",
+            "minimum": MIN_LOG_LINES_PER_CLIENT_PER_SEC,
+            "maximum": MAX_LOG_LINES_PER_CLIENT_PER_SEC
+        })
+    }
 }
 
 /// `limits.connections_per_client`: a whole number within its range,
@@ -351,6 +410,22 @@ validated!(
     },
     || json_schema!({
         "description": "A duration from 1s to 5m: a whole number and a unit, s or m (10s, 1m).",
+        "type": "string",
+        "pattern": "^\\s*0*(([1-9][0-9]?|[12][0-9]{2}|300)s|[1-5]m)\\s*$"
+    })
+);
+validated!(
+    StallTimeoutField,
+    u64,
+    |s| match parse_duration(s) {
+        Some(n) if (MIN_STALL_TIMEOUT_SECS..=MAX_STALL_TIMEOUT_SECS).contains(&n) => Ok(n),
+        Some(_) => Err(format!("{s:?} is out of range: 1s to 5m")),
+        None => Err(format!(
+            "invalid duration {s:?}: expected a number with s, m, h or d (30s)"
+        )),
+    },
+    || json_schema!({
+        "description": "A duration from 1s to 5m: a whole number and a unit, s or m (30s, 1m).",
         "type": "string",
         "pattern": "^\\s*0*(([1-9][0-9]?|[12][0-9]{2}|300)s|[1-5]m)\\s*$"
     })

@@ -11,6 +11,7 @@
 pub mod denials;
 mod json;
 pub mod ocsf;
+pub mod rate;
 
 use std::borrow::Cow;
 use std::net::SocketAddr;
@@ -276,6 +277,9 @@ pub struct Recorder {
     pub format: LogFormat,
     /// The package denials answered, for `egressd run`'s summary.
     pub package_denials: Arc<denials::PackageDenials>,
+    /// Each client's lines this second (`rate`): past its limit they are
+    /// summed into a `rate_limited` line.
+    pub rate: Arc<rate::LogRate>,
 }
 
 impl Recorder {
@@ -285,6 +289,29 @@ impl Recorder {
             metrics,
             format: LogFormat::Egressd,
             package_denials: Arc::default(),
+            rate: Arc::default(),
+        }
+    }
+
+    /// The same recorder with each client's lines per second bounded by
+    /// what `limit` reads (the serving policy's
+    /// `settings.limits.log_lines_per_client_per_sec`).
+    pub fn with_log_rate(mut self, limit: Box<dyn Fn() -> u32 + Send + Sync>) -> Recorder {
+        self.rate = Arc::new(rate::LogRate::new(limit));
+        self
+    }
+
+    /// Writes the `rate_limited` summaries of the seconds that have ended
+    /// (of every second when `all`, at the end): a ticker calls it once a
+    /// second, so a summary does not wait for its client's next decision.
+    pub fn flush_rate_limited(&self, all: bool) {
+        let closed = self.rate.closed(rate::now_ms(), all);
+        self.write_summaries(&closed);
+    }
+
+    fn write_summaries(&self, closed: &[rate::Summary]) {
+        for s in closed {
+            self.log.append(false, |out| s.write_json(out));
         }
     }
 
@@ -311,6 +338,7 @@ impl Recorder {
     /// [`Recorder::record`] of an event the caller keeps (to reuse the
     /// room of its strings; only `duration_ms` is changed).
     pub fn record_mut(&self, ev: &mut Event) {
+        rate::bound_fields(ev);
         if let Some(start) = ev.started {
             let elapsed = start.elapsed();
             ev.duration_ms = elapsed.as_millis() as u64;
@@ -320,6 +348,13 @@ impl Recorder {
         let ev = &*ev;
         self.count(ev);
         self.package_denials.note(ev);
+        let mut closed = Vec::new();
+        let own_line = self.rate.admit(ev, rate::now_ms(), &mut closed);
+        self.write_summaries(&closed);
+        if !own_line {
+            self.metrics.count_overload("log_rate", 1);
+            return;
+        }
         // Refusals before the policy forwarded nothing and come as fast as
         // a client sends: the sink may count them instead of keeping them
         // when it is far behind. Every other line is always kept.

@@ -127,6 +127,12 @@ fn apply_limits(l: &RawLimits, out: &mut Limits) {
     if let Some(d) = &l.header_timeout {
         out.header_timeout_secs = d.0;
     }
+    if let Some(d) = &l.stall_timeout {
+        out.stall_timeout_secs = d.0;
+    }
+    if let Some(n) = l.log_lines_per_client_per_sec {
+        out.log_lines_per_client_per_sec = n.0;
+    }
 }
 
 /// `settings.clients`: unique ids, each with sources or a token.
