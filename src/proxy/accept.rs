@@ -290,11 +290,14 @@ pub(crate) async fn serve_http1<F, Fut>(
     let answer = Arc::new(answer);
     let stream = ChunkGuard::new(stream);
     let upgraded = stream.upgraded();
+    let heads = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let heads_read = heads.clone();
     let svc = hyper::service::service_fn(move |mut req: Request<Incoming>| {
         // Busy until its answer's head: a connection between requests is
         // the idle one a full total takes back first.
         let busy = permit.busy();
         req.extensions_mut().insert(permit.clone());
+        heads_read.store(true, Ordering::Relaxed);
         let (ctx, answer, upgraded) = (c2.clone(), answer.clone(), upgraded.clone());
         async move {
             let method = req.method().clone();
@@ -328,8 +331,38 @@ pub(crate) async fn serve_http1<F, Fut>(
             ev.error = Some(e.to_string());
             ev.note = note;
             ctx.recorder.record(ev);
+        } else if e.is_timeout() && !heads.load(Ordering::Relaxed) {
+            // hyper closed it on the header timeout before any request
+            // head was complete (after one, an idle keep-alive closes
+            // quietly: its requests have their lines).
+            record_head_timeout(&ctx, peer, 0, note);
         }
     }
+}
+
+/// The line of a connection closed because no complete request head came
+/// within the header timeout (slowloris, or a connection opened and left
+/// silent): `malformed`, no status (nothing was answered), and how many
+/// bytes of a head had come (`bytes_up`, when known).
+pub(crate) fn record_head_timeout(
+    ctx: &ProxyCtx,
+    peer: SocketAddr,
+    received: usize,
+    note: Option<String>,
+) {
+    let policy = ctx.policy.snapshot();
+    let mut ev = Event::new(Proto::Http, peer);
+    if let Some(id) = policy.client_id(policy.identify(peer.ip(), None).ok().flatten()) {
+        ev.client = id.clone();
+    }
+    ev.set_denied(Reason::Malformed);
+    ev.bytes_up = received as u64;
+    ev.error = Some(format!(
+        "no complete request head within the header timeout ({}s); connection closed",
+        policy.settings.limits.header_timeout_secs
+    ));
+    ev.note = note;
+    ctx.recorder.record(ev);
 }
 
 /// One request on the proxy port: CONNECT is a tunnel, anything else is
