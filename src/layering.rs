@@ -59,6 +59,7 @@ const PROXY: &[&str] = &[
     "respond",
     "scrub",
     "admit",
+    "streams",
     "sni",
     "relay",
     "upstream",

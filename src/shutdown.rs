@@ -282,6 +282,57 @@ pub enum Admission {
     Full,
 }
 
+/// One more count against each holder a [`Permit`] counts against, for
+/// something its connection holds on its client's behalf (an HTTP/2
+/// stream and its upstream connection); released when dropped.
+#[derive(Debug)]
+pub struct Extra {
+    shares: Arc<Shares>,
+    holders: Vec<Holder>,
+}
+
+impl Drop for Extra {
+    fn drop(&mut self) {
+        let mut map = self.shares.lock();
+        for h in self.holders.drain(..) {
+            if let std::collections::hash_map::Entry::Occupied(mut n) = map.entry(h) {
+                *n.get_mut() -= 1;
+                if *n.get() == 0 {
+                    n.remove();
+                }
+            }
+        }
+    }
+}
+
+impl Permit {
+    /// One more count against every holder this permit counts against,
+    /// each of which may hold at most `max`: `None`, and nothing counted,
+    /// when any of them is full.
+    pub fn count_more(&self, max: u32) -> Option<Extra> {
+        let holders = self
+            .share
+            .holders
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        let mut map = self.share.shares.lock();
+        if holders
+            .iter()
+            .any(|h| map.get(h).copied().unwrap_or(0) >= max)
+        {
+            return None;
+        }
+        for h in &holders {
+            *map.entry(h.clone()).or_insert(0) += 1;
+        }
+        Some(Extra {
+            shares: self.share.shares.clone(),
+            holders,
+        })
+    }
+}
+
 impl Permits {
     pub fn new(max: u32) -> Permits {
         Permits {

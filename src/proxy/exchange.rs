@@ -1022,7 +1022,10 @@ impl Body for Recorded {
 impl Drop for Recorded {
     fn drop(&mut self) {
         let incomplete = !self.inner.is_end_stream();
-        self.finish(incomplete.then(|| "client went away before the response ended".to_string()));
+        self.finish(incomplete.then(|| {
+            super::streams::reset_reason()
+                .unwrap_or_else(|| "client went away before the response ended".to_string())
+        }));
     }
 }
 

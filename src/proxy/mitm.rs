@@ -29,7 +29,7 @@ use std::time::Duration;
 
 use http::{Request, Response};
 use hyper::body::Incoming;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio_rustls::server::TlsStream;
 
@@ -53,7 +53,7 @@ use crate::tls::{CertAuthority, LeafCache, TlsError};
 /// handshake.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// HTTP/2 streams one client may have open in one tunnel.
-pub const MAX_STREAMS: u32 = 128;
+pub const MAX_STREAMS: u32 = super::streams::MAX_STREAMS;
 /// How long an idle intercepted tunnel gets to close gracefully.
 pub const CLOSE_GRACE: Duration = Duration::from_secs(5);
 
@@ -258,7 +258,12 @@ async fn serve_inside<S>(
             Ok::<_, Infallible>(resp)
         }
     });
-    let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+    // Each HTTP/2 stream runs under the stall watch (`streams`).
+    let exec = super::streams::StreamExec {
+        stall: ctx.stall_timeout(),
+        metrics: ctx.recorder.metrics.clone(),
+    };
+    let mut builder = hyper_util::server::conn::auto::Builder::new(exec);
     builder
         .http1()
         .timer(TokioTimer::new())
@@ -269,6 +274,7 @@ async fn serve_inside<S>(
         .http2()
         .timer(TokioTimer::new())
         .max_concurrent_streams(MAX_STREAMS)
+        .max_send_buf_size(super::streams::MAX_SEND_BUF)
         .max_header_list_size(MAX_HEADER_BYTES as u32);
     let conn = builder.serve_connection_with_upgrades(TokioIo::new(stream), svc);
     tokio::pin!(conn);
@@ -357,13 +363,20 @@ async fn handle(
         Err(stop) => return responder.stop(ev, stop),
     };
     ev.path = Some(truncate_path(&path));
+    // An HTTP/2 stream counts against its client's share beside its
+    // connection, until its response ends.
+    let share = match super::streams::count(&req, &policy, &ctx.recorder.metrics) {
+        Ok(share) => share,
+        Err(stop) => return responder.stop(ev, stop),
+    };
     let inbound = Inbound {
         client,
         dest,
         path: &path,
         scheme,
     };
-    decide_and_forward(&ctx, &policy, req, ev, inbound, &responder).await
+    let resp = decide_and_forward(&ctx, &policy, req, ev, inbound, &responder).await;
+    super::streams::watched(resp, share)
 }
 
 /// A request inside the tunnel must be a request of the tunnel's scheme

@@ -38,6 +38,7 @@ pub mod respond;
 pub(crate) mod rewind;
 pub(crate) mod scrub;
 pub mod sni;
+pub(crate) mod streams;
 mod tls_origins;
 pub mod transparent;
 pub mod tunnel;
@@ -100,6 +101,12 @@ impl ProxyCtx {
     /// listeners and inside inspected tunnels alike.
     pub(crate) fn header_timeout(&self) -> Duration {
         Duration::from_secs(self.policy.snapshot().settings.limits.header_timeout_secs)
+    }
+
+    /// How long a client may keep its window shut on a stream
+    /// (`settings.limits.stall_timeout`).
+    pub(crate) fn stall_timeout(&self) -> Duration {
+        Duration::from_secs(self.policy.snapshot().settings.limits.stall_timeout_secs)
     }
 
     /// The HTTPS clients requests inside intercepted tunnels reach their
