@@ -23,6 +23,8 @@
 //! | `ech.rs` | ECH configurations in HTTPS/SVCB answers |
 //! | `fairness.rs` | one client holding thousands of connections or DNS queries: others keep their share |
 //! | `fairness_dns.rs` | one address spending a wildcard's tunnel budget, twenty holding every TCP DNS slot: the others keep theirs |
+//! | `fairness_h2.rs` | intercepted HTTP/2 streams with a shut window: counted against the share, reset past the stall bound |
+//! | `fairness_log.rs` | log volume per client: HPACK-referenced long paths, floods summarised, slowloris on the proxy port has its line |
 //! | `faults.rs` | resets, dead upstreams, reload storms, drain, rotation, full sink |
 //! | `guard.rs` | `egressd run`'s guard: a hostile CMD against egressd's own files, log, keyring, PID 1, `.git` (issue 36); `guard_identity.rs`: the sandbox's own client, the echoed credential |
 //! | `log_stall.rs` | a decision log that stops taking lines: stalled FIFO, `/dev/full`, full tmpfs |
@@ -38,6 +40,8 @@ mod dns_tools;
 mod ech;
 mod fairness;
 mod fairness_dns;
+mod fairness_h2;
+mod fairness_log;
 mod faults;
 mod framing;
 mod guard;
