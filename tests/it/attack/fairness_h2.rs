@@ -13,7 +13,7 @@
 
 use std::convert::Infallible;
 use std::net::{Ipv4Addr, SocketAddr};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -96,19 +96,19 @@ fn big_origin(ck: CertKey) -> SocketAddr {
     addr
 }
 
-struct Addr(SocketAddr);
+pub(super) struct Addr(pub SocketAddr);
 impl Listener for Addr {
     fn addr(&self) -> SocketAddr {
         self.0
     }
 }
 
-type H2 = hyper::client::conn::http2::SendRequest<Empty<Bytes>>;
+pub(super) type H2 = hyper::client::conn::http2::SendRequest<Empty<Bytes>>;
 
 /// An HTTP/2 connection from `from` through egressd's CONNECT to
 /// `big.test:port`, intercepted (TLS with egressd's CA), with the stream
 /// window `window`.
-async fn h2_through(
+pub(super) async fn h2_through(
     from: Ipv4Addr,
     proxy: SocketAddr,
     port: u16,
@@ -155,7 +155,7 @@ async fn h2_through(
     send
 }
 
-fn get(port: u16, path: &str) -> Request<Empty<Bytes>> {
+pub(super) fn get(port: u16, path: &str) -> Request<Empty<Bytes>> {
     Request::builder()
         .uri(format!("https://big.test:{port}{path}"))
         .body(Empty::new())
@@ -186,7 +186,7 @@ async fn other_client(proxy: SocketAddr, port: u16, ca: &Path) -> Vec<Duration> 
     out
 }
 
-fn p50(v: &[Duration]) -> Duration {
+pub(super) fn p50(v: &[Duration]) -> Duration {
     v[v.len() / 2]
 }
 
@@ -205,9 +205,17 @@ fn footprint(pid: u32) -> (usize, u64, u64) {
     (fds, kib("VmRSS:"), kib("VmHWM:"))
 }
 
-#[test]
-fn zero_window_streams_count_against_the_share_and_are_reset() {
-    let began = Instant::now();
+/// An intercepting egressd (its CA in `ca`) in front of [`big_origin`]
+/// for `big.test`, allowed by an exception with a path rule (`paths`,
+/// requests decided inside), `settings.limits` set to `limits`.
+pub(super) struct InterceptLab {
+    pub lab: Lab<Addr>,
+    pub ca: PathBuf,
+    pub port: u16,
+    _dir: tempfile::TempDir,
+}
+
+pub(super) fn intercept_lab(paths: &str, limits: &str) -> InterceptLab {
     let dir = tempfile::tempdir().unwrap();
     let certs = dir.path().join("certs");
     let out = Command::new(env!("CARGO_BIN_EXE_egressd"))
@@ -216,12 +224,11 @@ fn zero_window_streams_count_against_the_share_and_are_reset() {
         .output()
         .unwrap();
     assert!(out.status.success(), "ca init: {out:?}");
-    let ca = certs.join("ca.pem");
     let pki = test_pki();
     let upstream_ca = dir.path().join("origin-ca.pem");
     std::fs::write(&upstream_ca, &pki.ca_pem).unwrap();
     let origin = big_origin(pki.leaf(&["big.test"]));
-    let l = lab_with(Addr(origin))
+    let lab = lab_with(Addr(origin))
         .names(&["big.test"])
         .egressd(|b| {
             b.env("EGRESSD_CA_DIR", certs.to_str().unwrap())
@@ -233,13 +240,26 @@ fn zero_window_streams_count_against_the_share_and_are_reset() {
                 .host("big.test")
                 .cidr(LOOPBACK)
                 .port(ports.origin)
-                // A path rule: requests are decided inside (interception).
-                .path("/**")
-                .setting(
-                    "limits",
-                    &format!("{{ connections_per_client: {SHARE}, stall_timeout: 3s }}"),
-                )
+                .path(paths)
+                .setting("limits", limits)
         });
+    InterceptLab {
+        lab,
+        ca: certs.join("ca.pem"),
+        port: origin.port(),
+        _dir: dir,
+    }
+}
+
+#[test]
+fn zero_window_streams_count_against_the_share_and_are_reset() {
+    let began = Instant::now();
+    let il = intercept_lab(
+        "/**",
+        &format!("{{ connections_per_client: {SHARE}, stall_timeout: 3s }}"),
+    );
+    let (l, ca) = (&il.lab, &il.ca);
+    let origin = l.origin.0;
     let (proxy, port, pid) = (l.e.proxy, origin.port(), l.e.child.id());
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -247,14 +267,14 @@ fn zero_window_streams_count_against_the_share_and_are_reset() {
         .build()
         .unwrap();
 
-    let idle = rt.block_on(other_client(proxy, port, &ca));
+    let idle = rt.block_on(other_client(proxy, port, ca));
     let (fds0, rss0, _) = footprint(pid);
 
     // The hog: every stream it may, for a large body, window shut.
     let (statuses, hog) = rt.block_on(async {
         let mut conns = Vec::new();
         for _ in 0..CONNS {
-            conns.push(h2_through(HOG, proxy, port, &ca, Some(0)).await);
+            conns.push(h2_through(HOG, proxy, port, ca, Some(0)).await);
         }
         let mut pending = Vec::new();
         for h2 in &mut conns {
@@ -283,7 +303,7 @@ fn zero_window_streams_count_against_the_share_and_are_reset() {
     let ok = statuses.iter().filter(|s| **s == 200).count();
     let refused = statuses.iter().filter(|s| **s == 503).count();
     let (fds1, rss1, _) = footprint(pid);
-    let during = rt.block_on(other_client(proxy, port, &ca));
+    let during = rt.block_on(other_client(proxy, port, ca));
     let (fds2, rss2, hwm) = footprint(pid);
     eprintln!(
         "hog: {ok} streams answered 200, {refused} refused 503; egressd fds {fds0} idle, \
