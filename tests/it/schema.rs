@@ -239,6 +239,8 @@ const VALID: &[(&str, &str)] = &[
   limits:
     connections_per_client: 256
     header_timeout: 30s
+    stall_timeout: 1m
+    log_lines_per_client_per_sec: 500
 exceptions:
   - id: pypi
     owner: python-platform
@@ -325,6 +327,8 @@ const INVALID: &[(&str, &str)] = &[
     ("header-timeout-zero", "settings:\n  limits: { header_timeout: 0s }\n"),
     ("header-timeout-too-long", "settings:\n  limits: { header_timeout: 1h }\n"),
     ("header-timeout-no-unit", "settings:\n  limits: { header_timeout: 10 }\n"),
+    ("stall-timeout-too-long", "settings:\n  limits: { stall_timeout: 10m }\n"),
+    ("log-rate-zero", "settings:\n  limits: { log_lines_per_client_per_sec: 0 }\n"),
     ("private-destinations-bad", "settings:\n  private_destinations: block\n"),
     ("rcode-bad", "settings:\n  dns:\n    deny_rcode: servfail\n"),
     ("tunnel-action-bad", "settings:\n  dns:\n    tunnel: { action: warn }\n"),

@@ -192,7 +192,9 @@ pub(super) fn p50(v: &[Duration]) -> Duration {
 
 /// egressd's open descriptors and resident and peak memory (KiB).
 fn footprint(pid: u32) -> (usize, u64, u64) {
-    let fds = std::fs::read_dir(format!("/proc/{pid}/fd")).unwrap().count();
+    let fds = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .count();
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
     let kib = |k: &str| {
         status
@@ -348,22 +350,25 @@ fn zero_window_streams_count_against_the_share_and_are_reset() {
     // Past the stall bound the stalled streams are reset, each with its
     // line, and what they held is given back.
     let reset = eventually("a line for every stalled stream, reset", || {
-        let lines: Vec<_> = l
-            .e
-            .log_lines()
-            .into_iter()
-            .filter(|l| {
-                l["path"] == "/big"
-                    && l["status"] == 200
-                    && l["error"]
-                        .as_str()
-                        .is_some_and(|e| e.contains("stream reset"))
-            })
-            .collect();
+        let lines: Vec<_> =
+            l.e.log_lines()
+                .into_iter()
+                .filter(|l| {
+                    l["path"] == "/big"
+                        && l["status"] == 200
+                        && l["error"]
+                            .as_str()
+                            .is_some_and(|e| e.contains("stream reset"))
+                })
+                .collect();
         (lines.len() >= ok).then_some(lines)
     });
     assert_eq!(reset.len(), ok);
-    assert!(l.e.metric("egressd_overload_total{what=\"streams\"}").unwrap_or(0.0) >= ok as f64);
+    assert!(
+        l.e.metric("egressd_overload_total{what=\"streams\"}")
+            .unwrap_or(0.0)
+            >= ok as f64
+    );
     // Each refused stream is on record: its own line, or counted in its
     // second's `rate_limited` summary (400 decisions in a second are past
     // the default rate of lines).
@@ -379,7 +384,11 @@ fn zero_window_streams_count_against_the_share_and_are_reset() {
         .filter(|c| c["reason"] == "overloaded")
         .map(|c| c["count"].as_u64().unwrap())
         .sum();
-    assert_eq!(own + summed, refused as u64, "each refused stream is on record");
+    assert_eq!(
+        own + summed,
+        refused as u64,
+        "each refused stream is on record"
+    );
     eventually("the upstream connections given back", || {
         (footprint(pid).0 <= fds0 + CONNS + 8).then_some(())
     });

@@ -62,9 +62,14 @@ fn an_hpack_referenced_long_path_flood_is_cut_and_summarised() {
             for i in 0..40 {
                 let t = Instant::now();
                 h2.ready().await.unwrap();
-                let r = h2.send_request(get(port, &format!("/ok/{i}"))).await.unwrap();
+                let r = h2
+                    .send_request(get(port, &format!("/ok/{i}")))
+                    .await
+                    .unwrap();
                 assert_eq!(r.status(), 200, "the other client's request {i}");
-                let _ = http_body_util::BodyExt::collect(r.into_body()).await.unwrap();
+                let _ = http_body_util::BodyExt::collect(r.into_body())
+                    .await
+                    .unwrap();
                 lat.push(t.elapsed());
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
@@ -150,9 +155,16 @@ fn an_hpack_referenced_long_path_flood_is_cut_and_summarised() {
         own <= RATE * (secs + 1),
         "{own} lines of the hog's own in {flood_secs:.1}s, past {RATE} a second"
     );
-    for x in lines.iter().filter(|x| from(x, HOG) && x["path"].is_string()) {
+    for x in lines
+        .iter()
+        .filter(|x| from(x, HOG) && x["path"].is_string())
+    {
         let p = x["path"].as_str().unwrap();
-        assert!(p.len() <= 2048 + 3 && p.ends_with('…'), "path of {} bytes", p.len());
+        assert!(
+            p.len() <= 2048 + 3 && p.ends_with('…'),
+            "path of {} bytes",
+            p.len()
+        );
     }
     assert!(
         log_bytes <= own * 3072 + 4096 * secs + 300 * 40,
@@ -161,13 +173,12 @@ fn an_hpack_referenced_long_path_flood_is_cut_and_summarised() {
     // The metric counts every decision summed (the hog's tunnels' own
     // lines among them), each summary written within a second or so.
     eventually("the metric and the summaries agree", || {
-        let all_summed: u64 = l
-            .e
-            .log_lines()
-            .iter()
-            .filter(|x| x["event"] == "rate_limited")
-            .map(|x| x["suppressed"].as_u64().unwrap())
-            .sum();
+        let all_summed: u64 =
+            l.e.log_lines()
+                .iter()
+                .filter(|x| x["event"] == "rate_limited")
+                .map(|x| x["suppressed"].as_u64().unwrap())
+                .sum();
         let metric = l.e.metric("egressd_overload_total{what=\"log_rate\"}");
         (all_summed >= summed && metric == Some(all_summed as f64)).then_some(())
     });
@@ -222,10 +233,18 @@ fn a_slowloris_on_the_proxy_port_has_its_line() {
         false
     });
     let mut b = [0u8; 1];
-    assert_eq!(silent.read(&mut b).unwrap_or(0), 0, "the silent one is closed");
+    assert_eq!(
+        silent.read(&mut b).unwrap_or(0),
+        0,
+        "the silent one is closed"
+    );
     let closed = dripper.join().unwrap();
     assert!(closed, "the slowloris is closed by the header timeout");
-    assert!(t.elapsed() < Duration::from_secs(4), "closed after {:?}", t.elapsed());
+    assert!(
+        t.elapsed() < Duration::from_secs(4),
+        "closed after {:?}",
+        t.elapsed()
+    );
     for (ip, what) in [(HOG, "the slowloris"), (OTHER, "the silent connection")] {
         let line = l.e.wait_line(&format!("{what}'s line"), |x| {
             from(x, ip) && x["reason"] == "malformed"
