@@ -100,7 +100,8 @@ pub struct Running {
     /// The package requests denied so far (`egressd run` prints them at exit).
     pub package_denials: Arc<PackageDenials>,
     hup: mpsc::UnboundedSender<()>,
-    recorder: Recorder,
+    /// For the last `rate_limited` summaries at the end.
+    recorder: Arc<Recorder>,
     trigger: Trigger,
     /// One per open proxy connection (tunnels and upgrades included).
     connections: Permits,
@@ -305,7 +306,7 @@ pub async fn start(args: &ServeArgs, listeners: Listeners) -> Result<Running> {
         metrics,
         package_denials: recorder.package_denials.clone(),
         hup: hup_tx,
-        recorder,
+        recorder: Arc::new(recorder),
         trigger,
         connections,
         dns_bounds,
