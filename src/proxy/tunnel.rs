@@ -96,8 +96,15 @@ pub async fn handle(
     // future's state.
     let upgrade = hyper::upgrade::on(&mut req);
     let mut ev = Box::new(ev);
+    // Plain HTTP inside is served as HTTP, each request checked as a
+    // proxy request is (its `Host` must name the CONNECT host): what that
+    // needs, boxed, so an opaque tunnel holds one pointer for it.
+    let plain = Box::new(PlainInside {
+        token: request_token(&req).ok().flatten(),
+        dest,
+        ctx: ctx.clone(),
+    });
     tokio::spawn(async move {
-        let _permit = permit;
         let _active = ActiveGuard::new(&rec.metrics, Proto::Connect);
         let up = match upgrade.await {
             Ok(up) => up,
@@ -109,11 +116,44 @@ pub async fn handle(
         // Judging the first bytes is boxed: its state exists only until
         // the tunnel is judged, not for as long as it stays open.
         match Box::pin(judge(up, &mut upstream_conn, &mut ev, &sni)).await {
-            Ok((client, sent)) => relay::tcp(client, upstream_conn, sent, ev, rec, &pipes).await,
+            Ok(Judged::Relay(client, sent)) => {
+                let _permit = permit;
+                drop(plain);
+                relay::tcp(client, upstream_conn, sent, ev, rec, &pipes).await
+            }
+            Ok(Judged::Http(client, first)) => {
+                drop(upstream_conn);
+                let PlainInside { token, dest, ctx } = *plain;
+                ev.note = Some("plain HTTP, decided per request".into());
+                let tunnel = mitm::Tunnel {
+                    peer: ev.src,
+                    token,
+                    dest,
+                    sni,
+                    scheme: Scheme::Http,
+                };
+                let io = Rewind::new(client, first);
+                mitm::run_plain(io, Arc::new(tunnel), *ev, ctx, permit).await
+            }
             Err(()) => rec.record(*ev),
         }
     });
     established()
+}
+
+/// What an opaque tunnel needs should its first bytes be plain HTTP.
+struct PlainInside {
+    token: Option<Vec<u8>>,
+    dest: Dest,
+    ctx: Arc<ProxyCtx>,
+}
+
+/// How an opaque tunnel goes on once its first bytes are judged.
+enum Judged {
+    /// Bytes both ways: the client's socket and what was sent upstream.
+    Relay(TcpStream, u64),
+    /// Its first bytes are an HTTP/1 request: served as HTTP, from them.
+    Http(TcpStream, Vec<u8>),
 }
 
 /// `200` to a CONNECT: the tunnel is open.
@@ -379,7 +419,7 @@ async fn judge(
     upstream_conn: &mut TcpStream,
     ev: &mut Event,
     rule: &SniRule,
-) -> Result<(TcpStream, u64), ()> {
+) -> Result<Judged, ()> {
     // Take the client's socket back from hyper, with whatever the client
     // sent behind its CONNECT, so the tunnel can copy socket to socket and
     // hold no buffer while idle.
@@ -402,13 +442,55 @@ async fn judge(
             return Err(());
         }
     }
+    if !server_first && read_request_line(&mut client, &mut first).await {
+        return Ok(Judged::Http(client, std::mem::take(&mut first)));
+    }
     if !first.is_empty() {
         upstream_conn
             .write_all(&first)
             .await
             .map_err(|e| ev.error = Some(format!("upstream write: {e}")))?;
     }
-    Ok((client, first.len() as u64))
+    Ok(Judged::Relay(client, first.len() as u64))
+}
+
+/// Longest first line read to tell an HTTP/1 request inside a tunnel.
+const MAX_REQUEST_LINE: usize = 8192;
+
+/// Whether the client's first bytes (in `first`, read further within
+/// [`HELLO_TIMEOUT`] while undecided) are an HTTP/1 request line: a method
+/// token, a space, and a line that ends in ` HTTP/1.x`.
+async fn read_request_line(client: &mut TcpStream, first: &mut Vec<u8>) -> bool {
+    let deadline = tokio::time::Instant::now() + HELLO_TIMEOUT;
+    let mut buf = vec![0u8; HELLO_READ];
+    loop {
+        if let Some(is) = http1_request_line(first) {
+            return is;
+        }
+        match tokio::time::timeout_at(deadline, client.read(&mut buf)).await {
+            Ok(Ok(n)) if n > 0 => first.extend_from_slice(&buf[..n]),
+            // Undecided when the client stops: not an HTTP request (the
+            // bytes so far go upstream as they would have).
+            _ => return false,
+        }
+    }
+}
+
+/// `Some(true)` when `b` starts with an HTTP/1 request line, `Some(false)`
+/// when it cannot, `None` while more bytes could tell.
+fn http1_request_line(b: &[u8]) -> Option<bool> {
+    let token = b.iter().take_while(|c| c.is_ascii_uppercase()).count();
+    if token == b.len() {
+        return (token > 20).then_some(false);
+    }
+    if token == 0 || b[token] != b' ' {
+        return Some(false);
+    }
+    let Some(nl) = b.iter().position(|c| *c == b'\n') else {
+        return (b.len() >= MAX_REQUEST_LINE).then_some(false);
+    };
+    let line = b[..nl].strip_suffix(b"\r").unwrap_or(&b[..nl]);
+    Some(line.ends_with(b" HTTP/1.1") || line.ends_with(b" HTTP/1.0"))
 }
 
 /// Reads the client's first bytes into `first` (which holds what arrived
@@ -460,4 +542,24 @@ async fn server_speaks_first(client: &TcpStream, upstream: &TcpStream) -> Option
         }
     };
     tokio::time::timeout(IDLE_TIMEOUT, first).await.ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::http1_request_line;
+
+    #[test]
+    fn request_lines_are_told_from_other_first_bytes() {
+        assert_eq!(http1_request_line(b"GET / HTTP/1.1\r\n"), Some(true));
+        assert_eq!(
+            http1_request_line(b"POST http://a.test/ HTTP/1.0\n"),
+            Some(true)
+        );
+        assert_eq!(http1_request_line(b"GE"), None);
+        assert_eq!(http1_request_line(b"GET /partial"), None);
+        assert_eq!(http1_request_line(b"SSH-2.0-OpenSSH_9.6\r\n"), Some(false));
+        assert_eq!(http1_request_line(b"get / HTTP/1.1\r\n"), Some(false));
+        assert_eq!(http1_request_line(b"GET / SPDY\r\n"), Some(false));
+        assert_eq!(http1_request_line(b"\x00\x01"), Some(false));
+    }
 }

@@ -1,7 +1,7 @@
 //! CONNECT: the authority against the `Host` header, malformed authorities,
 //! ports outside the exception, bytes pipelined behind a refused CONNECT,
-//! the TLS server name against the authority, and bytes that are not TLS
-//! in a tunnel to port 443.
+//! the TLS server name against the authority, bytes that are not TLS in a
+//! tunnel to port 443, and plain HTTP inside any tunnel (its `Host`).
 
 use std::io::{BufReader, Read, Write};
 use std::net::{IpAddr, SocketAddr};
@@ -219,20 +219,85 @@ fn nothing_pipelined_behind_a_refused_connect_is_read() {
 fn bytes_pipelined_behind_an_allowed_connect_are_tunnel_data() {
     let l = lab();
     let mut lines = Lines::new(&l.e);
-    let (p, o) = (l.echo.port(), l.origin.addr.port());
-    let inner = format!("GET http://plain.test:{o}/inner HTTP/1.1\r\nHost: plain.test:{o}\r\n\r\n");
+    let p = l.echo.port();
+    let inner = b"\x00\x01not a request, tunnel data\n".to_vec();
     let mut s = connect(l.e.proxy);
-    write!(s, "CONNECT allowed.test:{p} HTTP/1.1\r\n\r\n{inner}").unwrap();
+    write!(s, "CONNECT allowed.test:{p} HTTP/1.1\r\n\r\n").unwrap();
+    s.write_all(&inner).unwrap();
     s.shutdown(std::net::Shutdown::Write).unwrap();
     let mut r = BufReader::new(s);
     assert_eq!(read_response(&mut r).unwrap().status, 200);
     let mut back = Vec::new();
     r.read_to_end(&mut back).unwrap();
-    assert_eq!(back, inner.as_bytes(), "echoed back as tunnel data");
+    assert_eq!(back, inner, "echoed back as tunnel data");
     let line = lines.one("tunnel");
     assert_eq!(line["bytes_up"], inner.len());
     lines.done("tunnel");
     assert_clean(&l);
+}
+
+/// Cleartext fronting (issue 37): an HTTP request pipelined behind an
+/// allowed CONNECT, or sent later inside it, is checked as a proxy request
+/// is, on a hosts-only exception too: a `Host` or absolute-form target
+/// naming another host gets `403 host_mismatch`, and nothing reaches the
+/// CONNECT host's address or the other host.
+#[test]
+fn plain_http_inside_any_connect_must_name_the_connect_host() {
+    let l = lab();
+    let mut lines = Lines::new(&l.e);
+    let (p, o) = (l.echo.port(), l.origin.addr.port());
+    for (what, inner) in [
+        (
+            "absolute form",
+            format!("GET http://plain.test:{o}/inner HTTP/1.1\r\nHost: plain.test:{o}\r\n\r\n"),
+        ),
+        (
+            "Host header",
+            format!("GET /inner HTTP/1.1\r\nHost: plain.test:{o}\r\n\r\n"),
+        ),
+        (
+            "Host without the port",
+            "GET /inner HTTP/1.0\r\nHost: evil.test\r\n\r\n".to_string(),
+        ),
+    ] {
+        let mut s = connect(l.e.proxy);
+        write!(s, "CONNECT allowed.test:{p} HTTP/1.1\r\n\r\n{inner}").unwrap();
+        let mut r = BufReader::new(s.try_clone().unwrap());
+        assert_eq!(read_response(&mut r).unwrap().status, 200, "{what}");
+        let resp = read_response(&mut r).unwrap_or_else(|| panic!("{what}: no answer inside"));
+        assert_eq!(
+            (resp.status, resp.reason()),
+            (403, Some("host_mismatch")),
+            "{what}: {}",
+            resp.text()
+        );
+        drop((s, r));
+        // The request's line and, once the tunnel closes, the tunnel's.
+        let two = lines.next_n(what, 2);
+        let line = two.iter().find(|x| x["proto"] == "http").expect(what);
+        assert_eq!(line["reason"], "host_mismatch", "{what}: {line}");
+        assert!(
+            two.iter().any(|x| x["proto"] == "connect"),
+            "{what}: {two:?}"
+        );
+    }
+    lines.done("fronting inside");
+    assert_clean(&l);
+
+    // A request that names the CONNECT host is served, inside the same
+    // tunnel as its refused neighbour.
+    let mut s = connect(l.e.proxy);
+    write!(
+        s,
+        "CONNECT allowed.test:{p} HTTP/1.1\r\n\r\nGET /x HTTP/1.1\r\nHost: evil.test:{p}\r\n\r\n"
+    )
+    .unwrap();
+    let mut r = BufReader::new(s.try_clone().unwrap());
+    assert_eq!(read_response(&mut r).unwrap().status, 200);
+    assert_eq!(read_response(&mut r).unwrap().status, 403);
+    write!(s, "GET /x HTTP/1.1\r\nHost: allowed.test:{p}\r\n\r\n").unwrap();
+    let resp = read_response(&mut r).expect("an answer from the CONNECT host");
+    assert_ne!(resp.status, 403, "{}", resp.text());
 }
 
 /// A TLS echo server on its own loopback address at port 443, and a canary
