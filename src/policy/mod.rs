@@ -232,9 +232,9 @@ pub struct Limits {
     /// past it the stream is reset, with a line.
     /// [`MIN_STALL_TIMEOUT_SECS`]..=[`MAX_STALL_TIMEOUT_SECS`].
     pub stall_timeout_secs: u64,
-    /// Decision lines per second one client gets written one by one; past
-    /// it that second's further decisions are summed into one
-    /// `rate_limited` line. [`MIN_LOG_LINES_PER_CLIENT_PER_SEC`]..=
+    /// Decision lines per second one client gets written one by one (after
+    /// a burst of ten seconds' worth); past it that second's further
+    /// decisions are summed into one `rate_limited` line. [`MIN_LOG_LINES_PER_CLIENT_PER_SEC`]..=
     /// [`MAX_LOG_LINES_PER_CLIENT_PER_SEC`].
     pub log_lines_per_client_per_sec: u32,
 }
@@ -250,7 +250,7 @@ pub const MAX_HEADER_TIMEOUT_SECS: u64 = 300;
 pub const DEFAULT_STALL_TIMEOUT_SECS: u64 = 30;
 pub const MIN_STALL_TIMEOUT_SECS: u64 = 1;
 pub const MAX_STALL_TIMEOUT_SECS: u64 = 300;
-pub const DEFAULT_LOG_LINES_PER_CLIENT_PER_SEC: u32 = 200;
+pub const DEFAULT_LOG_LINES_PER_CLIENT_PER_SEC: u32 = 1000;
 pub const MIN_LOG_LINES_PER_CLIENT_PER_SEC: u32 = 1;
 pub const MAX_LOG_LINES_PER_CLIENT_PER_SEC: u32 = 1_000_000;
 

@@ -209,9 +209,10 @@ pub struct RawLimits {
     /// intercepted HTTP/2 stream while egressd holds data for it; past it
     /// the stream is reset, with a line (default 30s, 1s to 5m).
     pub stall_timeout: Option<StallTimeoutField>,
-    /// Decision lines per second written one by one for one client; past
-    /// it the rest of that second's decisions are summed into one
-    /// `rate_limited` line (default 200, 1 to 1000000).
+    /// Decision lines per second written one by one for one client, after
+    /// a burst of ten seconds' worth; past it the rest of each second's
+    /// decisions are summed into one `rate_limited` line (default 1000, 1
+    /// to 1000000).
     pub log_lines_per_client_per_sec: Option<LogRateField>,
 }
 

@@ -89,7 +89,6 @@ pub(crate) async fn serve(mut client: TcpStream, peer: SocketAddr, ctx: &ProxyCt
         return Next::HandOff(client, Vec::new());
     }
     let mut buf: Vec<u8> = Vec::with_capacity(4096);
-    let mut served = false;
     loop {
         // A request head within the header timeout, counted from the
         // moment the connection waits for a request (idle keep-alive
@@ -109,10 +108,10 @@ pub(crate) async fn serve(mut client: TcpStream, peer: SocketAddr, ctx: &ProxyCt
             match tokio::time::timeout_at(deadline, client.read_buf(&mut buf)).await {
                 Ok(Ok(0)) | Ok(Err(_)) => return Next::Done,
                 Err(_) => {
-                    // An idle keep-alive connection closes quietly; one
-                    // that sent part of a head, or nothing at all, gets
-                    // its line.
-                    if !buf.is_empty() || !served {
+                    // A connection that sent part of a head gets its
+                    // line; an idle one (before or after its requests)
+                    // sent no request and closes quietly.
+                    if !buf.is_empty() {
                         super::accept::record_head_timeout(ctx, peer, buf.len(), None);
                     }
                     return Next::Done;
@@ -126,7 +125,6 @@ pub(crate) async fn serve(mut client: TcpStream, peer: SocketAddr, ctx: &ProxyCt
         };
         let keep = req.keep_alive;
         let ended = exchange(ctx, &policy, &req, taken, &mut client).await;
-        served = true;
         buf.drain(..req.head_len);
         if !(keep && ended == Ended::Clean) {
             return Next::Done;

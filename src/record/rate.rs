@@ -12,6 +12,10 @@
 //!
 //! Owns the per-client windows and the summary line. Does not own the
 //! sink (`log`) or the per-decision line (`json`, `ocsf`).
+//!
+//! The rate is a token bucket: a client may write [`BURST_SECS`] seconds'
+//! worth of lines at once (a package install's burst is kept line by
+//! line), and then its rate; a flood is summarised from then on.
 
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv6Addr};
@@ -30,6 +34,8 @@ pub const MAX_LOGGED_PATH: usize = 2048;
 pub const MAX_LOGGED_TEXT: usize = 1024;
 /// What a cut field ends with.
 pub const CUT_MARKER: &str = "…";
+/// How many seconds' worth of lines a client may write at once.
+pub const BURST_SECS: u32 = 10;
 /// Clients with a window open at once; past it the oldest windows are
 /// closed (their summaries written) early. Bounds the table's memory.
 const MAX_WINDOWS: usize = 65_536;
@@ -90,12 +96,14 @@ impl Key {
     }
 }
 
-/// One client's current second.
+/// One client's bucket, and its current second's summary.
 struct Window {
-    /// The second (since the epoch) the window counts.
+    /// The second (since the epoch) the summary counts.
     second: i64,
-    written: u32,
-    /// The limit when the window opened.
+    /// Lines it may write now, and when that was reckoned.
+    tokens: f64,
+    at_ms: i64,
+    /// The limit when the second began.
     limit: u32,
     /// Of the decisions not written one by one: the first one's time, its
     /// client and source, and counts by (proto, decision, reason).
@@ -195,25 +203,29 @@ impl LogRate {
         if !map.contains_key(&key) && map.len() >= MAX_WINDOWS {
             sweep(&mut map, i64::MAX, out);
         }
-        let w = map.entry(key).or_insert_with(|| Window {
-            second,
-            written: 0,
-            limit: (self.limit)(),
-            first_ms: now_ms,
-            client: ev.client.clone(),
-            src: ev.src.ip(),
-            suppressed: Vec::new(),
+        let w = map.entry(key).or_insert_with(|| {
+            let limit = (self.limit)();
+            Window {
+                second,
+                tokens: capacity(limit),
+                at_ms: now_ms,
+                limit,
+                first_ms: now_ms,
+                client: ev.client.clone(),
+                src: ev.src.ip(),
+                suppressed: Vec::new(),
+            }
         });
         if w.second != second {
             if let Some(s) = close(w) {
                 out.push(s);
             }
             w.second = second;
-            w.written = 0;
             w.limit = (self.limit)();
         }
-        if w.written < w.limit {
-            w.written += 1;
+        refill(w, now_ms);
+        if w.tokens >= 1.0 {
+            w.tokens -= 1.0;
             return true;
         }
         if w.suppressed.is_empty() {
@@ -240,6 +252,11 @@ impl LogRate {
         };
         let mut map = self.windows.lock().unwrap_or_else(|e| e.into_inner());
         sweep(&mut map, before, &mut out);
+        // A full bucket is what a new client gets: its window can go.
+        map.retain(|_, w| {
+            refill(w, now_ms);
+            !(w.suppressed.is_empty() && w.tokens >= capacity(w.limit))
+        });
         out
     }
 
@@ -250,16 +267,28 @@ impl LogRate {
     }
 }
 
-/// Closes every window older than `before`: their summaries to `out`,
-/// the windows dropped.
+/// Closes the summary of every window older than `before` (to `out`);
+/// with `before` = `i64::MAX` (the table is full, or the end) the windows
+/// go too.
 fn sweep(map: &mut HashMap<Key, Window>, before: i64, out: &mut Vec<Summary>) {
     map.retain(|_, w| {
-        if w.second >= before {
-            return true;
+        if w.second < before {
+            out.extend(close(w));
         }
-        out.extend(close(w));
-        false
+        before != i64::MAX
     });
+}
+
+/// Lines a client may write at once under `limit`.
+fn capacity(limit: u32) -> f64 {
+    f64::from(limit) * f64::from(BURST_SECS)
+}
+
+/// Adds what `limit` a second gives since the bucket was last reckoned.
+fn refill(w: &mut Window, now_ms: i64) {
+    let gained = (now_ms - w.at_ms).max(0) as f64 * f64::from(w.limit) / 1000.0;
+    w.tokens = (w.tokens + gained).min(capacity(w.limit));
+    w.at_ms = now_ms;
 }
 
 fn close(w: &mut Window) -> Option<Summary> {
@@ -291,32 +320,28 @@ mod tests {
     }
 
     #[test]
-    fn past_the_limit_a_second_is_summed_per_client() {
+    fn past_the_burst_and_the_rate_a_second_is_summed_per_client() {
+        // 3 a second: a burst of 30, then 3 more each second.
         let rate = LogRate::new(Box::new(|| 3));
         let mut out = Vec::new();
         let t = 10_000;
-        let a = |i| {
-            rate.admit(
-                &ev("10.0.0.1:1", Reason::NoException),
-                t + i,
-                &mut Vec::new(),
-            )
-        };
-        assert_eq!(
-            (0..5).map(a).collect::<Vec<_>>(),
-            [true, true, true, false, false]
-        );
+        let mut a = |at| rate.admit(&ev("10.0.0.1:1", Reason::NoException), at, &mut out);
+        assert!((0..30).all(|_| a(t)), "the burst");
+        assert!(!a(t) && !a(t + 1));
         // Another address is not affected; an IPv6 one counts by its /64.
         assert!(rate.admit(&ev("10.0.0.2:1", Reason::NoException), t, &mut out));
-        for p in 0..4 {
+        for p in 0..31 {
             let src = format!("[2001:db8::{p}]:1");
             let ok = rate.admit(&ev(&src, Reason::Malformed), t, &mut out);
-            assert_eq!(ok, p < 3);
+            assert_eq!(ok, p < 30);
         }
         assert!(out.is_empty());
         assert_eq!(rate.pending(), 3);
-        // The next second sweeps the closed windows into summaries.
-        assert!(rate.admit(&ev("10.0.0.1:1", Reason::NoException), t + 1000, &mut out));
+        // The next second: its rate again, and the closed seconds swept
+        // into summaries.
+        let mut a = |at| rate.admit(&ev("10.0.0.1:1", Reason::NoException), at, &mut out);
+        assert!(a(t + 1000) && a(t + 1000) && a(t + 1000));
+        assert!(!a(t + 1000));
         assert_eq!(out.len(), 2);
         let mut line = Vec::new();
         let s = out
@@ -329,8 +354,11 @@ mod tests {
         assert_eq!(v["suppressed"], 2);
         assert_eq!(v["counts"][0]["reason"], "no_exception");
         assert_eq!(v["counts"][0]["count"], 2);
-        assert_eq!(rate.pending(), 0);
-        assert!(rate.closed(t + 5000, true).is_empty());
+        assert_eq!(rate.pending(), 1);
+        assert_eq!(rate.closed(t + 2000, false).len(), 1);
+        // Windows whose bucket has filled again go.
+        assert!(rate.closed(t + 60_000, false).is_empty());
+        assert_eq!(rate.windows.lock().unwrap().len(), 0);
     }
 
     #[test]
