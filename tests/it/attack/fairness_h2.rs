@@ -28,7 +28,7 @@ use rustls_pki_types::{CertificateDer, ServerName};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::*;
-use crate::tls::{test_pki, CertKey};
+use crate::support::tls::{test_pki, CertKey};
 
 const HOG: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 2);
 const OTHER: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 3);
