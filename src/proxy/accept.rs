@@ -335,34 +335,9 @@ pub(crate) async fn serve_http1<F, Fut>(
             // hyper closed it on the header timeout before any request
             // head was complete (after one, an idle keep-alive closes
             // quietly: its requests have their lines).
-            record_head_timeout(&ctx, peer, 0, note);
+            fast::record_head_timeout(&ctx, peer, 0, note);
         }
     }
-}
-
-/// The line of a connection closed because no complete request head came
-/// within the header timeout (slowloris, or a connection opened and left
-/// silent): `malformed`, no status (nothing was answered), and how many
-/// bytes of a head had come (`bytes_up`, when known).
-pub(crate) fn record_head_timeout(
-    ctx: &ProxyCtx,
-    peer: SocketAddr,
-    received: usize,
-    note: Option<String>,
-) {
-    let policy = ctx.policy.snapshot();
-    let mut ev = Event::new(Proto::Http, peer);
-    if let Some(id) = policy.client_id(policy.identify(peer.ip(), None).ok().flatten()) {
-        ev.client = id.clone();
-    }
-    ev.set_denied(Reason::Malformed);
-    ev.bytes_up = received as u64;
-    ev.error = Some(format!(
-        "no complete request head within the header timeout ({}s); connection closed",
-        policy.settings.limits.header_timeout_secs
-    ));
-    ev.note = note;
-    ctx.recorder.record(ev);
 }
 
 /// One request on the proxy port: CONNECT is a tunnel, anything else is

@@ -112,7 +112,7 @@ pub(crate) async fn serve(mut client: TcpStream, peer: SocketAddr, ctx: &ProxyCt
                     // line; an idle one (before or after its requests)
                     // sent no request and closes quietly.
                     if !buf.is_empty() {
-                        super::accept::record_head_timeout(ctx, peer, buf.len(), None);
+                        record_head_timeout(ctx, peer, buf.len(), None);
                     }
                     return Next::Done;
                 }
@@ -130,6 +130,31 @@ pub(crate) async fn serve(mut client: TcpStream, peer: SocketAddr, ctx: &ProxyCt
             return Next::Done;
         }
     }
+}
+
+/// The line of a connection closed because no complete request head came
+/// within the header timeout (slowloris, or a connection opened and left
+/// silent): `malformed`, no status (nothing was answered), and how many
+/// bytes of a head had come (`bytes_up`, when known).
+pub(crate) fn record_head_timeout(
+    ctx: &ProxyCtx,
+    peer: SocketAddr,
+    received: usize,
+    note: Option<String>,
+) {
+    let policy = ctx.policy.snapshot();
+    let mut ev = Event::new(Proto::Http, peer);
+    if let Some(id) = policy.client_id(policy.identify(peer.ip(), None).ok().flatten()) {
+        ev.client = id.clone();
+    }
+    ev.set_denied(policy::Reason::Malformed);
+    ev.bytes_up = received as u64;
+    ev.error = Some(format!(
+        "no complete request head within the header timeout ({}s); connection closed",
+        policy.settings.limits.header_timeout_secs
+    ));
+    ev.note = note;
+    ctx.recorder.record(ev);
 }
 
 /// A request head the fast path takes, parsed.
