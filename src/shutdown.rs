@@ -296,8 +296,9 @@ impl Drop for Extra {
         let mut map = self.shares.lock();
         for h in self.holders.drain(..) {
             if let std::collections::hash_map::Entry::Occupied(mut n) = map.entry(h) {
-                *n.get_mut() -= 1;
-                if *n.get() == 0 {
+                let share = n.get_mut();
+                share.n = share.n.saturating_sub(1);
+                if share.n == 0 {
                     n.remove();
                 }
             }
@@ -317,14 +318,11 @@ impl Permit {
             .unwrap_or_else(|e| e.into_inner())
             .clone();
         let mut map = self.share.shares.lock();
-        if holders
-            .iter()
-            .any(|h| map.get(h).copied().unwrap_or(0) >= max)
-        {
+        if holders.iter().any(|h| map.get(h).map_or(0, |s| s.n) >= max) {
             return None;
         }
         for h in &holders {
-            *map.entry(h.clone()).or_insert(0) += 1;
+            map.entry(h.clone()).or_default().n += 1;
         }
         Some(Extra {
             shares: self.share.shares.clone(),
