@@ -182,6 +182,7 @@ pub struct Metrics {
     pub reloads: IntCounterVec,
     pub policy_exceptions: IntGauge,
     pub log_write_errors: IntCounter,
+    pub log_lines_lost: IntCounter,
     pub duration: HistogramVec,
     pub active: IntGaugeVec,
     pub bytes: IntCounterVec,
@@ -271,6 +272,13 @@ impl Metrics {
         )
         .expect("valid");
         r.register(Box::new(log_write_errors.clone()))
+            .expect("unique");
+        let log_lines_lost = IntCounter::new(
+            "egressd_log_lines_lost_total",
+            "Decision lines the log did not take, shown on stderr instead (prefixed `egressd: unwritten decision:`).",
+        )
+        .expect("valid");
+        r.register(Box::new(log_lines_lost.clone()))
             .expect("unique");
         let duration = HistogramVec::new(
             HistogramOpts::new(
@@ -390,6 +398,7 @@ impl Metrics {
             reloads,
             policy_exceptions,
             log_write_errors,
+            log_lines_lost,
             duration,
             active,
             bytes,

@@ -761,6 +761,7 @@ fn answer(
         integrity,
         mode,
         secrets,
+        held: None,
     };
     Response::from_parts(parts, body.boxed())
 }
@@ -962,10 +963,55 @@ struct Recorded {
     mode: policy::Mode,
     /// Injected values replaced on the way back ([`scrub`]).
     secrets: Option<Arc<scrub::Secrets>>,
+    /// The answer's last frame (or its end), held until its line is
+    /// written (DESIGN "The record holds").
+    held: Option<Held>,
+}
+
+type Settling = Pin<Box<dyn std::future::Future<Output = bool> + Send + Sync>>;
+
+struct Held {
+    settling: Settling,
+    last: Option<Frame<Bytes>>,
 }
 
 impl Recorded {
-    fn finish(&mut self, error: Option<String>) {
+    /// The answer is complete: its line is written, and `last` goes to
+    /// the client once the line reached the kernel, or an error instead
+    /// (the answer does not complete) if the log stopped taking lines.
+    fn release(
+        &mut self,
+        cx: &mut Context<'_>,
+        last: Option<Frame<Bytes>>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let ticket = self.finish(None);
+        if self.recorder.log.written(ticket) {
+            return Poll::Ready(last.map(Ok));
+        }
+        let rec = self.recorder.clone();
+        self.held = Some(Held {
+            settling: Box::pin(async move { rec.settle(ticket).await }),
+            last,
+        });
+        self.poll_held(cx)
+    }
+
+    fn poll_held(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let Some(h) = self.held.as_mut() else {
+            return Poll::Ready(None);
+        };
+        let Poll::Ready(ok) = h.settling.as_mut().poll(cx) else {
+            return Poll::Pending;
+        };
+        let last = self.held.take().and_then(|h| h.last);
+        if ok {
+            Poll::Ready(last.map(Ok))
+        } else {
+            Poll::Ready(Some(Err("the decision log is not taking lines".into())))
+        }
+    }
+
+    fn finish(&mut self, error: Option<String>) -> crate::log::Ticket {
         if error.is_none() && self.inner.is_end_stream() {
             if let Some(lent) = self.lent.take() {
                 lent.give_back();
@@ -983,8 +1029,9 @@ impl Recorded {
             if let Some(s) = &self.secrets {
                 s.note(&mut ev);
             }
-            self.recorder.record(ev);
+            return self.recorder.commit(ev);
         }
+        crate::log::Ticket::default()
     }
 }
 
@@ -995,24 +1042,33 @@ impl Body for Recorded {
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        if self.held.is_some() {
+            return self.poll_held(cx);
+        }
         let r = Pin::new(&mut self.inner).poll_frame(cx);
-        match &r {
+        match r {
             Poll::Ready(Some(Ok(f))) => {
                 if let Some(d) = f.data_ref() {
                     self.down += d.len() as u64;
                 }
+                if self.event.is_some() && self.inner.is_end_stream() {
+                    return self.release(cx, Some(f));
+                }
+                Poll::Ready(Some(Ok(f)))
             }
             Poll::Ready(Some(Err(e))) => {
                 let msg = format!("response body: {e}");
                 self.finish(Some(msg));
+                Poll::Ready(Some(Err(e)))
             }
-            Poll::Ready(None) => self.finish(None),
-            Poll::Pending => {}
+            Poll::Ready(None) => self.release(cx, None),
+            Poll::Pending => Poll::Pending,
         }
-        r
     }
     fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
+        // Not before the line is written: an empty body is still polled
+        // once, so its line is written before the answer completes.
+        self.held.is_none() && self.event.is_none() && self.inner.is_end_stream()
     }
     fn size_hint(&self) -> SizeHint {
         self.inner.size_hint()
@@ -1022,7 +1078,7 @@ impl Body for Recorded {
 impl Drop for Recorded {
     fn drop(&mut self) {
         let incomplete = !self.inner.is_end_stream();
-        self.finish(incomplete.then(|| {
+        let _ = self.finish(incomplete.then(|| {
             super::streams::reset_reason()
                 .unwrap_or_else(|| "client went away before the response ended".to_string())
         }));

@@ -412,6 +412,14 @@ impl Line<'_> {
             self.rec.record(ev);
         }
     }
+
+    /// Writes the line of an answer read whole, for [`Recorder::settle`].
+    fn commit(&mut self) -> crate::log::Ticket {
+        self.ev
+            .take()
+            .map(|ev| self.rec.commit(ev))
+            .unwrap_or_default()
+    }
 }
 
 impl Drop for Line<'_> {
@@ -543,19 +551,27 @@ async fn relay(
     rbuf.drain(..answer.head_len);
     let reusable = answer.keep_alive && !matches!(framing, Framing::UntilClose);
     let (outcome, down) = match framing {
-        Framing::None => (client_write(client, &out).await, 0),
+        Framing::None => (Ok(out), 0),
         Framing::Length(n) => relay_length(&mut origin, client, &mut rbuf, out, n).await,
         Framing::Chunked => relay_chunked(&mut origin, client, &mut rbuf, out).await,
         Framing::UntilClose => relay_until_close(&mut origin, client, &mut rbuf, out).await,
     };
     line.ev().bytes_down = down;
     match outcome {
-        Ok(()) => {
+        Ok(last) => {
             if reusable && rbuf.is_empty() {
                 ctx.raw_origins.put(addr, origin);
             }
-            line.write(None);
-            Ok(Ended::Clean)
+            // The answer is complete: its line reaches the log before its
+            // last bytes reach the client (DESIGN "The record holds").
+            let ticket = line.commit();
+            if !ctx.recorder.settle(ticket).await {
+                return Ok(Ended::Close);
+            }
+            match client_write(client, &last).await {
+                Ok(()) => Ok(Ended::Clean),
+                Err(_) => Ok(Ended::Close),
+            }
         }
         Err(Broke::Client(e)) => {
             line.write(Some(format!(
@@ -856,19 +872,24 @@ async fn origin_read(origin: &mut TcpStream, rbuf: &mut Vec<u8>) -> Result<(), B
 }
 
 /// A `Content-Length` body: the head and what of the body came with it in
-/// one write, then the rest as it comes. Returns the body bytes relayed.
+/// one write, then the rest as it comes. Returns the body bytes relayed;
+/// the answer's last piece is returned unwritten (the caller writes the
+/// line first).
 async fn relay_length(
     origin: &mut TcpStream,
     client: &mut TcpStream,
     rbuf: &mut Vec<u8>,
     mut out: Vec<u8>,
     n: u64,
-) -> (Result<(), Broke>, u64) {
+) -> (Result<Vec<u8>, Broke>, u64) {
     let mut left = n;
     let take = (rbuf.len() as u64).min(left) as usize;
     out.extend_from_slice(&rbuf[..take]);
     rbuf.drain(..take);
     left -= take as u64;
+    if left == 0 {
+        return (Ok(out), n);
+    }
     if let Err(e) = client_write(client, &out).await {
         return (Err(e), n - left);
     }
@@ -877,23 +898,28 @@ async fn relay_length(
             return (Err(e), n - left);
         }
         let take = (rbuf.len() as u64).min(left) as usize;
+        if take as u64 == left {
+            let last = rbuf[..take].to_vec();
+            rbuf.drain(..take);
+            return (Ok(last), n);
+        }
         if let Err(e) = client_write(client, &rbuf[..take]).await {
             return (Err(e), n - left);
         }
         rbuf.drain(..take);
         left -= take as u64;
     }
-    (Ok(()), n)
+    (Ok(Vec::new()), n)
 }
 
 /// A body read until the origin closes, sent on as chunks (the client's
-/// connection stays usable).
+/// connection stays usable). The last chunk is returned unwritten.
 async fn relay_until_close(
     origin: &mut TcpStream,
     client: &mut TcpStream,
     rbuf: &mut Vec<u8>,
     mut out: Vec<u8>,
-) -> (Result<(), Broke>, u64) {
+) -> (Result<Vec<u8>, Broke>, u64) {
     let mut down = 0u64;
     loop {
         if !rbuf.is_empty() {
@@ -920,7 +946,7 @@ async fn relay_until_close(
             }
         }
     }
-    (client_write(client, b"0\r\n\r\n").await, down)
+    (Ok(b"0\r\n\r\n".to_vec()), down)
 }
 
 /// Where a chunked body's reader is.
@@ -1033,13 +1059,14 @@ fn chunk_step(
 }
 
 /// A chunked body, re-framed chunk by chunk (sizes written by egressd,
-/// extensions and trailers dropped), checked as it goes.
+/// extensions and trailers dropped), checked as it goes. What holds the
+/// last chunk is returned unwritten.
 async fn relay_chunked(
     origin: &mut TcpStream,
     client: &mut TcpStream,
     rbuf: &mut Vec<u8>,
     mut out: Vec<u8>,
-) -> (Result<(), Broke>, u64) {
+) -> (Result<Vec<u8>, Broke>, u64) {
     let (mut state, mut down, mut trailer_bytes) = (Chunk::Size, 0u64, 0usize);
     let (mut used, mut written) = (0, false);
     loop {
@@ -1057,15 +1084,15 @@ async fn relay_chunked(
         }
         rbuf.drain(..used);
         used = 0;
+        if state == Chunk::Done {
+            return (Ok(out), down);
+        }
         if !out.is_empty() {
             if let Err(e) = client_write(client, &out).await {
                 return (Err(e), down);
             }
             written = true;
             out.clear();
-        }
-        if state == Chunk::Done {
-            return (Ok(()), down);
         }
         if let Err(e) = origin_read(origin, rbuf).await {
             return (Err(e), down);

@@ -18,7 +18,7 @@ use std::net::SocketAddr;
 use std::sync::{Arc, LazyLock};
 use std::time::Instant;
 
-use crate::log::LogSink;
+use crate::log::{LogSink, Ticket};
 use crate::metrics::Metrics;
 use crate::packages::decide::PackageReason;
 use crate::packages::Ecosystem;
@@ -331,13 +331,27 @@ impl Recorder {
     /// The one place a decision becomes a log line and metric samples:
     /// the request, its denial or exception hit, its bytes and duration,
     /// and its upstream failures are counted here and nowhere else.
+    /// [`Recorder::commit`]'s ticket says when the line reached the kernel: a front-end
+    /// holding the last bytes of an answer waits for it
+    /// ([`Recorder::settle`]) before it lets them go.
     pub fn record(&self, mut ev: Event) {
         self.record_mut(&mut ev);
     }
 
+    /// [`Recorder::record`], returning when the line reaches the kernel.
+    pub fn commit(&self, mut ev: Event) -> Ticket {
+        self.record_mut(&mut ev)
+    }
+
+    /// Waits until the line of `ticket` is written; `false` when the log
+    /// stopped taking lines first (the answer must not complete).
+    pub async fn settle(&self, ticket: Ticket) -> bool {
+        self.log.settle(ticket).await
+    }
+
     /// [`Recorder::record`] of an event the caller keeps (to reuse the
     /// room of its strings; only `duration_ms` is changed).
-    pub fn record_mut(&self, ev: &mut Event) {
+    pub fn record_mut(&self, ev: &mut Event) -> Ticket {
         rate::bound_fields(ev);
         if let Some(start) = ev.started {
             let elapsed = start.elapsed();
@@ -353,7 +367,8 @@ impl Recorder {
         self.write_summaries(&closed);
         if !own_line {
             self.metrics.count_overload("log_rate", 1);
-            return;
+            // Summed into the next `rate_limited` line: nothing to wait for.
+            return Ticket::default();
         }
         // Refusals before the policy forwarded nothing and come as fast as
         // a client sends: the sink may count them instead of keeping them
@@ -367,7 +382,7 @@ impl Recorder {
         self.log.append(refusal, |out| match format {
             LogFormat::Egressd => ev.write_json(out),
             LogFormat::Ocsf => ev.write_ocsf(out),
-        });
+        })
     }
 
     fn count(&self, ev: &Event) {

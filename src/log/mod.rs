@@ -47,10 +47,15 @@ use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender, TryRecvError};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
 use crate::metrics::Metrics;
+
+pub mod chain;
+pub mod verify;
+
+use chain::Chain;
 
 /// The oldest unwritten line may be this old before new requests are
 /// refused: "at most 1 s of traffic" is held, measured by age (cheap to
@@ -92,6 +97,9 @@ const PIPE_CHUNK: usize = libc::PIPE_BUF;
 /// How long the exit waits for a write already in flight to return before
 /// it shows that write's lines on stderr anyway (a hung disk).
 const CLOSE_GRACE: Duration = Duration::from_millis(100);
+/// How often a request waiting for its line looks at the sink's health
+/// again (a stall shows by age alone, with no event to wake on).
+const SETTLE_POLL: Duration = Duration::from_millis(20);
 /// How often [`LogSink::flush`] looks at the writer's progress.
 const FLUSH_POLL: Duration = Duration::from_millis(2);
 
@@ -141,7 +149,17 @@ struct Pending {
     /// The writer is (about to be) asleep on the channel: the next line
     /// wakes it.
     parked: bool,
+    /// `--log-chain`: seals each line as it is queued (the batch's order
+    /// is the order written).
+    chain: Option<Chain>,
+    /// The final checkpoint was written (the exit seals once).
+    sealed: bool,
 }
+
+/// Where a line ends in the sink's byte stream: it reached the kernel when
+/// the sink's written bytes reach it (see [`LogSink::settle`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Ticket(u64);
 
 /// The room a new batch starts with (the writer's, not a request's,
 /// allocation).
@@ -175,6 +193,17 @@ struct Shared {
     /// Signalled when a write in flight returns after the exit began.
     settled: Condvar,
     metrics: Arc<Metrics>,
+    /// The log's descriptor for writes from the request path (a regular
+    /// file or a non-blocking pipe; `None` for a sink that could block,
+    /// which only the writer thread writes). Whoever writes holds it: a
+    /// request thread only with `try_lock`, so a write hung in the kernel
+    /// never holds a request thread that wants to write too.
+    direct: Mutex<Option<Arc<File>>>,
+    /// Requests waiting for their line to be written ([`LogSink::settle`]).
+    waiters: std::sync::atomic::AtomicUsize,
+    notify: tokio::sync::Notify,
+    /// The writer thread, unparked when a request waits for its line.
+    writer: OnceLock<std::thread::Thread>,
 }
 
 /// The unwritten lines, under `Shared::state`: the writer takes lines from
@@ -210,6 +239,19 @@ impl Shared {
             && !self.stall_noted.swap(true, Ordering::Relaxed)
         {
             self.metrics.log_write_errors.inc();
+        }
+    }
+
+    /// Counts `n` lines shown on stderr instead of the log.
+    fn lost(&self, n: u64) {
+        self.metrics.log_lines_lost.inc_by(n);
+    }
+
+    /// Wakes requests waiting for their lines (after a write, or when the
+    /// sink stops taking lines).
+    fn wake_waiters(&self) {
+        if self.waiters.load(Ordering::SeqCst) > 0 {
+            self.notify.notify_waiters();
         }
     }
 
@@ -253,12 +295,13 @@ impl LogSink {
     /// open of a FIFO does).
     pub fn start(target: LogTarget, metrics: Arc<Metrics>) -> io::Result<LogSink> {
         let (sink, writer) = LogSink::parts(target, metrics)?;
-        std::thread::Builder::new()
+        let t = std::thread::Builder::new()
             .name("egressd-log".into())
             .spawn(move || {
                 batch_this_thread();
                 writer.run()
             })?;
+        let _ = sink.shared.writer.set(t.thread().clone());
         Ok(sink)
     }
 
@@ -285,6 +328,8 @@ impl LogSink {
             pending: Mutex::new(Pending {
                 batch: Vec::with_capacity(BATCH_ROOM),
                 parked: false,
+                chain: None,
+                sealed: false,
             }),
             state: Mutex::new(State {
                 rx,
@@ -296,6 +341,10 @@ impl LogSink {
             }),
             settled: Condvar::new(),
             metrics,
+            direct: Mutex::new(out.direct()),
+            waiters: Default::default(),
+            notify: tokio::sync::Notify::new(),
+            writer: OnceLock::new(),
         });
         let writer = Writer {
             target,
@@ -347,28 +396,58 @@ impl LogSink {
 
     /// Queues the line `write_line` appends (one whole line with its
     /// newline), written straight into the shared batch: no buffer of its
-    /// own, no copy. `refusal`: the line of a refusal made before the
-    /// policy (see [`LogSink::write_refusal`]), counted instead of kept
-    /// past [`MAX_HELD_BYTES`]. Never waits for the writer; holds the
-    /// batch only while the line is written.
-    pub fn append(&self, refusal: bool, write_line: impl FnOnce(&mut Vec<u8>)) {
+    /// own. `refusal`: the line of a refusal made before the policy (see
+    /// [`LogSink::write_refusal`]), shown on stderr and counted instead of
+    /// kept past [`MAX_HELD_BYTES`]. Never waits for the writer.
+    ///
+    /// When the sink holds nothing else, the line is written here, by one
+    /// write(2) from the calling thread (a regular file or a non-blocking
+    /// pipe): the common case costs no hand-off to the writer and the line
+    /// is in the kernel when this returns. Otherwise the writer writes it
+    /// in order after the rest. The returned [`Ticket`] says, to
+    /// [`LogSink::settle`], when it is written.
+    pub fn append(&self, refusal: bool, write_line: impl FnOnce(&mut Vec<u8>)) -> Ticket {
         let s = &*self.shared;
         let mut p = lock(&s.pending);
         let start = p.batch.len();
         write_line(&mut p.batch);
         let len = (p.batch.len() - start) as u64;
         if refusal && s.backlog() + len > MAX_HELD_BYTES {
-            p.batch.truncate(start);
+            let line = p.batch.split_off(start);
             drop(p);
             s.not_kept.fetch_add(1, Ordering::Relaxed);
             s.metrics.log_write_errors.inc();
-            return;
+            s.queued.fetch_add(len, Ordering::SeqCst);
+            // Not kept, so shown now: a record is never lost unseen.
+            let shown = show(
+                s,
+                &[Line { bytes: line, at: 0 }],
+                0,
+                &mut io::stderr().lock(),
+            );
+            s.lost(shown as u64);
+            return Ticket(0);
         }
+        if let Some(mut c) = p.chain.take() {
+            c.seal(&mut p.batch, start);
+            p.chain = Some(c);
+        }
+        let len = (p.batch.len() - start) as u64;
         // Under the batch's lock: either the writer parks after this line
         // is in (it sees the line and does not park), or before (it set
         // `parked`, and this wakes it).
+        let queued = s.queued.fetch_add(len, Ordering::SeqCst) + len;
+        let ticket = Ticket(queued);
+        if start == 0 && queued - len == s.written.load(Ordering::SeqCst) {
+            // Nothing else is unwritten: no line can be ahead of this one.
+            if let Ok(fd) = s.direct.try_lock() {
+                if let Some(f) = fd.as_ref().filter(|f| still_linked(f)) {
+                    let f = f.clone();
+                    return self.write_now(p, fd, &f, ticket);
+                }
+            }
+        }
         let wake = std::mem::take(&mut p.parked);
-        let queued = s.queued.fetch_add(len, Ordering::Relaxed) + len;
         drop(p);
         if queued.saturating_sub(s.written.load(Ordering::Relaxed)) > MAX_BACKLOG_BYTES
             && s.refusing.load(Ordering::Relaxed) & OVER_BYTES == 0
@@ -387,6 +466,143 @@ impl LogSink {
         if s.closed.load(Ordering::Relaxed) {
             show_late(s);
         }
+        ticket
+    }
+
+    /// The line alone in the batch, written from this thread. The batch's
+    /// lock is let go before the write (a line queued meanwhile goes to
+    /// the writer, which waits for `direct` before it writes). What the
+    /// descriptor does not take is handed to the writer, whole line first.
+    fn write_now(
+        &self,
+        mut p: MutexGuard<'_, Pending>,
+        fd: MutexGuard<'_, Option<Arc<File>>>,
+        f: &File,
+        ticket: Ticket,
+    ) -> Ticket {
+        let s = &*self.shared;
+        thread_local! {
+            static LINE: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+        }
+        LINE.with_borrow_mut(|line| {
+            line.clear();
+            line.extend_from_slice(&p.batch);
+            p.batch.clear();
+            drop(p);
+            let n = match (&*f).write(line) {
+                Ok(n) => n,
+                Err(_) => 0,
+            };
+            if n == line.len() {
+                s.written.fetch_add(n as u64, Ordering::SeqCst);
+                drop(fd);
+                s.wake_waiters();
+                return;
+            }
+            // The writer takes it from here (and meets the error itself):
+            // this line goes before any queued since, and no other line
+            // was unwritten (or written in part) when it was queued.
+            let mut st = lock(&s.state);
+            if st.taken {
+                drop(st);
+                let shown = show(
+                    s,
+                    &[Line {
+                        bytes: line.clone(),
+                        at: 0,
+                    }],
+                    0,
+                    &mut io::stderr().lock(),
+                );
+                s.lost(shown as u64);
+                return;
+            }
+            let at = s.now();
+            st.lines.push_front(Line {
+                bytes: line.clone(),
+                at,
+            });
+            st.off = n;
+            s.head.store(at, Ordering::Relaxed);
+            drop(st);
+            drop(fd);
+            self.wake_writer();
+        });
+        ticket
+    }
+
+    fn wake_writer(&self) {
+        let _ = self.tx.send(Wake);
+        if let Some(t) = self.shared.writer.get() {
+            t.unpark();
+        }
+    }
+
+    /// Whether the line of `ticket` is written (handed to the kernel).
+    pub fn written(&self, ticket: Ticket) -> bool {
+        self.shared.written.load(Ordering::SeqCst) >= ticket.0
+    }
+
+    /// Waits until the line of `ticket` is written; `false` if the sink
+    /// stops taking lines first (failing, stalled or closed: the line is
+    /// kept and shown at exit, and the caller must not complete the
+    /// answer as if it were on record). Wakes the writer at once rather
+    /// than on its tick.
+    pub async fn settle(&self, ticket: Ticket) -> bool {
+        if self.written(ticket) {
+            return true;
+        }
+        let s = &*self.shared;
+        s.waiters.fetch_add(1, Ordering::SeqCst);
+        struct Waiting<'a>(&'a Shared);
+        impl Drop for Waiting<'_> {
+            fn drop(&mut self) {
+                self.0.waiters.fetch_sub(1, Ordering::SeqCst);
+            }
+        }
+        let _w = Waiting(s);
+        self.wake_writer();
+        loop {
+            let n = s.notify.notified();
+            tokio::pin!(n);
+            n.as_mut().enable();
+            if self.written(ticket) {
+                return true;
+            }
+            if !self.healthy() || s.closed.load(Ordering::SeqCst) {
+                return false;
+            }
+            // Re-checked on a short tick too: a stall shows by age, with no
+            // event to wake on.
+            let _ = tokio::time::timeout(SETTLE_POLL, n).await;
+        }
+    }
+
+    /// Makes this a chained log (`--log-chain`): from the next line on,
+    /// each line is sealed (see [`chain`]). Call before the first line.
+    pub fn set_chain(&self, c: Chain) {
+        lock(&self.shared.pending).chain = Some(c);
+    }
+
+    /// Appends the chain's final checkpoint (a clean exit), once.
+    fn seal_final(&self) {
+        let mut p = lock(&self.shared.pending);
+        if p.sealed {
+            return;
+        }
+        p.sealed = true;
+        let Some(mut c) = p.chain.take() else {
+            return;
+        };
+        let start = p.batch.len();
+        c.checkpoint(&mut p.batch, true);
+        // Lines of connections cut after this still link on (and are
+        // reported unsealed).
+        p.chain = Some(c);
+        let len = (p.batch.len() - start) as u64;
+        self.shared.queued.fetch_add(len, Ordering::SeqCst);
+        drop(p);
+        self.wake_writer();
     }
 
     /// Asks the writer to reopen its file (log rotation).
@@ -439,6 +655,7 @@ impl LogSink {
             }
             return;
         }
+        self.seal_final();
         if self.flush(drain) {
             return;
         }
@@ -473,6 +690,8 @@ impl LogSink {
         drain_pending(s, &mut lines);
         drop(st);
         let shown = show(s, &lines, off, err);
+        s.lost(shown as u64);
+        s.wake_waiters();
         // Says the prefix in other words, so `grep -c` of it counts lines.
         let _ = writeln!(
             err,
@@ -536,6 +755,7 @@ fn show_late(s: &Shared) {
     drain_pending(s, &mut lines);
     if !lines.is_empty() {
         let n = show(s, &lines, 0, &mut io::stderr().lock());
+        s.lost(n as u64);
         s.late.fetch_add(n as u64, Ordering::Relaxed);
     }
 }
@@ -543,7 +763,7 @@ fn show_late(s: &Shared) {
 /// An open log: the descriptor and which file it is (a line is never split
 /// across two files).
 struct Out {
-    file: File,
+    file: Arc<File>,
     id: (u64, u64),
     pipe: bool,
 }
@@ -570,10 +790,24 @@ impl Out {
         };
         let m = file.metadata()?;
         Ok(Out {
-            file,
+            file: Arc::new(file),
             id: (m.dev(), m.ino()),
             pipe: m.file_type().is_fifo(),
         })
+    }
+
+    /// The descriptor request threads may write themselves: a regular file
+    /// or a pipe we opened non-blocking; not a socket or terminal, whose
+    /// write(2) could hold a request thread.
+    fn direct(&self) -> Option<Arc<File>> {
+        let m = self.file.metadata().ok()?;
+        let nonblocking = {
+            use std::os::fd::AsRawFd;
+            // SAFETY: F_GETFL on a descriptor `self.file` owns.
+            let fl = unsafe { libc::fcntl(self.file.as_raw_fd(), libc::F_GETFL) };
+            fl >= 0 && fl & libc::O_NONBLOCK != 0
+        };
+        (m.is_file() || (self.pipe && nonblocking)).then(|| self.file.clone())
     }
 
     /// Waits until the descriptor takes bytes again, at most `d`.
@@ -592,6 +826,13 @@ impl Out {
             libc::poll(&mut p, 1, d.as_millis() as libc::c_int);
         }
     }
+}
+
+/// Whether `f` is still the file at its path's inode (a regular file that
+/// was deleted takes writes nobody will ever read). Not a path lookup: a
+/// rotated (renamed) file still counts until SIGUSR1.
+fn still_linked(f: &File) -> bool {
+    f.metadata().map_or(true, |m| !m.is_file() || m.nlink() > 0)
 }
 
 /// Our own open file description, non-blocking: a full pipe answers
@@ -665,7 +906,8 @@ impl Writer {
                 self.wait_for(!st.lines.is_empty())
             };
             match wait {
-                Wait::Coalesce => std::thread::sleep(COALESCE),
+                // A request waiting for its line unparks it.
+                Wait::Coalesce => std::thread::park_timeout(COALESCE),
                 Wait::Writable => self.out.wait_writable(STALL_POLL),
                 Wait::None | Wait::Channel(_) => {}
             }
@@ -694,7 +936,8 @@ impl Writer {
                     let lines: Vec<Line> = st.lines.drain(..).collect();
                     st.taken = true;
                     drop(st);
-                    show(&shared, &lines, off, &mut io::stderr().lock());
+                    let n = show(&shared, &lines, off, &mut io::stderr().lock());
+                    shared.lost(n as u64);
                 }
                 return;
             }
@@ -752,6 +995,7 @@ impl Writer {
                     });
                 }
                 self.out = o;
+                *lock(&self.shared.direct) = self.out.direct();
             }
             Err(e) if asked => eprintln!("egressd: cannot reopen decision log: {e}"),
             Err(_) => {}
@@ -761,6 +1005,19 @@ impl Writer {
     /// One write(2) of the front of the backlog; whether it took bytes.
     fn write_once(&mut self) -> bool {
         let s = self.shared.clone();
+        if !still_linked(&self.out.file) {
+            // Deleted under egressd: a new file, or a failure (never
+            // lines into a file nobody can read).
+            s.reopen.store(true, Ordering::Relaxed);
+            self.maybe_reopen();
+            if !still_linked(&self.out.file) {
+                let no = io::Error::new(io::ErrorKind::NotFound, "the log file was deleted");
+                self.fail(&no);
+                return false;
+            }
+        }
+        // Request threads write only while holding this (see `direct`).
+        let _direct = lock(&s.direct);
         {
             let mut st = lock(&s.state);
             if st.lines.is_empty() || st.taken {
@@ -837,6 +1094,8 @@ impl Writer {
         if s.closed.load(Ordering::SeqCst) {
             s.settled.notify_all();
         }
+        drop(st);
+        s.wake_waiters();
         took
     }
 
@@ -867,6 +1126,7 @@ impl Writer {
         }
         self.failing = true;
         self.retry_at = Instant::now() + RETRY_EVERY;
+        s.wake_waiters();
     }
 
     /// Says on stderr when a stall begins and ends, and when refusals
@@ -1247,7 +1507,7 @@ mod tests {
         let file = File::from(std::os::fd::OwnedFd::from(ours));
         let m = file.metadata().unwrap();
         let out = Out {
-            file,
+            file: Arc::new(file),
             id: (m.dev(), m.ino()),
             pipe: false,
         };

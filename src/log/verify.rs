@@ -1,0 +1,1 @@
+//! `egressd log verify`: walks a chained decision log.
