@@ -199,6 +199,9 @@ struct Shared {
     /// request thread only with `try_lock`, so a write hung in the kernel
     /// never holds a request thread that wants to write too.
     direct: Mutex<Option<Arc<File>>>,
+    /// A line a request thread wrote only in part (or not at all), and how
+    /// much of it the sink took: the writer puts it first, under `direct`.
+    leftover: Mutex<Option<(Line, usize)>>,
     /// Requests waiting for their line to be written ([`LogSink::settle`]).
     waiters: std::sync::atomic::AtomicUsize,
     notify: tokio::sync::Notify,
@@ -342,6 +345,7 @@ impl LogSink {
             settled: Condvar::new(),
             metrics,
             direct: Mutex::new(out.direct()),
+            leftover: Mutex::new(None),
             waiters: Default::default(),
             notify: tokio::sync::Notify::new(),
             writer: OnceLock::new(),
@@ -501,32 +505,25 @@ impl LogSink {
             }
             // The writer takes it from here (and meets the error itself):
             // this line goes before any queued since, and no other line
-            // was unwritten (or written in part) when it was queued.
-            let mut st = lock(&s.state);
-            if st.taken {
-                drop(st);
-                let shown = show(
-                    s,
-                    &[Line {
-                        bytes: line.clone(),
-                        at: 0,
-                    }],
-                    0,
-                    &mut io::stderr().lock(),
-                );
-                s.lost(shown as u64);
-                return;
-            }
+            // was unwritten (or written in part) when it was queued. Not
+            // through `state`, which the writer holds while it sleeps.
             let at = s.now();
-            st.lines.push_front(Line {
-                bytes: line.clone(),
-                at,
-            });
-            st.off = n;
-            s.head.store(at, Ordering::Relaxed);
-            drop(st);
+            *lock(&s.leftover) = Some((
+                Line {
+                    bytes: line.clone(),
+                    at,
+                },
+                n,
+            ));
+            let _ = s
+                .head
+                .compare_exchange(0, at, Ordering::Relaxed, Ordering::Relaxed);
             drop(fd);
             self.wake_writer();
+            fence(Ordering::SeqCst);
+            if s.closed.load(Ordering::SeqCst) {
+                show_leftover(s);
+            }
         });
         ticket
     }
@@ -685,10 +682,21 @@ impl LogSink {
         st.taken = true;
         // What of the front batch the sink took is not shown again (but a
         // line it took only part of is shown whole).
-        let off = st.off;
-        let mut lines: Vec<Line> = st.lines.drain(..).collect();
+        let mut off = st.off;
+        let mut lines: Vec<Line> = Vec::new();
+        // A line a request thread left goes before every other.
+        if let Some((line, o)) = lock(&s.leftover).take() {
+            lines.push(line);
+            off = o;
+        }
+        lines.extend(st.lines.drain(..));
         drain_pending(s, &mut lines);
         drop(st);
+        // No more writes from request threads; the descriptor closes with
+        // the writer (a reader sees the end).
+        if let Ok(mut d) = s.direct.try_lock() {
+            *d = None;
+        }
         let shown = show(s, &lines, off, err);
         s.lost(shown as u64);
         s.wake_waiters();
@@ -747,6 +755,15 @@ fn show(s: &Shared, batches: &[Line], off: usize, err: &mut dyn Write) -> usize 
     }
     let _ = out.flush();
     shown
+}
+
+/// After the exit's dump: shows a line a request thread could not write.
+fn show_leftover(s: &Shared) {
+    let left = lock(&s.leftover).take();
+    if let Some((line, off)) = left {
+        let n = show(s, &[line], off, &mut io::stderr().lock());
+        s.lost(n as u64);
+    }
 }
 
 /// After the exit's dump: shows whatever reached the batch since.
@@ -1020,6 +1037,19 @@ impl Writer {
         let _direct = lock(&s.direct);
         {
             let mut st = lock(&s.state);
+            if let Some((line, off)) = lock(&s.leftover).take() {
+                if st.taken {
+                    drop(st);
+                    let n = show(&s, &[line], off, &mut io::stderr().lock());
+                    s.lost(n as u64);
+                    return false;
+                }
+                // Before every line queued after it; none of those has
+                // been written (this thread could not, until now).
+                debug_assert_eq!(st.off, 0);
+                st.lines.push_front(line);
+                st.off = off;
+            }
             if st.lines.is_empty() || st.taken {
                 self.publish(&st);
                 return false;
@@ -1448,7 +1478,11 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("a.log");
         let (sink, mut w) = LogSink::parts(LogTarget::File(p.clone()), Metrics::new()).unwrap();
+        // Lines go through the writer here, not from this thread.
+        let no_direct = || *lock(&sink.shared.direct) = None;
+        no_direct();
         let cut = |n: usize| {
+            no_direct();
             sink.write(line(n));
             let mut st = lock(&sink.shared.state);
             collect(&sink.shared, &mut st, &Wait::None).unwrap();
@@ -1477,6 +1511,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("a.log");
         let (sink, mut w) = LogSink::parts(LogTarget::File(p.clone()), Metrics::new()).unwrap();
+        *lock(&sink.shared.direct) = None;
         sink.write(line(1));
         sink.write(line(2));
         {

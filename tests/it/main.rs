@@ -23,6 +23,7 @@ mod packages;
 mod packages_import;
 mod policy_ci;
 mod policy_files;
+mod record;
 mod report;
 mod sandbox;
 mod schema;

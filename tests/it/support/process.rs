@@ -30,6 +30,8 @@ pub struct Egressd {
     pub policy_dir: PathBuf,
     pub log_path: PathBuf,
     pub stderr: Arc<Mutex<Vec<String>>>,
+    /// Set when egressd's stderr reached its end (it exited).
+    pub stderr_closed: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// How `egressd serve` is started; [`Builder::start`] starts it.
@@ -141,6 +143,8 @@ impl Builder {
         let lines = Arc::new(Mutex::new(Vec::new()));
         let (tx, rx) = std::sync::mpsc::channel();
         let l2 = lines.clone();
+        let closed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let c2 = closed.clone();
         thread::spawn(move || {
             let mut tx = Some(tx);
             for line in BufReader::new(stderr).lines() {
@@ -152,6 +156,7 @@ impl Builder {
                 }
                 l2.lock().unwrap().push(line);
             }
+            c2.store(true, std::sync::atomic::Ordering::SeqCst);
         });
         let line = match rx.recv_timeout(START) {
             Ok(l) => l,
@@ -176,6 +181,7 @@ impl Builder {
             policy_dir,
             log_path,
             stderr: lines,
+            stderr_closed: closed,
         }
     }
 }
