@@ -164,8 +164,12 @@ pub async fn start(args: &ServeArgs, listeners: Listeners) -> Result<Running> {
     let handle = PolicyHandle::new(pol);
     crate::reload::release_freed_memory();
 
+    let chain = args.engine.chain.chain()?;
     let log = LogSink::start(LogTarget::parse(&args.log), metrics.clone())
         .with_context(|| format!("cannot open decision log {}", args.log))?;
+    if let Some(c) = chain {
+        log.set_chain(c);
+    }
     let rate_policy = handle.clone();
     let recorder = Recorder::new(log.clone(), metrics.clone())
         .with_format(args.engine.log_format)
@@ -407,6 +411,9 @@ pub struct EngineArgs {
         default_value = "egressd"
     )]
     pub log_format: crate::record::LogFormat,
+    /// `--log-chain`, `--log-key`, `--log-checkpoint`: a verifiable decision log.
+    #[command(flatten)]
+    pub chain: crate::log::chain::ChainArgs,
     /// Directory holding the interception CA (`ca.pem`, `ca.key`); enables TLS interception.
     #[arg(long, env = "EGRESSD_CA_DIR")]
     pub ca_dir: Option<PathBuf>,

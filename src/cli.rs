@@ -38,6 +38,11 @@ pub enum Command {
         #[command(subcommand)]
         command: crate::cmd::packages::Command,
     },
+    /// Check a chained decision log (`--log-chain`), or make its signing key.
+    Log {
+        #[command(subcommand)]
+        command: crate::log::verify::LogCommand,
+    },
     /// Manage the TLS-interception CA.
     Ca {
         #[command(subcommand)]

@@ -16,6 +16,7 @@ fn main() -> ExitCode {
         Command::Explain(args) => cmd::explain::main(args, out, err),
         // Before any runtime exists: the launcher forks while single-threaded.
         Command::Run(args) => cmd::run::main(args, out, err),
+        Command::Log { command } => cmd::log::main(command, out, err),
         Command::Packages { command } => cmd::packages::main(command, out, err),
         Command::Ca { command } => cmd::ca::main(command, out, err),
     };

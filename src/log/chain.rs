@@ -230,8 +230,3 @@ impl std::fmt::Write for Bytes<'_> {
         Ok(())
     }
 }
-
-/// An io error for a key file that cannot be used.
-pub fn key_error(e: impl std::fmt::Display) -> io::Error {
-    io::Error::new(io::ErrorKind::InvalidData, e.to_string())
-}

@@ -156,13 +156,14 @@ impl Walk {
                 if self.prev.is_some() {
                     match &self.sealed {
                         Some((_, true)) if self.unsealed_from.is_none() => {
-                            self.notes.push(format!("{at}: egressd restarted (after a clean exit)"));
+                            self.notes
+                                .push(format!("{at}: egressd restarted (after a clean exit)"));
                         }
                         _ => {
-                            let from = self
-                                .unsealed_from
-                                .as_ref()
-                                .map_or_else(|| "the last checkpoint".to_string(), |a| a.to_string());
+                            let from = self.unsealed_from.as_ref().map_or_else(
+                                || "the last checkpoint".to_string(),
+                                |a| a.to_string(),
+                            );
                             self.open_ends.push(format!(
                                 "{} lines from {from} before the restart at {at} are not sealed (egressd was killed, or lines were cut there)",
                                 self.unsealed_n
@@ -202,7 +203,9 @@ impl Walk {
 
     fn checkpoint(&mut self, v: &Value, prev: &[u8], at: &At) -> Result<(), Verdict> {
         let bad = |why: &str| Verdict::Tampered(format!("{at}: checkpoint {why}"));
-        let lines = v["lines"].as_u64().ok_or_else(|| bad("has no line count"))?;
+        let lines = v["lines"]
+            .as_u64()
+            .ok_or_else(|| bad("has no line count"))?;
         let last = v["final"].as_bool().ok_or_else(|| bad("has no `final`"))?;
         let key = v["key"]
             .as_str()
@@ -243,10 +246,10 @@ impl Walk {
         }
         let mut open = std::mem::take(&mut self.open_ends);
         if let Some(from) = &self.unsealed_from {
-            let after = self
-                .sealed
-                .as_ref()
-                .map_or_else(|| "its start".to_string(), |(a, _)| format!("the last checkpoint ({a})"));
+            let after = self.sealed.as_ref().map_or_else(
+                || "its start".to_string(),
+                |(a, _)| format!("the last checkpoint ({a})"),
+            );
             open.push(format!(
                 "{} lines from {from} are not sealed: the log ends after {after} without its final checkpoint (egressd was killed, or the log was cut)",
                 self.unsealed_n
@@ -260,6 +263,87 @@ impl Walk {
             Verdict::Intact
         } else {
             Verdict::Unsealed(open.join("\n"))
+        }
+    }
+}
+
+/// `egressd log …`.
+#[derive(Debug, clap::Subcommand)]
+pub enum LogCommand {
+    /// Make an ed25519 key for --log-key: the private key at FILE (PKCS#8,
+    /// mode 0600), the public key in hex at FILE.pub.
+    Keygen {
+        #[arg(value_name = "FILE")]
+        key: PathBuf,
+    },
+    /// Check chained decision logs, oldest first (rotated files in order):
+    /// 0 intact, 1 changed/removed/reordered line or bad checkpoint,
+    /// 3 lines not sealed by a checkpoint (a kill or a cut tail).
+    Verify {
+        /// The public key `keygen` wrote (FILE.pub); without it, each
+        /// checkpoint is checked against the key it names.
+        #[arg(long = "pub", value_name = "FILE")]
+        public: Option<PathBuf>,
+        #[arg(value_name = "LOG", required = true, num_args = 1..)]
+        logs: Vec<PathBuf>,
+    },
+}
+
+/// Runs `egressd log …`; the exit status.
+pub fn main(cmd: LogCommand) -> u8 {
+    match cmd {
+        LogCommand::Keygen { key } => match super::chain::keygen(&key) {
+            Ok(public) => {
+                println!("{public}");
+                eprintln!(
+                    "egressd: key written to {}, public key to {}",
+                    key.display(),
+                    super::chain::pub_path(&key).display()
+                );
+                0
+            }
+            Err(e) => {
+                eprintln!("egressd: log keygen: {e:#}");
+                2
+            }
+        },
+        LogCommand::Verify { public, logs } => {
+            let public = match public.as_deref().map(read_pub).transpose() {
+                Ok(p) => p,
+                Err(e) => {
+                    eprintln!("egressd: log verify: {e:#}");
+                    return 2;
+                }
+            };
+            let unchecked_signer = public.is_none();
+            let r = match verify(&logs, public) {
+                Ok(r) => r,
+                Err(e) => {
+                    eprintln!("egressd: log verify: {e:#}");
+                    return 2;
+                }
+            };
+            for n in &r.notes {
+                println!("note: {n}");
+            }
+            match &r.verdict {
+                Verdict::Intact => println!(
+                    "intact: {} lines, {} checkpoints{}",
+                    r.lines,
+                    r.checkpoints,
+                    if unchecked_signer {
+                        " (signer not checked: give --pub)"
+                    } else {
+                        ""
+                    }
+                ),
+                Verdict::Tampered(why) => println!("TAMPERED: {why}"),
+                Verdict::Unsealed(why) => println!(
+                    "unsealed: {why}\n(the lines before are intact: {} lines, {} checkpoints)",
+                    r.lines, r.checkpoints
+                ),
+            }
+            r.verdict.code()
         }
     }
 }

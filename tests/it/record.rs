@@ -85,10 +85,7 @@ fn assert_every_answer_on_record(served: &BTreeSet<usize>, log: &str, stderr: &s
         missing.is_empty(),
         "answered 200 but on no record: {missing:?}\nstderr: {stderr}"
     );
-    let printed = stderr
-        .lines()
-        .filter(|l| l.starts_with(PREFIX))
-        .count();
+    let printed = stderr.lines().filter(|l| l.starts_with(PREFIX)).count();
     if printed > 0 {
         assert!(
             stderr.contains(&format!("egressd: {printed} unwritten decision lines")),
@@ -98,7 +95,8 @@ fn assert_every_answer_on_record(served: &BTreeSet<usize>, log: &str, stderr: &s
 }
 
 fn lost_metric(e: &Egressd) -> f64 {
-    e.metric("egressd_log_lines_lost_total").expect("the lost-lines metric")
+    e.metric("egressd_log_lines_lost_total")
+        .expect("the lost-lines metric")
 }
 
 /// Requests until the log refuses (503 log_unavailable); the 200s go into
@@ -151,7 +149,10 @@ fn sigkill_after_the_last_answer_loses_no_line() {
     let log = std::fs::read_to_string(&l.e.log_path).unwrap();
     let got: BTreeSet<usize> = served_in(&log, "").into_iter().collect();
     let missing: Vec<usize> = (0..n).filter(|i| !got.contains(i)).collect();
-    assert!(missing.is_empty(), "answered but not in the log: {missing:?}");
+    assert!(
+        missing.is_empty(),
+        "answered but not in the log: {missing:?}"
+    );
     // Requests answered on the hyper path too (a POST is not the fast
     // path's), each on its own connection, killed right after.
     let mut l = setup("");
@@ -167,7 +168,10 @@ fn sigkill_after_the_last_answer_loses_no_line() {
     let log = std::fs::read_to_string(&l.e.log_path).unwrap();
     let got: BTreeSet<usize> = served_in(&log, "").into_iter().collect();
     let missing: Vec<usize> = (0..50).filter(|i| !got.contains(i)).collect();
-    assert!(missing.is_empty(), "answered but not in the log: {missing:?}");
+    assert!(
+        missing.is_empty(),
+        "answered but not in the log: {missing:?}"
+    );
 }
 
 /// /dev/full: nothing is written, so nothing is answered as if it were;
@@ -236,7 +240,8 @@ fn a_full_disk_refuses_then_recovers_with_no_line_lost() {
     assert_every_answer_on_record(&served, &text, &stderr);
     assert!(!stderr.contains(PREFIX), "the sink recovered: {stderr}");
     assert!(
-        text.lines().all(|l| serde_json::from_str::<Value>(l).is_ok()),
+        text.lines()
+            .all(|l| serde_json::from_str::<Value>(l).is_ok()),
         "every line whole"
     );
 }
@@ -338,4 +343,185 @@ fn a_deleted_log_file_is_recreated_and_no_line_goes_into_the_void() {
     let text = std::fs::read_to_string(&path).expect("a new log file");
     assert_every_answer_on_record(&served, &text, &stderr);
     assert!(!stderr.contains(PREFIX), "{stderr}");
+}
+
+/// `egressd log …` with `args`: exit status and stdout.
+fn log_cmd(args: &[&str]) -> (i32, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_egressd"))
+        .arg("log")
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+    )
+}
+
+/// A chained log of `n` answered requests, checkpoints every 5 lines;
+/// egressd stopped with SIGTERM (`clean`) or SIGKILL. The log's lines,
+/// the public key's path, and the scratch dir holding them.
+fn chained(n: usize, clean: bool) -> (Vec<String>, String, Scratch) {
+    let dir = scratch();
+    let key = dir.path("log.key");
+    let (rc, _) = log_cmd(&["keygen", key.to_str().unwrap()]);
+    assert_eq!(rc, 0);
+    let key_arg = key.to_str().unwrap().to_string();
+    let mut l = lab().names(&["a.test"]).start_with(move |ports, b| {
+        b.policy(
+            "a.yaml",
+            &policy()
+                .exception("a")
+                .host("a.test")
+                .cidr(LOOPBACK)
+                .port(ports.origin)
+                .yaml(),
+        )
+        .arg("--log-chain")
+        .arg("--log-key")
+        .arg(&key_arg)
+        .arg("--log-checkpoint")
+        .arg("5")
+    });
+    for i in 0..n {
+        assert_eq!(get(&l, i), 200);
+    }
+    if clean {
+        stop(&mut l);
+    } else {
+        l.e.child.kill().unwrap();
+        l.e.child.wait().unwrap();
+    }
+    let text = std::fs::read_to_string(&l.e.log_path).unwrap();
+    let public = format!("{}.pub", key.display());
+    (text.lines().map(String::from).collect(), public, dir)
+}
+
+fn verify_lines(dir: &Scratch, public: &str, lines: &[String]) -> (i32, String) {
+    let p = dir.path("copy.log");
+    std::fs::write(
+        &p,
+        lines.iter().map(|l| format!("{l}\n")).collect::<String>(),
+    )
+    .unwrap();
+    log_cmd(&["verify", "--pub", public, p.to_str().unwrap()])
+}
+
+#[test]
+fn a_chained_log_verifies_and_each_edit_is_named() {
+    let (lines, public, dir) = chained(12, true);
+    assert!(lines.iter().all(|l| l.contains("\"prev\":\"")));
+    let checkpoints = lines
+        .iter()
+        .filter(|l| l.contains("\"checkpoint\""))
+        .count();
+    assert_eq!(
+        checkpoints, 3,
+        "every 5 lines and the final one: {lines:#?}"
+    );
+    assert!(lines.last().unwrap().contains("\"final\":true"));
+    let (rc, out) = verify_lines(&dir, &public, &lines);
+    assert_eq!(rc, 0, "{out}");
+    assert!(out.contains("intact"), "{out}");
+
+    // A flipped byte in line 3 (1-based): line 4's prev no longer matches.
+    let mut flipped = lines.clone();
+    flipped[2] = flipped[2].replacen("/n/2", "/n/7", 1);
+    let (rc, out) = verify_lines(&dir, &public, &flipped);
+    assert_eq!(rc, 1, "{out}");
+    assert!(out.contains("copy.log:4:") && out.contains("prev"), "{out}");
+
+    // A deleted line.
+    let mut deleted = lines.clone();
+    deleted.remove(7);
+    let (rc, out) = verify_lines(&dir, &public, &deleted);
+    assert_eq!(rc, 1, "{out}");
+    assert!(out.contains("copy.log:8:"), "{out}");
+
+    // A swapped pair.
+    let mut swapped = lines.clone();
+    swapped.swap(1, 2);
+    let (rc, out) = verify_lines(&dir, &public, &swapped);
+    assert_eq!(rc, 1, "{out}");
+    assert!(out.contains("copy.log:2:"), "{out}");
+
+    // A checkpoint re-signed by another key.
+    let other = dir.path("other.key");
+    assert_eq!(log_cmd(&["keygen", other.to_str().unwrap()]).0, 0);
+    let other_pub = format!("{}.pub", other.display());
+    let (rc, out) = verify_lines(&dir, &other_pub, &lines);
+    assert_eq!(rc, 1, "{out}");
+    assert!(out.contains("checkpoint"), "{out}");
+
+    // The tail cut (the final checkpoint and two lines before it).
+    let cut = &lines[..lines.len() - 3];
+    let (rc, out) = verify_lines(&dir, &public, cut);
+    assert_eq!(rc, 3, "{out}");
+    assert!(
+        out.contains("not sealed") || out.contains("not the final"),
+        "{out}"
+    );
+    assert!(!out.contains("TAMPERED"), "{out}");
+}
+
+/// SIGKILL: the lines after the last checkpoint are reported unsealed,
+/// not tampered with; the ones before verify.
+#[test]
+fn a_sigkill_tail_is_unsealed_not_tampered() {
+    let (lines, public, dir) = chained(7, false);
+    assert!(!lines.last().unwrap().contains("\"final\":true"));
+    let (rc, out) = verify_lines(&dir, &public, &lines);
+    assert_eq!(rc, 3, "{out}");
+    assert!(
+        out.contains("2 lines from") && out.contains("not sealed"),
+        "{out}"
+    );
+    assert!(!out.contains("TAMPERED"), "{out}");
+}
+
+/// SIGUSR1 rotation: the chain goes on into the new file; verify takes
+/// the files in order, and not out of order.
+#[test]
+fn a_chained_log_verifies_across_rotation() {
+    let dir = scratch();
+    let key = dir.path("log.key");
+    assert_eq!(log_cmd(&["keygen", key.to_str().unwrap()]).0, 0);
+    let key_arg = key.to_str().unwrap().to_string();
+    let mut l = lab().names(&["a.test"]).start_with(move |ports, b| {
+        b.policy(
+            "a.yaml",
+            &policy()
+                .exception("a")
+                .host("a.test")
+                .cidr(LOOPBACK)
+                .port(ports.origin)
+                .yaml(),
+        )
+        .arg("--log-chain")
+        .arg("--log-key")
+        .arg(&key_arg)
+        .arg("--log-checkpoint")
+        .arg("4")
+    });
+    for i in 0..6 {
+        assert_eq!(get(&l, i), 200);
+    }
+    let old = dir.path("decisions.log.1");
+    std::fs::rename(&l.e.log_path, &old).unwrap();
+    l.e.signal("USR1");
+    eventually("the reopen", || {
+        l.e.stderr_text()
+            .contains("reopening decision log")
+            .then_some(())
+    });
+    for i in 6..12 {
+        assert_eq!(get(&l, i), 200);
+    }
+    stop(&mut l);
+    let public = format!("{}.pub", key.display());
+    let new = l.e.log_path.to_str().unwrap().to_string();
+    let (rc, out) = log_cmd(&["verify", "--pub", &public, old.to_str().unwrap(), &new]);
+    assert_eq!(rc, 0, "{out}");
+    let (rc, out) = log_cmd(&["verify", "--pub", &public, &new, old.to_str().unwrap()]);
+    assert_ne!(rc, 0, "out of order: {out}");
 }
