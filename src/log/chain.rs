@@ -10,7 +10,6 @@
 //! hashed is the order written.
 
 use std::fmt::Write as _;
-use std::io;
 use std::path::{Path, PathBuf};
 
 use ring::digest::{digest, SHA256};

@@ -493,10 +493,8 @@ impl LogSink {
             line.extend_from_slice(&p.batch);
             p.batch.clear();
             drop(p);
-            let n = match (&*f).write(line) {
-                Ok(n) => n,
-                Err(_) => 0,
-            };
+            // An error is met again, and counted, by the writer.
+            let n: usize = (&*f).write(line).unwrap_or_default();
             if n == line.len() {
                 s.written.fetch_add(n as u64, Ordering::SeqCst);
                 drop(fd);

@@ -182,9 +182,9 @@ impl Walk {
                 ));
             }
             Some(_) => {
-                return Err(tampered(format!(
-                    "`prev` does not match the line before: the line before was changed, or lines were removed or reordered here"
-                )));
+                return Err(tampered(
+                    "`prev` does not match the line before: the line before was changed, or lines were removed or reordered here".to_string(),
+                ));
             }
         }
         self.prev = Some(hash);
