@@ -151,8 +151,13 @@ fn log_sink_failure_fails_closed_with_503_and_counts() {
             .log("/dev/full")
     });
     let (e, o, p) = (&l.e, &l.origin, l.port());
-    // The first request's line cannot be written; from then on egressd refuses.
-    let _ = status(e, "a.test", p);
+    // The first request's line cannot be written (its answer is cut, not
+    // completed off the record); from then on egressd refuses.
+    let _ = try_request(
+        e.proxy,
+        format!("GET http://a.test:{p}/ HTTP/1.1\r\nHost: a.test\r\nConnection: close\r\n\r\n")
+            .as_bytes(),
+    );
     eventually("a counted write error", || {
         (e.metric("egressd_log_write_errors_total")? >= 1.0).then_some(())
     });
@@ -197,7 +202,10 @@ fn log_sink_recovers_when_writes_work_again() {
     let r1 = reader.join().unwrap();
     drop(r1); // the pipe's reader goes away: writes now fail with EPIPE
     eventually("503 after the reader left", || {
-        let r = e.get(&format!("http://a.test:{p}/"));
+        let raw =
+            format!("GET http://a.test:{p}/ HTTP/1.1\r\nHost: a.test\r\nConnection: close\r\n\r\n");
+        // The first request after it has its answer cut (no answer).
+        let r = try_request(e.proxy, raw.as_bytes())?;
         (r.status == 503).then_some(())
     });
     // A new reader appears: egressd reopens, writes what it held, serves again.

@@ -50,11 +50,16 @@ impl Sent {
     /// `X-Egressd-Reason`.
     fn get(&mut self, e: &Egressd, port: u16) -> (u16, Option<String>) {
         let path = format!("/r{}", self.http.len());
-        let r = try_request(
+        // The request whose line the log could not take has its answer
+        // cut (DESIGN "The record holds": the last bytes wait for the
+        // line): no answer, status 0; its line is kept all the same.
+        let Some(r) = try_request(
             e.proxy,
             get_raw(&format!("http://busy.test:{port}{path}")).as_bytes(),
-        )
-        .unwrap_or_else(|| panic!("{path}: no answer"));
+        ) else {
+            self.http.push((path, 0));
+            return (0, None);
+        };
         self.http.push((path, r.status));
         let reason = r.reason().map(str::to_string);
         if r.status != 200 {
@@ -159,7 +164,10 @@ fn assert_ledger(sent: &Sent, sink: &[Value], shown: &[Value]) -> HashMap<String
             1,
             "{path} (answered {status}): lines {lines:?}"
         );
-        assert_eq!(lines[0]["status"], *status, "{path}: {}", lines[0]);
+        // A cut answer (0: the log stopped before its line was written)
+        // is on record as what the origin answered.
+        let want = if *status == 0 { 200 } else { *status };
+        assert_eq!(lines[0]["status"], want, "{path}: {}", lines[0]);
         if *status == 503 {
             assert_eq!(lines[0]["reason"], "log_unavailable", "{path}");
         }
@@ -314,8 +322,10 @@ fn a_fifo_reader_that_stops_gets_refusals_and_loses_no_line() {
     let (sink, rest) = split_lines(&reader.finish());
     assert_eq!(rest, "", "the FIFO carried half a line");
     assert!(!shown.is_empty(), "nothing was held at exit");
+    // Past a full pipe no answer completes before its line is written, so
+    // fewer requests fit in the test's time than when answers ran ahead.
     assert!(
-        sent.http.len() >= 1_000,
+        sent.http.len() >= 500,
         "{} requests: the test drives too little",
         sent.http.len()
     );
