@@ -194,7 +194,8 @@ fn dev_full_answers_nothing_off_the_record_and_shows_every_line() {
 struct Tmpfs(std::path::PathBuf, #[allow(dead_code)] Scratch);
 
 impl Tmpfs {
-    fn mount(size: &str) -> Option<Tmpfs> {
+    fn mount(size: &str) -> Tmpfs {
+        crate::support::need_root("a full-disk test", "it mounts a small tmpfs");
         let dir = scratch();
         let at = dir.path("mnt");
         std::fs::create_dir(&at).unwrap();
@@ -203,11 +204,8 @@ impl Tmpfs {
             .arg(&at)
             .status()
             .is_ok_and(|s| s.success());
-        if !ok {
-            eprintln!("SKIPPED: cannot mount a tmpfs (not root?)");
-            return None;
-        }
-        Some(Tmpfs(at, dir))
+        assert!(ok, "mount -t tmpfs failed");
+        Tmpfs(at, dir)
     }
 }
 
@@ -221,9 +219,7 @@ impl Drop for Tmpfs {
 /// (a filler removed), writes what it held; no line lost.
 #[test]
 fn a_full_disk_refuses_then_recovers_with_no_line_lost() {
-    let Some(fs) = Tmpfs::mount("64k") else {
-        return;
-    };
+    let fs = Tmpfs::mount("64k");
     let log = fs.0.join("decisions.log");
     // Most of the room taken by a filler the test frees later.
     std::fs::write(fs.0.join("filler"), vec![b'x'; 40 << 10]).unwrap();
@@ -250,9 +246,7 @@ fn a_full_disk_refuses_then_recovers_with_no_line_lost() {
 /// stderr at exit, each counted.
 #[test]
 fn a_disk_that_stays_full_shows_and_counts_every_held_line() {
-    let Some(fs) = Tmpfs::mount("64k") else {
-        return;
-    };
+    let fs = Tmpfs::mount("64k");
     let log = fs.0.join("decisions.log");
     std::fs::write(fs.0.join("filler"), vec![b'x'; 40 << 10]).unwrap();
     let mut l = setup(log.to_str().unwrap());
