@@ -79,6 +79,7 @@ fn build(n: usize) -> Policy {
     let sources = [Source {
         path: PathBuf::from("bench.yaml"),
         text: policy_yaml(n),
+        grant: false,
     }];
     compile(&sources, &|_| None).expect("generated policy compiles")
 }
@@ -223,6 +224,7 @@ fn compile_time(cr: &mut Criterion) {
         let sources = [Source {
             path: PathBuf::from("bench.yaml"),
             text: policy_yaml(n),
+            grant: false,
         }];
         group.bench_with_input(BenchmarkId::from_parameter(n), &sources, |b, s| {
             b.iter(|| compile(black_box(s), &|_| None).expect("compiles"))

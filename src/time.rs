@@ -126,6 +126,16 @@ pub fn format_rfc3339_millis(ms: i64) -> String {
     String::from_utf8(b.to_vec()).expect("ASCII digits")
 }
 
+/// Seconds as the largest whole unit `parse_duration` reads (`24h`, `90m`, `45s`).
+pub fn format_duration(secs: u64) -> String {
+    for (unit, n) in [("w", 7 * 86400), ("d", 86400), ("h", 3600), ("m", 60)] {
+        if secs >= n && secs % n == 0 {
+            return format!("{}{unit}", secs / n);
+        }
+    }
+    format!("{secs}s")
+}
+
 pub fn format_date(secs: i64) -> String {
     let (y, m, d) = civil_from_days(secs.div_euclid(86400));
     format!("{y:04}-{m:02}-{d:02}")

@@ -14,6 +14,7 @@ pub mod addr;
 mod compile;
 pub mod decision;
 pub mod field;
+pub mod grant;
 mod handle;
 pub mod host;
 pub mod matcher;
@@ -274,6 +275,8 @@ pub struct Settings {
     pub dns: DnsSettings,
     pub missing_sni: MissingSni,
     pub limits: Limits,
+    /// `settings.grants`: the ceiling of every grant.
+    pub grants: grant::GrantSettings,
     /// Where the settings block was, if any (for lint messages).
     pub location: Option<(PathBuf, usize)>,
 }
@@ -293,6 +296,7 @@ impl Default for Settings {
             },
             missing_sni: MissingSni::ExactOnly,
             limits: Limits::default(),
+            grants: grant::GrantSettings::default(),
             location: None,
         }
     }
@@ -356,6 +360,8 @@ pub struct Rules {
     pub path_patterns: Box<[String]>,
     pub dns_types: Box<[u16]>,
     pub inject: Box<[InjectedHeader]>,
+    /// Set for a grant (a file of the grants directory).
+    pub grant: Option<grant::Grant>,
 }
 
 impl Rules {
@@ -369,6 +375,7 @@ impl Rules {
             && self.path_patterns.is_empty()
             && self.dns_types.is_empty()
             && self.inject.is_empty()
+            && self.grant.is_none()
     }
 }
 
@@ -439,6 +446,16 @@ impl Exception {
 
     pub fn inject(&self) -> &[InjectedHeader] {
         self.rules().map_or(&[], |r| &r.inject)
+    }
+
+    /// Makes this exception the grant `g` (compile only).
+    pub(crate) fn set_grant(&mut self, g: grant::Grant) {
+        self.rules.get_or_insert_with(Box::default).grant = Some(g);
+    }
+
+    /// The grant this exception is, if it is one.
+    pub fn grant(&self) -> Option<&grant::Grant> {
+        self.rules()?.grant.as_ref()
     }
 
     /// Whether an opaque tunnel cannot enforce this exception (it restricts
@@ -614,6 +631,53 @@ impl Policy {
         self.finish(decision)
     }
 
+    /// [`Policy::decide`] for a request about to be served: when a grant
+    /// allows it outright, one of the grant's uses is taken, exactly (of
+    /// requests racing for the last use one wins; the others are decided
+    /// again, and the used-up grant no longer matches). DNS answers and
+    /// CONNECTs that will be intercepted take no use: the requests they
+    /// lead to do. `decide` itself takes nothing (`explain`, replays).
+    pub fn decide_to_serve(&self, req: &Request<'_>, now: i64) -> Decision<'_> {
+        loop {
+            let d = self.decide(req, now);
+            let grant = d.exception.and_then(Exception::grant);
+            match grant {
+                Some(g)
+                    if d.verdict == Verdict::Allow
+                        && !d.report_only
+                        && req.proto != Proto::Dns
+                        && !g.take() => {}
+                _ => return d,
+            }
+        }
+    }
+
+    /// Lets `share` hand each grant the counter it counts in (the one
+    /// kept for its id across reloads and restarts). Called before the
+    /// policy serves.
+    pub fn share_grant_uses(
+        &mut self,
+        mut share: impl FnMut(&Exception) -> Option<Arc<grant::GrantUses>>,
+    ) {
+        for e in &mut self.exceptions {
+            if e.grant().is_none() {
+                continue;
+            }
+            if let Some(uses) = share(e) {
+                if let Some(g) = e.rules.as_mut().and_then(|r| r.grant.as_mut()) {
+                    g.share(uses);
+                }
+            }
+        }
+    }
+
+    /// The grants among the exceptions.
+    pub fn grants(&self) -> impl Iterator<Item = (&Exception, &grant::Grant)> {
+        self.exceptions
+            .iter()
+            .filter_map(|e| e.grant().map(|g| (e, g)))
+    }
+
     /// Applies the policy's mode to a decision made by the exceptions.
     fn finish<'p>(&'p self, d: Decision<'p>) -> Decision<'p> {
         d.under(self.settings.mode)
@@ -621,7 +685,9 @@ impl Policy {
 
     /// Ok(needs_inspection) when `e` allows `req`; else how far it got.
     fn evaluate(&self, e: &Exception, req: &Request<'_>, now: i64) -> Result<bool, Stage> {
-        if e.is_expired(now) {
+        // A grant past its TTL or its uses matches nothing from that
+        // moment: both are read here, at decide time, not at load.
+        if e.is_expired(now) || e.grant().is_some_and(grant::Grant::used_up) {
             return Err(Stage::Expired);
         }
         if let Some(allowed) = e.clients() {
@@ -789,10 +855,13 @@ fn ct_eq(a: &[u8], b: &[u8]) -> bool {
 }
 
 /// One policy file's path and contents.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct Source {
     pub path: PathBuf,
     pub text: String,
+    /// A file of the grants directory: `grant:` is allowed (and required)
+    /// in it, and it is held to `settings.grants`.
+    pub grant: bool,
 }
 
 /// Reads a policy file, or every `*.yaml`/`*.yml` in a directory (sorted by
@@ -871,7 +940,84 @@ pub fn read_sources(path: &Path) -> Result<Vec<Source>, LoadError> {
     let mut out = Vec::with_capacity(files.len());
     for (f, real) in files {
         let text = read_policy_file(&real).map_err(|e| LoadError::at(&f, 0, 0, e))?;
-        out.push(Source { path: f, text });
+        out.push(Source {
+            path: f,
+            text,
+            grant: false,
+        });
+    }
+    if meta.is_dir() {
+        out.extend(read_grants(&path.join(GRANTS_DIR))?);
+    }
+    Ok(out)
+}
+
+/// The grants directory's name inside a policy directory.
+pub const GRANTS_DIR: &str = "grants";
+
+/// Where a policy's grants live: `grants` when given (`--grants DIR`),
+/// else `<policy>/grants/` for a policy directory; a one-file policy has
+/// none unless given.
+pub fn grants_dir(policy: &Path, grants: Option<&Path>) -> Option<PathBuf> {
+    match grants {
+        Some(g) => Some(g.to_path_buf()),
+        None if policy.is_dir() => Some(policy.join(GRANTS_DIR)),
+        None => None,
+    }
+}
+
+/// Reads a policy with its grants from `grants` (`--grants DIR`) instead
+/// of `<policy>/grants/`.
+pub fn read_sources_with(path: &Path, grants: Option<&Path>) -> Result<Vec<Source>, LoadError> {
+    let Some(g) = grants else {
+        return read_sources(path);
+    };
+    let mut out = read_sources(path)?;
+    // A policy directory's own grants/ is not read when --grants names
+    // another: the grants are where the operator said they are.
+    out.retain(|s| !s.grant);
+    out.extend(read_grants(g)?);
+    Ok(out)
+}
+
+/// Every `*.yaml` grant file in `dir` (sorted; hidden files, such as the
+/// `.state/` of use counts, skipped). A missing directory holds no grants.
+pub fn read_grants(dir: &Path) -> Result<Vec<Source>, LoadError> {
+    let rd = match std::fs::read_dir(dir) {
+        Ok(rd) => rd,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => {
+            return Err(LoadError::at(
+                dir,
+                0,
+                0,
+                format!("cannot read grants directory: {e}"),
+            ))
+        }
+    };
+    let mut files = Vec::new();
+    for entry in rd {
+        let entry = entry
+            .map_err(|e| LoadError::at(dir, 0, 0, format!("cannot read grants directory: {e}")))?;
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        if name.starts_with('.') || !(name.ends_with(".yaml") || name.ends_with(".yml")) {
+            continue;
+        }
+        let p = entry.path();
+        if p.is_file() {
+            files.push(p);
+        }
+    }
+    files.sort();
+    let mut out = Vec::with_capacity(files.len());
+    for f in files {
+        let text = read_policy_file(&f).map_err(|e| LoadError::at(&f, 0, 0, e))?;
+        out.push(Source {
+            path: f,
+            text,
+            grant: true,
+        });
     }
     Ok(out)
 }
@@ -922,6 +1068,7 @@ pub fn from_yaml(text: &str) -> Result<Policy, LoadError> {
         &[Source {
             path: PathBuf::from("<inline>"),
             text: text.to_string(),
+            grant: false,
         }],
         &|_| None,
     )

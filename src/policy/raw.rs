@@ -71,6 +71,39 @@ pub struct RawSettings {
     /// The package gate: which ecosystems' registry traffic goes through it,
     /// the default `min_age`, and mirrors.
     pub packages: Option<crate::packages::raw::RawPackageSettings>,
+    /// The ceiling no grant (`egressd grant`) may pass.
+    pub grants: Option<RawGrantSettings>,
+}
+
+/// `settings.grants`: the ceiling of every grant (DESIGN "Grants").
+#[derive(Debug, Default, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RawGrantSettings {
+    /// The longest TTL a grant may have (default 24h).
+    pub max_ttl: Option<DurationField>,
+    /// The most uses a grant may have; when set, every grant needs a use limit.
+    #[schemars(range(min = 1))]
+    pub max_uses: Option<u32>,
+    /// Hosts no grant may name (a name, or `*.suffix`; a name also keeps out
+    /// every name below it).
+    #[serde(default)]
+    pub never: Vec<PatternField>,
+}
+
+/// What makes an exception a grant: only in files of the grants directory,
+/// written by `egressd grant`.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RawGrant {
+    /// The id of the denied request it was made from.
+    pub from_request: String,
+    /// Who ran `egressd grant`.
+    pub granted_by: String,
+    /// When it was made (RFC 3339); its TTL is `expires` minus this.
+    pub granted_at: DateField,
+    /// How many requests it allows; none: until it expires.
+    #[schemars(range(min = 1))]
+    pub max_uses: Option<u32>,
 }
 
 /// What a request no exception allows gets.
@@ -373,6 +406,8 @@ pub struct RawException {
     pub dns_types: Option<Vec<QTypeField>>,
     /// Credentials added outside the sandbox (needs interception).
     pub inject: Option<RawInject>,
+    /// Set by `egressd grant`: this exception is a grant (grants directory only).
+    pub grant: Option<RawGrant>,
 }
 
 validated!(

@@ -62,6 +62,7 @@ fn compile_one(path: &Path, text: &str) -> Result<Policy, LoadError> {
         &[Source {
             path: path.to_path_buf(),
             text: text.to_string(),
+            grant: false,
         }],
         &env,
     )

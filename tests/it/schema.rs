@@ -100,6 +100,7 @@ fn parse(name: &str, text: &str) -> Result<(), String> {
         &[Source {
             path: PathBuf::from(name),
             text: text.to_string(),
+            grant: false,
         }],
         &|_| Some("a-test-secret".to_string()),
     )

@@ -16,11 +16,13 @@ use http::{HeaderName, HeaderValue};
 
 use super::locate::{by_value, locate, locate_all};
 use super::{Body, Errors, File};
+use crate::policy::grant::{check_ceiling, Candidate, Grant, GrantSettings};
 use crate::policy::host::HostPattern;
 use crate::policy::matcher::Matcher;
-use crate::policy::raw::RawException;
+use crate::policy::raw::{RawException, RawFile};
 use crate::policy::{
-    path, qtype, Client, ClientIdx, Exception, InjectedHeader, Rules, Source, DEFAULT_PORTS,
+    path, qtype, Client, ClientIdx, Exception, InjectedHeader, Rules, Settings, Source,
+    DEFAULT_PORTS,
 };
 
 /// Every exception of every file, the matcher over them, and each file's
@@ -29,6 +31,7 @@ use crate::policy::{
 pub(super) fn exceptions(
     files: &[File<'_, '_>],
     clients: &[Client],
+    settings: &Settings,
     env: &dyn Fn(&str) -> Option<String>,
     errs: &mut Errors,
 ) -> (Vec<Exception>, Matcher, Vec<Range<usize>>) {
@@ -71,6 +74,9 @@ pub(super) fn exceptions(
         };
         match &f.body {
             Body::Raw(raw) => {
+                if src.grant {
+                    grant_file(src, raw, errs);
+                }
                 let mut places = Places::new(&src.text);
                 for r in &raw.exceptions {
                     let id = r.id.0.as_str();
@@ -90,10 +96,9 @@ pub(super) fn exceptions(
                         file: file.clone(),
                         at,
                     };
-                    add(
-                        exception(r, place, owner, clients, &mut globs, env, errs),
-                        &mut matcher,
-                    );
+                    let mut e = exception(r, place, owner, clients, &mut globs, env, errs);
+                    grant(r, &mut e, src, at, &settings.grants, errs);
+                    add(e, &mut matcher);
                 }
             }
             Body::Copied(copied) => {
@@ -124,6 +129,100 @@ pub(super) fn exceptions(
         ranges.push(start..exceptions.len());
     }
     (exceptions, matcher, ranges)
+}
+
+/// A file of the grants directory holds one exception and nothing else.
+fn grant_file(src: &Source, raw: &RawFile, errs: &mut Errors) {
+    if raw.settings.is_some() {
+        errs.at(
+            src,
+            locate(&src.text, "settings", ""),
+            "a grant file holds no settings:".into(),
+        );
+    }
+    if !raw.packages.is_empty() {
+        errs.at(
+            src,
+            locate(&src.text, "packages", ""),
+            "a grant file holds no packages:".into(),
+        );
+    }
+    if raw.exceptions.len() != 1 {
+        errs.at(
+            src,
+            locate(&src.text, "exceptions", ""),
+            format!(
+                "a grant file holds exactly one exception, not {}",
+                raw.exceptions.len()
+            ),
+        );
+    }
+}
+
+/// `grant:` of one exception: only in a grant file, required there, and the
+/// grant held to the ceiling (`settings.grants`) as `egressd grant` held it
+/// when it wrote the file: a file edited by hand past it is refused.
+fn grant(
+    r: &RawException,
+    e: &mut Exception,
+    src: &Source,
+    at: (usize, usize),
+    ceiling: &GrantSettings,
+    errs: &mut Errors,
+) {
+    let id = &*e.id;
+    let Some(g) = &r.grant else {
+        if src.grant {
+            errs.at(
+                src,
+                at,
+                format!("exception {id:?} in a grant file has no grant:"),
+            );
+        }
+        return;
+    };
+    if !src.grant {
+        errs.at(
+            src,
+            at,
+            format!("exception {id:?} has grant:, which only files of the grants directory may have (egressd grant writes them)"),
+        );
+        return;
+    }
+    let Some(expires) = r.expires.as_ref().map(|d| d.0) else {
+        errs.at(src, at, format!("grant {id:?} has no expires:"));
+        return;
+    };
+    let hosts: Vec<String> = r.hosts.iter().map(|h| h.0.to_string()).collect();
+    let candidate = Candidate {
+        hosts: &hosts,
+        has_cidrs: !r.cidrs.is_empty(),
+        has_inject: r.inject.is_some(),
+        ttl_secs: expires - g.granted_at.0,
+        max_uses: g.max_uses,
+    };
+    if let Err(refusal) = check_ceiling(&candidate, ceiling) {
+        errs.at(src, at, format!("grant {id:?} {refusal}"));
+        return;
+    }
+    if r.clients
+        .as_ref()
+        .is_some_and(|c| c.iter().any(|p| p.contains('*')))
+    {
+        errs.at(
+            src,
+            at,
+            format!("grant {id:?} names a client pattern; a grant names clients exactly"),
+        );
+        return;
+    }
+    let grant = Grant::new(
+        g.from_request.trim().into(),
+        g.granted_by.trim().into(),
+        g.granted_at.0,
+        g.max_uses,
+    );
+    e.set_grant(grant);
 }
 
 /// An exception of an unchanged file, as compiling its text again gives
@@ -275,6 +374,7 @@ fn exception(
         paths,
         dns_types: dns_types.into(),
         inject: inject.into(),
+        grant: None,
     };
     Exception::new(
         id.into(),

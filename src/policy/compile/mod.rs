@@ -91,7 +91,8 @@ fn build(
     if previous.is_some_and(|p| !same_ids(&p.clients, &clients)) {
         parse(&mut files, |reuse| reuse == Reuse::WithSameClients)?;
     }
-    let (exceptions, matcher, ranges) = exceptions::exceptions(&files, &clients, env, &mut errors);
+    let (exceptions, matcher, ranges) =
+        exceptions::exceptions(&files, &clients, &settings, env, &mut errors);
     let packages = packages::packages(&files, &settings, &clients, &exceptions, env, &mut errors);
     if !errors.0.is_empty() {
         return Err(LoadError(errors.0));
@@ -214,7 +215,9 @@ fn unchanged<'s, 'p>(
         .map(|(src, digest)| {
             let copied = before.get(file_name(src)).and_then(|r| {
                 let p = previous?;
-                (r.digest == *digest && r.reuse != Reuse::Never)
+                // Grant files are always parsed: they are small, and the
+                // ceiling they are held to lives in another file.
+                (r.digest == *digest && r.reuse != Reuse::Never && !src.grant)
                     .then(|| (Body::Copied(&p.exceptions[r.exceptions.clone()]), r.reuse))
             });
             let (body, reuse) = copied.unwrap_or((Body::Unparsed, Reuse::Never));
@@ -399,6 +402,7 @@ mod tests {
         Source {
             path: PathBuf::from(dir).join(name),
             text: text.into(),
+            grant: false,
         }
     }
 

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 
 use super::locate::locate;
 use super::{Errors, File};
-use crate::policy::raw::{RawClient, RawDns, RawLimits, RawSettings, RawTunnel};
+use crate::policy::raw::{RawClient, RawDns, RawGrantSettings, RawLimits, RawSettings, RawTunnel};
 use crate::policy::{Client, DnsSettings, Limits, Settings, Source};
 
 /// The settings and clients of the one file that has a `settings:` block
@@ -40,6 +40,9 @@ pub(super) fn settings(files: &[File<'_, '_>], errs: &mut Errors) -> (Settings, 
         }
         if let Some(l) = &s.limits {
             apply_limits(l, &mut settings.limits);
+        }
+        if let Some(g) = &s.grants {
+            apply_grants(g, &mut settings.grants);
         }
         clients = named_clients(&s.clients, src, errs);
     }
@@ -117,6 +120,15 @@ fn apply_tunnel(t: &RawTunnel, out: &mut DnsSettings) {
     set!(alert_window, alert_window_secs);
     set!(block_window, block_window_secs);
     set!(cooldown, cooldown_secs);
+}
+
+/// `settings.grants`: the ceiling.
+fn apply_grants(g: &RawGrantSettings, out: &mut crate::policy::grant::GrantSettings) {
+    if let Some(d) = &g.max_ttl {
+        out.max_ttl_secs = d.0;
+    }
+    out.max_uses = g.max_uses;
+    out.never = g.never.iter().map(|p| p.0.clone()).collect();
 }
 
 /// `settings.limits` (its ranges were checked when it was read).
