@@ -112,6 +112,7 @@ impl ExceptionTable {
     /// without rows is left out, as the registry leaves out empty ones.
     fn render(&self, out: &mut Vec<u8>) {
         use std::io::Write;
+        self.render_grants(out);
         if self.usage.is_empty() {
             return;
         }
@@ -149,6 +150,37 @@ impl ExceptionTable {
                 escape_label(&e.id, out);
                 let _ = writeln!(out, "\"}} {}", t as f64);
             }
+        }
+    }
+}
+
+impl ExceptionTable {
+    /// `egressd_grants{state}`: the serving policy's grants by state now
+    /// (a grant expires or is used up between reloads, so the states are
+    /// counted at scrape time, not at load).
+    fn render_grants(&self, out: &mut Vec<u8>) {
+        use std::io::Write;
+        let now = unix_now();
+        let (mut active, mut used_up, mut expired) = (0u64, 0u64, 0u64);
+        for (e, g) in self.policy.iter().flat_map(|p| p.grants()) {
+            if e.is_expired(now) {
+                expired += 1;
+            } else if g.used_up() {
+                used_up += 1;
+            } else {
+                active += 1;
+            }
+        }
+        out.extend_from_slice(
+            b"# HELP egressd_grants Grants in the serving policy, by state.\n\
+              # TYPE egressd_grants gauge\n",
+        );
+        for (state, n) in [
+            ("active", active),
+            ("used_up", used_up),
+            ("expired", expired),
+        ] {
+            let _ = writeln!(out, "egressd_grants{{state=\"{state}\"}} {n}");
         }
     }
 }
@@ -193,6 +225,9 @@ pub struct Metrics {
     /// (`exception` when allowed). No package label: names are unbounded.
     pub package_decisions: IntCounterVec,
     pub package_versions_hidden: IntCounterVec,
+    /// Requests allowed by a grant (each took one of its uses). No label:
+    /// which grant is in the log.
+    pub grant_uses: IntCounter,
     /// Per-exception series of the serving policy. A request decided under
     /// an exception that a reload has since removed finds no row and
     /// cannot bring its series back.
@@ -336,6 +371,10 @@ impl Metrics {
             "Versions filtered out of index documents, by reason.",
             &["ecosystem", "set", "reason"],
         );
+        let grant_uses =
+            IntCounter::new("egressd_grant_uses_total", "Requests allowed by a grant.")
+                .expect("valid");
+        r.register(Box::new(grant_uses.clone())).expect("unique");
         for p in ["http", "connect", "tls", "dns"] {
             for d in ["allow", "deny"] {
                 requests.with_label_values(&[p, d]);
@@ -407,6 +446,7 @@ impl Metrics {
             policy_loaded_at,
             package_decisions,
             package_versions_hidden,
+            grant_uses,
             live: ArcSwap::from_pointee(ExceptionTable::default()),
             sync: Mutex::new(()),
             ready: AtomicBool::new(false),

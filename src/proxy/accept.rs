@@ -217,6 +217,7 @@ fn refuse(
         detail: Some(detail),
         explain: None,
         stub: None,
+        request: Some(ev.id.to_string()),
     };
     let resp = respond::deny(&denial, true, false);
     ev.status = Some(resp.status().as_u16());

@@ -301,7 +301,7 @@ fn decide<'p>(
         qtype: None,
         can_intercept: false,
     };
-    let d = policy.decide(&preq, now);
+    let d = policy.decide_to_serve(&preq, now);
     ev.set_decision(&d, policy.settings.mode);
     if d.reason == Reason::MethodNotAllowed && !overrides.is_empty() {
         ev.add_note(Some(format!(

@@ -371,7 +371,8 @@ fn admit_and_decide<'p>(
     );
     let plain = d.verdict == Verdict::Allow
         && !d.report_only
-        && d.exception.is_some_and(|e| e.inject().is_empty());
+        && d.exception
+            .is_some_and(|e| e.inject().is_empty() && e.grant().is_none());
     if !plain {
         return None;
     }

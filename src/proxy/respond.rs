@@ -28,6 +28,8 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 pub type ProxyBody = BoxBody<Bytes, BoxError>;
 
 pub const REASON_HEADER: &str = "x-egressd-reason";
+/// The denied request's id (the `id` of its log line), for `egressd grant`.
+pub const REQUEST_HEADER: &str = "x-egressd-request";
 
 pub fn full(b: impl Into<Bytes>) -> ProxyBody {
     Full::new(b.into()).map_err(|never| match never {}).boxed()
@@ -52,6 +54,8 @@ pub struct Denial<'a> {
     pub detail: Option<&'a str>,
     pub explain: Option<String>,
     pub stub: Option<String>,
+    /// The request's id, as its log line has it.
+    pub request: Option<String>,
 }
 
 impl Denial<'_> {
@@ -80,8 +84,21 @@ impl Denial<'_> {
     fn text(&self) -> String {
         let mut body = self.paragraph();
         body.push('\n');
-        if let Some(cmd) = &self.explain {
-            body.push_str(&format!("\nTo see the decision: {cmd}\n"));
+        match (&self.explain, &self.request) {
+            (Some(cmd), Some(id)) => {
+                body.push_str(&format!("\nTo see the decision: {cmd} (request {id})\n"))
+            }
+            (Some(cmd), None) => body.push_str(&format!("\nTo see the decision: {cmd}\n")),
+            (None, Some(id)) => body.push_str(&format!("\nRequest: {id}\n")),
+            (None, None) => {}
+        }
+        if let (Some(id), true) = (
+            &self.request,
+            status_for(self.reason) == StatusCode::FORBIDDEN,
+        ) {
+            body.push_str(&format!(
+                "To allow it for a while: egressd grant {id} --ttl 1h --uses 1 --owner WHO --reason WHY\n"
+            ));
         }
         if let Some(stub) = &self.stub {
             body.push_str(
@@ -105,6 +122,7 @@ impl Denial<'_> {
             "contact": self.contact,
             "explain": self.explain,
             "stub": self.stub,
+            "request": self.request,
         })
         .to_string();
         v.push('\n');
@@ -157,6 +175,13 @@ pub fn deny(d: &Denial, close: bool, json: bool) -> Response<ProxyBody> {
     } else {
         build(status, Some(d.reason), d.text(), close)
     };
+    if let Some(v) = d
+        .request
+        .as_deref()
+        .and_then(|id| HeaderValue::from_str(id).ok())
+    {
+        r.headers_mut().insert(REQUEST_HEADER, v);
+    }
     if json {
         r.headers_mut().insert(
             http::header::CONTENT_TYPE,
@@ -356,6 +381,7 @@ impl Responder<'_> {
             detail: detail.as_deref(),
             explain,
             stub,
+            request: Some(ev.id.to_string()),
         };
         let mut resp = deny(&denial, self.close, self.json);
         *resp.status_mut() = status;

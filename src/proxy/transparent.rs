@@ -628,11 +628,28 @@ fn decide_captured<'p>(
             now,
         )
     };
-    let (target, d) = candidates
+    let (target, mut d) = candidates
         .iter()
         .map(|t| (t, decide(t)))
         .find(|(_, d)| d.is_allowed())
         .unwrap_or_else(|| (&candidates[0], decide(&candidates[0])));
+    if d.exception.is_some_and(|e| e.grant().is_some()) {
+        // The name chosen is served: a grant that allows it gives one use
+        // (or, raced out of its last one, no longer matches).
+        d = policy.decide_to_serve(
+            &policy::Request {
+                proto: Proto::Connect,
+                client: who,
+                target,
+                port: orig.port(),
+                method: None,
+                path: None,
+                qtype: None,
+                can_intercept,
+            },
+            now,
+        );
+    }
     ev.host = Some(target.to_string());
     ev.set_decision(&d, policy.settings.mode);
     if !d.is_allowed() {

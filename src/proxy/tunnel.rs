@@ -203,7 +203,7 @@ fn decide<'p>(
         qtype: None,
         can_intercept: can_inspect(ctx, dest),
     };
-    let d = policy.decide(&preq, now);
+    let d = policy.decide_to_serve(&preq, now);
     ev.set_decision(&d, policy.settings.mode);
     d
 }
@@ -384,7 +384,7 @@ fn decide_opaque<'p>(
         qtype: None,
         can_intercept: false,
     };
-    let d = policy.decide(&preq, now);
+    let d = policy.decide_to_serve(&preq, now);
     ev.set_decision(&d, policy.settings.mode);
     d
 }

@@ -61,6 +61,15 @@ impl Event {
         uint(out, self.bytes_down);
         out.extend_from_slice(b",\"duration_ms\":");
         uint(out, self.duration_ms);
+        if self.decision == crate::policy::Logged::Deny {
+            out.extend_from_slice(b",\"id\":\"");
+            out.extend_from_slice(&self.id.as_bytes());
+            out.push(b'"');
+        }
+        if let Some(g) = &self.grant {
+            out.extend_from_slice(b",\"grant\":");
+            json_str(out, g);
+        }
         if let Some(p) = &self.package {
             out.extend_from_slice(b",\"package\":");
             package(out, p);

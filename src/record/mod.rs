@@ -29,6 +29,9 @@ use crate::time::unix_now_millis;
 /// by [`Event::write_json`] in the order README's Decision log shows.
 #[derive(Debug, Clone)]
 pub struct Event {
+    /// The request's id (DESIGN "Grants"): short, unique, written on deny
+    /// lines and in the deny answer, so `egressd grant ID` can find it.
+    pub id: RequestId,
     /// When the request arrived, in milliseconds since the Unix epoch
     /// (the line's `ts`, formatted as RFC 3339 when written).
     pub ts_ms: i64,
@@ -44,6 +47,8 @@ pub struct Event {
     pub reason: Reason,
     pub exception: Option<Arc<str>>,
     pub owner: Option<Arc<str>>,
+    /// The grant that allowed it (the exception's id); written only when set.
+    pub grant: Option<Arc<str>>,
     pub mode: Mode,
     pub status: Option<u16>,
     pub bytes_up: u64,
@@ -107,6 +112,59 @@ impl PackageLine {
     }
 }
 
+/// A request's id: 12 characters of lower-case base32 (no i, l, o, u), made
+/// of the arrival millisecond (40 bits, wrapping every 34 years) and a
+/// sequence (20 bits) that starts at a random point in each process, so
+/// ids from one process never repeat within a millisecond's million
+/// requests and two processes' ids collide only by a 2^-20 chance per
+/// millisecond they share.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct RequestId(u64);
+
+/// The sequence of [`RequestId`]s. A process-wide counter, not a
+/// registry: ids must differ across every front-end and recorder.
+static SEQUENCE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(u64::MAX);
+
+impl RequestId {
+    const ALPHABET: &'static [u8; 32] = b"0123456789abcdefghjkmnpqrstvwxyz";
+    pub const LEN: usize = 12;
+
+    fn next(ts_ms: i64) -> RequestId {
+        use std::sync::atomic::Ordering;
+        let mut seq = SEQUENCE.fetch_add(1, Ordering::Relaxed);
+        if seq == u64::MAX {
+            // First use in this process: start at a random point.
+            let mut b = [0u8; 8];
+            let _ = ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut b);
+            let start = u64::from_le_bytes(b) & 0xfffff;
+            let _ = SEQUENCE.compare_exchange(0, start + 1, Ordering::Relaxed, Ordering::Relaxed);
+            seq = start;
+        }
+        RequestId(((ts_ms as u64 & 0xff_ffff_ffff) << 20) | (seq & 0xfffff))
+    }
+
+    /// Its 12 characters.
+    pub fn as_bytes(&self) -> [u8; Self::LEN] {
+        let mut out = [0u8; Self::LEN];
+        for (i, c) in out.iter_mut().enumerate() {
+            *c = Self::ALPHABET[((self.0 >> (55 - 5 * i)) & 31) as usize];
+        }
+        out
+    }
+
+    /// Whether `s` is spelled as an id.
+    pub fn looks_like(s: &str) -> bool {
+        s.len() == Self::LEN && s.bytes().all(|b| Self::ALPHABET.contains(&b))
+    }
+}
+
+impl std::fmt::Display for RequestId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let b = self.as_bytes();
+        f.write_str(std::str::from_utf8(&b).expect("ASCII"))
+    }
+}
+
 /// The `client` of a request no client entry names.
 pub fn anonymous() -> Arc<str> {
     static DASH: LazyLock<Arc<str>> = LazyLock::new(|| Arc::from("-"));
@@ -116,8 +174,10 @@ pub fn anonymous() -> Arc<str> {
 impl Event {
     /// A new event for a request that arrived now from `src`.
     pub fn new(proto: Proto, src: SocketAddr) -> Event {
+        let ts_ms = unix_now_millis();
         Event {
-            ts_ms: unix_now_millis(),
+            id: RequestId::next(ts_ms),
+            ts_ms,
             client: anonymous(),
             src,
             proto,
@@ -130,6 +190,7 @@ impl Event {
             reason: Reason::Malformed,
             exception: None,
             owner: None,
+            grant: None,
             mode: Mode::Enforce,
             status: None,
             bytes_up: 0,
@@ -157,6 +218,10 @@ impl Event {
         self.reason = d.reason;
         self.exception = d.exception.map(|e| e.id.clone());
         self.owner = d.exception.map(|e| e.owner.clone());
+        self.grant = d
+            .exception
+            .filter(|e| e.grant().is_some() && d.logged() == Logged::Allow)
+            .map(|e| e.id.clone());
         self.mode = mode;
     }
 
@@ -406,6 +471,9 @@ impl Recorder {
         for (kind, n) in ev.dns_attempts.failed() {
             self.metrics
                 .count_upstream_error(Proto::Dns, kind.as_str(), n);
+        }
+        if ev.grant.is_some() && !denied {
+            self.metrics.grant_uses.inc();
         }
         if let Some(p) = &ev.package {
             let set = p.set.as_deref().unwrap_or("-");
