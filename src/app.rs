@@ -148,16 +148,22 @@ impl Running {
 pub async fn start(args: &ServeArgs, listeners: Listeners) -> Result<Running> {
     let metrics = Metrics::new();
     let stamp = Stamp::of(&args.engine.policy);
-    let mut pol = policy::load(&args.engine.policy).map_err(|e| {
-        anyhow::anyhow!(
-            "{e}\negressd: policy {} is invalid",
-            args.engine.policy.display()
-        )
-    })?;
+    let grants = policy::grants_dir(&args.engine.policy, args.engine.grants.as_deref());
+    let mut pol = policy::read_sources_with(&args.engine.policy, args.engine.grants.as_deref())
+        .and_then(|s| policy::compile(&s, &|n| std::env::var(n).ok()))
+        .map_err(|e| {
+            anyhow::anyhow!(
+                "{e}\negressd: policy {} is invalid",
+                args.engine.policy.display()
+            )
+        })?;
     let only_client = listeners.client.clone();
     if let Some(id) = &only_client {
         pol.serve_only(id);
     }
+    // Grant use counts live beside the grants, so a restart keeps them.
+    let grant_store = crate::reload::grants::GrantStore::new(grants);
+    grant_store.share(&mut pol);
     let exceptions = pol.exceptions.len();
     let pol = Arc::new(pol);
     metrics.sync_policy(&pol);
@@ -293,7 +299,8 @@ pub async fn start(args: &ServeArgs, listeners: Listeners) -> Result<Running> {
     let (hup_tx, hup_rx) = mpsc::unbounded_channel();
     let reloader = Reloader::new(args.engine.policy.clone(), handle.clone(), metrics.clone())
         .loaded_from(stamp)
-        .serving_only(only_client);
+        .serving_only(only_client)
+        .with_grants(args.engine.grants.clone(), grant_store);
     // Its own thread at the idle class, not a runtime worker: compiling a
     // large policy must not take CPU from requests (see policy::reload).
     reloader
@@ -414,6 +421,10 @@ pub struct EngineArgs {
     /// `--log-chain`, `--log-key`, `--log-checkpoint`: a verifiable decision log.
     #[command(flatten)]
     pub chain: crate::log::chain::ChainArgs,
+    /// Where grants live (default: <policy>/grants/); for a read-only policy
+    /// such as a ConfigMap.
+    #[arg(long, env = "EGRESSD_GRANTS", value_name = "DIR")]
+    pub grants: Option<PathBuf>,
     /// Directory holding the interception CA (`ca.pem`, `ca.key`); enables TLS interception.
     #[arg(long, env = "EGRESSD_CA_DIR")]
     pub ca_dir: Option<PathBuf>,

@@ -48,6 +48,9 @@ pub enum Command {
         #[command(subcommand)]
         command: crate::cmd::ca::Command,
     },
+    /// Turn a denied request into an expiring, use-bounded exception (a
+    /// grant) in the grants directory; list, revoke or promote grants.
+    Grant(crate::cmd::grant::GrantArgs),
 }
 
 pub use crate::app::{EngineArgs, ServeArgs};

@@ -19,6 +19,7 @@ fn main() -> ExitCode {
         Command::Log { command } => cmd::log::main(command, out, err),
         Command::Packages { command } => cmd::packages::main(command, out, err),
         Command::Ca { command } => cmd::ca::main(command, out, err),
+        Command::Grant(args) => cmd::grant::main(args, out, err),
     };
     exit.into()
 }

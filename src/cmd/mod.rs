@@ -6,6 +6,7 @@
 pub mod ca;
 pub mod check;
 pub mod explain;
+pub mod grant;
 pub mod log;
 pub mod packages;
 pub mod report;

@@ -17,6 +17,7 @@
 //! Owns the watcher, its threads and the reload counters. Does not own
 //! compiling (`policy::compile`) or the pointer readers load (`PolicyHandle`).
 
+pub mod grants;
 pub mod priority;
 mod retired;
 
@@ -77,6 +78,10 @@ pub struct Reloader {
     loaded: Option<Stamp>,
     /// `egressd run`: each new policy serves this client only.
     only_client: Option<Arc<str>>,
+    /// `--grants DIR`: grants read from there, not `<policy>/grants/`.
+    grants: Option<PathBuf>,
+    /// Grant use counts, shared by every policy this reloader swaps in.
+    store: Arc<grants::GrantStore>,
 }
 
 /// The policy files' metadata (each file's name, size, mtime, inode): what
@@ -107,6 +112,8 @@ impl Reloader {
             pace: None,
             loaded: None,
             only_client: None,
+            grants: None,
+            store: Arc::default(),
         }
     }
 
@@ -114,6 +121,27 @@ impl Reloader {
     pub fn serving_only(mut self, client: Option<Arc<str>>) -> Reloader {
         self.only_client = client;
         self
+    }
+
+    /// Reads grants from `grants` (`--grants DIR`; `None`: the policy
+    /// directory's `grants/`) and counts their uses in `store`.
+    pub fn with_grants(
+        mut self,
+        grants: Option<PathBuf>,
+        store: Arc<grants::GrantStore>,
+    ) -> Reloader {
+        self.grants = grants.map(|g| std::path::absolute(&g).unwrap_or(g));
+        self.store = store;
+        self
+    }
+
+    /// The policy's and the grants' files' metadata.
+    fn fingerprint(&self) -> Vec<(PathBuf, u64, Option<SystemTime>, u64)> {
+        let mut f = fingerprint(&self.path);
+        if let Some(g) = &self.grants {
+            f.extend(fingerprint(g));
+        }
+        f
     }
 
     /// Tells the reloader the stamp of the files as they were just before
@@ -196,7 +224,7 @@ impl Reloader {
         let pace = self.pace.clone();
         let _busy = pace.as_deref().map(Busy::start);
         let t0 = Instant::now();
-        let sources = match policy::read_sources(&self.path) {
+        let sources = match policy::read_sources_with(&self.path, self.grants.as_deref()) {
             Ok(s) => s,
             Err(e) => return self.failed(e.to_string(), None),
         };
@@ -224,6 +252,7 @@ impl Reloader {
                 if let Some(id) = &self.only_client {
                     p.serve_only(id);
                 }
+                self.store.share(&mut p);
                 let n = p.exceptions.len();
                 let (parsed, files) = (p.files_parsed(), p.files.len());
                 let t2 = Instant::now();
@@ -272,6 +301,7 @@ impl Reloader {
         // itself; everything else there (a decision log written beside the
         // policy, say) must not cost a re-read per event.
         let policy_path = self.path.clone();
+        let grants_path = self.grants.clone();
         let watcher = notify::recommended_watcher(move |res: notify::Result<notify::Event>| {
             use notify::event::{AccessKind, AccessMode, EventKind};
             let relevant = match &res {
@@ -291,7 +321,11 @@ impl Reloader {
                     false
                 }
                 Ok(ev) => {
-                    ev.paths.is_empty() || ev.paths.iter().any(|p| p.starts_with(&policy_path))
+                    ev.paths.is_empty()
+                        || ev.paths.iter().any(|p| {
+                            p.starts_with(&policy_path)
+                                || grants_path.as_ref().is_some_and(|g| p.starts_with(g))
+                        })
                 }
                 Err(_) => true,
             };
@@ -307,6 +341,7 @@ impl Reloader {
             }
         };
         let mut watched: Vec<PathBuf> = Vec::new();
+        let grants = self.grants.clone();
         let rewatch = |w: &mut Option<notify::RecommendedWatcher>,
                        watched: &mut Vec<PathBuf>,
                        path: &Path| {
@@ -318,14 +353,16 @@ impl Reloader {
                 .parent()
                 .filter(|p| !p.as_os_str().is_empty())
                 .unwrap_or(Path::new("."));
-            for p in [parent, path] {
+            let own_grants = path.join(policy::GRANTS_DIR);
+            let grants = grants.as_deref().unwrap_or(&own_grants);
+            for p in [parent, path, grants] {
                 if p.is_dir() && w.watch(p, RecursiveMode::NonRecursive).is_ok() {
                     watched.push(p.to_path_buf());
                 }
             }
         };
         rewatch(&mut watcher, &mut watched, &self.path);
-        let mut stamp = fingerprint(&self.path);
+        let mut stamp = self.fingerprint();
         // A change made between the first load and this point raised no
         // event we saw and is already in `stamp`: compare digests once now,
         // unless the files are as they were before that load read them.
@@ -343,7 +380,7 @@ impl Reloader {
                     if self.retired.reap() > 0 {
                         release_freed_memory();
                     }
-                    let now = fingerprint(&self.path);
+                    let now = self.fingerprint();
                     if now == stamp { continue; }
                     false
                 }
@@ -351,7 +388,7 @@ impl Reloader {
             // Let a burst of events (editor save, ConfigMap swap) settle.
             tokio::time::sleep(DEBOUNCE).await;
             while rx.try_recv().is_ok() {}
-            stamp = fingerprint(&self.path);
+            stamp = self.fingerprint();
             let path = self.path.clone();
             let outcome = self.reload(forced);
             if !matches!(outcome, ReloadOutcome::Unchanged) {
@@ -376,6 +413,16 @@ fn fingerprint(path: &Path) -> Vec<(PathBuf, u64, Option<SystemTime>, u64)> {
         if let Ok(rd) = std::fs::read_dir(path) {
             for e in rd.flatten() {
                 add(e.path());
+            }
+        }
+        // The grants directory's files: a grant edited in place changes
+        // no metadata of the directory itself. Its hidden `.state/` (use
+        // counts, written at every use) is not policy and is passed by.
+        if let Ok(rd) = std::fs::read_dir(path.join(policy::GRANTS_DIR)) {
+            for e in rd.flatten() {
+                if !e.file_name().to_string_lossy().starts_with('.') {
+                    add(e.path());
+                }
             }
         }
     } else {

@@ -69,7 +69,7 @@ pub struct Options {
     pub logs: Vec<PathBuf>,
 }
 
-fn parse_since(s: &str) -> Result<u64, String> {
+pub fn parse_since(s: &str) -> Result<u64, String> {
     crate::time::parse_duration(s)
         .ok_or_else(|| format!("{s:?} is not a duration: write e.g. 30d, 12h, 2w"))
 }
