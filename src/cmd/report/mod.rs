@@ -112,7 +112,43 @@ pub struct Report {
     pub other_denials: BTreeMap<String, u64>,
     /// The package gate's review.
     pub packages: PackagesReport,
+    /// Grants: each with its state and use, and the destinations granted
+    /// most often (candidates for a permanent exception).
+    pub grants: GrantsReport,
     pub limits: LimitNotes,
+}
+
+/// The grants part of the review (DESIGN "Grants: the friction loop").
+#[derive(Debug, Serialize)]
+pub struct GrantsReport {
+    /// The policy's grants, in load order.
+    pub grants: Vec<GrantRow>,
+    /// Destinations by how many grants allowed them (in the policy or in
+    /// the logs, revoked ones included), most first.
+    pub granted_most_often: Vec<GrantedRow>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct GrantRow {
+    pub id: String,
+    pub destination: String,
+    /// `active`, `unused` (active, nothing used it in these logs),
+    /// `used_up` or `expired`.
+    pub state: &'static str,
+    /// Requests it allowed in these logs.
+    pub uses: u64,
+    pub max_uses: Option<u32>,
+    pub expires: Option<String>,
+    pub owner: String,
+    pub reason: String,
+    pub from_request: String,
+    pub granted_by: String,
+}
+
+#[derive(Debug, Serialize)]
+pub struct GrantedRow {
+    pub destination: String,
+    pub grants: usize,
 }
 
 /// The package gate's part of the review.
@@ -595,6 +631,7 @@ pub fn build(
         denied_destinations: stats.destinations.len(),
         other_denials,
         packages: packages_report(policy, stats, top, now, covers_stale_window),
+        grants: grants_report(policy, stats, top, now),
         limits: LimitNotes {
             max_destinations: stats::MAX_DESTINATIONS,
             max_clients_listed: stats::MAX_CLIENTS,
@@ -602,6 +639,68 @@ pub fn build(
             untracked_exception_hits: stats.untracked_exception_hits,
             notes,
         },
+    }
+}
+
+/// Each grant's state and use, and the destinations granted most often.
+fn grants_report(policy: &Policy, stats: &Stats, top: usize, now: i64) -> GrantsReport {
+    let mut by_dest: BTreeMap<String, std::collections::BTreeSet<String>> = BTreeMap::new();
+    let mut grants = Vec::new();
+    for (e, g) in policy.grants() {
+        let uses = stats.exceptions.get(&*e.id).map_or(0, |u| u.hits);
+        let host = e.hosts.first().map(|h| h.to_string()).unwrap_or_default();
+        let destination = match &e.ports[..] {
+            [p] => format!("{host}:{p}"),
+            _ => host,
+        };
+        let state = if e.is_expired(now) {
+            "expired"
+        } else if g.max_uses.is_some_and(|m| uses >= u64::from(m) || g.used() >= m) {
+            "used_up"
+        } else if uses == 0 {
+            "unused"
+        } else {
+            "active"
+        };
+        by_dest
+            .entry(destination.clone())
+            .or_default()
+            .insert(e.id.to_string());
+        grants.push(GrantRow {
+            id: e.id.to_string(),
+            destination,
+            state,
+            uses,
+            max_uses: g.max_uses,
+            expires: e.expires().map(ts),
+            owner: e.owner.to_string(),
+            reason: e.reason.to_string(),
+            from_request: g.from_request.to_string(),
+            granted_by: g.granted_by.to_string(),
+        });
+    }
+    for (id, dest) in &stats.granted {
+        by_dest
+            .entry(dest.to_string())
+            .or_default()
+            .insert(id.to_string());
+    }
+    let mut granted_most_often: Vec<GrantedRow> = by_dest
+        .into_iter()
+        .map(|(destination, ids)| GrantedRow {
+            destination,
+            grants: ids.len(),
+        })
+        .collect();
+    granted_most_often.sort_by(|a, b| {
+        b.grants
+            .cmp(&a.grants)
+            .then_with(|| a.destination.cmp(&b.destination))
+    });
+    granted_most_often.truncate(top);
+    GrantsReport {
+        grants,
+        granted_most_often,
     }
 }
 

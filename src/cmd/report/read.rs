@@ -66,6 +66,9 @@ pub struct LogLine<'a> {
     /// learn times or files); absent on the sandbox's requests.
     #[serde(borrow, default)]
     pub origin: Option<Cow<'a, str>>,
+    /// The grant that allowed the request (DESIGN "Grants").
+    #[serde(borrow, default)]
+    pub grant: Option<Cow<'a, str>>,
 }
 
 /// A decision-log line's `package`.
@@ -479,6 +482,7 @@ impl<'a> OcsfLine<'a> {
             note: self.status_detail,
             package: None,
             origin: None,
+            grant: None,
         })
     }
 }

@@ -211,6 +211,9 @@ pub struct Stats {
     pub package_denials: HashMap<PackageKey, PackageDenied>,
     /// Package lines beyond [`MAX_PACKAGES`] names, not counted by name.
     pub untracked_packages: u64,
+    /// Grants seen allowing requests: grant id → the destination
+    /// (`host:port`) it allowed.
+    pub granted: HashMap<Box<str>, Box<str>>,
     ts_cache: Option<([u8; 10], i64)>,
 }
 
@@ -254,6 +257,15 @@ impl Stats {
                 self.report_only += 1;
             }
             bump(&mut self.denied_by_reason, l.reason());
+        }
+        if let (Some(g), Some(h), true) = (l.grant.as_deref(), l.host.as_deref(), allowed) {
+            if !self.granted.contains_key(g) && self.granted.len() < MAX_EXCEPTIONS {
+                let dest = match l.port {
+                    Some(p) => format!("{h}:{p}"),
+                    None => h.to_string(),
+                };
+                self.granted.insert(g.into(), dest.into());
+            }
         }
         if let Some(id) = l.exception.as_deref() {
             let hit = allowed && l.reason() == "exception";

@@ -235,6 +235,8 @@ pub fn render(r: &Report, out: &mut dyn Write) -> io::Result<()> {
         }
     }
 
+    grants(r, out)?;
+
     writeln!(out)?;
     writeln!(
         out,
@@ -452,4 +454,48 @@ mod tests {
         assert_eq!(thousands(1234567), "1,234,567");
         assert_eq!(clean("a\x1b[31mb\n"), "a?[31mb?");
     }
+}
+
+/// The grants section: each grant's state and uses, then the destinations
+/// granted most often (a destination granted again and again wants a
+/// permanent exception).
+fn grants(r: &Report, out: &mut dyn Write) -> io::Result<()> {
+    let g = &r.grants;
+    let count = |state: &str| g.grants.iter().filter(|x| x.state == state).count();
+    writeln!(out)?;
+    writeln!(
+        out,
+        "== Grants ({}: {} active, {} used up, {} expired, {} unused)",
+        g.grants.len(),
+        count("active"),
+        count("used_up"),
+        count("expired"),
+        count("unused")
+    )?;
+    for x in &g.grants {
+        writeln!(
+            out,
+            "  {}  {}  {}  uses {}/{}  until {}  owner {}, from request {}, granted by {}",
+            x.id,
+            x.state,
+            clean(&x.destination),
+            x.uses,
+            x.max_uses.map_or("-".to_string(), |m| m.to_string()),
+            x.expires.as_deref().unwrap_or("-"),
+            clean(&x.owner),
+            clean(&x.from_request),
+            clean(&x.granted_by)
+        )?;
+    }
+    writeln!(out, "== Granted most often (candidates for a permanent exception)")?;
+    for (n, d) in g.granted_most_often.iter().enumerate() {
+        writeln!(
+            out,
+            "  {:>2}. {}  {}",
+            n + 1,
+            clean(&d.destination),
+            plural(d.grants, "grant", "grants")
+        )?;
+    }
+    Ok(())
 }
