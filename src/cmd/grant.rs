@@ -161,6 +161,7 @@ fn find(log: &Path, id: &str) -> Result<Denied, String> {
 const GRANTABLE: &[Reason] = &[
     Reason::NoException,
     Reason::Expired,
+    Reason::GrantUsedUp,
     Reason::ClientNotAllowed,
     Reason::PortNotAllowed,
     Reason::MethodNotAllowed,
@@ -176,12 +177,6 @@ fn grant(args: &GrantArgs, dir: &Path, request: &str, out: &mut dyn Write) -> Re
         _ => return Err("give --log FILE: the decision log that holds the denied line".into()),
     };
     let d = find(&log, request)?;
-    if !GRANTABLE.iter().any(|r| r.as_str() == d.reason) {
-        return Err(format!(
-            "request {request} was denied for {}, which a grant cannot change",
-            d.reason
-        ));
-    }
     let policy = load(args, None)?;
     let now = unix_now();
     let ceiling = Candidate {
@@ -192,6 +187,12 @@ fn grant(args: &GrantArgs, dir: &Path, request: &str, out: &mut dyn Write) -> Re
         max_uses: args.uses,
     };
     check_ceiling(&ceiling, &policy.settings.grants).map_err(|r| r.to_string())?;
+    if !GRANTABLE.iter().any(|r| r.as_str() == d.reason) {
+        return Err(format!(
+            "request {request} was denied for {}, which a grant cannot change",
+            d.reason
+        ));
+    }
     let client = match (&args.client, args.any_client, d.client.as_str()) {
         (Some(c), _, _) => Some(c.clone()),
         (None, true, _) | (None, false, "-") => None,

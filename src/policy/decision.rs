@@ -98,6 +98,8 @@ pub enum Reason {
     Exception,
     NoException,
     Expired,
+    /// A grant allowed it until its uses ran out.
+    GrantUsedUp,
     PrivateAddress,
     ClientNotAllowed,
     PortNotAllowed,
@@ -128,10 +130,11 @@ pub enum Reason {
 impl Reason {
     /// Every reason, for pre-creating metric series, in declaration order
     /// (so that `ALL[r.index()] == r`).
-    pub const ALL: [Reason; 28] = [
+    pub const ALL: [Reason; 29] = [
         Reason::Exception,
         Reason::NoException,
         Reason::Expired,
+        Reason::GrantUsedUp,
         Reason::PrivateAddress,
         Reason::ClientNotAllowed,
         Reason::PortNotAllowed,
@@ -169,6 +172,7 @@ impl Reason {
             Reason::Exception => "exception",
             Reason::NoException => "no_exception",
             Reason::Expired => "exception_expired",
+            Reason::GrantUsedUp => "grant_used_up",
             Reason::PrivateAddress => "private_address",
             Reason::ClientNotAllowed => "client_not_allowed",
             Reason::PortNotAllowed => "port_not_allowed",
@@ -250,6 +254,7 @@ impl Reason {
             | Reason::PackageUnparseable => false,
             Reason::NoException
             | Reason::Expired
+            | Reason::GrantUsedUp
             | Reason::ClientNotAllowed
             | Reason::PortNotAllowed
             | Reason::MethodNotAllowed
@@ -275,6 +280,7 @@ impl Reason {
             Reason::Exception => "an exception allows it",
             Reason::NoException => "no exception allows this destination",
             Reason::Expired => "the exception that allowed this destination has expired",
+            Reason::GrantUsedUp => "the grant that allowed this destination has used all its uses",
             Reason::PrivateAddress => "the destination is a private, loopback, link-local or otherwise non-public address that no exception lists in cidrs",
             Reason::ClientNotAllowed => "an exception names this destination, but not for this client",
             Reason::PortNotAllowed => "an exception names this destination, but not on this port",

@@ -531,6 +531,7 @@ impl Method<'_> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 enum Stage {
     Expired,
+    UsedUp,
     Client,
     Port,
     Qtype,
@@ -543,6 +544,7 @@ impl Stage {
     fn reason(self) -> Reason {
         match self {
             Stage::Expired => Reason::Expired,
+            Stage::UsedUp => Reason::GrantUsedUp,
             Stage::Client => Reason::ClientNotAllowed,
             Stage::Port => Reason::PortNotAllowed,
             Stage::Qtype => Reason::QtypeNotAllowed,
@@ -687,8 +689,11 @@ impl Policy {
     fn evaluate(&self, e: &Exception, req: &Request<'_>, now: i64) -> Result<bool, Stage> {
         // A grant past its TTL or its uses matches nothing from that
         // moment: both are read here, at decide time, not at load.
-        if e.is_expired(now) || e.grant().is_some_and(grant::Grant::used_up) {
+        if e.is_expired(now) {
             return Err(Stage::Expired);
+        }
+        if e.grant().is_some_and(grant::Grant::used_up) {
+            return Err(Stage::UsedUp);
         }
         if let Some(allowed) = e.clients() {
             match req.client {

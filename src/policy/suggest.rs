@@ -52,6 +52,7 @@ pub fn exception_can_allow(reason: Reason) -> bool {
         reason,
         Reason::NoException
             | Reason::Expired
+            | Reason::GrantUsedUp
             | Reason::PrivateAddress
             | Reason::ClientNotAllowed
             | Reason::PortNotAllowed

@@ -86,7 +86,8 @@ impl Denial<'_> {
         body.push('\n');
         match (&self.explain, &self.request) {
             (Some(cmd), Some(id)) => {
-                body.push_str(&format!("\nTo see the decision: {cmd} (request {id})\n"))
+                // A shell comment: the line still pastes as the command.
+                body.push_str(&format!("\nTo see the decision: {cmd}  # request {id}\n"))
             }
             (Some(cmd), None) => body.push_str(&format!("\nTo see the decision: {cmd}\n")),
             (None, Some(id)) => body.push_str(&format!("\nRequest: {id}\n")),

@@ -49,6 +49,9 @@ pub struct Event {
     pub owner: Option<Arc<str>>,
     /// The grant that allowed it (the exception's id); written only when set.
     pub grant: Option<Arc<str>>,
+    /// This request took one of the grant's uses (a request served, not a
+    /// DNS answer or a CONNECT whose requests are decided inside).
+    pub grant_use: bool,
     pub mode: Mode,
     pub status: Option<u16>,
     pub bytes_up: u64,
@@ -191,6 +194,7 @@ impl Event {
             exception: None,
             owner: None,
             grant: None,
+            grant_use: false,
             mode: Mode::Enforce,
             status: None,
             bytes_up: 0,
@@ -222,6 +226,9 @@ impl Event {
             .exception
             .filter(|e| e.grant().is_some() && d.logged() == Logged::Allow)
             .map(|e| e.id.clone());
+        self.grant_use = self.grant.is_some()
+            && d.verdict == crate::policy::Verdict::Allow
+            && self.proto != Proto::Dns;
         self.mode = mode;
     }
 
@@ -472,7 +479,7 @@ impl Recorder {
             self.metrics
                 .count_upstream_error(Proto::Dns, kind.as_str(), n);
         }
-        if ev.grant.is_some() && !denied {
+        if ev.grant_use && !denied {
             self.metrics.grant_uses.inc();
         }
         if let Some(p) = &ev.package {

@@ -13,6 +13,7 @@ mod examples;
 mod explain_packages;
 mod fast_path;
 mod forward;
+mod grants;
 mod fuzz_regressions;
 mod launcher;
 mod lifecycle;

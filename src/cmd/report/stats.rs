@@ -37,6 +37,7 @@ pub const MAX_VERSIONS: usize = 8;
 pub const FIXABLE: &[&str] = &[
     "no_exception",
     "exception_expired",
+    "grant_used_up",
     "port_not_allowed",
     "client_not_allowed",
     "method_not_allowed",

@@ -494,6 +494,29 @@ pub fn ede(r: &Message) -> Option<(u16, String)> {
     }
 }
 
+/// An EDE text without the request id egressd ends it with (`egressd:
+/// <reason> request <id>` → `egressd: <reason>`); the id, when there, must
+/// be spelled as one (12 base32 characters).
+pub fn without_request_id(text: &str) -> String {
+    match text.rsplit_once(" request ") {
+        Some((r, id)) => {
+            assert!(
+                id.len() == 12 && id.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit()),
+                "not a request id: {id:?}"
+            );
+            r.to_string()
+        }
+        None => text.to_string(),
+    }
+}
+
+/// The request id an EDE text ends with.
+pub fn ede_request_id(r: &Message) -> Option<String> {
+    let text = ede_text(r)?;
+    let (_, id) = text.rsplit_once(" request ")?;
+    Some(id.to_string())
+}
+
 /// The Extended DNS Error text of a reply, if any.
 pub fn ede_text(r: &Message) -> Option<String> {
     ede(r).map(|(_, text)| text)
@@ -507,7 +530,7 @@ pub fn assert_dns_denied(r: &Message, reason: &str, what: &str) {
         "{what}: {r:?}"
     );
     assert_eq!(
-        ede_text(r).as_deref(),
+        ede_text(r).map(|t| without_request_id(&t)).as_deref(),
         Some(format!("egressd: {reason}").as_str()),
         "{what}"
     );
