@@ -112,7 +112,6 @@ impl ExceptionTable {
     /// without rows is left out, as the registry leaves out empty ones.
     fn render(&self, out: &mut Vec<u8>) {
         use std::io::Write;
-        self.render_grants(out);
         if self.usage.is_empty() {
             return;
         }
@@ -546,7 +545,9 @@ impl Metrics {
     pub fn render(&self) -> Vec<u8> {
         let mut buf = Vec::with_capacity(16 << 10);
         let _ = TextEncoder::new().encode(&self.registry.gather(), &mut buf);
-        self.live.load().render(&mut buf);
+        let live = self.live.load();
+        live.render(&mut buf);
+        live.render_grants(&mut buf);
         buf
     }
 }
