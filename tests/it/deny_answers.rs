@@ -89,10 +89,13 @@ fn a_text_denial_reproduces_and_its_stub_allows_the_request() {
         "{body}"
     );
     assert!(paragraph.contains("ask #sec-test"), "{body}");
-    let cmd = body
+    let line = body
         .lines()
         .find_map(|l| l.strip_prefix("To see the decision: "))
         .unwrap_or_else(|| panic!("no explain command:\n{body}"));
+    // The request's id follows as a shell comment: the line still pastes.
+    let (cmd, id) = line.split_once("  # request ").expect("the request id");
+    assert_eq!(Some(id), r.header("x-egressd-request"), "{body}");
     assert_eq!(
         cmd,
         format!("egressd explain --client 'agent-a' 'POST http://api.test:{port}/v1/items'")

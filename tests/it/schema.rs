@@ -100,7 +100,8 @@ fn parse(name: &str, text: &str) -> Result<(), String> {
         &[Source {
             path: PathBuf::from(name),
             text: text.to_string(),
-            grant: false,
+            // The grants directory's files (`egressd grant` writes them).
+            grant: name.starts_with("grant-"),
         }],
         &|_| Some("a-test-secret".to_string()),
     )
@@ -301,6 +302,22 @@ packages:
 "##,
     ),
     ("only-settings.yaml", "settings:\n  mode: enforce\n"),
+    (
+        "grants-ceiling.yaml",
+        "settings:\n  grants:\n    max_ttl: 12h\n    max_uses: 10\n    never: [vault.example.com, \"*.internal.example.com\"]\n",
+    ),
+    (
+        "grant-g-0123456789.yaml",
+        r##"exceptions:
+  - id: g-0123456789
+    owner: data-team
+    reason: fetch the items for task 7
+    expires: 2027-03-01T13:00:00Z
+    hosts: [api.example.com]
+    ports: [443]
+    grant: {from_request: m991fcas167q, granted_by: alice, granted_at: 2027-03-01T12:00:00Z, max_uses: 3}
+"##,
+    ),
     ("empty-list.yaml", "exceptions: []\n"),
 ];
 
