@@ -288,13 +288,26 @@ fn grant_id() -> String {
     id
 }
 
-/// Who ran the command: `SUDO_USER`, else `USER`, else the uid.
+/// Who ran the command: `SUDO_USER`, else `USER`, else the name
+/// `/etc/passwd` gives the uid, else the uid.
 fn granted_by() -> String {
-    ["SUDO_USER", "USER", "LOGNAME"]
+    if let Some(u) = ["SUDO_USER", "USER", "LOGNAME"]
         .iter()
         .find_map(|k| std::env::var(k).ok().filter(|v| !v.is_empty()))
-        // SAFETY: getuid has no preconditions and cannot fail.
-        .unwrap_or_else(|| format!("uid {}", unsafe { libc::getuid() }))
+    {
+        return u;
+    }
+    // SAFETY: getuid has no preconditions and cannot fail.
+    let uid = unsafe { libc::getuid() }.to_string();
+    std::fs::read_to_string("/etc/passwd")
+        .ok()
+        .and_then(|t| {
+            t.lines().find_map(|l| {
+                let f: Vec<&str> = l.split(':').collect();
+                (f.len() > 2 && f[2] == uid).then(|| f[0].to_string())
+            })
+        })
+        .unwrap_or_else(|| format!("uid {uid}"))
 }
 
 /// A YAML string: JSON's double-quoted form is YAML's too.

@@ -116,7 +116,7 @@ pub fn check_ceiling(c: &Candidate<'_>, s: &GrantSettings) -> Result<(), Refusal
         );
     }
     let name = name.as_str();
-    if let Some(n) = s.never.iter().find(|n| never_covers(n, &name)) {
+    if let Some(n) = s.never.iter().find(|n| never_covers(n, name)) {
         return refuse("never", format!("{name} is on settings.grants.never ({n})"));
     }
     if c.ttl_secs <= 0 {

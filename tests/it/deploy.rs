@@ -296,6 +296,10 @@ fn ports_agree_from_dockerfile_to_networkpolicy() {
     assert_eq!(spec["volumes"][0]["configMap"]["name"], "egressd-policy");
     // Services point at named container ports.
     for svc in yaml_docs("deploy/kubernetes/services.yaml") {
+        // A sandbox meets one replica: its grant uses and budgets are exact.
+        if svc["metadata"]["name"] != "egressd-metrics" {
+            assert_eq!(svc["spec"]["sessionAffinity"], "ClientIP", "{svc:?}");
+        }
         for p in svc["spec"]["ports"].as_sequence().unwrap() {
             let t = p["targetPort"].as_str().unwrap();
             assert!(container.iter().any(|c| c.0 == t), "targetPort {t}");

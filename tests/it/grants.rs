@@ -127,17 +127,27 @@ fn a_granted_request_passes_its_uses_for_its_client_then_is_denied_again() {
 
     // The denial names its request: header, text body, log line.
     let denied = curl(e, &url, Some(A_TOKEN));
-    assert_eq!((denied.status, denied.reason.as_deref()), (403, Some("no_exception")));
+    assert_eq!(
+        (denied.status, denied.reason.as_deref()),
+        (403, Some("no_exception"))
+    );
     let id = denied.request.clone().expect("X-Egressd-Request");
     assert_eq!(id.len(), 12, "{id}");
-    assert!(denied.body.contains(&format!("# request {id}")), "{}", denied.body);
+    assert!(
+        denied.body.contains(&format!("# request {id}")),
+        "{}",
+        denied.body
+    );
     assert!(
         denied.body.contains(&format!("egressd grant {id} --ttl")),
         "{}",
         denied.body
     );
     let line = line_of(e, &id);
-    assert_eq!((line["decision"].as_str(), line["client"].as_str()), (Some("deny"), Some("agent-a")));
+    assert_eq!(
+        (line["decision"].as_str(), line["client"].as_str()),
+        (Some("deny"), Some("agent-a"))
+    );
     // JSON answers carry it as "request".
     let json = e.request(&format!(
         "GET {url} HTTP/1.1\r\nHost: api.test:{port}\r\nAccept: application/json\r\n\
@@ -148,7 +158,17 @@ fn a_granted_request_passes_its_uses_for_its_client_then_is_denied_again() {
 
     let (ok, out, err) = grant(
         e,
-        &[&id, "--ttl", "1h", "--uses", "2", "--owner", "data-team", "--reason", "fetch the items for task 7"],
+        &[
+            &id,
+            "--ttl",
+            "1h",
+            "--uses",
+            "2",
+            "--owner",
+            "data-team",
+            "--reason",
+            "fetch the items for task 7",
+        ],
     );
     assert!(ok, "{err}");
     assert!(out.contains(&format!("api.test:{port}")), "{out}");
@@ -171,18 +191,29 @@ fn a_granted_request_passes_its_uses_for_its_client_then_is_denied_again() {
 
     // Another client stays denied (and takes no use).
     let b = curl(e, &url, Some(B_TOKEN));
-    assert_eq!((b.status, b.reason.as_deref()), (403, Some("client_not_allowed")));
+    assert_eq!(
+        (b.status, b.reason.as_deref()),
+        (403, Some("client_not_allowed"))
+    );
     // The client granted passes twice, each line naming the grant.
     for n in 1..=2 {
         let r = curl(e, &url, Some(A_TOKEN));
         assert_eq!(r.status, 200, "use {n}: {}", r.body);
     }
     let third = curl(e, &url, Some(A_TOKEN));
-    assert_eq!((third.status, third.reason.as_deref()), (403, Some("grant_used_up")));
+    assert_eq!(
+        (third.status, third.reason.as_deref()),
+        (403, Some("grant_used_up"))
+    );
     let lines = complete_lines(e);
-    let by_grant: Vec<&Value> = lines.iter().filter(|l| l["grant"] == gid.as_str()).collect();
+    let by_grant: Vec<&Value> = lines
+        .iter()
+        .filter(|l| l["grant"] == gid.as_str())
+        .collect();
     assert_eq!(by_grant.len(), 2, "{lines:#?}");
-    assert!(by_grant.iter().all(|l| l["decision"] == "allow" && l["exception"] == gid.as_str()));
+    assert!(by_grant
+        .iter()
+        .all(|l| l["decision"] == "allow" && l["exception"] == gid.as_str()));
     wait_grants(e, 0, 1, 0);
     assert_eq!(e.metric("egressd_grant_uses_total"), Some(2.0));
 
@@ -195,8 +226,14 @@ fn a_granted_request_passes_its_uses_for_its_client_then_is_denied_again() {
     let (ok, promoted, err) = grant(e, &["--promote", &gid]);
     assert!(ok, "{err}");
     assert!(promoted.contains("owner: \"data-team\""), "{promoted}");
-    assert!(promoted.contains("reason: \"fetch the items for task 7\""), "{promoted}");
-    assert!(!promoted.contains("expires") && !promoted.contains("grant:"), "{promoted}");
+    assert!(
+        promoted.contains("reason: \"fetch the items for task 7\""),
+        "{promoted}"
+    );
+    assert!(
+        !promoted.contains("expires") && !promoted.contains("grant:"),
+        "{promoted}"
+    );
     let reviewed = e.dir.path().join("reviewed");
     std::fs::create_dir(&reviewed).unwrap();
     std::fs::write(reviewed.join("p.yaml"), base().yaml()).unwrap();
@@ -206,7 +243,11 @@ fn a_granted_request_passes_its_uses_for_its_client_then_is_denied_again() {
         .arg(&reviewed)
         .output()
         .unwrap();
-    assert!(check.status.success(), "{}", String::from_utf8_lossy(&check.stdout));
+    assert!(
+        check.status.success(),
+        "{}",
+        String::from_utf8_lossy(&check.stdout)
+    );
 
     // The report's grants section, from this log.
     let report = Command::new(env!("CARGO_BIN_EXE_egressd"))
@@ -216,9 +257,18 @@ fn a_granted_request_passes_its_uses_for_its_client_then_is_denied_again() {
         .output()
         .unwrap();
     let text = String::from_utf8_lossy(&report.stdout);
-    assert!(text.contains("== Grants (1: 0 active, 1 used up, 0 expired, 0 unused)"), "{text}");
-    assert!(text.contains(&format!("{gid}  used_up  api.test:{port}  uses 2/2")), "{text}");
-    assert!(text.contains(&format!("1. api.test:{port}  1 grant")), "{text}");
+    assert!(
+        text.contains("== Grants (1: 0 active, 1 used up, 0 expired, 0 unused)"),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!("{gid}  used_up  api.test:{port}  uses 2/2")),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!("1. api.test:{port}  1 grant")),
+        "{text}"
+    );
     l.assert_clean(&["api.test"]);
 }
 
@@ -234,7 +284,8 @@ fn a_grant_ends_at_its_ttl_without_a_reload() {
     let gid = granted_id(&out);
     wait_grants(e, 1, 0, 0);
     let reloads = e.metric("egressd_policy_reloads_total{result=\"ok\"}");
-    let file = std::fs::read_to_string(e.policy_dir.join("grants").join(format!("{gid}.yaml"))).unwrap();
+    let file =
+        std::fs::read_to_string(e.policy_dir.join("grants").join(format!("{gid}.yaml"))).unwrap();
     let expires = file
         .lines()
         .find_map(|l| l.trim().strip_prefix("expires: "))
@@ -251,23 +302,34 @@ fn a_grant_ends_at_its_ttl_without_a_reload() {
         assert!(Instant::now() < end, "the grant outlived its TTL");
         std::thread::sleep(Duration::from_millis(200));
     };
-    assert_eq!((denied.status, denied.reason.as_deref()), (403, Some("exception_expired")));
+    assert_eq!(
+        (denied.status, denied.reason.as_deref()),
+        (403, Some("exception_expired"))
+    );
     let line = line_of(e, denied.request.as_deref().unwrap());
     let ts = line["ts"].as_str().unwrap();
-    assert!(ts[..19] >= expires[..19], "denied at {ts}, before expiry {expires}");
+    assert!(
+        ts[..19] >= expires[..19],
+        "denied at {ts}, before expiry {expires}"
+    );
     // No reload took it away: the clock did.
-    assert_eq!(e.metric("egressd_policy_reloads_total{result=\"ok\"}"), reloads);
+    assert_eq!(
+        e.metric("egressd_policy_reloads_total{result=\"ok\"}"),
+        reloads
+    );
     wait_grants(e, 0, 0, 1);
 }
 
 #[test]
 fn the_ceiling_refuses_naming_the_rule_and_writes_nothing() {
-    let l = lab().names(&["api.test", "blocked.test", "sub.vault.test"]).start(|_| {
-        base().setting(
-            "grants",
-            "{ max_ttl: 2h, max_uses: 5, never: [blocked.test, vault.test] }",
-        )
-    });
+    let l = lab()
+        .names(&["api.test", "blocked.test", "sub.vault.test"])
+        .start(|_| {
+            base().setting(
+                "grants",
+                "{ max_ttl: 2h, max_uses: 5, never: [blocked.test, vault.test] }",
+            )
+        });
     let (e, port) = (&l.e, l.port());
     let id_of = |url: &str| {
         let id = curl(e, url, Some(A_TOKEN)).request.unwrap();
@@ -281,7 +343,11 @@ fn the_ceiling_refuses_naming_the_rule_and_writes_nothing() {
     let cases: [(&str, &[&str], &str); 6] = [
         (&blocked, &["--ttl", "1h", "--uses", "1"], "(never)"),
         (&below, &["--ttl", "1h", "--uses", "1"], "(never)"),
-        (&metadata, &["--ttl", "1h", "--uses", "1"], "(private_destination)"),
+        (
+            &metadata,
+            &["--ttl", "1h", "--uses", "1"],
+            "(private_destination)",
+        ),
         (&api, &["--ttl", "3h", "--uses", "1"], "(max_ttl)"),
         (&api, &["--ttl", "1h", "--uses", "6"], "(max_uses)"),
         (&api, &["--ttl", "1h"], "(max_uses)"),
@@ -296,7 +362,12 @@ fn the_ceiling_refuses_naming_the_rule_and_writes_nothing() {
         let written = std::fs::read_dir(&grants).map_or(0, |d| d.count());
         assert_eq!(written, 0, "{rule}: something was written");
     }
-    let (ok, _, err) = grant(e, &[&api, "--ttl", "2h", "--uses", "5", "--owner", "o", "--reason", "r"]);
+    let (ok, _, err) = grant(
+        e,
+        &[
+            &api, "--ttl", "2h", "--uses", "5", "--owner", "o", "--reason", "r",
+        ],
+    );
     assert!(ok, "at the ceiling is allowed: {err}");
 }
 
@@ -315,14 +386,26 @@ fn a_tampered_grant_file_is_refused_and_the_last_good_policy_serves() {
     let good = std::fs::read_to_string(&file).unwrap();
     let hosts_line = good.lines().count();
     let tampered = [
-        (good.replace("    hosts:", "    cidrs: [\"127.0.0.0/8\"]\n    hosts:"), "(cidrs)"),
-        (good.replace("[\"api.test\"]", "[\"*.api.test\"]"), "(wildcard)"),
         (
-            good.replace("    hosts:", "    inject: { headers: { X-Key: k } }\n    hosts:"),
+            good.replace("    hosts:", "    cidrs: [\"127.0.0.0/8\"]\n    hosts:"),
+            "(cidrs)",
+        ),
+        (
+            good.replace("[\"api.test\"]", "[\"*.api.test\"]"),
+            "(wildcard)",
+        ),
+        (
+            good.replace(
+                "    hosts:",
+                "    inject: { headers: { X-Key: k } }\n    hosts:",
+            ),
             "(inject)",
         ),
         (good.replacen("expires: 20", "expires: 21", 1), "(max_ttl)"),
-        (format!("{good}  - id: extra\n    owner: o\n    reason: r\n    hosts: [api.test]\n"), "exactly one exception"),
+        (
+            format!("{good}  - id: extra\n    owner: o\n    reason: r\n    hosts: [api.test]\n"),
+            "exactly one exception",
+        ),
     ];
     for (n, (text, why)) in tampered.iter().enumerate() {
         atomic_write(&file, text);
@@ -342,16 +425,25 @@ fn a_tampered_grant_file_is_refused_and_the_last_good_policy_serves() {
     }
     // Each refusal is located: file:line:column, a real line of the file.
     let stderr = e.stderr_text();
-    let located = stderr.match_indices(&format!("{}:", file.display())).all(|(i, m)| {
-        let rest = &stderr[i + m.len()..];
-        let line: String = rest.chars().take_while(char::is_ascii_digit).collect();
-        line.parse::<usize>().is_ok_and(|n| n >= 1 && n <= hosts_line + 2)
-    });
+    let located = stderr
+        .match_indices(&format!("{}:", file.display()))
+        .all(|(i, m)| {
+            let rest = &stderr[i + m.len()..];
+            let line: String = rest.chars().take_while(char::is_ascii_digit).collect();
+            line.parse::<usize>()
+                .is_ok_and(|n| n >= 1 && n <= hosts_line + 2)
+        });
     assert!(located, "{stderr}");
     // `grant:` outside the grants directory is refused too.
-    let errors = e.metric("egressd_policy_reloads_total{result=\"error\"}").unwrap();
+    let errors = e
+        .metric("egressd_policy_reloads_total{result=\"error\"}")
+        .unwrap();
     atomic_write(&file, &good);
-    std::fs::write(e.policy_dir.join("forged.yaml"), good.replace(&gid, "forged")).unwrap();
+    std::fs::write(
+        e.policy_dir.join("forged.yaml"),
+        good.replace(&gid, "forged"),
+    )
+    .unwrap();
     eventually("a forged grant refused", || {
         (e.metric("egressd_policy_reloads_total{result=\"error\"}") > Some(errors)).then_some(())
     });
@@ -378,9 +470,17 @@ fn eight_racing_requests_for_three_uses_get_three_and_the_count_survives_a_resta
     let url = format!("http://api.test:{port}/race");
     let id = curl(&l.e, &url, Some(A_TOKEN)).request.unwrap();
     eventually("the deny line", || {
-        std::fs::read_to_string(&log).ok().filter(|t| t.contains(&id))
+        std::fs::read_to_string(&log)
+            .ok()
+            .filter(|t| t.contains(&id))
     });
-    let (ok, out, err) = grant_cmd(&policy_dir, &log, &[&id, "--ttl", "1h", "--uses", "3", "--owner", "o", "--reason", "r"]);
+    let (ok, out, err) = grant_cmd(
+        &policy_dir,
+        &log,
+        &[
+            &id, "--ttl", "1h", "--uses", "3", "--owner", "o", "--reason", "r",
+        ],
+    );
     assert!(ok, "{err}");
     let gid = granted_id(&out);
     wait_grants(&l.e, 1, 0, 0);
@@ -391,8 +491,16 @@ fn eight_racing_requests_for_three_uses_get_three_and_the_count_survives_a_resta
             .collect();
         hs.into_iter().map(|h| h.join().unwrap()).collect()
     });
-    assert_eq!(statuses.iter().filter(|s| **s == 200).count(), 3, "{statuses:?}");
-    assert_eq!(statuses.iter().filter(|s| **s == 403).count(), 5, "{statuses:?}");
+    assert_eq!(
+        statuses.iter().filter(|s| **s == 200).count(),
+        3,
+        "{statuses:?}"
+    );
+    assert_eq!(
+        statuses.iter().filter(|s| **s == 403).count(),
+        5,
+        "{statuses:?}"
+    );
     let state = policy_dir.join("grants/.state").join(format!("{gid}.uses"));
     assert_eq!(std::fs::read_to_string(&state).unwrap().trim(), "3");
 
@@ -406,7 +514,10 @@ fn eight_racing_requests_for_three_uses_get_three_and_the_count_survives_a_resta
         .start();
     wait_grants(&l.e, 0, 1, 0);
     let r = curl(&l.e, &url, Some(A_TOKEN));
-    assert_eq!((r.status, r.reason.as_deref()), (403, Some("grant_used_up")));
+    assert_eq!(
+        (r.status, r.reason.as_deref()),
+        (403, Some("grant_used_up"))
+    );
 }
 
 #[test]
@@ -424,7 +535,11 @@ fn a_revoked_grant_matches_nothing_from_the_next_request() {
     let (ok, out, err) = grant(e, &["--revoke", &gid]);
     assert!(ok, "{err}");
     assert!(out.contains(&format!("revoked {gid}")), "{out}");
-    assert!(!e.policy_dir.join("grants").join(format!("{gid}.yaml")).exists());
+    assert!(!e
+        .policy_dir
+        .join("grants")
+        .join(format!("{gid}.yaml"))
+        .exists());
     wait_grants(e, 0, 0, 0);
     let r = curl(e, &url, Some(A_TOKEN));
     assert_eq!((r.status, r.reason.as_deref()), (403, Some("no_exception")));
@@ -440,10 +555,16 @@ fn a_dns_denial_names_its_request_and_an_unnamed_clients_grant_is_every_clients(
     assert_eq!(r.metadata.response_code, ResponseCode::Refused);
     let id = ede_request_id(&r).expect("the EDE names the request");
     let line = line_of(e, &id);
-    assert_eq!((line["proto"].as_str(), line["client"].as_str()), (Some("dns"), Some("-")));
+    assert_eq!(
+        (line["proto"].as_str(), line["client"].as_str()),
+        (Some("dns"), Some("-"))
+    );
     let (ok, out, err) = grant(e, &[&id, "--ttl", "1h", "--owner", "o", "--reason", "r"]);
     assert!(ok, "{err}");
-    assert!(out.contains("to every client: the denied request came from no named client"), "{out}");
+    assert!(
+        out.contains("to every client: the denied request came from no named client"),
+        "{out}"
+    );
     wait_grants(e, 1, 0, 0);
     let r = ask_udp(e.dns, &dns_query("dl.test", RecordType::A));
     assert_eq!(r.metadata.response_code, ResponseCode::NoError, "{r:?}");
@@ -467,7 +588,9 @@ fn grants_in_their_own_directory_are_served() {
     let id = curl(e, &url, Some(A_TOKEN)).request.unwrap();
     line_of(e, &id);
     let out = Command::new(env!("CARGO_BIN_EXE_egressd"))
-        .args(["grant", &id, "--ttl", "1h", "--uses", "1", "--owner", "o", "--reason", "r"])
+        .args([
+            "grant", &id, "--ttl", "1h", "--uses", "1", "--owner", "o", "--reason", "r",
+        ])
         .arg("--policy")
         .arg(&e.policy_dir)
         .arg("--grants")
@@ -476,7 +599,11 @@ fn grants_in_their_own_directory_are_served() {
         .arg(&e.log_path)
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(!e.policy_dir.join("grants").exists());
     wait_grants(e, 1, 0, 0);
     assert_eq!(curl(e, &url, Some(A_TOKEN)).status, 200);

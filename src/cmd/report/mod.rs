@@ -655,7 +655,10 @@ fn grants_report(policy: &Policy, stats: &Stats, top: usize, now: i64) -> Grants
         };
         let state = if e.is_expired(now) {
             "expired"
-        } else if g.max_uses.is_some_and(|m| uses >= u64::from(m) || g.used() >= m) {
+        } else if g
+            .max_uses
+            .is_some_and(|m| uses >= u64::from(m) || g.used() >= m)
+        {
             "used_up"
         } else if uses == 0 {
             "unused"

@@ -442,20 +442,6 @@ fn packages(r: &Report, out: &mut dyn Write) -> io::Result<()> {
     Ok(())
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn numbers_and_cleaning() {
-        assert_eq!(thousands(0), "0");
-        assert_eq!(thousands(999), "999");
-        assert_eq!(thousands(1000), "1,000");
-        assert_eq!(thousands(1234567), "1,234,567");
-        assert_eq!(clean("a\x1b[31mb\n"), "a?[31mb?");
-    }
-}
-
 /// The grants section: each grant's state and uses, then the destinations
 /// granted most often (a destination granted again and again wants a
 /// permanent exception).
@@ -487,7 +473,10 @@ fn grants(r: &Report, out: &mut dyn Write) -> io::Result<()> {
             clean(&x.granted_by)
         )?;
     }
-    writeln!(out, "== Granted most often (candidates for a permanent exception)")?;
+    writeln!(
+        out,
+        "== Granted most often (candidates for a permanent exception)"
+    )?;
     for (n, d) in g.granted_most_often.iter().enumerate() {
         writeln!(
             out,
@@ -498,4 +487,18 @@ fn grants(r: &Report, out: &mut dyn Write) -> io::Result<()> {
         )?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn numbers_and_cleaning() {
+        assert_eq!(thousands(0), "0");
+        assert_eq!(thousands(999), "999");
+        assert_eq!(thousands(1000), "1,000");
+        assert_eq!(thousands(1234567), "1,234,567");
+        assert_eq!(clean("a\x1b[31mb\n"), "a?[31mb?");
+    }
 }

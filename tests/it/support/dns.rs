@@ -501,7 +501,10 @@ pub fn without_request_id(text: &str) -> String {
     match text.rsplit_once(" request ") {
         Some((r, id)) => {
             assert!(
-                id.len() == 12 && id.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit()),
+                id.len() == 12
+                    && id
+                        .bytes()
+                        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit()),
                 "not a request id: {id:?}"
             );
             r.to_string()

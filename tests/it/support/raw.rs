@@ -13,7 +13,8 @@ use hickory_proto::op::{Message, ResponseCode};
 use hickory_proto::rr::RecordType;
 
 use super::{
-    dns_query, ede_text, host_of, without_request_id, read_response, Lab, Lines, Listener, Response, DEADLINE,
+    dns_query, ede_text, host_of, read_response, without_request_id, Lab, Lines, Listener,
+    Response, DEADLINE,
 };
 
 /// An absolute-form request for `path` on `host` at the lab's origin,
