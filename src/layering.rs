@@ -25,6 +25,9 @@ const RULES: &[(&str, &[&str])] = &[
     // errors, so log may use metrics (never the other way).
     ("metrics", &["policy", "packages", "time"]),
     ("log", &["policy", "packages", "time", "metrics"]),
+    // What a write carries (git pushes, bodies), read and judged: pure,
+    // on the policy's compiled rules.
+    ("writes", &["policy", "time"]),
     // The one log-and-count.
     ("record", &["policy", "packages", "time", "metrics", "log"]),
     // Certificates for interception; below the proxy that uses them.
@@ -41,6 +44,7 @@ const RULES: &[(&str, &[&str])] = &[
         "proxy",
         &[
             "policy", "packages", "time", "shutdown", "metrics", "log", "record", "tls", "dns",
+            "writes",
         ],
     ),
 ];

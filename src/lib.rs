@@ -95,3 +95,4 @@ pub mod reload;
 pub mod shutdown;
 pub mod time;
 pub mod tls;
+pub mod writes;

@@ -125,12 +125,19 @@ pub enum Reason {
     PackageIntegrityMismatch,
     PackageIndexUnfilterable,
     PackageUnparseable,
+    GitRepoNotAllowed,
+    GitPushNotAllowed,
+    GitRefNotAllowed,
+    GitNotFastForward,
+    GitDeleteNotAllowed,
+    GitPathDenied,
+    GitTooLarge,
 }
 
 impl Reason {
     /// Every reason, for pre-creating metric series, in declaration order
     /// (so that `ALL[r.index()] == r`).
-    pub const ALL: [Reason; 29] = [
+    pub const ALL: [Reason; 36] = [
         Reason::Exception,
         Reason::NoException,
         Reason::Expired,
@@ -160,6 +167,13 @@ impl Reason {
         Reason::PackageIntegrityMismatch,
         Reason::PackageIndexUnfilterable,
         Reason::PackageUnparseable,
+        Reason::GitRepoNotAllowed,
+        Reason::GitPushNotAllowed,
+        Reason::GitRefNotAllowed,
+        Reason::GitNotFastForward,
+        Reason::GitDeleteNotAllowed,
+        Reason::GitPathDenied,
+        Reason::GitTooLarge,
     ];
 
     /// Position in [`Reason::ALL`]: metrics find a reason's series by it.
@@ -198,6 +212,13 @@ impl Reason {
             | Reason::PackageIntegrityMismatch
             | Reason::PackageIndexUnfilterable
             | Reason::PackageUnparseable => self.package().expect("a package reason").as_str(),
+            Reason::GitRepoNotAllowed => "git_repo_not_allowed",
+            Reason::GitPushNotAllowed => "git_push_not_allowed",
+            Reason::GitRefNotAllowed => "git_ref_not_allowed",
+            Reason::GitNotFastForward => "git_not_fast_forward",
+            Reason::GitDeleteNotAllowed => "git_delete_not_allowed",
+            Reason::GitPathDenied => "git_path_denied",
+            Reason::GitTooLarge => "git_too_large",
         }
     }
 
@@ -261,6 +282,14 @@ impl Reason {
             | Reason::PathNotAllowed
             | Reason::InspectionRequired
             | Reason::QtypeNotAllowed => true,
+            Reason::GitRepoNotAllowed => true,
+            Reason::GitPushNotAllowed => true,
+            Reason::GitRefNotAllowed => true,
+            Reason::GitNotFastForward => true,
+            Reason::GitDeleteNotAllowed => true,
+            Reason::GitPathDenied => true,
+            Reason::GitTooLarge => true,
+
             Reason::Exception
             | Reason::PrivateAddress
             | Reason::HostMismatch
@@ -306,6 +335,13 @@ impl Reason {
             Reason::PackageIntegrityMismatch => "the file's sha256 is not one the package set pins",
             Reason::PackageIndexUnfilterable => "the registry's index could not be read to filter it, so it is not passed on",
             Reason::PackageUnparseable => "the package gate cannot tell which package this registry URL asks for",
+            Reason::GitRepoNotAllowed => "this repository is not one the exception's git: repos lists",
+            Reason::GitPushNotAllowed => "the exception allows fetching this repository, not pushing to it",
+            Reason::GitRefNotAllowed => "the push updates a ref the exception's git: push.refs does not list",
+            Reason::GitNotFastForward => "the push rewrites a ref (not a fast-forward egressd could prove from the pushed pack) and force is not allowed",
+            Reason::GitDeleteNotAllowed => "the push deletes a ref and delete is not allowed",
+            Reason::GitPathDenied => "a pushed commit adds or changes a path the exception's git: push.deny_paths denies",
+            Reason::GitTooLarge => "the push is larger than the exception's git: push.max_bytes",
         }
     }
 }

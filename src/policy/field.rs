@@ -87,6 +87,34 @@ validated!(
     date_schema
 );
 validated!(
+    SizeField,
+    u64,
+    |s| parse_size(s).ok_or_else(|| format!(
+        "invalid size {s:?}: expected a whole number and a unit, B, KiB, MiB or GiB (64MiB)"
+    )),
+    || json_schema!({
+        "description": "A size: a whole number and a unit, B, KiB, MiB or GiB (64MiB).",
+        "type": "string",
+        "pattern": "^\\s*[0-9]+\\s*(B|KiB|MiB|GiB)\\s*$"
+    })
+);
+
+/// `64MiB` → bytes; `None` for anything else (or an overflow).
+pub fn parse_size(s: &str) -> Option<u64> {
+    let s = s.trim();
+    let split = s.find(|c: char| !c.is_ascii_digit())?;
+    let (n, unit) = s.split_at(split);
+    let mult: u64 = match unit.trim() {
+        "B" => 1,
+        "KiB" => 1 << 10,
+        "MiB" => 1 << 20,
+        "GiB" => 1 << 30,
+        _ => return None,
+    };
+    n.parse::<u64>().ok()?.checked_mul(mult)
+}
+
+validated!(
     DurationField,
     u64,
     |s| parse_duration(s).ok_or_else(|| format!(

@@ -14,6 +14,7 @@ pub mod addr;
 mod compile;
 pub mod decision;
 pub mod field;
+pub mod git;
 pub mod grant;
 mod handle;
 pub mod host;
@@ -362,6 +363,8 @@ pub struct Rules {
     pub inject: Box<[InjectedHeader]>,
     /// Set for a grant (a file of the grants directory).
     pub grant: Option<grant::Grant>,
+    /// `git:`: the smart-HTTP endpoints of these repositories only.
+    pub git: Option<Arc<git::GitRules>>,
 }
 
 impl Rules {
@@ -376,6 +379,7 @@ impl Rules {
             && self.dns_types.is_empty()
             && self.inject.is_empty()
             && self.grant.is_none()
+            && self.git.is_none()
     }
 }
 
@@ -458,10 +462,18 @@ impl Exception {
         self.rules()?.grant.as_ref()
     }
 
+    /// `git:`, when set.
+    pub fn git(&self) -> Option<&git::GitRules> {
+        self.rules()?.git.as_deref()
+    }
+
     /// Whether an opaque tunnel cannot enforce this exception (it restricts
     /// what happens inside HTTP, or adds credentials to it).
     pub fn needs_inspection(&self) -> bool {
-        self.methods().is_some() || self.paths().is_some() || !self.inject().is_empty()
+        self.methods().is_some()
+            || self.paths().is_some()
+            || !self.inject().is_empty()
+            || self.git().is_some()
     }
 
     pub fn is_expired(&self, now: i64) -> bool {
@@ -537,7 +549,30 @@ enum Stage {
     Qtype,
     Method,
     Path,
+    GitRepo,
+    GitPush,
     Inspection,
+}
+
+/// `git:` allows the smart-HTTP endpoints of its repositories, each with
+/// its method, and nothing else on the host; `git-receive-pack` only
+/// with `push:` (its `info/refs` advertisement is judged by the proxy,
+/// which sees the query).
+fn git_stage(g: &git::GitRules, req: &Request<'_>) -> Result<(), Stage> {
+    let Some((repo, ep)) = req.path.and_then(git::endpoint) else {
+        return Err(Stage::Path);
+    };
+    match req.method {
+        Some(m) if m.allowed_by(&[ep.method().to_string()]) => {}
+        _ => return Err(Stage::Method),
+    }
+    if !g.allows_repo(repo) {
+        return Err(Stage::GitRepo);
+    }
+    if ep == git::Endpoint::ReceivePack && g.push.is_none() {
+        return Err(Stage::GitPush);
+    }
+    Ok(())
 }
 
 impl Stage {
@@ -550,6 +585,8 @@ impl Stage {
             Stage::Qtype => Reason::QtypeNotAllowed,
             Stage::Method => Reason::MethodNotAllowed,
             Stage::Path => Reason::PathNotAllowed,
+            Stage::GitRepo => Reason::GitRepoNotAllowed,
+            Stage::GitPush => Reason::GitPushNotAllowed,
             Stage::Inspection => Reason::InspectionRequired,
         }
     }
@@ -742,6 +779,9 @@ impl Policy {
                         Some(p) if paths.is_match(p) => {}
                         _ => return Err(Stage::Path),
                     }
+                }
+                if let Some(g) = e.git() {
+                    git_stage(g, req)?;
                 }
                 Ok(false)
             }

@@ -17,7 +17,7 @@ use serde::de::{self, Deserializer};
 use serde::Deserialize;
 
 use super::field::validated;
-pub use super::field::{DateField, DurationField, IdField, RawInject};
+pub use super::field::{parse_size, DateField, DurationField, IdField, RawInject, SizeField};
 use super::host::HostPattern;
 use super::{
     MAX_CONNECTIONS_PER_CLIENT, MAX_HEADER_TIMEOUT_SECS, MAX_LOG_LINES_PER_CLIENT_PER_SEC,
@@ -408,6 +408,41 @@ pub struct RawException {
     pub inject: Option<RawInject>,
     /// Set by `egressd grant`: this exception is a grant (grants directory only).
     pub grant: Option<RawGrant>,
+    /// Smart-HTTP git: the repositories fetched and what a push may write
+    /// (needs interception). The exception then allows only those
+    /// repositories' git endpoints on its hosts.
+    pub git: Option<RawGit>,
+}
+
+/// `git:` on an exception.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RawGit {
+    /// Repositories as `owner/name` globs (`*` stops at `/`); `.git` optional.
+    #[schemars(length(min = 1))]
+    pub repos: Vec<String>,
+    /// What a push may write; absent: fetch only.
+    pub push: Option<RawPush>,
+}
+
+/// `git.push`.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RawPush {
+    /// Refs a push may create or update (`refs/heads/agent/**`); tags are refs too.
+    #[schemars(length(min = 1))]
+    pub refs: Vec<String>,
+    /// Non-fast-forward updates; default false.
+    #[serde(default)]
+    pub force: bool,
+    /// Ref deletions; default false.
+    #[serde(default)]
+    pub delete: bool,
+    /// Paths (globs, `*` stops at `/`) pushed commits may not add or change.
+    #[serde(default)]
+    pub deny_paths: Vec<String>,
+    /// The push request's size as the client sends it; default 64MiB, at most 1GiB.
+    pub max_bytes: Option<SizeField>,
 }
 
 validated!(

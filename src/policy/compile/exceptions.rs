@@ -19,9 +19,9 @@ use super::{Body, Errors, File};
 use crate::policy::grant::{check_ceiling, Candidate, Grant, GrantSettings};
 use crate::policy::host::HostPattern;
 use crate::policy::matcher::Matcher;
-use crate::policy::raw::{RawException, RawFile};
+use crate::policy::raw::{RawException, RawFile, RawGit};
 use crate::policy::{
-    path, qtype, Client, ClientIdx, Exception, InjectedHeader, Rules, Settings, Source,
+    git, path, qtype, Client, ClientIdx, Exception, InjectedHeader, Rules, Settings, Source,
     DEFAULT_PORTS,
 };
 
@@ -352,6 +352,10 @@ fn exception(
     let paths = r.paths.as_ref().map(|ps| globs.paths(ps, id, &mut report));
     let dns_types = dns_types(r, &mut report);
     let inject = injected(r, env, &mut report);
+    let git = r
+        .git
+        .as_ref()
+        .map(|g| Arc::new(git_rules(g, id, &mut report)));
     empty_lists(r, &mut report);
     let mut ports: Vec<u16> = match &r.ports {
         Some(p) => p.iter().map(|p| p.0).collect(),
@@ -375,6 +379,7 @@ fn exception(
         dns_types: dns_types.into(),
         inject: inject.into(),
         grant: None,
+        git,
     };
     Exception::new(
         id.into(),
@@ -542,6 +547,74 @@ fn injected(
         }
     }
     inject
+}
+
+/// `git:` compiled; every bad glob or bound is reported.
+fn git_rules(g: &RawGit, id: &str, report: &mut dyn FnMut(String)) -> git::GitRules {
+    let globs = |what: &str, ps: &[String], strip_slash: bool, report: &mut dyn FnMut(String)| {
+        let mut out = Vec::new();
+        if ps.is_empty() {
+            report(format!("exception {id:?}: git: {what}: is empty"));
+        }
+        for p in ps {
+            let p = if strip_slash {
+                p.trim_start_matches('/')
+            } else {
+                p.as_str()
+            };
+            let p = if what == "repos" {
+                git::repo_name(p)
+            } else {
+                p
+            };
+            match git::glob(p) {
+                Ok(g) => out.push(g),
+                Err(e) => report(format!(
+                    "exception {id:?}: git: bad {what} pattern {p:?}: {e}"
+                )),
+            }
+        }
+        out
+    };
+    let repos = globs("repos", &g.repos, true, report);
+    let push = g.push.as_ref().map(|p| {
+        let refs = globs("push.refs", &p.refs, false, report);
+        let deny = if p.deny_paths.is_empty() {
+            Vec::new()
+        } else {
+            globs("push.deny_paths", &p.deny_paths, true, report)
+        };
+        let max_bytes = p
+            .max_bytes
+            .as_ref()
+            .map_or(git::DEFAULT_PUSH_MAX_BYTES, |m| m.0);
+        if max_bytes == 0 || max_bytes > git::MAX_PUSH_MAX_BYTES {
+            report(format!(
+                "exception {id:?}: git: push.max_bytes must be between 1B and 1GiB"
+            ));
+        }
+        git::PushRules {
+            ref_patterns: p.refs.clone().into(),
+            refs: path::PathSet::new(refs),
+            force: p.force,
+            delete: p.delete,
+            deny_path_patterns: p
+                .deny_paths
+                .iter()
+                .map(|d| d.trim_start_matches('/').to_string())
+                .collect(),
+            deny_paths: path::PathSet::new(deny),
+            max_bytes,
+        }
+    });
+    git::GitRules::new(
+        g.repos
+            .iter()
+            .map(|r| r.trim_start_matches('/').to_string())
+            .collect(),
+        repos,
+        push,
+    )
 }
 
 /// An empty list would silently match nothing (or, for ports, leave the
