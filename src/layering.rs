@@ -58,6 +58,7 @@ const TOP: &[&str] = &["app", "reload", "cmd", "launcher", "cli", "main", "lib"]
 /// transparent) sit on the shared steps, never the other way round.
 const PROXY: &[&str] = &[
     "chunks",
+    "held",
     "rewind",
     "dest",
     "respond",
@@ -70,6 +71,7 @@ const PROXY: &[&str] = &[
     "pool",
     "tls_origins",
     "gate",
+    "writes",
     "exchange",
     "mitm",
     "tunnel",

@@ -223,6 +223,7 @@ pub struct Metrics {
     /// Package requests by ecosystem, set (`-`: none), decision and reason
     /// (`exception` when allowed). No package label: names are unbounded.
     pub package_decisions: IntCounterVec,
+    pub git_pushes: IntCounterVec,
     pub package_versions_hidden: IntCounterVec,
     /// Requests allowed by a grant (each took one of its uses). No label:
     /// which grant is in the log.
@@ -358,6 +359,12 @@ impl Metrics {
         .expect("valid");
         r.register(Box::new(policy_loaded_at.clone()))
             .expect("unique");
+        let git_pushes = counter_vec(
+            &r,
+            "egressd_git_pushes_total",
+            "git pushes judged under a git: exception, by result (allow or the reason).",
+            &["exception", "result"],
+        );
         let package_decisions = counter_vec(
             &r,
             "egressd_package_decisions_total",
@@ -444,6 +451,7 @@ impl Metrics {
             dns_cache,
             policy_loaded_at,
             package_decisions,
+            git_pushes,
             package_versions_hidden,
             grant_uses,
             live: ArcSwap::from_pointee(ExceptionTable::default()),
@@ -528,6 +536,12 @@ impl Metrics {
     }
 
     /// Counts one package request (called by `Recorder::record` only).
+    pub fn count_git_push(&self, exception: &str, result: &str) {
+        self.git_pushes
+            .with_label_values(&[exception, result])
+            .inc();
+    }
+
     pub fn count_package(&self, eco: Ecosystem, set: &str, decision: &str, reason: &str) {
         self.package_decisions
             .with_label_values(&[eco.as_str(), set, decision, reason])

@@ -33,12 +33,14 @@ use super::admit::Draft;
 use super::dest::Dest;
 use super::gate::index_cache::{self, Use};
 use super::gate::{self, Gate, Plan, PlanKind};
+use super::held::ReqBody;
 use super::pool;
 use super::relay::{self, meter::Counted};
 use super::respond::{self, BoxError, ProxyBody, Responder, Stop};
 use super::scrub;
 use super::tls_origins::{TlsClient, UpstreamAddr};
 use super::upstream::{self, Egress};
+use super::writes::{self, Judged};
 use super::ProxyCtx;
 use crate::packages::compile::{Mirror, PackagePolicy};
 use crate::packages::Ecosystem;
@@ -187,6 +189,12 @@ pub(crate) async fn decide_and_forward(
             .await;
         }
     }
+    let mode = policy.settings.mode;
+    let (req, mut ev) =
+        match Box::pin(writes::judge(req, ev, inbound.path, &d, mode, responder)).await {
+            Judged::Forward(req, ev) => (req, ev),
+            Judged::Answered(resp) => return resp,
+        };
     let route = mirror.as_ref().map(|(e, m)| (*e, m));
     let secrets = scrub::Secrets::of(
         d.exception,
@@ -411,7 +419,7 @@ fn ambiguous_answer(h: &HeaderMap) -> Option<&'static str> {
 async fn reach_origin(
     ctx: &ProxyCtx,
     policy: &Policy,
-    mut req: Request<Incoming>,
+    mut req: Request<ReqBody>,
     ev: &mut Event,
     inbound: &Inbound<'_>,
     d: &Decision<'_>,
@@ -442,7 +450,7 @@ async fn reach_origin(
 async fn reach_mirror(
     ctx: &ProxyCtx,
     policy: &Policy,
-    mut req: Request<Incoming>,
+    mut req: Request<ReqBody>,
     ev: &mut Event,
     inbound: &Inbound<'_>,
     eco: Ecosystem,
@@ -576,7 +584,7 @@ pub(crate) fn origin_form(uri: &Uri) -> String {
 /// the exception's credentials in, the upgrade (if any) asked for again.
 /// Returns the client side of that upgrade.
 fn rewrite(
-    req: &mut Request<Incoming>,
+    req: &mut Request<ReqBody>,
     ctx: &ProxyCtx,
     origin: &Origin,
     upgrade: Option<HeaderValue>,
@@ -628,7 +636,7 @@ struct Sent {
 /// Sends `req` to `origin` and waits (bounded) for the response head.
 async fn send(
     ctx: &ProxyCtx,
-    req: Request<Incoming>,
+    req: Request<ReqBody>,
     origin: Origin,
     client_upgrade: Option<(OnUpgrade, Option<Permit>)>,
     ev: &mut Event,

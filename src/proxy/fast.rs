@@ -372,7 +372,7 @@ fn admit_and_decide<'p>(
     let plain = d.verdict == Verdict::Allow
         && !d.report_only
         && d.exception
-            .is_some_and(|e| e.inject().is_empty() && e.grant().is_none());
+            .is_some_and(|e| e.inject().is_empty() && e.grant().is_none() && e.git().is_none());
     if !plain {
         return None;
     }

@@ -31,6 +31,7 @@ pub mod fast;
 pub mod forward;
 
 pub(crate) mod gate;
+pub(crate) mod held;
 pub mod mitm;
 pub mod pool;
 pub(crate) mod relay;
@@ -43,6 +44,7 @@ mod tls_origins;
 pub mod transparent;
 pub mod tunnel;
 pub mod upstream;
+mod writes;
 
 use std::net::SocketAddr;
 use std::sync::Arc;

@@ -27,11 +27,12 @@ use hyper::body::Incoming;
 use hyper::client::conn::http1::{self, SendRequest};
 use hyper_util::rt::TokioIo;
 
+use super::held::ReqBody;
 use super::relay::meter::Counted;
 use super::upstream::{Egress, POOL_IDLE, POOL_MAX_IDLE_PER_ADDR};
 
 /// The request body the pool's connections carry.
-pub type Body = Counted<Incoming>;
+pub type Body = Counted<ReqBody>;
 
 /// How long a lent idle connection may take to become ready for the next
 /// request (its previous exchange is finishing on the connection's task).

@@ -74,6 +74,10 @@ impl Event {
             out.extend_from_slice(b",\"package\":");
             package(out, p);
         }
+        if let Some(g) = &self.git {
+            out.extend_from_slice(b",\"git\":");
+            git(out, g);
+        }
         if let Some(o) = self.origin {
             out.extend_from_slice(b",\"origin\":");
             json_str(out, o);
@@ -107,6 +111,37 @@ pub(super) fn package(out: &mut Vec<u8>, p: &super::PackageLine) {
     opt_str(out, p.set.as_deref());
     if let Some(n) = p.versions_hidden() {
         out.extend_from_slice(b",\"versions_hidden\":");
+        uint(out, n);
+    }
+    out.push(b'}');
+}
+
+/// The `git` object: `{repo, service, refs: [{ref, old, new, verdict}], pack_bytes}`.
+pub(super) fn git(out: &mut Vec<u8>, g: &super::GitLine) {
+    out.extend_from_slice(b"{\"repo\":");
+    json_str(out, &g.repo);
+    out.extend_from_slice(b",\"service\":");
+    word(out, g.service);
+    if !g.refs.is_empty() {
+        out.extend_from_slice(b",\"refs\":[");
+        for (i, r) in g.refs.iter().enumerate() {
+            if i > 0 {
+                out.push(b',');
+            }
+            out.extend_from_slice(b"{\"ref\":");
+            json_str(out, &r.name);
+            out.extend_from_slice(b",\"old\":");
+            json_str(out, &r.old);
+            out.extend_from_slice(b",\"new\":");
+            json_str(out, &r.new);
+            out.extend_from_slice(b",\"verdict\":");
+            word(out, r.verdict);
+            out.push(b'}');
+        }
+        out.push(b']');
+    }
+    if let Some(n) = g.pack_bytes {
+        out.extend_from_slice(b",\"pack_bytes\":");
         uint(out, n);
     }
     out.push(b'}');

@@ -76,6 +76,9 @@ pub struct Event {
     /// A request the package gate decided (DESIGN "Packages"); written
     /// only when set, and counted in the package metrics.
     pub package: Option<Box<PackageLine>>,
+    /// A smart-HTTP git request under a `git:` exception; written only
+    /// when set, and a push counted in `egressd_git_pushes_total`.
+    pub git: Option<Box<GitLine>>,
     /// `"egressd"` for a request egressd made for itself (an index the
     /// gate fetched to authorise a download); written only when set.
     pub origin: Option<&'static str>,
@@ -168,6 +171,29 @@ impl std::fmt::Display for RequestId {
     }
 }
 
+/// The line's `git` object (DESIGN "Writes on allowed hosts").
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GitLine {
+    /// As the path names it.
+    pub repo: String,
+    /// `fetch` or `push`.
+    pub service: &'static str,
+    /// A push's ref updates, each with its verdict.
+    pub refs: Vec<GitRefLine>,
+    /// A push's body size, as the client sent it.
+    pub pack_bytes: Option<u64>,
+}
+
+/// One ref update of a push.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GitRefLine {
+    pub name: String,
+    pub old: String,
+    pub new: String,
+    /// `allow`, or the reason it was refused.
+    pub verdict: &'static str,
+}
+
 /// The `client` of a request no client entry names.
 pub fn anonymous() -> Arc<str> {
     static DASH: LazyLock<Arc<str>> = LazyLock::new(|| Arc::from("-"));
@@ -208,6 +234,7 @@ impl Event {
             dns_attempts: Attempts::default(),
             note: None,
             package: None,
+            git: None,
             origin: None,
             started: Some(Instant::now()),
         }
@@ -481,6 +508,19 @@ impl Recorder {
         }
         if ev.grant_use && !denied {
             self.metrics.grant_uses.inc();
+        }
+        if ev
+            .git
+            .as_ref()
+            .is_some_and(|g| g.service == "push" && !g.refs.is_empty())
+        {
+            let result = if ev.decision == Logged::Deny {
+                ev.reason.as_str()
+            } else {
+                "allow"
+            };
+            self.metrics
+                .count_git_push(ev.exception.as_deref().unwrap_or("-"), result);
         }
         if let Some(p) = &ev.package {
             let set = p.set.as_deref().unwrap_or("-");

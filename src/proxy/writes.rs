@@ -1,0 +1,371 @@
+//! The serving step of `git:` rules (DESIGN "Writes on allowed hosts"):
+//! after the policy allowed a smart-HTTP endpoint of a listed repository,
+//! `info/refs` is held to its service and a push is read whole (bounded
+//! by `max_bytes`) and judged before any byte of it goes upstream. A
+//! refused push is answered in git's own channel, as a server-side hook's
+//! refusal would be: `200` with `report-status` `ng … egressd: <reason>`
+//! and, in side-band, `remote: egressd: …` naming the rule and contact.
+//!
+//! The parsing and the judgement are pure (`crate::writes`); this module
+//! reads bodies, answers and notes the line's `git` field.
+
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use http::header::{self, HeaderValue};
+use http::{Request, Response, StatusCode};
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+
+use super::held::ReqBody;
+use super::respond::{self, ProxyBody, Responder};
+use crate::policy::git::{self as git_rules, Endpoint, PushRules};
+use crate::policy::{Decision, Exception, Mode, Reason};
+use crate::record::{Event, GitLine, GitRefLine};
+use crate::writes::git::{self, Judgement};
+use crate::writes::pack;
+
+/// How much of a push past `max_bytes` is read and dropped, so that the
+/// client (which sends the whole body before it reads an answer) sees
+/// the refusal rather than a reset connection.
+const DRAIN_MAX: u64 = 64 << 20;
+/// How long that drain may take.
+const DRAIN_TIME: Duration = Duration::from_secs(10);
+/// How long reading a push's body may take.
+const READ_TIME: Duration = Duration::from_secs(300);
+
+/// What the step decided.
+pub(crate) enum Judged {
+    /// Forward this request (its body streamed, or held when it was read).
+    Forward(Request<ReqBody>, Event),
+    /// Answered here, the line recorded.
+    Answered(Response<ProxyBody>),
+}
+
+/// Applies the allowing exception's `git:` rules to `req`, an allowed
+/// request for `path`; any other request passes untouched.
+pub(crate) async fn judge(
+    req: Request<Incoming>,
+    mut ev: Event,
+    path: &str,
+    d: &Decision<'_>,
+    mode: Mode,
+    responder: &Responder<'_>,
+) -> Judged {
+    let Some((e, g)) = d.exception.and_then(|e| e.git().map(|g| (e, g))) else {
+        return Judged::Forward(req.map(ReqBody::Stream), ev);
+    };
+    // The policy allowed only the endpoints of listed repositories (a
+    // report-mode pass may bring any other path here: nothing to judge).
+    let Some((repo, ep)) = git_rules::endpoint(path) else {
+        return Judged::Forward(req.map(ReqBody::Stream), ev);
+    };
+    let line = |service| {
+        Some(Box::new(GitLine {
+            repo: repo.to_string(),
+            service,
+            refs: Vec::new(),
+            pack_bytes: None,
+        }))
+    };
+    match ep {
+        Endpoint::InfoRefs => match git_rules::service(req.uri().query()) {
+            Some("git-upload-pack") => {
+                ev.git = line("fetch");
+                Judged::Forward(req.map(ReqBody::Stream), ev)
+            }
+            Some("git-receive-pack") => {
+                ev.git = line("push");
+                if g.push.is_some() {
+                    return Judged::Forward(req.map(ReqBody::Stream), ev);
+                }
+                let detail = format!("{repo} is listed for fetching only");
+                refuse_http(
+                    req,
+                    ev,
+                    e,
+                    Reason::GitPushNotAllowed,
+                    detail,
+                    mode,
+                    responder,
+                )
+            }
+            _ => {
+                // Dumb HTTP (or no service): not a smart-HTTP endpoint.
+                let detail = "git: allows smart-HTTP git only (info/refs?service=git-upload-pack or git-receive-pack)".to_string();
+                refuse_http(req, ev, e, Reason::PathNotAllowed, detail, mode, responder)
+            }
+        },
+        Endpoint::UploadPack => {
+            ev.git = line("fetch");
+            Judged::Forward(req.map(ReqBody::Stream), ev)
+        }
+        Endpoint::ReceivePack => {
+            ev.git = line("push");
+            match &g.push {
+                Some(push) => Box::pin(push_step(req, ev, e, push, mode, responder)).await,
+                None => {
+                    let detail = format!("{repo} is listed for fetching only");
+                    refuse_http(
+                        req,
+                        ev,
+                        e,
+                        Reason::GitPushNotAllowed,
+                        detail,
+                        mode,
+                        responder,
+                    )
+                }
+            }
+        }
+    }
+}
+
+/// A refusal answered as HTTP (403 with the text body), or in report
+/// mode logged and forwarded.
+fn refuse_http(
+    req: Request<Incoming>,
+    mut ev: Event,
+    e: &Exception,
+    reason: Reason,
+    detail: String,
+    mode: Mode,
+    responder: &Responder<'_>,
+) -> Judged {
+    let d = Decision::deny(reason, Some(e)).under(mode);
+    ev.set_decision(&d, mode);
+    if d.is_allowed() {
+        ev.add_note(Some(detail));
+        return Judged::Forward(req.map(ReqBody::Stream), ev);
+    }
+    Judged::Answered(responder.deny(ev, reason, Some(detail)))
+}
+
+/// Reads, judges and either forwards (held) or refuses a push.
+async fn push_step(
+    req: Request<Incoming>,
+    mut ev: Event,
+    e: &Exception,
+    push: &PushRules,
+    mode: Mode,
+    responder: &Responder<'_>,
+) -> Judged {
+    let (parts, body) = req.into_parts();
+    let read = match tokio::time::timeout(READ_TIME, read_bounded(body, push.max_bytes)).await {
+        Ok(r) => r,
+        Err(_) => Read::Failed("the push body did not arrive in time".into()),
+    };
+    let raw = match read {
+        Read::Whole(b) => b,
+        Read::TooLarge { seen, head } => {
+            if let Some(g) = ev.git.as_mut() {
+                g.pack_bytes = Some(seen);
+            }
+            let why = format!(
+                "the push is larger than max_bytes ({} bytes)",
+                push.max_bytes
+            );
+            return Judged::Answered(too_large(ev, e, &head, why, mode, responder));
+        }
+        Read::Failed(why) => {
+            return Judged::Answered(responder.deny(ev, Reason::Malformed, Some(why)));
+        }
+    };
+    if let Some(g) = ev.git.as_mut() {
+        g.pack_bytes = Some(raw.len() as u64);
+    }
+    let encoding = parts
+        .headers
+        .get(header::CONTENT_ENCODING)
+        .map(|v| v.as_bytes().to_ascii_lowercase());
+    let plain = match encoding.as_deref() {
+        None | Some(b"identity") => raw.clone(),
+        Some(b"gzip") | Some(b"x-gzip") => match gunzip(&raw, push.max_bytes.saturating_mul(32)) {
+            Ok(b) => b,
+            Err(why) => return Judged::Answered(responder.deny(ev, Reason::Malformed, Some(why))),
+        },
+        Some(_) => {
+            let why = "a push body in an encoding egressd does not read".to_string();
+            return Judged::Answered(responder.deny(ev, Reason::Malformed, Some(why)));
+        }
+    };
+    let parsed = match git::parse_request(&plain) {
+        Ok(p) => p,
+        Err(why) => return Judged::Answered(responder.deny(ev, Reason::Malformed, Some(why))),
+    };
+    if parsed.commands.is_empty() {
+        // git's probe before a large push (a lone flush): it asks whether
+        // the endpoint answers; upstream needs to see nothing of it.
+        ev.add_note(Some("push probe answered by egressd".into()));
+        ev.status = Some(200);
+        responder.rec.record(ev);
+        return Judged::Answered(git_answer(Vec::new()));
+    }
+    let j = git::judge(push, &parsed);
+    if let Some(g) = ev.git.as_mut() {
+        g.refs = ref_lines(&j);
+    }
+    let Some((reason, why)) = j.refused.clone() else {
+        return forward_held(parts, raw, ev);
+    };
+    let d = Decision::deny(reason, Some(e)).under(mode);
+    ev.set_decision(&d, mode);
+    ev.add_note(Some(why.clone()));
+    if d.is_allowed() {
+        return forward_held(parts, raw, ev);
+    }
+    let message = refusal_lines(&j, &why, e, responder.contact);
+    let body = git::refusal(&j, parsed.sideband(), &message);
+    ev.status = Some(200);
+    responder.rec.record(ev);
+    Judged::Answered(git_answer(body))
+}
+
+fn forward_held(parts: http::request::Parts, raw: Bytes, ev: Event) -> Judged {
+    Judged::Forward(Request::from_parts(parts, ReqBody::held(raw)), ev)
+}
+
+/// What `remote: egressd: …` says: the refusal, the rule, whom to ask.
+fn refusal_lines(j: &Judgement, why: &str, e: &Exception, contact: &str) -> Vec<String> {
+    let (reason, _) = j.refused.as_ref().expect("refused");
+    vec![
+        format!("push refused ({}): {why}", reason.as_str()),
+        format!("{}.", reason.describe()),
+        format!(
+            "rule: exception {} (owner {}); nothing was sent upstream; ask {contact} to change it",
+            e.id, e.owner
+        ),
+    ]
+}
+
+/// A push past `max_bytes`, refused in git's channel with the refs its
+/// first bytes name (the commands come before the pack); when even those
+/// do not read, as HTTP. Report mode cannot forward what was not kept:
+/// the bound holds in both modes.
+fn too_large(
+    mut ev: Event,
+    e: &Exception,
+    head: &[u8],
+    why: String,
+    mode: Mode,
+    responder: &Responder<'_>,
+) -> Response<ProxyBody> {
+    let reason = Reason::GitTooLarge;
+    ev.set_decision(&Decision::deny(reason, Some(e)), mode);
+    let Ok(parsed) = git::parse_request(head) else {
+        return responder.deny(ev, reason, Some(why));
+    };
+    let j = Judgement {
+        refs: parsed
+            .commands
+            .iter()
+            .map(|c| git::RefVerdict {
+                command: c.clone(),
+                refused: Some(reason),
+            })
+            .collect(),
+        refused: Some((reason, why.clone())),
+    };
+    if let Some(g) = ev.git.as_mut() {
+        g.refs = ref_lines(&j);
+    }
+    ev.add_note(Some(why.clone()));
+    let message = refusal_lines(&j, &why, e, responder.contact);
+    let body = git::refusal(&j, parsed.sideband(), &message);
+    ev.status = Some(200);
+    responder.rec.record(ev);
+    git_answer(body)
+}
+
+fn ref_lines(j: &Judgement) -> Vec<GitRefLine> {
+    j.refs
+        .iter()
+        .map(|v| GitRefLine {
+            name: v.command.name.clone(),
+            old: pack::hex(&v.command.old),
+            new: pack::hex(&v.command.new),
+            verdict: match (v.refused, &j.refused) {
+                (Some(r), _) => r.as_str(),
+                (None, Some(_)) => "not_updated",
+                (None, None) => "allow",
+            },
+        })
+        .collect()
+}
+
+/// `200` with a `git-receive-pack` result body.
+fn git_answer(body: Vec<u8>) -> Response<ProxyBody> {
+    let mut r = Response::new(respond::full(body));
+    *r.status_mut() = StatusCode::OK;
+    let h = r.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/x-git-receive-pack-result"),
+    );
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    r
+}
+
+enum Read {
+    Whole(Bytes),
+    /// More than the bound arrived: how much was seen, and the first
+    /// bytes (where the commands are).
+    TooLarge {
+        seen: u64,
+        head: Bytes,
+    },
+    Failed(String),
+}
+
+/// What of a too-large push is kept to name its refs.
+const HEAD_KEPT: usize = 1 << 20;
+
+/// The body, whole, if it is at most `max` bytes. Past the bound the rest is read and dropped (at
+/// most [`DRAIN_MAX`], for [`DRAIN_TIME`]) so the client reads the answer.
+async fn read_bounded(mut body: Incoming, max: u64) -> Read {
+    let mut buf = BytesMut::new();
+    let mut seen = 0u64;
+    loop {
+        match body.frame().await {
+            None => return Read::Whole(buf.freeze()),
+            Some(Err(e)) => return Read::Failed(format!("the push body: {e}")),
+            Some(Ok(f)) => {
+                if let Ok(d) = f.into_data() {
+                    seen += d.len() as u64;
+                    if seen > max {
+                        buf.truncate(HEAD_KEPT);
+                        let keep = HEAD_KEPT.saturating_sub(buf.len()).min(d.len());
+                        buf.extend_from_slice(&d[..keep]);
+                        let head = buf.freeze();
+                        let drain = async {
+                            while let Some(Ok(f)) = body.frame().await {
+                                if let Ok(d) = f.into_data() {
+                                    seen += d.len() as u64;
+                                    if seen > max + DRAIN_MAX {
+                                        break;
+                                    }
+                                }
+                            }
+                        };
+                        let _ = tokio::time::timeout(DRAIN_TIME, drain).await;
+                        return Read::TooLarge { seen, head };
+                    }
+                    buf.extend_from_slice(&d);
+                }
+            }
+        }
+    }
+}
+
+/// A gzip body inflated, at most `max` bytes.
+fn gunzip(raw: &[u8], max: u64) -> Result<Bytes, String> {
+    use std::io::Read as _;
+    let mut out = Vec::new();
+    let mut d = flate2::read::GzDecoder::new(raw).take(max + 1);
+    d.read_to_end(&mut out)
+        .map_err(|e| format!("the push body does not inflate: {e}"))?;
+    if out.len() as u64 > max {
+        return Err("the push body inflates past egressd's bound".into());
+    }
+    Ok(out.into())
+}
