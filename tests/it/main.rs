@@ -15,6 +15,7 @@ mod fast_path;
 mod forward;
 mod fuzz_regressions;
 mod grants;
+mod git_gate;
 mod launcher;
 mod lifecycle;
 mod ocsf;
