@@ -15,15 +15,15 @@ use crate::support::*;
 
 const CONTACT: &str = "#sec-git";
 
-struct Setup {
-    server: GitServer,
-    e: Egressd,
+pub(crate) struct Setup {
+    pub server: GitServer,
+    pub e: Egressd,
     _dns: FakeDns,
-    ca: PathBuf,
-    dir: tempfile::TempDir,
+    pub ca: PathBuf,
+    pub dir: tempfile::TempDir,
 }
 
-fn git_rules() -> &'static str {
+pub(crate) fn git_rules() -> &'static str {
     r#"    git:
       repos: ["acme/widgets"]
       push:
@@ -58,7 +58,7 @@ exceptions:
     )
 }
 
-fn start(test: &str, widgets_rules: &str) -> Option<Setup> {
+pub(crate) fn start(test: &str, widgets_rules: &str) -> Option<Setup> {
     if on_path("git").is_none() {
         eprintln!("SKIPPED {test}: git is not installed");
         return None;
@@ -92,7 +92,7 @@ fn start(test: &str, widgets_rules: &str) -> Option<Setup> {
 }
 
 impl Setup {
-    fn url(&self, repo: &str) -> String {
+    pub(crate) fn url(&self, repo: &str) -> String {
         format!("https://{GIT_HOST}:{}/{repo}.git", self.server.addr.port())
     }
 

@@ -18,6 +18,7 @@
 //! | `smuggling.rs` | CL.TE, TE.CL, framing tricks, pipelining (origin bytes checked) |
 //! | `framing.rs` | strict framing past hyper: transfer codings, canonical lengths, ambiguous answers, head and extension bounds, `Host` lists, method overrides |
 //! | `upgrades.rs` | h2c, HTTP/2 prior knowledge, WebSocket |
+//! | `git_push.rs` | malformed pushes at the git gate: pkt-lines, lying packs, delta loops, zip bombs |
 //! | `dns.rs` | the resolver: packet abuse, floods, hostile upstream answers |
 //! | `dns_tools/` | DNS tunnels: real iodine and dns2tcp in a namespace lab, generated tunnels, the benign corpus |
 //! | `ech.rs` | ECH configurations in HTTPS/SVCB answers |
@@ -44,6 +45,7 @@ mod fairness_h2;
 mod fairness_log;
 mod faults;
 mod framing;
+mod git_push;
 mod guard;
 mod guard_identity;
 mod hostnames;
