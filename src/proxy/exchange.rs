@@ -190,9 +190,10 @@ pub(crate) async fn decide_and_forward(
         }
     }
     let mode = policy.settings.mode;
-    let (req, mut ev) =
+    let (req, mut ev, advert) =
         match Box::pin(writes::judge(req, ev, inbound.path, &d, mode, responder)).await {
-            Judged::Forward(req, ev) => (req, ev),
+            Judged::Forward(req, ev) => (req, ev, false),
+            Judged::Advertise(req, ev) => (req, ev, true),
             Judged::Answered(resp) => return resp,
         };
     let route = mirror.as_ref().map(|(e, m)| (*e, m));
@@ -228,7 +229,7 @@ pub(crate) async fn decide_and_forward(
                 }
                 r
             }
-            p => answer(sent, ev, ctx, p, policy.settings.mode, secrets),
+            p => writes::answered(answer(sent, ev, ctx, p, mode, secrets), advert),
         },
         Err(stop) => responder.stop(ev, stop),
     }

@@ -38,6 +38,9 @@ const READ_TIME: Duration = Duration::from_secs(300);
 pub(crate) enum Judged {
     /// Forward this request (its body streamed, or held when it was read).
     Forward(Request<ReqBody>, Event),
+    /// Forward this `info/refs?service=git-receive-pack`, and pass its
+    /// answer through [`answered`]: the advertisement gains `no-thin`.
+    Advertise(Request<ReqBody>, Event),
     /// Answered here, the line recorded.
     Answered(Response<ProxyBody>),
 }
@@ -77,7 +80,7 @@ pub(crate) async fn judge(
             Some("git-receive-pack") => {
                 ev.git = line("push");
                 if g.push.is_some() {
-                    return Judged::Forward(req.map(ReqBody::Stream), ev);
+                    return Judged::Advertise(req.map(ReqBody::Stream), ev);
                 }
                 let detail = format!("{repo} is listed for fetching only");
                 refuse_http(
@@ -368,4 +371,150 @@ fn gunzip(raw: &[u8], max: u64) -> Result<Bytes, String> {
         return Err("the push body inflates past egressd's bound".into());
     }
     Ok(out.into())
+}
+
+/// The origin's answer, on its way to the client; for an advertisement
+/// ([`Judged::Advertise`]) the first ref line's capabilities gain
+/// `no-thin`, so git sends a pack that holds every base its deltas need
+/// (a thin pack's deltas against objects upstream has cannot be read, and
+/// the push would be refused as unprovable).
+pub(crate) fn answered(resp: Response<ProxyBody>, advert: bool) -> Response<ProxyBody> {
+    if !advert || resp.status() != StatusCode::OK {
+        return resp;
+    }
+    let (mut parts, body) = resp.into_parts();
+    parts.headers.remove(header::CONTENT_LENGTH);
+    let body = NoThin {
+        inner: body,
+        head: Some(BytesMut::new()),
+    };
+    Response::from_parts(parts, BodyExt::boxed(body))
+}
+
+/// The most of an advertisement held to find its first ref line.
+const ADVERT_HEAD_MAX: usize = 128 << 10;
+
+struct NoThin {
+    inner: ProxyBody,
+    /// `None` once the head went out.
+    head: Option<BytesMut>,
+}
+
+impl hyper::body::Body for NoThin {
+    type Data = Bytes;
+    type Error = respond::BoxError;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Bytes>, Self::Error>>> {
+        use std::task::Poll;
+        loop {
+            let this = &mut *self;
+            let frame = match std::pin::Pin::new(&mut this.inner).poll_frame(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(f) => f,
+            };
+            let Some(head) = this.head.as_mut() else {
+                return Poll::Ready(frame);
+            };
+            match frame {
+                Some(Ok(f)) => match f.into_data() {
+                    Ok(d) => {
+                        head.extend_from_slice(&d);
+                        if let Some(out) = add_no_thin(head) {
+                            this.head = None;
+                            return Poll::Ready(Some(Ok(hyper::body::Frame::data(out))));
+                        }
+                        if head.len() > ADVERT_HEAD_MAX {
+                            let out = this.head.take().expect("head").freeze();
+                            return Poll::Ready(Some(Ok(hyper::body::Frame::data(out))));
+                        }
+                    }
+                    Err(f) => return Poll::Ready(Some(Ok(f))),
+                },
+                Some(Err(e)) => return Poll::Ready(Some(Err(e))),
+                None => {
+                    let out = this.head.take().expect("head").freeze();
+                    return Poll::Ready(if out.is_empty() {
+                        None
+                    } else {
+                        Some(Ok(hyper::body::Frame::data(out)))
+                    });
+                }
+            }
+        }
+    }
+}
+
+/// `head` with `no-thin` added to the first ref line's capabilities, once
+/// that line is whole; the head unchanged when it is not a v0
+/// `git-receive-pack` advertisement; `None` while more is needed.
+fn add_no_thin(head: &[u8]) -> Option<Bytes> {
+    use crate::writes::pktline::{self, Pkt, Reader};
+    let mut r = Reader::new(head);
+    let mut out = Vec::with_capacity(head.len() + 16);
+    let unchanged = || Some(Bytes::copy_from_slice(head));
+    match r.next_pkt() {
+        Ok(Some(Pkt::Data(d))) if d.starts_with(b"# service=git-receive-pack") => {
+            pktline::write(&mut out, d)
+        }
+        Ok(None) | Err(crate::writes::pktline::PktError::Truncated) => return None,
+        _ => return unchanged(),
+    }
+    match r.next_pkt() {
+        Ok(Some(Pkt::Flush)) => pktline::flush(&mut out),
+        Ok(None) | Err(crate::writes::pktline::PktError::Truncated) => return None,
+        _ => return unchanged(),
+    }
+    let line = match r.next_pkt() {
+        Ok(Some(Pkt::Data(d))) => d,
+        Ok(None) | Err(crate::writes::pktline::PktError::Truncated) => return None,
+        _ => return unchanged(),
+    };
+    let Some(nul) = line.iter().position(|&b| b == 0) else {
+        return unchanged();
+    };
+    let caps = line[nul + 1..]
+        .strip_suffix(b"\n")
+        .unwrap_or(&line[nul + 1..]);
+    if caps.split(|&b| b == b' ').any(|c| c == b"no-thin") {
+        return unchanged();
+    }
+    let mut new = line[..=nul].to_vec();
+    new.extend_from_slice(caps);
+    if !caps.is_empty() {
+        new.push(b' ');
+    }
+    new.extend_from_slice(b"no-thin\n");
+    pktline::write(&mut out, &new);
+    out.extend_from_slice(r.rest());
+    Some(out.into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_advertisement_gains_no_thin() {
+        let mut adv = Vec::new();
+        crate::writes::pktline::write(&mut adv, b"# service=git-receive-pack\n");
+        crate::writes::pktline::flush(&mut adv);
+        let first = format!(
+            "{} refs/heads/main\0report-status ofs-delta\n",
+            "a".repeat(40)
+        );
+        crate::writes::pktline::write(&mut adv, first.as_bytes());
+        crate::writes::pktline::flush(&mut adv);
+        assert_eq!(add_no_thin(&adv[..10]), None);
+        let out = add_no_thin(&adv).unwrap();
+        let text = String::from_utf8_lossy(&out);
+        assert!(text.contains("report-status ofs-delta no-thin\n"), "{text}");
+        assert!(text.ends_with("0000"));
+        // An upload-pack advertisement is left alone.
+        let mut up = Vec::new();
+        crate::writes::pktline::write(&mut up, b"# service=git-upload-pack\n");
+        assert_eq!(add_no_thin(&up).unwrap(), Bytes::from(up));
+    }
 }

@@ -195,7 +195,12 @@ fn clone_and_an_agent_branch_land() {
     // Every request upstream carried the credential egressd injected.
     assert!(s.server.hits().iter().all(|h| h.authorized));
     git_ok(&work, &["checkout", "-qb", "agent/x"]);
-    commit_file(&work, "notes.txt", b"a note\n", "notes");
+    // A file large enough that git would send its next version as a
+    // delta against this one (which upstream then holds).
+    let text: String = (0..2000)
+        .map(|i| format!("line {i} of the notes\n"))
+        .collect();
+    commit_file(&work, "notes.txt", text.as_bytes(), "notes");
     let out = s.git(&work, &["push", "-q", "origin", "agent/x"]);
     assert!(out.status.success(), "push: {}", stderr(&out));
     let head = git_ok(&work, &["rev-parse", "HEAD"]).trim().to_string();
@@ -203,8 +208,11 @@ fn clone_and_an_agent_branch_land() {
         s.server.rev("acme/widgets", "refs/heads/agent/x"),
         Some(head.clone())
     );
-    // A second commit on it: a fast-forward egressd proves from the pack.
-    commit_file(&work, "notes.txt", b"a longer note\n", "more notes");
+    // A second commit on it, changing one line: a fast-forward egressd
+    // proves from the pack. egressd's `no-thin` in the advertisement made
+    // git include the delta's base (a thin pack would be unprovable).
+    let changed = text.replace("line 7 of", "line seven of");
+    commit_file(&work, "notes.txt", changed.as_bytes(), "more notes");
     let out = s.git(&work, &["push", "-q", "origin", "agent/x"]);
     assert!(out.status.success(), "push: {}", stderr(&out));
     let line = s.e.wait_line("the push's line", |l| {
