@@ -47,10 +47,11 @@ pub enum Lint {
     PackageSetExpired,
     PackageCoveredByDeny,
     PackageNoQuarantine,
+    GitPushAnything,
 }
 
 impl Lint {
-    pub const ALL: [Lint; 12] = [
+    pub const ALL: [Lint; 13] = [
         Lint::Expired,
         Lint::Expiring,
         Lint::WildcardNoExpiry,
@@ -63,6 +64,7 @@ impl Lint {
         Lint::PackageSetExpired,
         Lint::PackageCoveredByDeny,
         Lint::PackageNoQuarantine,
+        Lint::GitPushAnything,
     ];
 
     /// What the warning means, in one sentence (SARIF's rule list shows it).
@@ -90,6 +92,9 @@ impl Lint {
             Lint::PackageNoQuarantine => {
                 "Every version of a package is approved with min_age 0: a compromised release installs at once."
             }
+            Lint::GitPushAnything => {
+                "A git: push may force-update every ref: history on any branch can be rewritten."
+            }
         }
     }
 
@@ -107,6 +112,7 @@ impl Lint {
             Lint::PackageSetExpired => "package_set_expired",
             Lint::PackageCoveredByDeny => "package_covered_by_deny",
             Lint::PackageNoQuarantine => "package_no_quarantine",
+            Lint::GitPushAnything => "git_push_anything",
         }
     }
 }
@@ -149,6 +155,24 @@ pub fn lint(policy: &Policy, now: i64) -> Vec<Warning> {
         wildcards(e, &mut warn);
         cidrs(e, &mut warn);
         clients(policy, e, &mut warn);
+        if let Some(push) = e.git().and_then(|g| g.push.as_ref()) {
+            if push.force
+                && push
+                    .ref_patterns
+                    .iter()
+                    .any(|r| r == "**" || r == "refs/**")
+            {
+                warn(
+                    Lint::GitPushAnything,
+                    format!(
+                        "exception {:?}: git push.refs allows every ref and force: true: an agent may \
+                         rewrite the history of main and every other branch; list the refs it writes \
+                         (refs/heads/agent/**) or drop force",
+                        e.id
+                    ),
+                );
+            }
+        }
         if !e.inject().is_empty() && e.ports.contains(&80) {
             let also = if e.ports.len() == 1 {
                 "only port 80"
@@ -523,6 +547,11 @@ fn shadows(a: &Exception, b: &Exception, now: i64) -> bool {
     if a.needs_inspection() != b.needs_inspection() {
         return false;
     }
+    // `git:` narrows what a host allows to some repositories' endpoints
+    // and judges pushes: not compared here (unsure → false).
+    if a.git().is_some() {
+        return false;
+    }
     match (a.clients(), b.clients()) {
         (None, _) => {}
         (Some(ca), Some(cb)) if subset(cb, ca) => {}
@@ -735,7 +764,7 @@ mod tests {
     #[test]
     fn each_rule() {
         let y = format!(
-            "settings:\n  clients:\n    - id: ci-runner\n      sources: [10.8.0.0/16]\nexceptions:\n{}{}{}{}{}{}{}",
+            "settings:\n  clients:\n    - id: ci-runner\n      sources: [10.8.0.0/16]\nexceptions:\n{}{}{}{}{}{}{}{}{}",
             ex("gone", "    expires: 2027-01-01\n    hosts: [a.example.com]\n"),
             ex("soon", "    expires: 2027-01-20\n    hosts: [b.example.com]\n"),
             ex("wild", "    hosts: [\"*.example.net\"]\n"),
@@ -749,6 +778,14 @@ mod tests {
                 "tok",
                 "    ports: [80]\n    hosts: [d.example.com]\n    inject:\n      headers: { X-Token: abc }\n"
             ),
+            ex(
+                "push-all",
+                "    hosts: [git.example.com]\n    git:\n      repos: [acme/w]\n      push: { refs: [\"**\"], force: true }\n"
+            ),
+            ex(
+                "push-agent",
+                "    hosts: [git.example.com]\n    git:\n      repos: [acme/w]\n      push: { refs: [\"refs/heads/agent/**\"], force: true }\n"
+            ),
         );
         let got = kinds(&y);
         let want = [
@@ -759,6 +796,7 @@ mod tests {
             Lint::NonPublicCidr,
             Lint::UnknownClient,
             Lint::CleartextInject,
+            Lint::GitPushAnything,
         ];
         assert_eq!(
             got.iter().map(|g| g.0).collect::<Vec<_>>(),
