@@ -262,6 +262,18 @@ exceptions:
     reason: a lab range
     expires: "2099-01-01T12:00:00Z"
     cidrs: [10.20.0.0/16, "2001:db8::/32"]
+  - id: widgets-agent
+    owner: platform
+    reason: agents push agent branches
+    hosts: [git.example.com]
+    git:
+      repos: ["acme/widgets", "acme/*.git"]
+      push:
+        refs: ["refs/heads/agent/**"]
+        force: false
+        delete: true
+        deny_paths: [".github/workflows/**"]
+        max_bytes: 64MiB
 "##,
     ),
     (
