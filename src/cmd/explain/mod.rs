@@ -6,6 +6,7 @@
 //! resolves names, so for a name it states the private-address rule rather
 //! than applying it. IP-literal targets get the full address check.
 
+mod git;
 mod package;
 
 use std::io::{self, Write};
@@ -107,6 +108,18 @@ pub fn explain(
     now: i64,
     out: &mut dyn Write,
 ) -> i32 {
+    if let Some(spec) = target.trim().strip_prefix("git:") {
+        let client_idx = client.and_then(|id| policy.clients.iter().position(|c| &*c.id == id));
+        if client.is_some() && client_idx.is_none() {
+            let _ = writeln!(
+                out,
+                "error: unknown client {:?}",
+                client.unwrap_or_default()
+            );
+            return USAGE;
+        }
+        return git::explain(policy, client_idx.map(|i| i as ClientIdx), spec, now, out);
+    }
     let query = match target.trim().strip_prefix("pkg:") {
         Some(spec) => package::PkgQuery::parse(spec).map(Asked::Package),
         None => Query::parse(target).map(Asked::Request),
@@ -213,7 +226,8 @@ pub fn decide_target<'p>(
 const TARGET_FORMS: &str = "TARGET is one of: https://host/path, http://host:port/path, \
      host:port, 'GET http://host/path', 'POST https://host/path', dns:name, dns:name/TXT, \
      pkg:ECOSYSTEM/NAME[@VERSION] (pkg:pypi/requests@2.32.3, pkg:npm/@scope/name@1.0.0, \
-     pkg:cargo/serde, pkg:go/golang.org/x/text@v0.14.0)";
+     pkg:cargo/serde, pkg:go/golang.org/x/text@v0.14.0), \
+     git:push:HOST/OWNER/REPO:REF, git:fetch:HOST/OWNER/REPO";
 
 /// What `explain` was asked about.
 enum Asked {
