@@ -335,7 +335,7 @@ pub fn denied_path(pack: &Pack, rules: &PushRules) -> Option<String> {
 }
 
 fn changed(id: &Oid, bases: &[Base]) -> bool {
-    !bases.iter().any(|b| *b == Base::Known(Some(*id)))
+    !bases.contains(&Base::Known(Some(*id)))
 }
 
 fn check_tree(

@@ -122,11 +122,14 @@ struct Entry {
     data: Range<usize>,
 }
 
+/// An object's type and, for a commit or tree, its content.
+type Held = (Kind, Option<Arc<[u8]>>);
+
 /// A read pack.
 pub struct Pack {
     /// Every object whose id could be worked out, with its type and, for
     /// commits and trees, its content.
-    objects: HashMap<Oid, (Kind, Option<Arc<[u8]>>)>,
+    objects: HashMap<Oid, Held>,
     /// Objects whose delta base is not in the pack (a thin pack), or
     /// lies in a cycle.
     pub unresolved: usize,
@@ -217,8 +220,8 @@ impl Pack {
         // Deltas, in rounds: a REF_DELTA's base may come later in the pack.
         loop {
             let mut progress = false;
-            for i in 0..r.entries.len() {
-                if ids[i].is_some() {
+            for (i, id) in ids.iter_mut().enumerate() {
+                if id.is_some() {
                     continue;
                 }
                 if let Some((kind, data)) = r.resolve(i, 0)? {
@@ -227,7 +230,7 @@ impl Pack {
                     if matches!(kind, Kind::Commit | Kind::Tree) {
                         r.kept.insert(i, (kind, data.into()));
                     }
-                    ids[i] = Some((kind, oid));
+                    *id = Some((kind, oid));
                     progress = true;
                 }
             }
@@ -768,7 +771,7 @@ mod tests {
     fn a_count_that_lies_is_refused() {
         let one = object(Kind::Blob, b"x");
         assert_eq!(
-            Pack::parse(&pack(2, &[one.clone()]), limits()).err(),
+            Pack::parse(&pack(2, std::slice::from_ref(&one)), limits()).err(),
             Some(PackError::Truncated)
         );
         assert_eq!(

@@ -108,7 +108,10 @@ fn malformed_pushes_are_refused_and_nothing_goes_upstream() {
     assert_eq!(code, 400);
     // A pack that says it holds a million objects and holds one.
     let blob = [header(3, 5), zlib(b"hello")].concat();
-    let (code, text) = post(&s, &push_body(&pack(1_000_000, &[blob.clone()])));
+    let (code, text) = post(
+        &s,
+        &push_body(&pack(1_000_000, std::slice::from_ref(&blob))),
+    );
     assert_eq!(code, 200, "{text}");
     assert!(
         text.contains("ng refs/heads/agent/a egressd: malformed"),
