@@ -58,11 +58,9 @@ exceptions:
     )
 }
 
-pub(crate) fn start(test: &str, widgets_rules: &str) -> Option<Setup> {
-    if on_path("git").is_none() {
-        eprintln!("SKIPPED {test}: git is not installed");
-        return None;
-    }
+pub(crate) fn start(widgets_rules: &str) -> Setup {
+    tool("git");
+    tool("curl");
     let server = git_server(&["acme/widgets", "acme/docs", "acme/secret"]);
     let dns = fake_dns();
     dns.set(GIT_HOST, &["127.0.0.1"]);
@@ -82,13 +80,13 @@ pub(crate) fn start(test: &str, widgets_rules: &str) -> Option<Setup> {
         .env("EGRESSD_UPSTREAM_CA", upstream_ca.to_str().unwrap())
         .policy("p.yaml", &policy(server.addr.port(), widgets_rules))
         .start();
-    Some(Setup {
+    Setup {
         server,
         e,
         _dns: dns,
         ca: certs.join("ca.pem"),
         dir,
-    })
+    }
 }
 
 impl Setup {
@@ -184,9 +182,7 @@ fn commit_file(work: &Path, path: &str, content: &[u8], msg: &str) {
 
 #[test]
 fn clone_and_an_agent_branch_land() {
-    let Some(s) = start("clone_and_an_agent_branch_land", git_rules()) else {
-        return;
-    };
+    let s = start(git_rules());
     let work = s.clone("w");
     assert_eq!(
         std::fs::read_to_string(work.join("README")).unwrap(),
@@ -232,9 +228,7 @@ fn clone_and_an_agent_branch_land() {
 
 #[test]
 fn pushes_the_rules_refuse_never_reach_upstream() {
-    let Some(s) = start("pushes_the_rules_refuse_never_reach_upstream", git_rules()) else {
-        return;
-    };
+    let s = start(git_rules());
     let work = s.clone("w");
     // main: not a ref the rules list.
     commit_file(&work, "src.txt", b"change\n", "to main");
@@ -306,9 +300,7 @@ fn pushes_the_rules_refuse_never_reach_upstream() {
 
 #[test]
 fn force_pushes_and_deletes_are_refused() {
-    let Some(s) = start("force_pushes_and_deletes_are_refused", git_rules()) else {
-        return;
-    };
+    let s = start(git_rules());
     let work = s.clone("w");
     git_ok(&work, &["checkout", "-qb", "agent/f"]);
     commit_file(&work, "a.txt", b"one\n", "one");
@@ -331,9 +323,7 @@ fn force_pushes_and_deletes_are_refused() {
 
 #[test]
 fn repos_not_listed_and_fetch_only_repos() {
-    let Some(s) = start("repos_not_listed_and_fetch_only_repos", git_rules()) else {
-        return;
-    };
+    let s = start(git_rules());
     let before = s.server.hits().len();
     let out = s.git(
         s.dir.path(),
@@ -389,9 +379,7 @@ fn repos_not_listed_and_fetch_only_repos() {
 
 #[test]
 fn protocol_v2_fetches_pass() {
-    let Some(s) = start("protocol_v2_fetches_pass", git_rules()) else {
-        return;
-    };
+    let s = start(git_rules());
     let work = s.clone("w");
     let out = s.git(
         &work,
@@ -409,9 +397,7 @@ fn protocol_v2_fetches_pass() {
 /// tests above see refused lands. Each of them fails without the rules.
 #[test]
 fn a_plain_host_exception_lets_every_push_through() {
-    let Some(s) = start("a_plain_host_exception_lets_every_push_through", "") else {
-        return;
-    };
+    let s = start("");
     let work = s.clone("w");
     commit_file(&work, ".github/workflows/ci.yml", b"on: push\n", "ci");
     let out = s.git(&work, &["push", "-q", "origin", "main"]);

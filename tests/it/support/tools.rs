@@ -14,6 +14,7 @@ const INSTALL: &[(&str, &str)] = &[
     ("chromium", "apt-get install chromium"),
     ("curl", "apt-get install curl"),
     ("dns2tcpc", "apt-get install dns2tcp"),
+    ("git", "apt-get install git"),
     ("dns2tcpd", "apt-get install dns2tcp"),
     ("go", "apt-get install golang-go"),
     ("iodine", "apt-get install iodine"),
