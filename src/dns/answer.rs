@@ -15,8 +15,9 @@
 //! - denied (by the policy, the tunnel budget, or an answer made only of
 //!   non-public addresses): `REFUSED` (or `NXDOMAIN` by
 //!   `settings.dns.deny_rcode`) with an Extended DNS Error (RFC 8914) code 15
-//!   "Blocked" whose text is `egressd: <reason>`. A denied name is never sent
-//!   upstream.
+//!   "Blocked" whose text is `egressd: <reason> request <id>`, the id being
+//!   the query's decision line's (for `egressd grant`). A denied name is
+//!   never sent upstream.
 //! - allowed: a fresh query upstream (through the cache); A/AAAA records that
 //!   the exception may not reach are removed (rebinding protection), and
 //!   `SERVFAIL` when the upstreams fail (logged as an error, not a decision).
@@ -55,7 +56,7 @@ use crate::policy::{
     enforced, ClientIdx, Decision, DenyRcode, Exception, Policy, PolicyHandle, Proto, Reason,
     Request as PolicyRequest, TunnelAction,
 };
-use crate::record::{Event, Recorder};
+use crate::record::{Event, Recorder, RequestId};
 use crate::shutdown::{Holder, Permit, Permits};
 use crate::time::unix_now;
 
@@ -158,11 +159,13 @@ pub(super) struct Pending {
 }
 
 /// What the answers given at once reuse from query to query: the bytes
-/// sent, and the room of the event's two names (`qname`, `host`).
+/// sent, the room of the event's two names (`qname`, `host`), and of a
+/// refusal's EDE text.
 pub(super) struct Scratch {
     pub out: Vec<u8>,
     qname: String,
     host: String,
+    ede: String,
 }
 
 impl Default for Scratch {
@@ -172,6 +175,7 @@ impl Default for Scratch {
             out: Vec::with_capacity(512),
             qname: String::with_capacity(256),
             host: String::with_capacity(256),
+            ede: String::with_capacity(64),
         }
     }
 }
@@ -183,6 +187,7 @@ impl Scratch {
             out: Vec::new(),
             qname: String::new(),
             host: String::new(),
+            ede: String::new(),
         }
     }
 
@@ -219,8 +224,11 @@ struct Reply {
     rcode: ResponseCode,
     records: Vec<Record>,
     authority: Vec<Record>,
-    /// Extended DNS Error: INFO-CODE and EXTRA-TEXT.
+    /// Extended DNS Error: INFO-CODE and EXTRA-TEXT (`egressd: <reason>`;
+    /// the request id is added where it is encoded, [`Reply::ede_into`]).
     ede: Option<(u16, Cow<'static, str>)>,
+    /// The refused query's id, which the EDE text ends with.
+    request: Option<RequestId>,
 }
 
 impl Reply {
@@ -230,7 +238,34 @@ impl Reply {
             records: Vec::new(),
             authority: Vec::new(),
             ede,
+            request: None,
         }
+    }
+
+    /// A refusal of query `id`: its EDE text names it.
+    fn of_request(mut self, id: RequestId) -> Reply {
+        self.request = Some(id);
+        self
+    }
+
+    /// The EDE, its text written into `buf` (kept by the caller, so a
+    /// refusal on the fast path allocates nothing once `buf` has room):
+    /// `egressd: <reason> request <id>`.
+    fn ede_into<'b>(&self, buf: &'b mut String) -> Option<(u16, &'b str)> {
+        let (code, text) = self.ede.as_ref()?;
+        buf.clear();
+        buf.push_str(text);
+        if let Some(id) = self.request {
+            buf.push_str(" request ");
+            buf.push_str(std::str::from_utf8(&id.as_bytes()).expect("ASCII"));
+        }
+        Some((*code, buf.as_str()))
+    }
+
+    /// Whether the answer cache may keep this reply's bytes for other
+    /// queries: an answer, never a refusal (whose EDE names one query).
+    fn shareable(&self) -> bool {
+        self.ede.is_none() && self.request.is_none()
     }
 }
 
@@ -287,7 +322,7 @@ impl Handler {
                 let policy = &who.policy;
                 let (d, host) = decide_query(policy, who.client, host, q.qtype, &mut ev, now);
                 if !d.is_allowed() {
-                    deny(policy, d.reason)
+                    deny(policy, d.reason, ev.id)
                 } else {
                     let cached = !self.resolver.remembering_answers() && {
                         let key = Key::new(&q, d.exception);
@@ -360,7 +395,7 @@ impl Handler {
         scratch: &mut Scratch,
     ) -> Step {
         let out = &mut scratch.out;
-        let ede = reply.ede.as_ref().map(|(c, t)| (*c, t.as_ref()));
+        let ede = reply.ede_into(&mut scratch.ede);
         let fits = codec::encode_into(
             out,
             q,
@@ -402,7 +437,8 @@ impl Handler {
             .lookup(policy, exception, host, q.qtype, &mut ev, who.src.ip())
             .await;
         let max_size = max_size(&q, protocol);
-        let ede = reply.ede.as_ref().map(|(c, t)| (*c, t.as_ref()));
+        let mut text = String::new();
+        let ede = reply.ede_into(&mut text);
         let bytes = match codec::encode(
             &q,
             reply.rcode,
@@ -413,7 +449,7 @@ impl Handler {
             EDNS_PAYLOAD,
         ) {
             Some(b) => {
-                if let Some(k) = keep {
+                if let Some(k) = keep.filter(|_| reply.shareable()) {
                     if !self.resolver.remembering_answers() {
                         let key = Key::new(&q, k.exception);
                         self.cache
@@ -623,7 +659,7 @@ impl Handler {
         let policy = &who.policy;
         let (d, host) = decide_query(policy, who.client, host, qtype, ev, now);
         if !d.is_allowed() {
-            return Some(deny(policy, d.reason));
+            return Some(deny(policy, d.reason, ev.id));
         }
         if let Err(refused) = self.spend_budget(who, &host, &d, ev, now) {
             return Some(refused);
@@ -670,10 +706,13 @@ impl Handler {
     fn refuse_early(&self, ev: &mut Event, overloaded: bool) -> Option<Reply> {
         if overloaded {
             ev.set_denied(Reason::Overloaded);
-            return Some(Reply::error(
-                ResponseCode::Refused,
-                Some((EDE_OTHER, ede_text(Reason::Overloaded))),
-            ));
+            return Some(
+                Reply::error(
+                    ResponseCode::Refused,
+                    Some((EDE_OTHER, ede_text(Reason::Overloaded))),
+                )
+                .of_request(ev.id),
+            );
         }
         if !self.recorder.accepting() {
             // A denial like any other (DESIGN "DNS answers": `REFUSED`, EDE
@@ -681,10 +720,13 @@ impl Handler {
             // `deny_rcode` says: an outage says nothing about the name,
             // and a negative answer would be cached past it.
             ev.set_denied(Reason::LogUnavailable);
-            return Some(Reply::error(
-                ResponseCode::Refused,
-                Some((EDE_BLOCKED, ede_text(Reason::LogUnavailable))),
-            ));
+            return Some(
+                Reply::error(
+                    ResponseCode::Refused,
+                    Some((EDE_BLOCKED, ede_text(Reason::LogUnavailable))),
+                )
+                .of_request(ev.id),
+            );
         }
         None
     }
@@ -756,7 +798,7 @@ impl Handler {
                 ev.set_decision(&blocked, mode);
                 ev.note = note;
                 if !blocked.is_allowed() {
-                    return Err(deny(policy, Reason::DnsTunnel));
+                    return Err(deny(policy, Reason::DnsTunnel, ev.id));
                 }
             }
         }
@@ -792,6 +834,7 @@ impl Handler {
             records,
             authority,
             ede: None,
+            request: None,
         }
     }
 
@@ -802,7 +845,7 @@ impl Handler {
         let labels: Vec<&[u8]> = name.iter().collect();
         if labels.is_empty() {
             ev.set_denied(Reason::NoException);
-            return deny(policy, Reason::NoException);
+            return deny(policy, Reason::NoException, ev.id);
         }
         let under = if policy.settings.dns.tunnel.action == TunnelAction::Off {
             None
@@ -842,12 +885,12 @@ impl Handler {
                     .dns_tunnel
                     .with_label_values(&["block"])
                     .inc();
-                deny(policy, Reason::DnsTunnel)
+                deny(policy, Reason::DnsTunnel, ev.id)
             }
             None => {
                 ev.set_denied(Reason::Malformed);
                 ev.note = Some(format!("not a host name: {err}"));
-                deny(policy, Reason::Malformed)
+                deny(policy, Reason::Malformed, ev.id)
             }
         }
     }
@@ -953,7 +996,7 @@ fn rebinding_filter(
             "every address is non-public and outside the exception's cidrs: {list}"
         )));
         if !report {
-            return Err(deny(policy, Reason::PrivateAddress));
+            return Err(deny(policy, Reason::PrivateAddress, ev.id));
         }
     } else if report {
         ev.add_note(Some(format!("would remove {cidrs}: {list}")));
@@ -964,7 +1007,8 @@ fn rebinding_filter(
     Ok((records, false))
 }
 
-/// An Extended DNS Error's text: `egressd: <reason>`, made once per reason.
+/// An Extended DNS Error's text: `egressd: <reason>`, made once per reason
+/// (the request id is added when the reply is encoded, [`Reply::ede_into`]).
 fn ede_text(reason: Reason) -> Cow<'static, str> {
     static TEXTS: LazyLock<Vec<(Reason, String)>> = LazyLock::new(|| {
         Reason::ALL
@@ -978,13 +1022,13 @@ fn ede_text(reason: Reason) -> Cow<'static, str> {
     }
 }
 
-/// The answer to a denied query.
-fn deny(policy: &Policy, reason: Reason) -> Reply {
+/// The answer to denied query `id`.
+fn deny(policy: &Policy, reason: Reason, id: RequestId) -> Reply {
     let rcode = match policy.settings.dns.deny_rcode {
         DenyRcode::Refused => ResponseCode::Refused,
         DenyRcode::Nxdomain => ResponseCode::NXDomain,
     };
-    Reply::error(rcode, Some((EDE_BLOCKED, ede_text(reason))))
+    Reply::error(rcode, Some((EDE_BLOCKED, ede_text(reason)))).of_request(id)
 }
 
 /// What rebinding protection finds in an answer.
@@ -1072,7 +1116,8 @@ async fn send<R: ResponseHandler>(
     let edns = request.edns.as_ref().map(|_| {
         let mut e = Edns::new();
         e.set_max_payload(EDNS_PAYLOAD);
-        if let Some((code, text)) = &reply.ede {
+        let mut text = String::new();
+        if let Some((code, text)) = reply.ede_into(&mut text) {
             let mut data = code.to_be_bytes().to_vec();
             data.extend_from_slice(text.as_bytes());
             e.options_mut().insert(EdnsOption::Unknown(EDNS_EDE, data));
@@ -1210,6 +1255,46 @@ mod tests {
 
     use super::*;
     use crate::dns::alloc_count::allocations;
+
+    /// An EDE text's request id: 12 characters of the id alphabet.
+    fn is_request_id(id: &[u8]) -> bool {
+        id.len() == RequestId::LEN
+            && id
+                .iter()
+                .all(|b| b"0123456789abcdefghjkmnpqrstvwxyz".contains(b))
+    }
+
+    /// EDNS options with each EDE text's request id taken off (every query
+    /// has its own), after checking it is one.
+    fn without_ids(
+        opts: &hickory_proto::rr::rdata::opt::OPT,
+    ) -> Vec<(hickory_proto::rr::rdata::opt::EdnsCode, Vec<u8>)> {
+        opts.as_ref()
+            .iter()
+            .map(|(code, o)| {
+                let mut data = match o {
+                    EdnsOption::Unknown(_, d) => d.clone(),
+                    other => format!("{other:?}").into_bytes(),
+                };
+                if let Some(i) = data.windows(9).position(|w| w == b" request ") {
+                    assert!(is_request_id(&data[i + 9..]), "{data:?}");
+                    data.truncate(i);
+                }
+                (*code, data)
+            })
+            .collect()
+    }
+
+    /// The EDE text of an answer, if it has one.
+    fn ede_of(m: &Message) -> Option<String> {
+        let e = m.edns.as_ref()?;
+        e.options().as_ref().iter().find_map(|(_, o)| match o {
+            EdnsOption::Unknown(code, d) if *code == EDNS_EDE => {
+                Some(String::from_utf8_lossy(&d[2..]).into_owned())
+            }
+            _ => None,
+        })
+    }
 
     fn name(labels: &[&[u8]]) -> Name {
         Name::from_labels(labels.iter().copied()).unwrap()
@@ -1352,7 +1437,13 @@ mod tests {
             assert_eq!(g.edns.is_some(), f.edns.is_some());
             if let (Some(ge), Some(fe)) = (&g.edns, &f.edns) {
                 assert_eq!(ge.max_payload(), fe.max_payload());
-                assert_eq!(ge.options(), fe.options());
+                assert_eq!(without_ids(ge.options()), without_ids(fe.options()));
+            }
+            // A refusal names its own query; an answer (cached or not) no one's.
+            match (ede_of(&g), ede_of(&f)) {
+                (Some(ge), Some(fe)) => assert_ne!(ge, fe, "each query its own id"),
+                (None, None) => {}
+                other => panic!("EDE on one path only: {other:?}"),
             }
             // Overloaded: refused by both, the same way.
             let g = h
@@ -1363,7 +1454,20 @@ mod tests {
                 .process(raw.clone(), src, Protocol::Tcp, true, None)
                 .await
                 .unwrap();
-            assert_eq!(g, f, "overloaded {raw:?}");
+            // The same answer but for the request id in the EDE text
+            // (each query has its own).
+            assert_eq!(g.len(), f.len(), "overloaded {raw:?}");
+            let (g, f) = (
+                Message::from_vec(&g).unwrap(),
+                Message::from_vec(&f).unwrap(),
+            );
+            assert_eq!(g.metadata, f.metadata, "overloaded {raw:?}");
+            assert_eq!(g.queries, f.queries, "overloaded {raw:?}");
+            assert_eq!(
+                g.edns.as_ref().map(|e| without_ids(e.options())),
+                f.edns.as_ref().map(|e| without_ids(e.options())),
+                "overloaded {raw:?}"
+            );
         }
         // The allowed name was answered (not refused) and filtered to the
         // exception's cidrs; the denied one refused with its reason.
@@ -1383,6 +1487,11 @@ mod tests {
                 let mut v: serde_json::Value = serde_json::from_str(l).unwrap();
                 v["ts"] = serde_json::Value::Null;
                 v["duration_ms"] = serde_json::Value::Null;
+                // Each query its own id.
+                if let Some(id) = v.get_mut("id") {
+                    assert!(id.as_str().is_some_and(|i| is_request_id(i.as_bytes())));
+                    *id = serde_json::Value::Null;
+                }
                 v
             })
             .collect();
@@ -1458,10 +1567,20 @@ mod tests {
                 "aged by whole seconds"
             );
         }
+        assert_eq!(ede_of(&got), None, "a cached answer names no query");
         let refused = now(&denied, &mut scratch);
         eprintln!("allocations per query: cached {hit}, denied {refused}");
         assert!(hit <= 1, "cached: {hit} allocations");
         assert!(refused <= 1, "denied: {refused} allocations");
+        // The refusal names its query: the id its decision line has.
+        let text = ede_of(&Message::from_vec(&scratch.out).unwrap()).expect("an EDE");
+        let id = text
+            .strip_prefix("egressd: no_exception request ")
+            .expect(&text);
+        assert!(is_request_id(id.as_bytes()), "{text}");
         assert!(sink.flush(Duration::from_secs(5)));
+        let log = std::fs::read_to_string(dir.path().join("log")).unwrap();
+        let last: serde_json::Value = serde_json::from_str(log.lines().last().unwrap()).unwrap();
+        assert_eq!(last["id"], id, "{last}");
     }
 }

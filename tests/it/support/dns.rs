@@ -495,22 +495,24 @@ pub fn ede(r: &Message) -> Option<(u16, String)> {
 }
 
 /// An EDE text without the request id egressd ends it with (`egressd:
-/// <reason> request <id>` → `egressd: <reason>`); the id, when there, must
-/// be spelled as one (12 base32 characters).
+/// <reason> request <id>` → `egressd: <reason>`). Every EDE egressd sends
+/// names its refused query: the id must be there, spelled as one (12
+/// characters of the id alphabet).
 pub fn without_request_id(text: &str) -> String {
-    match text.rsplit_once(" request ") {
-        Some((r, id)) => {
-            assert!(
-                id.len() == 12
-                    && id
-                        .bytes()
-                        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit()),
-                "not a request id: {id:?}"
-            );
-            r.to_string()
-        }
-        None => text.to_string(),
-    }
+    let Some((r, id)) = text.rsplit_once(" request ") else {
+        panic!("an EDE text without its request id: {text:?}")
+    };
+    assert!(is_request_id(id), "not a request id: {id:?} in {text:?}");
+    r.to_string()
+}
+
+/// Whether `id` is spelled as a request id: 12 characters of
+/// `0123456789abcdefghjkmnpqrstvwxyz`.
+pub fn is_request_id(id: &str) -> bool {
+    id.len() == 12
+        && id
+            .bytes()
+            .all(|b| b"0123456789abcdefghjkmnpqrstvwxyz".contains(&b))
 }
 
 /// The request id an EDE text ends with.
