@@ -518,7 +518,12 @@ impl Metrics {
                     .store(unix_now_millis().max(0) as u64, Ordering::Relaxed);
             }
         }
-        let (up, down) = bytes;
+        self.count_bytes(bytes.0, bytes.1);
+    }
+
+    /// Counts bytes moved without a request: a long-lived connection's
+    /// close (its request was counted at its open).
+    pub fn count_bytes(&self, up: u64, down: u64) {
         if up > 0 {
             self.hot_bytes[0].inc_by(up);
         }

@@ -61,7 +61,12 @@ impl Event {
         uint(out, self.bytes_down);
         out.extend_from_slice(b",\"duration_ms\":");
         uint(out, self.duration_ms);
-        if self.decision == crate::policy::Logged::Deny {
+        if let Some(e) = self.event {
+            out.extend_from_slice(b",\"event\":");
+            word(out, e.as_str());
+        }
+        // The id pairs a connection's close line with its open line.
+        if self.decision == crate::policy::Logged::Deny || self.event.is_some() {
             out.extend_from_slice(b",\"id\":\"");
             out.extend_from_slice(&self.id.as_bytes());
             out.push(b'"');

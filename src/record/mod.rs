@@ -82,7 +82,33 @@ pub struct Event {
     /// `"egressd"` for a request egressd made for itself (an index the
     /// gate fetched to authorise a download); written only when set.
     pub origin: Option<&'static str>,
+    /// A long-lived connection's line (DESIGN "The record holds"): `open`
+    /// when it is decided, `close` when it ends; `None` for a short
+    /// request's one line. Set by [`Recorder::open`], never by hand.
+    pub event: Option<Phase>,
+    /// The open line was summed into a `rate_limited` line: its close
+    /// writes no line either (every close line pairs with an open line).
+    quiet_close: bool,
     pub started: Option<Instant>,
+}
+
+/// Which line of a long-lived connection (a CONNECT tunnel, an
+/// intercepted connection, a WebSocket) a line is: the line's `event`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    /// Written when the connection is decided: the decision, no bytes.
+    Open,
+    /// Written when it ends: the same id, its bytes and duration.
+    Close,
+}
+
+impl Phase {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Phase::Open => "open",
+            Phase::Close => "close",
+        }
+    }
 }
 
 /// What the package gate decided about one request: the line's `package`
@@ -236,6 +262,8 @@ impl Event {
             package: None,
             git: None,
             origin: None,
+            event: None,
+            quiet_close: false,
             started: Some(Instant::now()),
         }
     }
@@ -448,11 +476,75 @@ impl Recorder {
         self.log.settle(ticket).await
     }
 
+    /// Writes the open line of a long-lived connection decided now (a
+    /// tunnel, an intercepted connection, a WebSocket): its decision, no
+    /// bytes and no duration yet, counted as the request it is. The event
+    /// becomes its close line: recording it later writes `"event":"close"`
+    /// with the same id, its bytes and duration, counted for its bytes
+    /// only, so the connection is one request in the metrics. Returns when
+    /// the line reaches the kernel.
+    pub fn open(&self, ev: &mut Event) -> Ticket {
+        debug_assert!(ev.event.is_none(), "a connection opens once");
+        rate::bound_fields(ev);
+        let kept = (ev.bytes_up, ev.bytes_down);
+        (ev.bytes_up, ev.bytes_down, ev.duration_ms) = (0, 0, 0);
+        ev.event = Some(Phase::Open);
+        let ticket = self.single(ev);
+        if ticket.is_none() {
+            ev.quiet_close = true;
+        }
+        ev.event = Some(Phase::Close);
+        (ev.bytes_up, ev.bytes_down) = kept;
+        // What the open line counted is not counted again at the close.
+        ev.dns_attempts = Attempts::default();
+        ticket.unwrap_or_default()
+    }
+
     /// [`Recorder::record`] of an event the caller keeps (to reuse the
     /// room of its strings; only `duration_ms` is changed).
     pub fn record_mut(&self, ev: &mut Event) -> Ticket {
         rate::bound_fields(ev);
+        if ev.event == Some(Phase::Close) {
+            return self.close(ev);
+        }
+        let ticket = self.single(ev);
+        ticket.unwrap_or_default()
+    }
+
+    /// The close line: its duration observed, its bytes and any upstream
+    /// failure counted, the request itself not (its open line was), and
+    /// written past the per-client rate limit, which its open line met.
+    fn close(&self, ev: &mut Event) -> Ticket {
         if let Some(start) = ev.started {
+            let elapsed = start.elapsed();
+            ev.duration_ms = elapsed.as_millis() as u64;
+            self.metrics
+                .observe_duration(ev.proto, elapsed.as_secs_f64());
+        }
+        self.metrics.count_bytes(ev.bytes_up, ev.bytes_down);
+        if let Some(kind) = ev.upstream {
+            self.metrics
+                .count_upstream_error(ev.proto, kind.as_str(), 1);
+        }
+        for (kind, n) in ev.dns_attempts.failed() {
+            self.metrics
+                .count_upstream_error(Proto::Dns, kind.as_str(), n);
+        }
+        if ev.quiet_close {
+            return Ticket::default();
+        }
+        let (ev, format) = (&*ev, self.format);
+        self.log.append(false, |out| match format {
+            LogFormat::Egressd => ev.write_json(out),
+            LogFormat::Ocsf => ev.write_ocsf(out),
+        })
+    }
+
+    /// A short request's one line, or a connection's open line (then its
+    /// duration is left 0); `None` when the rate limit summed it into a
+    /// `rate_limited` line.
+    fn single(&self, ev: &mut Event) -> Option<Ticket> {
+        if let (Some(start), None) = (ev.started, ev.event) {
             let elapsed = start.elapsed();
             ev.duration_ms = elapsed.as_millis() as u64;
             self.metrics
@@ -467,7 +559,7 @@ impl Recorder {
         if !own_line {
             self.metrics.count_overload("log_rate", 1);
             // Summed into the next `rate_limited` line: nothing to wait for.
-            return Ticket::default();
+            return None;
         }
         // Refusals before the policy forwarded nothing and come as fast as
         // a client sends: the sink may count them instead of keeping them
@@ -478,10 +570,10 @@ impl Recorder {
         );
         // Written straight into the sink's batch: no buffer per line.
         let format = self.format;
-        self.log.append(refusal, |out| match format {
+        Some(self.log.append(refusal, |out| match format {
             LogFormat::Egressd => ev.write_json(out),
             LogFormat::Ocsf => ev.write_ocsf(out),
-        })
+        }))
     }
 
     fn count(&self, ev: &Event) {

@@ -23,7 +23,7 @@
 use std::net::IpAddr;
 
 use super::json::{ip, json_str, package, uint, word};
-use super::Event;
+use super::{Event, Phase};
 use crate::policy::decision::enforced;
 use crate::policy::{Logged, Proto};
 
@@ -82,24 +82,31 @@ impl Event {
     /// Appends the decision as one OCSF event (one JSON object and a
     /// newline) to `out`.
     pub fn write_ocsf(&self, out: &mut Vec<u8>) {
-        let (class, class_name) = match self.proto {
-            Proto::Http | Proto::Tls => (CLASS_HTTP, "HTTP Activity"),
-            Proto::Connect => (CLASS_NETWORK, "Network Activity"),
-            Proto::Dns => (CLASS_DNS, "DNS Activity"),
+        // A long-lived connection's open and close lines are Network
+        // Activity's Open and Close, whatever its protocol (a WebSocket's
+        // request is its `url` and `unmapped.egressd.method`).
+        let (class, class_name) = match (self.event, self.proto) {
+            (Some(_), _) | (None, Proto::Connect) => (CLASS_NETWORK, "Network Activity"),
+            (None, Proto::Http | Proto::Tls) => (CLASS_HTTP, "HTTP Activity"),
+            (None, Proto::Dns) => (CLASS_DNS, "DNS Activity"),
         };
         let (action_id, action, disposition_id, disposition) = outcome(self);
-        let (activity, activity_name): (u64, &str) = match self.proto {
-            Proto::Http | Proto::Tls => match self.method.as_deref() {
-                None => (0, "Unknown"),
-                Some(m) => HTTP_ACTIVITIES
-                    .iter()
-                    .find(|(name, _, _)| *name == m)
-                    .map(|(_, id, caption)| (*id, *caption))
-                    .unwrap_or((99, m)),
+        let (activity, activity_name): (u64, &str) = match (self.event, self.proto) {
+            (Some(Phase::Open), _) => (1, "Open"),
+            (Some(Phase::Close), _) => (2, "Close"),
+            (None, proto) => match proto {
+                Proto::Http | Proto::Tls => match self.method.as_deref() {
+                    None => (0, "Unknown"),
+                    Some(m) => HTTP_ACTIVITIES
+                        .iter()
+                        .find(|(name, _, _)| *name == m)
+                        .map(|(_, id, caption)| (*id, *caption))
+                        .unwrap_or((99, m)),
+                },
+                Proto::Connect if disposition_id == 2 => (5, "Refuse"),
+                Proto::Connect if self.error.is_some() => (4, "Fail"),
+                Proto::Connect | Proto::Dns => (6, "Traffic"),
             },
-            Proto::Connect if disposition_id == 2 => (5, "Refuse"),
-            Proto::Connect if self.error.is_some() => (4, "Fail"),
-            Proto::Connect | Proto::Dns => (6, "Traffic"),
         };
         let failed = disposition_id == 2 || self.error.is_some();
 
@@ -210,10 +217,16 @@ impl Event {
             }
             Proto::Dns => {}
         }
-        match self.proto {
-            Proto::Http | Proto::Tls => self.http_objects(out),
-            Proto::Dns => self.dns_objects(out),
-            Proto::Connect => {}
+        match (class, self.proto) {
+            (CLASS_HTTP, _) => self.http_objects(out),
+            (CLASS_DNS, _) => self.dns_objects(out),
+            (_, Proto::Http | Proto::Tls) => {
+                if self.path.is_some() {
+                    out.push(b',');
+                    self.url(out);
+                }
+            }
+            _ => {}
         }
 
         if let Some(id) = &self.exception {
@@ -239,11 +252,22 @@ impl Event {
         word(out, self.proto.as_str());
         out.extend_from_slice(b",\"mode\":");
         word(out, self.mode.as_str());
-        if self.proto == Proto::Connect {
+        if class == CLASS_NETWORK {
             if let Some(m) = &self.method {
                 out.extend_from_slice(b",\"method\":");
                 json_str(out, m);
             }
+        }
+        if class == CLASS_NETWORK && self.proto != Proto::Connect {
+            if let Some(st) = self.status {
+                out.extend_from_slice(b",\"status\":");
+                uint(out, st.into());
+            }
+        }
+        if self.event.is_some() {
+            out.extend_from_slice(b",\"id\":\"");
+            out.extend_from_slice(&self.id.as_bytes());
+            out.push(b'"');
         }
         if let Some(e) = &self.error {
             out.extend_from_slice(b",\"error\":");
@@ -276,10 +300,23 @@ impl Event {
         }
         // OCSF's url needs a path (or the whole URL); without one there is
         // no url object, and the host is still dst_endpoint's.
-        if let Some(path) = &self.path {
+        if self.path.is_some() {
             if any {
                 out.push(b',');
             }
+            self.url(out);
+        }
+        out.push(b'}');
+        if let Some(s) = self.status {
+            out.extend_from_slice(b",\"http_response\":{\"code\":");
+            uint(out, s.into());
+            out.push(b'}');
+        }
+    }
+
+    /// `"url":{…}` of a request with a path.
+    fn url(&self, out: &mut Vec<u8>) {
+        if let Some(path) = &self.path {
             out.extend_from_slice(b"\"url\":{\"scheme\":");
             word(
                 out,
@@ -299,12 +336,6 @@ impl Event {
             }
             out.extend_from_slice(b",\"path\":");
             json_str(out, path);
-            out.push(b'}');
-        }
-        out.push(b'}');
-        if let Some(s) = self.status {
-            out.extend_from_slice(b",\"http_response\":{\"code\":");
-            uint(out, s.into());
             out.push(b'}');
         }
     }
