@@ -5,8 +5,9 @@
 //! which differ only in their edge checks ([`Inbound`]) and in how the
 //! origin is reached ([`Scheme`]).
 //!
-//! WebSocket (HTTP/1.1 `Upgrade`) requests pass only after the decision,
-//! and their line is written when the upgraded connection closes.
+//! WebSocket (HTTP/1.1 `Upgrade`) requests pass only after the decision;
+//! an accepted upgrade writes an open line, and a close line when the
+//! upgraded connection closes.
 //!
 //! Owns the request's rewrite on the way out (hop-by-hop headers, `Host`,
 //! `Via`, injected credentials) and the response's on the way back. Does
@@ -733,7 +734,9 @@ fn answer(
         let h = resp.headers_mut();
         h.insert(header::UPGRADE, p);
         h.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
-        let relay = relay_upgraded(client_up, origin_up, lent, ev, rec.clone());
+        // The WebSocket's open line, on record before a byte is relayed.
+        let opened = rec.open(&mut ev);
+        let relay = relay_upgraded(client_up, origin_up, lent, ev, opened, rec.clone());
         tokio::spawn(async move {
             let _permit = permit;
             relay.await
@@ -783,9 +786,14 @@ async fn relay_upgraded(
     origin_up: OnUpgrade,
     lent: Option<pool::Lent>,
     mut ev: Event,
+    opened: crate::log::Ticket,
     rec: Recorder,
 ) {
     let _lent = lent;
+    if !rec.settle(opened).await {
+        ev.error = Some("the decision log stopped taking lines as the connection opened".into());
+        return rec.record(ev);
+    }
     match tokio::try_join!(client_up, origin_up) {
         Ok((c, o)) => {
             let (up, down, result) = relay::streams(TokioIo::new(c), TokioIo::new(o), 0).await;

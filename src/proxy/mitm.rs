@@ -125,10 +125,13 @@ pub(crate) async fn run<IO>(
 {
     let meters = Meters::new();
     let io = meters.wrap(io);
-    let (ev, tls) = match handshake(io, &tunnel, ev, &mitm).await {
+    let (mut ev, tls) = match handshake(io, &tunnel, ev, &mitm).await {
         Ok(x) => x,
         Err((ev, error)) => return meters.finish(ev, error, &ctx),
     };
+    if !ctx.recorder.open_settled(&mut ev).await {
+        return meters.finish(ev, None, &ctx);
+    }
     serve_inside(tls, &tunnel, &ctx, &meters.activity, permit).await;
     meters.finish(ev, None, &ctx)
 }
@@ -145,8 +148,12 @@ pub(crate) async fn run_plain<IO>(
     IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     debug_assert_eq!(tunnel.scheme, Scheme::Http);
+    let mut ev = ev;
     let meters = Meters::new();
     let io = meters.wrap(io);
+    if !ctx.recorder.open_settled(&mut ev).await {
+        return meters.finish(ev, None, &ctx);
+    }
     serve_inside(io, &tunnel, &ctx, &meters.activity, permit).await;
     meters.finish(ev, None, &ctx)
 }

@@ -503,6 +503,9 @@ async fn carry(
         Err(stop) => return record_stop(rec, ev, stop),
     };
     drop(policy);
+    if !rec.open_settled(&mut ev).await {
+        return rec.record(ev);
+    }
     // The peeked bytes are still in the client's socket: the relay
     // carries them like everything after.
     relay::tcp(

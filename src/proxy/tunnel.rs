@@ -119,6 +119,9 @@ pub async fn handle(
             Ok(Judged::Relay(client, sent)) => {
                 let _permit = permit;
                 drop(plain);
+                if !rec.open_settled(&mut ev).await {
+                    return rec.record(*ev);
+                }
                 relay::tcp(client, upstream_conn, sent, ev, rec, &pipes).await
             }
             Ok(Judged::Http(client, first)) => {
@@ -355,6 +358,9 @@ async fn by_first_bytes(
         return rec.record(ev);
     }
     drop(policy);
+    if !rec.open_settled(&mut ev).await {
+        return rec.record(ev);
+    }
     relay::tcp(
         client,
         upstream_conn,

@@ -500,6 +500,19 @@ impl Recorder {
         ticket.unwrap_or_default()
     }
 
+    /// [`Recorder::open`], returning once the open line reached the
+    /// kernel: a connection carries no byte before it is on record.
+    /// `false` when the log stopped taking lines first: the connection
+    /// must not go on, and its close line (recorded by the caller) says so.
+    pub async fn open_settled(&self, ev: &mut Event) -> bool {
+        let ticket = self.open(ev);
+        if self.settle(ticket).await {
+            return true;
+        }
+        ev.error = Some("the decision log stopped taking lines as the connection opened".into());
+        false
+    }
+
     /// [`Recorder::record`] of an event the caller keeps (to reuse the
     /// room of its strings; only `duration_ms` is changed).
     pub fn record_mut(&self, ev: &mut Event) -> Ticket {
