@@ -69,6 +69,10 @@ pub struct LogLine<'a> {
     /// The grant that allowed the request (DESIGN "Grants").
     #[serde(borrow, default)]
     pub grant: Option<Cow<'a, str>>,
+    /// `open` or `close` on a long-lived connection's two lines (DESIGN
+    /// "The record holds"); absent on a short request's one line.
+    #[serde(borrow, default)]
+    pub event: Option<Cow<'a, str>>,
 }
 
 /// A decision-log line's `package`.
@@ -91,6 +95,12 @@ pub struct LogPackage<'a> {
 }
 
 impl LogLine<'_> {
+    /// A connection's close line: its bytes and duration. The connection
+    /// was decided, and is counted, by its open line (the same `id`), so
+    /// the report and the replay pass over this one.
+    pub fn is_close(&self) -> bool {
+        self.event.as_deref() == Some("close")
+    }
     pub fn allowed(&self) -> bool {
         self.decision == "allow"
     }
@@ -323,6 +333,8 @@ pub fn parse_line(line: &[u8]) -> Result<LogLine<'_>, String> {
 #[derive(Debug, Deserialize)]
 pub struct OcsfLine<'a> {
     class_uid: u32,
+    #[serde(default)]
+    activity_id: u32,
     time: i64,
     disposition_id: u32,
     #[serde(borrow, default)]
@@ -436,6 +448,12 @@ impl<'a> OcsfLine<'a> {
             (None, 4002) => Cow::Borrowed("http"),
             (None, other) => return Err(format!("OCSF class {other} is not a decision")),
         };
+        // Network Activity's Open and Close are a connection's two lines.
+        let event = match (self.class_uid, self.activity_id) {
+            (4001, 1) => Some(Cow::Borrowed("open")),
+            (4001, 2) => Some(Cow::Borrowed("close")),
+            _ => None,
+        };
         let decision = match self.disposition_id {
             1 => "allow",
             _ => "deny",
@@ -483,6 +501,7 @@ impl<'a> OcsfLine<'a> {
             package: None,
             origin: None,
             grant: None,
+            event,
         })
     }
 }

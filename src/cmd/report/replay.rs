@@ -75,6 +75,10 @@ pub struct Replay {
 impl Replay {
     /// Decides one logged line again under `policy` as of `now`.
     pub fn add(&mut self, policy: &Policy, l: &LogLine<'_>, now: i64) {
+        if l.is_close() {
+            // The connection is replayed once, from its open line.
+            return;
+        }
         self.lines += 1;
         let reason = l.reason();
         let skip =

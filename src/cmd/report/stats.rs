@@ -191,6 +191,9 @@ pub struct Stats {
     pub in_window: u64,
     pub before_window: u64,
     pub bad_timestamps: u64,
+    /// Close lines of long-lived connections: passed over, each
+    /// connection being counted once, by its open line.
+    pub closes: u64,
     pub first: Option<i64>,
     pub last: Option<i64>,
     pub allowed: u64,
@@ -228,6 +231,11 @@ impl Stats {
 
     /// Counts one line.
     pub fn add(&mut self, l: &LogLine<'_>) {
+        if l.is_close() {
+            // Its connection was counted by its open line.
+            self.closes += 1;
+            return;
+        }
         let Some(ts) = parse_ts(&l.ts, &mut self.ts_cache) else {
             self.bad_timestamps += 1;
             return;
