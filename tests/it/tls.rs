@@ -622,6 +622,49 @@ fn sni_other_than_the_connect_host_closes_an_intercepted_tunnel() {
     assert_eq!(s.api.count(), 0);
 }
 
+/// An intercepted connection is on record once its client's handshake
+/// passed: an open line while it is open, a close line with its bytes
+/// (the same id) when it ends; each request inside keeps its one line.
+#[test]
+fn an_intercepted_connection_has_an_open_and_a_close_line() {
+    let s = setup();
+    let host = format!("api.test:{}", s.api.port());
+    let mut t = tls_through(&s, &host, "api.test");
+    write!(t, "GET /repos/x HTTP/1.1\r\nHost: {host}\r\n\r\n").unwrap();
+    let mut r = BufReader::new(t);
+    let resp = read_response(&mut r).expect("a response");
+    assert_eq!(resp.status, 200, "{resp:?}");
+    let open = s.e.wait_line("open line", |l| l["event"] == "open");
+    assert_eq!(open["proto"], "connect");
+    assert_eq!(open["decision"], "allow");
+    assert_eq!(open["exception"], "gh");
+    assert_eq!(open["note"], "intercepted");
+    assert_eq!(open["bytes_up"], 0);
+    let inner =
+        s.e.wait_line("the request's line", |l| l["path"] == "/repos/x");
+    assert!(
+        inner.get("event").is_none(),
+        "a request keeps one line: {inner}"
+    );
+    assert!(
+        !s.e.log_lines().iter().any(|l| l["event"] == "close"),
+        "no close line while open"
+    );
+    drop(r);
+    let close = s.e.wait_line("close line", |l| l["event"] == "close");
+    assert_eq!(close["id"], open["id"]);
+    assert_eq!(close["exception"], "gh");
+    assert_eq!(close["port"], open["port"]);
+    assert!(close["bytes_up"].as_u64().unwrap() > 0, "{close}");
+    assert!(close["bytes_down"].as_u64().unwrap() > 0, "{close}");
+    let connects =
+        s.e.log_lines()
+            .into_iter()
+            .filter(|l| l["proto"] == "connect")
+            .count();
+    assert_eq!(connects, 2);
+}
+
 #[test]
 fn websocket_upgrade_passes_after_the_decision() {
     let s = setup();
@@ -647,12 +690,38 @@ fn websocket_upgrade_passes_after_the_decision() {
     let mut back = [0u8; 21];
     r.read_exact(&mut back).unwrap();
     assert_eq!(&back, b"ping over the upgrade");
+    // While the WebSocket is open its open line is on record, no bytes.
+    let open = s.e.wait_line("ws open line", |l| {
+        l["status"] == 101 && l["event"] == "open"
+    });
+    assert_eq!(open["proto"], "tls");
+    assert_eq!(open["exception"], "gh");
+    assert_eq!(open["path"], "/ws");
+    assert_eq!(open["bytes_up"], 0);
+    assert!(
+        !s.e.log_lines()
+            .iter()
+            .any(|l| l["status"] == 101 && l["event"] == "close"),
+        "no close line while open"
+    );
     drop(r);
-    let line = s.e.wait_line("ws line", |l| l["status"] == 101);
+    let line = s.e.wait_line("ws close line", |l| {
+        l["status"] == 101 && l["event"] == "close"
+    });
+    assert_eq!(
+        line["id"], open["id"],
+        "the close line pairs with the open line"
+    );
     assert_eq!(line["proto"], "tls");
     assert_eq!(line["exception"], "gh");
     assert_eq!(line["bytes_up"], 21);
     assert_eq!(line["bytes_down"], 21);
+    let ws_lines =
+        s.e.log_lines()
+            .into_iter()
+            .filter(|l| l["status"] == 101)
+            .count();
+    assert_eq!(ws_lines, 2, "an open and a close line");
 
     // A denied upgrade never reaches the origin.
     let before = s.api.count();

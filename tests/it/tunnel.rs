@@ -56,13 +56,84 @@ fn allowed_connect_tunnels_bytes_both_ways_with_half_close() {
         payload.len(),
         "echoed everything, then EOF after half-close"
     );
-    let line = e.wait_line("tunnel line", |l| l["proto"] == "connect");
+    let line = e.wait_line("tunnel line", |l| {
+        l["proto"] == "connect" && l["event"] == "close"
+    });
     assert_eq!(line["decision"], "allow");
     assert_eq!(line["exception"], "echo");
     assert_eq!(line["status"], 200);
     assert_eq!(line["bytes_up"], 100_000);
     assert_eq!(line["bytes_down"], 100_000);
     assert_eq!(line["method"], "CONNECT");
+}
+
+/// DESIGN "The record holds": a tunnel is on record from its first
+/// second. Its open line is in the log file while it is still open
+/// (carrying the decision, no bytes); its close line, with the same id,
+/// carries the bytes and the duration.
+#[test]
+fn a_tunnel_is_on_record_while_open_and_its_close_line_pairs_with_it() {
+    let l = echo_lab();
+    let (e, echo) = (&l.e, l.echo);
+    let mut s = connect(e.proxy);
+    write!(
+        s,
+        "CONNECT echo.test:{p} HTTP/1.1\r\nHost: echo.test:{p}\r\n\r\n",
+        p = echo.port()
+    )
+    .unwrap();
+    let mut r = BufReader::new(s.try_clone().unwrap());
+    assert_eq!(read_response(&mut r).unwrap().status, 200);
+    s.write_all(b"first bytes").unwrap();
+    let mut back = [0u8; 11];
+    r.read_exact(&mut back).unwrap();
+    assert_eq!(&back, b"first bytes");
+    // The tunnel stays open: its open line is already in the file.
+    let open = e.wait_line("the open line", |l| l["event"] == "open");
+    assert_eq!(open["proto"], "connect");
+    assert_eq!(open["decision"], "allow");
+    assert_eq!(open["reason"], "exception");
+    assert_eq!(open["exception"], "echo");
+    assert_eq!(open["addr"], format!("127.0.0.1:{}", echo.port()));
+    assert_eq!(
+        (open["bytes_up"].clone(), open["bytes_down"].clone()),
+        (0.into(), 0.into())
+    );
+    let id = open["id"]
+        .as_str()
+        .expect("an open line carries its id")
+        .to_string();
+    let lines = e.log_lines();
+    assert_eq!(lines.len(), 1, "no close line while open: {lines:?}");
+    // Still carrying bytes after the open line was read.
+    s.write_all(b"more").unwrap();
+    let mut more = [0u8; 4];
+    r.read_exact(&mut more).unwrap();
+    s.shutdown(Shutdown::Write).unwrap();
+    let mut rest = Vec::new();
+    r.read_to_end(&mut rest).unwrap();
+    let close = e.wait_line("the close line", |l| l["event"] == "close");
+    assert_eq!(
+        close["id"],
+        id.as_str(),
+        "the close line pairs with the open line"
+    );
+    for k in ["proto", "host", "port", "exception", "decision", "addr"] {
+        assert_eq!(close[k], open[k], "{k}");
+    }
+    assert_eq!(close["bytes_up"], 15);
+    assert_eq!(close["bytes_down"], 15);
+    assert!(close["duration_ms"].is_u64());
+    assert_eq!(e.log_lines().len(), 2, "{:?}", e.log_lines());
+    // One connection in the metrics, not two.
+    let m = e.metrics_text();
+    assert!(
+        m.lines().any(|l| l.starts_with("egressd_requests_total")
+            && l.contains("proto=\"connect\"")
+            && l.contains("decision=\"allow\"")
+            && l.ends_with(" 1")),
+        "{m}"
+    );
 }
 
 #[test]
