@@ -517,6 +517,42 @@ mod tests {
         assert_eq!(o["unmapped"]["egressd"]["origin"], "egressd");
     }
 
+    /// A connection's open and close lines, against the same object built
+    /// by serde_json: `event` and the `id` that pairs them (written on an
+    /// allowed line only for these), and a short request's line has neither.
+    #[test]
+    fn open_and_close_lines_match_serde_json() {
+        use crate::record::Phase;
+        let mut ev = Event::new(Proto::Connect, "10.8.3.7:51234".parse().unwrap());
+        ev.ts_ms = 1_795_982_400_123;
+        ev.host = Some("pypi.org".into());
+        ev.port = Some(443);
+        ev.addr = Some("151.101.0.223:443".parse().unwrap());
+        ev.method = Some("CONNECT".into());
+        ev.decision = Logged::Allow;
+        ev.reason = Reason::Exception;
+        ev.exception = Some(Arc::from("pypi"));
+        ev.owner = Some(Arc::from("platform-team"));
+        ev.status = Some(200);
+        let short = line(&ev);
+        assert!(short.get("event").is_none() && short.get("id").is_none());
+        let id = ev.id.to_string();
+        for (phase, up, down, ms) in [(Phase::Open, 0, 0, 0), (Phase::Close, 512, 81234, 3600)] {
+            ev.event = Some(phase);
+            (ev.bytes_up, ev.bytes_down, ev.duration_ms) = (up, down, ms);
+            let want = serde_json::json!({
+                "ts": "2026-11-29T20:00:00.123Z", "client": "-", "src": "10.8.3.7:51234",
+                "proto": "connect", "host": "pypi.org", "port": 443,
+                "addr": "151.101.0.223:443", "method": "CONNECT", "path": null,
+                "decision": "allow", "reason": "exception", "exception": "pypi",
+                "owner": "platform-team", "mode": "enforce", "status": 200,
+                "bytes_up": up, "bytes_down": down, "duration_ms": ms,
+                "event": phase.as_str(), "id": id,
+            });
+            assert_eq!(line(&ev), want, "{phase:?}");
+        }
+    }
+
     #[test]
     fn optional_fields_appear_only_when_set() {
         let mut ev = Event::new(Proto::Dns, "[::1]:5353".parse().unwrap());

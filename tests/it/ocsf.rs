@@ -446,6 +446,30 @@ fn sample_events() -> Vec<Event> {
     ev.port = Some(443);
     ev.fail_upstream(egressd::record::UpstreamFailure::Timeout, "no answer");
     out.push(ev);
+    // Long-lived connections' open and close lines: a tunnel, and a
+    // WebSocket (an HTTP request that became a connection).
+    for proto in [Proto::Connect, Proto::Tls] {
+        for phase in [egressd::record::Phase::Open, egressd::record::Phase::Close] {
+            let mut ev = Event::new(proto, "127.0.0.1:4004".parse().unwrap());
+            ev.decision = Logged::Allow;
+            ev.reason = Reason::Exception;
+            ev.exception = Some(Arc::from("ws"));
+            ev.host = Some("ws.example".into());
+            ev.port = Some(443);
+            ev.addr = Some("127.0.0.1:443".parse().unwrap());
+            ev.status = Some(if proto == Proto::Tls { 101 } else { 200 });
+            if proto == Proto::Tls {
+                ev.method = Some("GET".into());
+                ev.path = Some("/socket".into());
+            }
+            ev.event = Some(phase);
+            if phase == egressd::record::Phase::Close {
+                ev.bytes_up = 10;
+                ev.bytes_down = 20;
+            }
+            out.push(ev);
+        }
+    }
     let mut ev = Event::new(Proto::Dns, "127.0.0.1:4003".parse().unwrap());
     ev.qname = Some("x.example".into());
     ev.qtype = Some("TYPE65280".into());
@@ -808,4 +832,37 @@ fn a_report_mode_sni_mismatch_is_blocked_whatever_the_status() {
         (2.into(), 2.into(), "Blocked".into()),
         "{line:#}"
     );
+}
+
+/// A long-lived connection's two lines are Network Activity Open (1) and
+/// Close (2), paired by `unmapped.egressd.id`, for a tunnel and a
+/// WebSocket alike; a short request keeps its own class and activity.
+#[test]
+fn open_and_close_lines_are_network_activity_open_and_close() {
+    let events = sample_events();
+    let mut seen = Vec::new();
+    for ev in events.iter().filter(|e| e.event.is_some()) {
+        let v = ocsf_line(ev);
+        assert_eq!(v["class_uid"], 4001, "{v:#}");
+        let want = match ev.event.unwrap() {
+            egressd::record::Phase::Open => (1, "Open"),
+            egressd::record::Phase::Close => (2, "Close"),
+        };
+        assert_eq!(v["activity_id"], want.0);
+        assert_eq!(v["activity_name"], want.1);
+        assert_eq!(v["type_uid"], 400100 + want.0);
+        assert_eq!(v["unmapped"]["egressd"]["id"], ev.id.to_string());
+        assert_eq!(v["traffic"]["bytes"], ev.bytes_up + ev.bytes_down);
+        if ev.proto == Proto::Tls {
+            assert_eq!(v["url"]["path"], "/socket");
+            assert_eq!(v["unmapped"]["egressd"]["method"], "GET");
+            assert_eq!(v["unmapped"]["egressd"]["status"], 101);
+        }
+        seen.push(want.0);
+    }
+    assert_eq!(seen, [1, 2, 1, 2]);
+    for ev in events.iter().filter(|e| e.event.is_none()) {
+        let v = ocsf_line(ev);
+        assert!(![1, 2].contains(&v["activity_id"].as_u64().unwrap()) || v["class_uid"] != 4001);
+    }
 }

@@ -1001,3 +1001,99 @@ packages:
     assert!(html.contains("Most-denied packages (top 3 of 3)"), "{html}");
     assert!(html.contains("<td>requests</td>"), "{html}");
 }
+
+/// `count` CONNECTs to registry.npmjs.org:443 allowed by npm, each a
+/// long-lived connection's open and close line (the close carrying its
+/// bytes), interleaved as a busy log has them, in `ocsf` or egressd's
+/// format; and one short request.
+fn open_close_log(now: i64, count: usize, ocsf: bool) -> String {
+    use egressd::policy::{Logged, Proto, Reason};
+    use egressd::record::{Event, Phase};
+    use std::sync::Arc;
+    let write = |ev: &Event, out: &mut Vec<u8>| {
+        if ocsf {
+            ev.write_ocsf(out)
+        } else {
+            ev.write_json(out)
+        }
+    };
+    let mut opened = Vec::new();
+    for i in 0..count {
+        let mut ev = Event::new(Proto::Connect, "10.8.3.7:40000".parse().unwrap());
+        ev.ts_ms = (now - 60) * 1000 + i as i64;
+        ev.client = Arc::from("ci-runner");
+        ev.host = Some("registry.npmjs.org".into());
+        ev.port = Some(443);
+        ev.method = Some("CONNECT".into());
+        ev.decision = Logged::Allow;
+        ev.reason = Reason::Exception;
+        ev.exception = Some(Arc::from("npm"));
+        ev.owner = Some(Arc::from("web-platform"));
+        ev.status = Some(200);
+        opened.push(ev);
+    }
+    let mut out = Vec::new();
+    for ev in &mut opened {
+        ev.event = Some(Phase::Open);
+        write(ev, &mut out);
+    }
+    let mut short = Event::new(Proto::Connect, "10.8.3.7:40001".parse().unwrap());
+    short.ts_ms = (now - 30) * 1000;
+    short.host = Some("pypi.org".into());
+    short.port = Some(443);
+    short.method = Some("CONNECT".into());
+    short.decision = Logged::Allow;
+    short.reason = Reason::Exception;
+    short.exception = Some(Arc::from("pypi"));
+    write(&short, &mut out);
+    for ev in &mut opened {
+        ev.event = Some(Phase::Close);
+        ev.bytes_up = 1000;
+        ev.bytes_down = 50_000;
+        ev.duration_ms = 3_600_000;
+        write(ev, &mut out);
+    }
+    String::from_utf8(out).unwrap()
+}
+
+/// A long-lived connection is one request to the report and the replay,
+/// whichever format its two lines are in: decided by its open line, its
+/// close line passed over.
+#[test]
+fn report_and_replay_count_a_connection_with_two_lines_once() {
+    let now = unix_now();
+    let dir = scratch();
+    dir.file("policy/policy.yaml", &policy(now));
+    let pol = dir.path("policy");
+    let proposed = policy(now).replace(
+        "  - id: npm\n    owner: web-platform\n    reason: npm installs\n    hosts: [registry.npmjs.org]\n    ports: [443]\n",
+        "",
+    );
+    let prop = dir.file("proposed/policy.yaml", &proposed);
+    for ocsf in [false, true] {
+        let log = dir.file(
+            &format!("open-close-{ocsf}.log"),
+            &open_close_log(now, 4, ocsf),
+        );
+        assert_eq!(fs::read_to_string(&log).unwrap().lines().count(), 9);
+        let o = run(&[&"report", &"--policy", &pol, &"--format", &"json", &log]);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let r: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+        assert_eq!(r["input"]["unreadable"], 0, "ocsf {ocsf}");
+        assert_eq!(r["totals"]["allowed"], 5, "ocsf {ocsf}: {r:#}");
+        let npm = r["exceptions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["id"] == "npm")
+            .unwrap()
+            .clone();
+        assert_eq!(npm["hits"], 4, "ocsf {ocsf}");
+        let o = run(&[&"check", &"--against", &log, &prop.parent().unwrap()]);
+        let out = stdout(&o);
+        assert!(
+            out.contains("newly denied 4, newly allowed 0"),
+            "ocsf {ocsf}: {out}"
+        );
+    }
+}

@@ -347,6 +347,10 @@ pub struct OcsfLine<'a> {
     dst_endpoint: Option<OcsfEndpoint<'a>>,
     #[serde(borrow, default)]
     http_request: Option<OcsfHttpRequest<'a>>,
+    /// A WebSocket's open and close lines (Network Activity) carry its
+    /// request's `url` here.
+    #[serde(borrow, default)]
+    url: Option<OcsfUrl<'a>>,
     #[serde(borrow, default)]
     query: Option<OcsfQuery<'a>>,
     #[serde(borrow, default)]
@@ -436,7 +440,7 @@ impl<'a> OcsfLine<'a> {
             Some(h) => (h.http_method, h.url),
             None => (None, None),
         };
-        let (scheme, path) = match url {
+        let (scheme, path) = match url.or(self.url) {
             Some(u) => (u.scheme, u.path),
             None => (None, None),
         };
