@@ -220,11 +220,9 @@ impl Event {
         match (class, self.proto) {
             (CLASS_HTTP, _) => self.http_objects(out),
             (CLASS_DNS, _) => self.dns_objects(out),
-            (_, Proto::Http | Proto::Tls) => {
-                if self.path.is_some() {
-                    out.push(b',');
-                    self.url(out);
-                }
+            (_, Proto::Http | Proto::Tls) if self.path.is_some() => {
+                out.push(b',');
+                self.url(out);
             }
             _ => {}
         }
