@@ -172,10 +172,12 @@ fn loopback_policy(port: u16) -> String {
     )
 }
 
+/// The line that ends the request or connection with `key` = `value` (a
+/// connection's close line, not its open line).
 fn line_with<'a>(lines: &'a [serde_json::Value], key: &str, value: &str) -> &'a serde_json::Value {
     lines
         .iter()
-        .find(|l| l[key] == value)
+        .find(|l| l[key] == value && l["event"] != "open")
         .unwrap_or_else(|| panic!("no line with {key}={value}: {lines:?}"))
 }
 

@@ -284,7 +284,10 @@ fn curl_method_and_path_rules_with_injected_token() {
     assert!(tls[0]["bytes_down"].as_u64().unwrap() > 0);
     assert_eq!(tls[1]["reason"], "method_not_allowed");
     assert_eq!(tls[2]["reason"], "path_not_allowed");
-    let connect = lines.iter().find(|l| l["proto"] == "connect").unwrap();
+    let connect = lines
+        .iter()
+        .find(|l| l["proto"] == "connect" && l["event"] == "close")
+        .unwrap();
     assert_eq!(connect["decision"], "allow");
     assert_eq!(connect["exception"], "gh");
     assert_eq!(connect["note"], "intercepted");

@@ -267,7 +267,7 @@ fn sni_must_match_the_connect_host_on_443() {
         "plain text on 443 is refused"
     );
     let lines = eventually("six lines", || {
-        let l = e.log_lines();
+        let l = ending_lines(e);
         (l.len() >= 6).then_some(l)
     });
     let mismatches = lines
@@ -402,7 +402,9 @@ fn large_transfers_both_ways_at_once_arrive_byte_exact_across_a_half_close() {
         &sent_hash[..],
         "client → server bytes differ"
     );
-    let line = e.wait_line("tunnel line", |l| l["proto"] == "connect");
+    let line = e.wait_line("tunnel line", |l| {
+        l["proto"] == "connect" && l["event"] == "close"
+    });
     assert_eq!(line["bytes_up"], UP as u64);
     assert_eq!(line["bytes_down"], (DOWN + 32) as u64);
     assert_eq!(line["error"], serde_json::Value::Null);
@@ -451,10 +453,9 @@ fn idle_tunnels_hold_no_pipe_and_used_pipes_are_kept_for_reuse() {
     );
     drop(open);
     eventually("every tunnel's line", || {
-        let n = e
-            .log_lines()
+        let n = complete_lines(e)
             .iter()
-            .filter(|l| l["proto"] == "connect")
+            .filter(|l| l["proto"] == "connect" && l["event"] == "close")
             .count();
         (n == TUNNELS).then_some(())
     });

@@ -93,7 +93,7 @@ fn tunnels_chain_through_an_upstream_proxy_that_authenticates_us() {
     // A denied CONNECT never reaches the corporate proxy.
     let r = e.request("CONNECT evil.test:443 HTTP/1.1\r\n\r\n");
     assert_eq!(r.status, 403);
-    let lines = corp.log_lines();
+    let lines = ending_lines(&corp);
     assert_eq!(lines.len(), 1, "{lines:?}");
 }
 

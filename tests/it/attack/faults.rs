@@ -335,8 +335,8 @@ fn sigterm_drains_requests_and_tunnels_within_the_grace_period() {
     );
     let tl = lines
         .iter()
-        .find(|l| l["proto"] == "connect")
-        .expect("the tunnel's line");
+        .find(|l| l["proto"] == "connect" && l["event"] == "close")
+        .expect("the tunnel's close line");
     assert_eq!(tl["bytes_up"], 12);
     assert_no_panic(e);
 }

@@ -28,9 +28,41 @@ pub fn complete_lines(e: &Egressd) -> Vec<Value> {
         .collect()
 }
 
+/// The lines that end an attempt: a short request's one line, or a
+/// long-lived connection's close line, each close line checked to pair
+/// with an open line (same `id`, host, port, exception, decision) before
+/// it. Open lines are left out: an attempt is pinned to the line that
+/// says how it ended.
+pub fn ending_lines(e: &Egressd) -> Vec<Value> {
+    ending(complete_lines(e))
+}
+
+/// [`ending_lines`] of lines read some other way.
+pub fn ending(all: Vec<Value>) -> Vec<Value> {
+    let mut out = Vec::with_capacity(all.len());
+    for (i, l) in all.iter().enumerate() {
+        match l["event"].as_str() {
+            Some("open") => continue,
+            Some("close") => {
+                let open = all[..i]
+                    .iter()
+                    .find(|o| o["event"] == "open" && o["id"] == l["id"])
+                    .unwrap_or_else(|| panic!("a close line without its open line: {l}"));
+                for k in ["proto", "host", "port", "exception", "decision", "reason"] {
+                    assert_eq!(open[k], l[k], "{k} differs between {open} and {l}");
+                }
+            }
+            _ => {}
+        }
+        out.push(l.clone());
+    }
+    out
+}
+
 /// Hands out decision-log lines one attempt at a time: [`Lines::one`] waits
 /// for the next line and fails if more than one appeared, so every attempt
-/// is pinned to exactly its own line.
+/// is pinned to exactly its own line (a long-lived connection's close
+/// line, see [`ending_lines`]).
 pub struct Lines<'a> {
     e: &'a Egressd,
     seen: usize,
@@ -40,7 +72,7 @@ impl<'a> Lines<'a> {
     pub fn new(e: &'a Egressd) -> Lines<'a> {
         Lines {
             e,
-            seen: complete_lines(e).len(),
+            seen: ending_lines(e).len(),
         }
     }
 
@@ -54,7 +86,7 @@ impl<'a> Lines<'a> {
     pub fn next_n(&mut self, what: &str, n: usize) -> Vec<Value> {
         let seen = self.seen;
         let all = eventually(&format!("{n} log line(s) for {what}"), || {
-            let l = complete_lines(self.e);
+            let l = ending_lines(self.e);
             (l.len() >= seen + n).then_some(l)
         });
         assert_eq!(
@@ -74,7 +106,7 @@ impl<'a> Lines<'a> {
 
     /// No line beyond those handed out so far.
     pub fn done(&self, what: &str) {
-        let l = complete_lines(self.e);
+        let l = ending_lines(self.e);
         assert_eq!(
             l.len(),
             self.seen,

@@ -30,12 +30,19 @@ pub struct Outcome {
 }
 
 impl Outcome {
+    /// The lines that end each request or connection: a connection's
+    /// close line (checked to pair with its open line), never its open
+    /// line (see `log::ending`).
     pub fn log_lines(&self) -> Vec<serde_json::Value> {
-        std::fs::read_to_string(&self.log_path)
-            .unwrap_or_default()
-            .lines()
-            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("bad log line {l:?}: {e}")))
-            .collect()
+        super::log::ending(
+            std::fs::read_to_string(&self.log_path)
+                .unwrap_or_default()
+                .lines()
+                .map(|l| {
+                    serde_json::from_str(l).unwrap_or_else(|e| panic!("bad log line {l:?}: {e}"))
+                })
+                .collect(),
+        )
     }
     pub fn line(&self, pred: impl Fn(&serde_json::Value) -> bool) -> serde_json::Value {
         self.log_lines()
