@@ -713,6 +713,86 @@ mod tests {
         assert_eq!(h, 3);
     }
 
+    fn lines(dir: &tempfile::TempDir, rec: &Recorder) -> Vec<serde_json::Value> {
+        assert!(rec.log.flush(std::time::Duration::from_secs(10)));
+        std::fs::read_to_string(dir.path().join("decisions.log"))
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    }
+
+    fn connection() -> Event {
+        let mut ev = Event::new(Proto::Connect, "10.0.0.1:1".parse().unwrap());
+        ev.decision = Logged::Allow;
+        ev.reason = Reason::Exception;
+        ev.host = Some("a.test".into());
+        ev
+    }
+
+    #[test]
+    fn a_connection_is_one_request_with_an_open_and_a_close_line() {
+        let (dir, rec) = recorder();
+        let mut ev = connection();
+        ev.bytes_up = 3; // bytes before the open are the close line's
+        rec.open(&mut ev);
+        let m = rec.metrics.clone();
+        let allowed = || m.requests.with_label_values(&["connect", "allow"]).get();
+        assert_eq!(allowed(), 1);
+        let open = lines(&dir, &rec);
+        assert_eq!(open.len(), 1);
+        assert_eq!(open[0]["event"], "open");
+        assert_eq!(open[0]["bytes_up"], 0);
+        ev.bytes_up += 10;
+        ev.bytes_down = 20;
+        rec.record(ev);
+        assert_eq!(allowed(), 1, "the close line counts no second request");
+        let all = lines(&dir, &rec);
+        assert_eq!(all.len(), 2);
+        assert_eq!(all[1]["event"], "close");
+        assert_eq!(all[1]["id"], all[0]["id"]);
+        assert_eq!(
+            (all[1]["bytes_up"].as_u64(), all[1]["bytes_down"].as_u64()),
+            (Some(13), Some(20))
+        );
+    }
+
+    #[test]
+    fn a_close_line_is_not_written_when_its_open_line_was_rate_limited() {
+        let (dir, rec) = recorder();
+        let rec = rec.with_log_rate(Box::new(|| 1));
+        let mut written = 0;
+        let mut closes = Vec::new();
+        for _ in 0..(rate_burst() + 3) {
+            let mut ev = connection();
+            rec.open(&mut ev);
+            closes.push(ev);
+        }
+        for ev in closes {
+            rec.record(ev);
+        }
+        rec.flush_rate_limited(true);
+        for l in lines(&dir, &rec) {
+            match l["event"].as_str() {
+                Some("open") => written += 1,
+                Some("close") => written -= 1,
+                _ => {}
+            }
+        }
+        assert_eq!(written, 0, "every close line pairs with an open line");
+        let all = lines(&dir, &rec);
+        assert!(all.iter().any(|l| l["event"] == "rate_limited"), "{all:?}");
+        let opens = all.iter().filter(|l| l["event"] == "open").count();
+        assert!(
+            opens > 0 && opens < rate_burst() + 3,
+            "some opens summed: {opens}"
+        );
+    }
+
+    fn rate_burst() -> usize {
+        rate::BURST_SECS as usize
+    }
+
     #[test]
     fn denials_are_counted_by_reason() {
         let (_dir, rec) = recorder();
