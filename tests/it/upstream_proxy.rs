@@ -83,7 +83,11 @@ fn tunnels_chain_through_an_upstream_proxy_that_authenticates_us() {
     let mut back = Vec::new();
     r.read_to_end(&mut back).unwrap();
     assert_eq!(back, b"through two proxies");
-    let line = corp.wait_line("corp's line", |l| l["proto"] == "connect");
+    // The tunnel's close line: written once both sides are done, which may
+    // be just after the echo came back.
+    let line = corp.wait_line("corp's close line", |l| {
+        l["proto"] == "connect" && l["event"] == "close"
+    });
     assert_eq!(line["client"], "egressd-a");
     assert_eq!(
         line["host"], "127.0.0.1",
