@@ -1097,3 +1097,97 @@ fn report_and_replay_count_a_connection_with_two_lines_once() {
         );
     }
 }
+
+/// Exceptions written in flow style (`- {id: …}`, one or two per line) are
+/// located on their own lines, as block-style ones are, by `explain`, the
+/// text and HTML reports and the stale and expired lists (they all said
+/// `p.yaml:1` for a flow-style one).
+#[test]
+fn flow_and_block_exceptions_are_located_on_their_lines() {
+    let now = unix_now();
+    let dir = scratch();
+    dir.file(
+        "policy/p.yaml",
+        &format!(
+            r#"settings:
+  stale_after: 2d
+  clients:
+    - {{id: pypi, sources: [10.8.0.0/16]}}
+exceptions:
+  - id: blocky
+    owner: a
+    reason: b
+    hosts: [block.test]
+  - {{id: pypi, owner: a, reason: b, hosts: [pypi.test]}}
+
+  - {{owner: a, id: "npm", reason: 'b, id: x', hosts: [npm.test]}}
+  - {{id: gone, owner: a, reason: b, hosts: [gone.test], expires: {gone}}}
+"#,
+            gone = format_date(now - 10 * DAY),
+        ),
+    );
+    let pol = dir.path("policy");
+    let file = pol.join("p.yaml");
+    let at = |line: usize| format!("{}:{line}", file.display());
+    for (host, line) in [("block.test", 6), ("pypi.test", 10), ("npm.test", 12)] {
+        let o = run(&[&"explain", &"--policy", &pol, &format!("https://{host}/")]);
+        let out = stdout(&o);
+        assert!(o.status.success(), "{out}");
+        assert!(
+            out.contains(&format!("({})", at(line))),
+            "{host}: want {} in\n{out}",
+            at(line)
+        );
+    }
+    // One use of `blocky` 5 days ago: the logs reach back past stale_after,
+    // so the unused ones are stale.
+    let log = dir.path("decisions.log");
+    let used = Line {
+        ts: now - 5 * DAY,
+        client: "-",
+        src: "10.9.0.4",
+        proto: "connect",
+        host: "block.test",
+        port: 443,
+        decision: "allow",
+        reason: "exception",
+        exception: Some("blocky"),
+        path: None,
+    };
+    fs::write(&log, used.json() + "\n").unwrap();
+    let o = run(&[&"report", &"--policy", &pol, &log]);
+    let out = stdout(&o);
+    assert!(o.status.success(), "{out}");
+    for (id, line) in [("blocky", 6), ("pypi", 10), ("npm", 12), ("gone", 13)] {
+        assert!(
+            out.contains(&format!("at {}\n", at(line))),
+            "{id}: want at {} in\n{out}",
+            at(line)
+        );
+    }
+    let section = |name: &str| {
+        let start = out
+            .find(name)
+            .unwrap_or_else(|| panic!("no {name:?} in\n{out}"));
+        let rest = &out[start..];
+        rest[..rest[1..].find("\n==").map_or(rest.len(), |e| e + 1)].to_string()
+    };
+    let stale = section("== Unused for stale_after");
+    for line in [6, 10, 12] {
+        assert!(stale.contains(&at(line)), "want {} in\n{stale}", at(line));
+    }
+    let expired = section("== Expired");
+    assert!(expired.contains(&format!("({})", at(13))), "{expired}");
+    assert!(!out.contains(&format!("{}\n", at(1))) && !out.contains(&format!("({})", at(1))));
+    let o = run(&[&"report", &"--policy", &pol, &"--format", &"html", &log]);
+    let html = stdout(&o);
+    assert!(o.status.success());
+    for line in [6, 10, 12, 13] {
+        assert!(
+            html.contains(&at(line)),
+            "want {} in the HTML report",
+            at(line)
+        );
+    }
+    assert!(!html.contains(&format!("{}<", at(1))) && !html.contains(&format!("{}\"", at(1))));
+}

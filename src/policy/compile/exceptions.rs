@@ -263,20 +263,21 @@ struct Places<'t> {
     /// The same entries by value, built only if an exception is not at
     /// `next` (written in flow style, or with an escaped id).
     by_value: Option<HashMap<&'t str, Vec<(usize, usize)>>>,
-    /// The line of the previous exception.
-    after: usize,
+    /// The line and column of the previous exception (several may share a
+    /// line in flow style).
+    after: (usize, usize),
 }
 
 impl<'t> Places<'t> {
     fn new(text: &'t str) -> Places<'t> {
         // Start below `exceptions:` so a client with the same id is skipped.
         let after = if text.lines().any(|l| l.trim_end() == "exceptions:") {
-            locate(text, "exceptions", "").0
+            locate(text, "exceptions", "")
         } else {
-            0
+            (0, 0)
         };
         let id_lines = locate_all(text, "id");
-        let next = id_lines.partition_point(|(_, (l, _))| *l <= after);
+        let next = id_lines.partition_point(|(_, at)| *at <= after);
         Places {
             id_lines,
             next,
@@ -290,7 +291,7 @@ impl<'t> Places<'t> {
     fn next(&mut self, id: &str) -> (usize, usize) {
         let after = self.after;
         let at = match self.id_lines.get(self.next) {
-            Some(&(v, at)) if v == id && at.0 > after => {
+            Some(&(v, at)) if v == id && at > after => {
                 self.next += 1;
                 at
             }
@@ -298,15 +299,13 @@ impl<'t> Places<'t> {
                 .by_value
                 .get_or_insert_with(|| by_value(&self.id_lines))
                 .get(id)
-                .and_then(|v| v.iter().find(|(l, _)| *l > after))
+                .and_then(|v| v.iter().find(|at| **at > after))
                 .copied()
                 .unwrap_or((1, 1)),
         };
-        self.after = after.max(at.0);
-        if self.next < self.id_lines.len() && self.id_lines[self.next].1 .0 <= self.after {
-            self.next = self
-                .id_lines
-                .partition_point(|(_, (l, _))| *l <= self.after);
+        self.after = after.max(at);
+        if self.next < self.id_lines.len() && self.id_lines[self.next].1 <= self.after {
+            self.next = self.id_lines.partition_point(|(_, at)| *at <= self.after);
         }
         at
     }
