@@ -153,6 +153,81 @@ fn cidr_of(ip: IpAddr) -> String {
     }
 }
 
+/// One exception stub before it is written: the comments above it, its
+/// id, and the lines after its fixed `owner:`, `reason:`, `ticket:` and
+/// `expires:`. Deny answers and the report build one each; [`Stub::yaml`]
+/// is the one place the YAML is laid out.
+#[derive(Debug, Default)]
+pub struct Stub {
+    /// Comment lines above the entry, without `# `.
+    pub above: Vec<String>,
+    pub id: String,
+    pub body: Vec<StubLine>,
+}
+
+/// One line of a stub's body.
+#[derive(Debug)]
+pub enum StubLine {
+    /// `key: value`, and a trailing `# comment` (a TODO) if any.
+    Key(&'static str, String, Option<String>),
+    /// A `# comment` line.
+    Note(String),
+}
+
+impl Stub {
+    pub fn new(id: String) -> Stub {
+        Stub {
+            id,
+            ..Stub::default()
+        }
+    }
+
+    pub fn key(&mut self, key: &'static str, value: impl Into<String>) {
+        self.body.push(StubLine::Key(key, value.into(), None));
+    }
+
+    /// `key: value   # comment`: a value a person has to complete.
+    pub fn todo(
+        &mut self,
+        key: &'static str,
+        value: impl Into<String>,
+        comment: impl Into<String>,
+    ) {
+        self.body
+            .push(StubLine::Key(key, value.into(), Some(comment.into())));
+    }
+
+    pub fn note(&mut self, note: impl Into<String>) {
+        self.body.push(StubLine::Note(note.into()));
+    }
+
+    /// The YAML, indented to sit under `exceptions:`; `owner:` and
+    /// `reason:` empty, `expires:` a review date from `now`.
+    pub fn yaml(&self, now: i64) -> String {
+        let mut y = String::new();
+        for a in &self.above {
+            let _ = writeln!(y, "  # {a}");
+        }
+        let _ = writeln!(y, "  - id: {}", self.id);
+        let _ = writeln!(y, "    owner:     # TODO: the team answerable for it");
+        let _ = writeln!(y, "    reason:    # TODO: why sandboxes need it");
+        let _ = writeln!(y, "    ticket:    # optional: where it was approved");
+        let _ = writeln!(
+            y,
+            "    expires: {}   # review date",
+            format_date(now + REVIEW_AFTER_SECS)
+        );
+        for l in &self.body {
+            let _ = match l {
+                StubLine::Key(k, v, None) => writeln!(y, "    {k}: {v}"),
+                StubLine::Key(k, v, Some(c)) => writeln!(y, "    {k}: {v}   # {c}"),
+                StubLine::Note(n) => writeln!(y, "    # {n}"),
+            };
+        }
+        y
+    }
+}
+
 /// The YAML of one exception (indented to sit under `exceptions:`) that
 /// would allow `a`, or `None` when no exception can (see
 /// [`exception_can_allow`]) or the target is not a valid host.
@@ -172,69 +247,54 @@ pub fn exception_stub(
         Some(_) => None,
         None => Some(parse_host(a.host).ok()?.to_string()),
     };
-    let mut y = String::new();
+    let mut st = Stub::new(stub_id(
+        name.as_deref()
+            .unwrap_or(a.host.trim_start_matches('[').trim_end_matches(']')),
+        ip.is_some(),
+    ));
     if let Some(c) = closest {
         let what = match reason {
             Reason::Expired => "has expired: renewing it (a new expires) may be the smaller change",
             _ => "already names this destination: widening it may be the smaller change",
         };
-        let _ = writeln!(y, "  # exception {} (owner {}) {what}", c.id, c.owner);
+        st.above
+            .push(format!("exception {} (owner {}) {what}", c.id, c.owner));
     }
-    let _ = writeln!(
-        y,
-        "  - id: {}",
-        stub_id(
-            name.as_deref()
-                .unwrap_or(a.host.trim_start_matches('[').trim_end_matches(']')),
-            ip.is_some()
-        )
-    );
-    let _ = writeln!(y, "    owner:     # TODO: the team answerable for it");
-    let _ = writeln!(y, "    reason:    # TODO: why sandboxes need it");
-    let _ = writeln!(y, "    ticket:    # optional: where it was approved");
-    let _ = writeln!(
-        y,
-        "    expires: {}   # review date",
-        format_date(now + REVIEW_AFTER_SECS)
-    );
     if let Some(c) = a.client {
         if parse_client_id(c) {
-            let _ = writeln!(y, "    clients: [{c}]");
+            st.key("clients", format!("[{c}]"));
         }
     }
     match (&name, ip) {
         (Some(n), _) => {
-            let _ = writeln!(y, "    hosts: [{n}]");
+            st.key("hosts", format!("[{n}]"));
             if reason == Reason::PrivateAddress {
                 match a.addr {
                     Some(addr) => {
-                        let _ = writeln!(
-                            y,
-                            "    # {addr} is a non-public address: make sure reaching it from a sandbox is meant"
-                        );
-                        let _ = writeln!(y, "    cidrs: [{}]", cidr_of(addr));
+                        st.note(format!(
+                            "{addr} is a non-public address: make sure reaching it from a sandbox is meant"
+                        ));
+                        st.key("cidrs", format!("[{}]", cidr_of(addr)));
                     }
-                    None => {
-                        let _ = writeln!(
-                            y,
-                            "    cidrs: []   # TODO: the non-public address {n} resolves to, as a /32"
-                        );
-                    }
+                    None => st.todo(
+                        "cidrs",
+                        "[]",
+                        format!("TODO: the non-public address {n} resolves to, as a /32"),
+                    ),
                 }
             }
         }
         (None, Some(ip)) => {
             if crate::policy::addr::classify(ip).is_some() {
-                let _ = writeln!(
-                    y,
-                    "    # {ip} is a non-public address: make sure reaching it from a sandbox is meant"
-                );
+                st.note(format!(
+                    "{ip} is a non-public address: make sure reaching it from a sandbox is meant"
+                ));
             }
-            let _ = writeln!(y, "    cidrs: [{}]", cidr_of(ip));
+            st.key("cidrs", format!("[{}]", cidr_of(ip)));
         }
         (None, None) => return None,
     }
-    let _ = writeln!(y, "    ports: [{}]", a.port);
+    st.key("ports", format!("[{}]", a.port));
     // Methods and paths are named only where the closest exception already
     // restricts them: on HTTPS a restriction needs interception, so adding
     // one to a new exception would turn an allow into inspection_required.
@@ -243,20 +303,16 @@ pub fn exception_stub(
             .method
             .filter(|m| m.bytes().all(|b| b.is_ascii_alphabetic()))
         {
-            let _ = writeln!(y, "    methods: [{}]", m.to_ascii_uppercase());
+            st.key("methods", format!("[{}]", m.to_ascii_uppercase()));
         }
     }
     if reason == Reason::PathNotAllowed {
         match a.path.filter(|p| literal_path(p)) {
-            Some(p) => {
-                let _ = writeln!(y, "    paths: [\"{p}\"]");
-            }
-            None => {
-                let _ = writeln!(y, "    paths: []   # TODO: the paths the task needs");
-            }
+            Some(p) => st.key("paths", format!("[\"{p}\"]")),
+            None => st.todo("paths", "[]", "TODO: the paths the task needs"),
         }
     }
-    Some(y)
+    Some(st.yaml(now))
 }
 
 /// Client ids use the exception id alphabet; anything else stays out of

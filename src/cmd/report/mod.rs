@@ -521,7 +521,7 @@ pub fn build(
             near_exceptions: d.near.items.iter().map(|c| c.to_string()).collect(),
             first_seen: ts(d.first),
             last_seen: ts(d.last),
-            stub: stub::exception_stub(k, d, now),
+            stub: stub::denied_stub(k, d, now),
         })
         .collect();
 

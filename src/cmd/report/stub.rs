@@ -3,103 +3,46 @@
 //! purpose: the policy refuses to load until a person fills them in, so a
 //! stub cannot be merged unreviewed.
 
-use std::fmt::Write as _;
-
 use crate::policy::host::parse_host;
 use crate::policy::qtype;
-use crate::time::format_date;
+use crate::policy::suggest::{stub_id, Stub};
 
 use super::stats::DeniedUse;
 
 /// Host names listed exactly before the stub suggests a wildcard instead.
 const MAX_EXACT_HOSTS: usize = 8;
-/// How far ahead the suggested review date lies.
-const REVIEW_AFTER_SECS: i64 = 90 * 86400;
 
-/// The YAML stub for denials to `domain` (a registered domain or an IP
-/// address), indented to sit under `exceptions:`.
-pub fn exception_stub(domain: &str, d: &DeniedUse, now: i64) -> String {
-    let mut y = String::new();
+/// The stub for the denials to `domain` (a registered domain or an IP
+/// address), written by [`Stub::yaml`] as deny answers' stubs are.
+pub fn denied_stub(domain: &str, d: &DeniedUse, now: i64) -> String {
+    let mut st = Stub::new(stub_id(domain, d.is_ip));
     let reasons: Vec<String> = d.reasons.iter().map(|(r, n)| format!("{r} ×{n}")).collect();
-    let _ = writeln!(
-        y,
-        "  # {} denial{} of {domain} from {} client{}{}: {}",
+    st.above.push(format!(
+        "{} denial{} of {domain} from {} client{}{}: {}",
         d.count,
         if d.count == 1 { "" } else { "s" },
         d.clients.items.len(),
         if d.clients.items.len() == 1 { "" } else { "s" },
         if d.clients.more { " or more" } else { "" },
         reasons.join(", ")
-    );
+    ));
     for e in &d.near.items {
-        let _ = writeln!(
-            y,
-            "  # exception {e} already names this destination; widening it may be the smaller change"
-        );
+        st.above.push(format!(
+            "exception {e} already names this destination; widening it may be the smaller change"
+        ));
     }
-    let id = crate::policy::suggest::stub_id(domain, d.is_ip);
-    let _ = writeln!(y, "  - id: {id}");
-    let _ = writeln!(y, "    owner:     # TODO: the team answerable for it");
-    let _ = writeln!(y, "    reason:    # TODO: why sandboxes need it");
-    let _ = writeln!(y, "    ticket:    # optional: where it was approved");
-    let _ = writeln!(
-        y,
-        "    expires: {}   # review date",
-        format_date(now + REVIEW_AFTER_SECS)
-    );
     if d.is_ip {
-        let prefix = if domain.contains(':') { 128 } else { 32 };
-        if let Ok(ip) = domain.parse::<std::net::IpAddr>() {
-            if crate::policy::addr::classify(ip).is_some() {
-                let _ = writeln!(
-                    y,
-                    "    # {ip} is a non-public address: make sure reaching it from a sandbox is meant"
-                );
-            }
-            let _ = writeln!(y, "    cidrs: [{ip}/{prefix}]");
-        }
+        ip_lines(&mut st, domain);
     } else {
-        // Only names that parse as hosts reach the YAML: a forged log line
-        // cannot inject keys into the stub.
-        let hosts: Vec<String> = d
-            .hosts
-            .sorted()
-            .into_iter()
-            .filter_map(|(h, _)| parse_host(&h).ok().map(|h| h.to_string()))
-            .collect();
-        let reg_ok = parse_host(domain).is_ok();
-        if (hosts.len() > MAX_EXACT_HOSTS || d.hosts.more) && reg_ok {
-            let _ = writeln!(
-                y,
-                "    # {}{} names under {domain} were denied; list the exact ones you need if you can",
-                hosts.len(),
-                if d.hosts.more { "+" } else { "" }
-            );
-            let apex = hosts.iter().any(|h| h == domain);
-            if apex {
-                let _ = writeln!(y, "    hosts: [{domain}, \"*.{domain}\"]");
-            } else {
-                let _ = writeln!(y, "    hosts: [\"*.{domain}\"]");
-            }
-        } else if hosts.is_empty() {
-            let _ = writeln!(
-                y,
-                "    hosts: []   # TODO: no valid host name in the log lines"
-            );
-        } else {
-            let _ = writeln!(y, "    hosts: [{}]", hosts.join(", "));
-        }
+        host_lines(&mut st, domain, d);
     }
     let mut ports = d.ports.clone();
     ports.sort_unstable();
     if !ports.is_empty() {
         let list: Vec<String> = ports.iter().map(u16::to_string).collect();
-        let _ = writeln!(y, "    ports: [{}]", list.join(", "));
+        st.key("ports", format!("[{}]", list.join(", ")));
     } else {
-        let _ = writeln!(
-            y,
-            "    # only DNS queries were denied: the hosts above are answered; ports default to [80, 443]"
-        );
+        st.note("only DNS queries were denied: the hosts above are answered; ports default to [80, 443]");
     }
     let extra: Vec<String> = d
         .qtypes
@@ -109,7 +52,7 @@ pub fn exception_stub(domain: &str, d: &DeniedUse, now: i64) -> String {
         .map(qtype::qtype_name)
         .collect();
     if !extra.is_empty() {
-        let _ = writeln!(y, "    dns_types: [{}]", extra.join(", "));
+        st.key("dns_types", format!("[{}]", extra.join(", ")));
     }
     for (r, hint) in [
         (
@@ -130,10 +73,53 @@ pub fn exception_stub(domain: &str, d: &DeniedUse, now: i64) -> String {
         ),
     ] {
         if d.reasons.contains_key(r) {
-            let _ = writeln!(y, "    # {hint}");
+            st.note(hint);
         }
     }
-    y
+    st.yaml(now)
+}
+
+/// `cidrs:` for an IP address, with a warning if it is non-public.
+fn ip_lines(st: &mut Stub, domain: &str) {
+    let prefix = if domain.contains(':') { 128 } else { 32 };
+    if let Ok(ip) = domain.parse::<std::net::IpAddr>() {
+        if crate::policy::addr::classify(ip).is_some() {
+            st.note(format!(
+                "{ip} is a non-public address: make sure reaching it from a sandbox is meant"
+            ));
+        }
+        st.key("cidrs", format!("[{ip}/{prefix}]"));
+    }
+}
+
+/// `hosts:` for the names denied under `domain`: exactly, or a wildcard
+/// when there are many.
+fn host_lines(st: &mut Stub, domain: &str, d: &DeniedUse) {
+    // Only names that parse as hosts reach the YAML: a forged log line
+    // cannot inject keys into the stub.
+    let hosts: Vec<String> = d
+        .hosts
+        .sorted()
+        .into_iter()
+        .filter_map(|(h, _)| parse_host(&h).ok().map(|h| h.to_string()))
+        .collect();
+    let reg_ok = parse_host(domain).is_ok();
+    if (hosts.len() > MAX_EXACT_HOSTS || d.hosts.more) && reg_ok {
+        st.note(format!(
+            "{}{} names under {domain} were denied; list the exact ones you need if you can",
+            hosts.len(),
+            if d.hosts.more { "+" } else { "" }
+        ));
+        if hosts.iter().any(|h| h == domain) {
+            st.key("hosts", format!("[{domain}, \"*.{domain}\"]"));
+        } else {
+            st.key("hosts", format!("[\"*.{domain}\"]"));
+        }
+    } else if hosts.is_empty() {
+        st.todo("hosts", "[]", "TODO: no valid host name in the log lines");
+    } else {
+        st.key("hosts", format!("[{}]", hosts.join(", ")));
+    }
 }
 
 #[cfg(test)]
@@ -149,7 +135,7 @@ mod tests {
         for l in lines {
             s.add(&serde_json::from_str(l).unwrap());
         }
-        exception_stub(domain, &s.destinations[domain], NOW)
+        denied_stub(domain, &s.destinations[domain], NOW)
     }
 
     /// Filling in owner and reason is all a stub needs to load.
