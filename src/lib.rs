@@ -48,7 +48,7 @@
 //! | [`reload`] | watch → load → swap, the last good policy kept; the reloader thread's priority | compiling (`policy`) |
 //! | [`app`] | wiring: load, bind, spawn, signals, drain; an egressd run in-process | answering any request |
 //! | [`packages`] | the package gate's knowledge, PURE: classify a registry URL, names, versions, stamps, index filters, the package decision, lockfile import; the policy compiles and holds its sets | any I/O; serving (`proxy::gate`) |
-//! | [`cmd`] | the commands above the engine, each `main(args, out, err) -> Exit`: `check` (+ `--against`), `explain`, `report` (+ replay), `packages import`, `ca init`, `schema`, `serve`, `run` | serving; the sandbox (`launcher`) |
+//! | [`cmd`] | the commands above the engine, each `main(args, out, err) -> Exit`: `check` (+ `--against`), `explain`, `report` (+ replay), `packages import`, `ca init`, `schema`, `serve`, `run`; `offline`, the decision without the network that explain, check and replay share | serving; the sandbox (`launcher`) |
 //! | [`launcher`] | `egressd run`: the plan, namespaces, the sandbox's environment and limits | decisions (it embeds `app`) |
 //! | [`cli`] | the command line: the commands and the flags `serve` and `run` share | behaviour; exit codes (`cmd::Exit`) |
 //!

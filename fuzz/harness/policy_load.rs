@@ -7,7 +7,7 @@
 use std::net::IpAddr;
 
 use egressd::cmd::check::lint;
-use egressd::cmd::explain::decide_target;
+use egressd::cmd::offline::decide_target;
 use egressd::policy::host::{parse_target, HostPattern, Target};
 use egressd::policy::{from_yaml, Request};
 use egressd::policy::{Proto, Verdict};

@@ -8,6 +8,7 @@ pub mod check;
 pub mod explain;
 pub mod grant;
 pub mod log;
+pub mod offline;
 pub mod packages;
 pub mod report;
 pub mod run;

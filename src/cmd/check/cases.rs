@@ -16,7 +16,7 @@
 //!     reason: qtype_not_allowed         # optional: the reason logged
 //! ```
 //!
-//! Cases are decided by [`crate::cmd::explain::decide_target`] as of now, so an
+//! Cases are decided by [`crate::cmd::offline::decide_target`] as of now, so an
 //! exception that expires makes its cases fail on the day it does. Unknown
 //! keys are errors, as in policy files. A policy loaded from a directory
 //! never reads these files as policy ([`crate::policy::read_sources`] skips them).
@@ -26,7 +26,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
-use crate::cmd::explain::decide_target;
+use crate::cmd::offline::decide_target;
 use crate::policy::{ClientIdx, Logged, Policy};
 
 #[derive(Debug, Deserialize)]

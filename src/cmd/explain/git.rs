@@ -6,7 +6,8 @@
 
 use std::io::{self, Write};
 
-use super::{decide_target, ALLOWED, DENIED, USAGE};
+use super::{ALLOWED, DENIED, USAGE};
+use crate::cmd::offline::decide_target;
 use crate::policy::{ClientIdx, Policy, Reason};
 
 /// A `git:` target, read.

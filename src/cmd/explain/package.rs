@@ -308,7 +308,7 @@ fn registry(
     // npm's `%2f` is the scope separator (DESIGN), not an encoded path
     // separator the proxy refuses: the exceptions see the scope's path.
     let asked = format!("https://{}{}", loc.host, loc.path.replacen("%2f", "/", 1));
-    let d = match super::decide_target(policy, client, &asked, true, now) {
+    let d = match crate::cmd::offline::decide_target(policy, client, &asked, true, now) {
         Ok(d) => d,
         Err(e) => {
             writeln!(out, "registry: {url}: {e}")?;

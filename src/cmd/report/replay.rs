@@ -4,7 +4,7 @@
 //! destination with counts, clients and the exceptions involved.
 //!
 //! Each line becomes a TARGET in `explain`'s forms and goes through
-//! [`crate::cmd::explain::decide_target`], so the replay decides exactly as
+//! [`crate::cmd::offline::decide_target`], so the replay decides exactly as
 //! `explain` and the proxy do. What depends on the network or on state is
 //! not replayed: name resolution (`private_address` for names), tunnel
 //! budgets (`dns_tunnel`), SNI and Host checks, overload, malformed input
@@ -15,7 +15,7 @@ use std::io::{self, Write};
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 
-use crate::cmd::explain::decide_target;
+use crate::cmd::offline::decide_target;
 use crate::policy::{ClientIdx, Logged, Policy};
 
 use super::read::{bracket, strip_port, LogLine};
