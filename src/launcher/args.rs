@@ -29,7 +29,8 @@ pub struct RunArgs {
     /// With --connect: that egressd's DNS address (default: ADDR's IP, port 8053).
     #[arg(long, value_name = "ADDR")]
     pub connect_dns: Option<SocketAddr>,
-    /// With --connect: identify the sandbox as this client (token from EGRESSD_TOKEN or --token-file).
+    /// The sandbox's client id (default `sandbox`); with --connect, the token that
+    /// proves it comes from EGRESSD_TOKEN or --token-file.
     #[arg(long, value_name = "ID")]
     pub client: Option<String>,
     /// File holding the --client token.
