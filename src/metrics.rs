@@ -1,4 +1,4 @@
-//! Prometheus metrics (the table in README's Metrics section) and the
+//! Prometheus metrics (the table in docs/metrics.md) and the
 //! `/metrics`, `/healthz`, `/readyz` endpoint. One registry per process,
 //! owned by [`Metrics`]; no label ever carries a destination or a client
 //! address. The counters of requests are incremented by

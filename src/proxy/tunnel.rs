@@ -90,7 +90,7 @@ pub async fn handle(
     // permit until it closes.
     let permit = req.extensions().get::<Permit>().cloned();
     // What the task holds lives as long as the tunnel, idle or not: it is
-    // most of an idle tunnel's memory (README "Performance"). The upgrade
+    // most of an idle tunnel's memory (docs/performance.md). The upgrade
     // is taken out of the request here so the request itself is not kept,
     // and the event is boxed once rather than copied into every nested
     // future's state.

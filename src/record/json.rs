@@ -10,7 +10,7 @@ use crate::time::format_rfc3339_millis;
 
 impl Event {
     /// Appends the decision-log line (one JSON object and a newline) to
-    /// `out`, its fields in the order README's Decision log shows.
+    /// `out`, its fields in the order docs/log.md shows.
     pub fn write_json(&self, out: &mut Vec<u8>) {
         out.extend_from_slice(b"{\"ts\":\"");
         timestamp(out, self.ts_ms);

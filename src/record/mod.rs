@@ -26,7 +26,7 @@ use crate::policy::{Decision, Logged, Mode, Proto, Reason};
 use crate::time::unix_now_millis;
 
 /// One finished request or query: the decision-log line's fields, written
-/// by [`Event::write_json`] in the order README's Decision log shows.
+/// by [`Event::write_json`] in the order docs/log.md shows.
 #[derive(Debug, Clone)]
 pub struct Event {
     /// The request's id (DESIGN "Grants"): short, unique, written on deny
