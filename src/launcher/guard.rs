@@ -123,6 +123,18 @@ pub fn find(args: &RunArgs, cwd: &Path) -> Result<Found, String> {
     if let Some(f) = &args.engine.upstream_proxy_auth_file {
         add(f, "--upstream-proxy-auth-file", false)?;
     }
+    // The key that signs the chained log: whoever reads it can forge a
+    // checkpoint.
+    if let Some(k) = &args.engine.chain.log_key {
+        add(k, "--log-key", false)?;
+    }
+    // Grants are policy (a planted grant allows) and egressd writes their
+    // use counts there: made now, so that it can be masked like the policy.
+    if let Some(g) = &args.engine.grants {
+        let dir = cwd.join(g);
+        std::fs::create_dir_all(&dir).map_err(|e| format!("--grants {}: {e}", g.display()))?;
+        add(g, "--grants", true)?;
+    }
 
     let (log, is_default) = match args.log.as_str() {
         "" => (default_log()?, true),

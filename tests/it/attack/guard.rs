@@ -366,6 +366,14 @@ fn sweep_no_path_the_launcher_or_the_policy_names_is_reachable() {
     );
     let auth = write(&w.join("proxy-auth"), "u:p\n");
     let log = w.join("decisions.jsonl");
+    let grants = w.join("grants");
+    let key = w.join("log.key");
+    let st = std::process::Command::new(env!("CARGO_BIN_EXE_egressd"))
+        .args(["log", "keygen"])
+        .arg(&key)
+        .output()
+        .unwrap();
+    assert!(st.status.success(), "{st:?}");
     let ca_dir = w.join("certs");
     let st = std::process::Command::new(env!("CARGO_BIN_EXE_egressd"))
         .args(["ca", "init", "--dir"])
@@ -382,6 +390,8 @@ fn sweep_no_path_the_launcher_or_the_policy_names_is_reachable() {
         auth.clone(),
         log.clone(),
         ca_dir.clone(),
+        grants.clone(),
+        key.clone(),
     ];
     let r = run()
         .cwd(w)
@@ -396,6 +406,11 @@ fn sweep_no_path_the_launcher_or_the_policy_names_is_reachable() {
         .arg(&auth)
         .arg("--ca-dir")
         .arg(&ca_dir)
+        .arg("--grants")
+        .arg(&grants)
+        .arg("--log-chain")
+        .arg("--log-key")
+        .arg(&key)
         .cmd(&["python3", "-c", &probe_script(&named)]);
     assert_eq!(r.code, 0, "{}", r.context());
     assert_eq!(reached(&r), "REACHED []", "{}", r.context());
