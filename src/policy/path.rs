@@ -1,7 +1,10 @@
 //! Request-path normalisation for `paths:` rules. A path is matched in one
 //! canonical form, so that `/simple/%2e%2e/admin`, `/simple/../admin` and
 //! `/simple\..\admin` cannot slip past `/simple/**`. Forms whose meaning
-//! differs between servers are refused (400) instead of guessed at.
+//! differs between servers are refused (400) instead of guessed at: besides
+//! the plain ones, what an origin that decodes twice, accepts overlong UTF-8
+//! or trims whitespace would read as a dot-segment or a separator
+//! (`%252e%252e`, `%c0%ae%c0%ae`, `..%09`, `%20..`).
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum PathError {
@@ -13,7 +16,17 @@ pub enum PathError {
     EncodedSeparator,
     #[error("path contains a malformed percent-escape")]
     BadEscape,
+    #[error("path contains an encoded control character")]
+    ControlChar,
+    #[error("path contains overlong UTF-8, which some servers decode to '.' or '/'")]
+    Overlong,
+    #[error("path is percent-encoded more than {NESTED_LEVELS} times over")]
+    NestedEncoding,
 }
+
+/// How many decodings past the first [`normalize_path`] follows (`%252e`
+/// needs one, `%25252e` two, …) before it refuses the path as nested.
+const NESTED_LEVELS: usize = 3;
 
 use globset::{Glob, GlobSet, GlobSetBuilder};
 
@@ -77,7 +90,121 @@ pub fn normalize_path(raw: &str) -> Result<String, PathError> {
             return Err(PathError::DotSegment);
         }
     }
+    if out.contains('%') {
+        refuse_what_a_decoder_could_misread(&out)?;
+    }
     Ok(out)
+}
+
+/// The canonical form keeps reserved escapes (`%25`, `%20`, `%C0`, …)
+/// encoded, as the origin receives them. An origin may still decode them
+/// once or twice more, accept overlong UTF-8 or trim whitespace and control
+/// characters around a segment: each decoding of `canonical` (up to
+/// [`NESTED_LEVELS`] past the first) must read as the same segments,
+/// without a dot-segment, a separator, a control character or overlong
+/// UTF-8.
+fn refuse_what_a_decoder_could_misread(canonical: &str) -> Result<(), PathError> {
+    let mut level = canonical.as_bytes().to_vec();
+    for _ in 0..=NESTED_LEVELS {
+        if !level.contains(&b'%') {
+            return Ok(());
+        }
+        level = decode_once(&level)?;
+        if has_overlong_utf8(&level) {
+            return Err(PathError::Overlong);
+        }
+        for seg in level.split(|b| *b == b'/') {
+            let bare = seg.split(|b| *b == b';').next().unwrap_or_default();
+            if is_dot_segment(trim_blank(bare)) {
+                return Err(PathError::DotSegment);
+            }
+        }
+    }
+    if level.contains(&b'%') && decode_once(&level).is_ok_and(|d| d != level) {
+        return Err(PathError::NestedEncoding);
+    }
+    Ok(())
+}
+
+/// One percent-decoding of `s`. A `%` not followed by two hex digits
+/// stays as it is (that is what a lenient decoder does); a decoded
+/// separator, NUL or other control character refuses the path.
+fn decode_once(s: &[u8]) -> Result<Vec<u8>, PathError> {
+    let mut out = Vec::with_capacity(s.len());
+    let mut i = 0;
+    while i < s.len() {
+        let escaped = match (s.get(i + 1), s.get(i + 2)) {
+            (Some(h), Some(l)) if s[i] == b'%' => hex(*h).zip(hex(*l)),
+            _ => None,
+        };
+        let Some((h, l)) = escaped else {
+            out.push(s[i]);
+            i += 1;
+            continue;
+        };
+        let v = h << 4 | l;
+        if v == b'/' || v == b'\\' {
+            return Err(PathError::EncodedSeparator);
+        }
+        if v < 0x20 || v == 0x7f {
+            return Err(PathError::ControlChar);
+        }
+        out.push(v);
+        i += 3;
+    }
+    Ok(out)
+}
+
+/// UTF-8 sequences longer than needed (`C0 AE` for `.`, `E0 80 AF` for
+/// `/`): invalid, and decoded by some servers anyway.
+fn has_overlong_utf8(s: &[u8]) -> bool {
+    s.windows(2).any(|w| {
+        matches!(w[0], 0xC0 | 0xC1)
+            || (w[0] == 0xE0 && w[1] < 0xA0 && w[1] >= 0x80)
+            || (w[0] == 0xF0 && w[1] < 0x90 && w[1] >= 0x80)
+    }) || s.last().is_some_and(|b| matches!(b, 0xC0 | 0xC1))
+}
+
+/// Whitespace and control characters some servers trim around a segment,
+/// ASCII and the no-break spaces (U+00A0, U+3000).
+fn trim_blank(mut seg: &[u8]) -> &[u8] {
+    loop {
+        seg = seg.trim_ascii();
+        if let Some(rest) = seg
+            .strip_prefix(b"\xC2\xA0")
+            .or_else(|| seg.strip_prefix(b"\xE3\x80\x80"))
+        {
+            seg = rest;
+        } else if let Some(rest) = seg
+            .strip_suffix(b"\xC2\xA0")
+            .or_else(|| seg.strip_suffix(b"\xE3\x80\x80"))
+        {
+            seg = rest;
+        } else {
+            return seg;
+        }
+    }
+}
+
+/// `.` or `..`, also spelled with the dots some servers fold to `.`
+/// (fullwidth U+FF0E, one-dot leader U+2024, small full stop U+FE52).
+fn is_dot_segment(seg: &[u8]) -> bool {
+    let mut dots = 0;
+    let mut rest = seg;
+    while !rest.is_empty() {
+        let n = [&b"."[..], b"\xEF\xBC\x8E", b"\xE2\x80\xA4", b"\xEF\xB9\x92"]
+            .iter()
+            .find(|d| rest.starts_with(d))
+            .map(|d| d.len());
+        match n {
+            Some(n) => {
+                dots += 1;
+                rest = &rest[n..];
+            }
+            None => return false,
+        }
+    }
+    matches!(dots, 1 | 2)
 }
 
 /// A compiled `paths:` list. The shapes policies use most are matched
@@ -191,6 +318,58 @@ mod tests {
             "/..",
         ] {
             assert!(normalize_path(p).is_err(), "{p}");
+        }
+    }
+
+    /// What an origin that decodes twice, accepts overlong UTF-8 or trims
+    /// whitespace would read as `..` or `/` (issue #37's encodings).
+    #[test]
+    fn ambiguous_encodings_are_refused() {
+        use PathError::*;
+        for (p, want) in [
+            ("/repos/%252e%252e/admin", DotSegment),
+            ("/repos/%252E%252E/admin", DotSegment),
+            ("/repos/%25252e%25252e/admin", DotSegment),
+            ("/repos/x%252fadmin", EncodedSeparator),
+            ("/repos/x%255cadmin", EncodedSeparator),
+            ("/repos/x%2500", ControlChar),
+            ("/repos/%c0%ae%c0%ae/admin", Overlong),
+            ("/repos/%C0%AE./admin", Overlong),
+            ("/repos/x%c0%afadmin", Overlong),
+            ("/repos/x%e0%80%afadmin", Overlong),
+            ("/repos/x%f0%80%80%afadmin", Overlong),
+            ("/repos/%25c0%25ae%25c0%25ae/admin", Overlong),
+            ("/repos/x/..%09/admin", ControlChar),
+            ("/repos/x/%20../admin", DotSegment),
+            ("/repos/x/..%20/admin", DotSegment),
+            ("/repos/x/%c2%a0..%c2%a0/admin", DotSegment),
+            ("/repos/x/%ef%bc%8e%ef%bc%8e/admin", DotSegment),
+            ("/repos/x/.%e2%80%a4/admin", DotSegment),
+            ("/repos/x/%0d%0aX:%20y", ControlChar),
+            ("/repos/x%7f", ControlChar),
+            ("/repos/%2525252e%2525252e/admin", DotSegment),
+            ("/repos/%252525252e%252525252e/admin", NestedEncoding),
+        ] {
+            assert_eq!(normalize_path(p), Err(want), "{p}");
+        }
+    }
+
+    /// Escapes that decode to nothing ambiguous keep working.
+    #[test]
+    fn plain_escapes_still_pass() {
+        for p in [
+            "/a/%c3%a9t%c3%a9",
+            "/a/file%20name.txt",
+            "/a/100%25",
+            "/a/100%25done",
+            "/a/%25zz",
+            "/a/x..y",
+            "/a/...",
+            "/a/%e9",
+            "/a/%ef%bc%8e%ef%bc%8e%ef%bc%8e",
+            "/a/%20",
+        ] {
+            assert!(normalize_path(p).is_ok(), "{p}: {:?}", normalize_path(p));
         }
     }
 

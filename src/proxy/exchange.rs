@@ -138,6 +138,7 @@ pub(crate) async fn decide_and_forward(
         return responder.stop(ev, stop);
     }
     let mut req = req;
+    super::matched::send_the_path_matched(req.uri_mut(), d.exception, inbound.path);
     Draft::publish(&req, &ev);
     let mut mirror = None;
     // The package gate's and the mirror's futures are boxed: they are

@@ -277,6 +277,11 @@ fn parse_request(buf: &[u8]) -> Parsed {
     let Ok(path) = super::gate::policy_path(&dest.target, uri.path()) else {
         return Parsed::Other;
     };
+    // A spelling other than the canonical one is the general path's: under
+    // `paths:` it sends the path the rule matched (proxy/matched.rs).
+    if path != uri.path() {
+        return Parsed::Other;
+    }
     let mut fwd = Vec::with_capacity(buf.len());
     let mut keep_alive = true;
     let mut hosts = 0;

@@ -32,6 +32,7 @@ pub mod forward;
 
 pub(crate) mod gate;
 pub(crate) mod held;
+mod matched;
 pub mod mitm;
 pub mod pool;
 pub(crate) mod relay;

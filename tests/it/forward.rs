@@ -271,14 +271,34 @@ fn ports_methods_and_paths_on_plain_http() {
         "/simple/..;/admin",
         "/simple/%2fadmin",
         "/simple\\..\\admin",
+        "/simple/%252e%252e/admin",
+        "/simple/%c0%ae%c0%ae/admin",
+        "/simple/x/..%09/admin",
+        "/simple/x/%20../admin",
     ] {
         let r = e.get(&format!("http://pkgs.test:{p}{sneaky}"));
         assert_eq!(r.status, 400, "{sneaky}");
         assert_eq!(r.reason(), Some("malformed"));
     }
+    e.wait_line("every refusal on record", |_| {
+        let refused = e
+            .log_lines()
+            .iter()
+            .filter(|l| l["status"] == 400 && l["reason"] == "malformed")
+            .count();
+        refused == 9
+    });
+    // The spelling the client sent is not what the origin gets: the
+    // path the rule matched is.
+    assert_eq!(
+        e.get(&format!("http://pkgs.test:{p}//simple//%72equests/"))
+            .status,
+        200
+    );
+    assert_eq!(o.last().unwrap().target, "/simple/requests/");
     let r = e.get(&format!("http://pkgs.test:{}/simple/", p + 1));
     assert_eq!((r.status, r.reason()), (403, Some("port_not_allowed")));
-    assert_eq!(o.count(), 1, "only the allowed request reached the origin");
+    assert_eq!(o.count(), 2, "only the allowed requests reached the origin");
 }
 
 #[test]
