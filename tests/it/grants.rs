@@ -619,6 +619,7 @@ fn grants_in_their_own_directory_are_served() {
 /// exactly N pass.
 #[test]
 fn fleet_a_client_pinned_by_haproxy_meets_one_replica_and_a_grant_keeps_its_uses() {
+    let haproxy = tool("haproxy");
     let dns = fake_dns();
     let origin = origin();
     dns.set("api.test", &["127.0.0.1"]);
@@ -650,7 +651,7 @@ fn fleet_a_client_pinned_by_haproxy_meets_one_replica_and_a_grant_keeps_its_uses
         ),
     )
     .unwrap();
-    let mut haproxy = Command::new("haproxy")
+    let mut haproxy = Command::new(haproxy)
         .arg("-db")
         .arg("-f")
         .arg(&cfg)
