@@ -27,6 +27,7 @@ pub mod args;
 pub mod cgroup;
 pub mod command;
 pub mod env;
+pub mod git_watch;
 pub mod guard;
 pub mod identity;
 pub mod limits;
@@ -127,6 +128,17 @@ pub fn main(args: RunArgs) -> u8 {
         }
     };
     let sandbox = Arc::new(sandbox);
+    // After the fork (the watch is a thread), before CMD starts.
+    let git_watch = match plan.view.pinned_git().map(git_watch::GitWatch::start) {
+        None => None,
+        Some(Ok(w)) => Some(w),
+        Some(Err(e)) => {
+            eprintln!("egressd run: {e}");
+            sandbox.kill();
+            sandbox.wait();
+            return EXIT_SETUP;
+        }
+    };
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -150,6 +162,16 @@ pub fn main(args: RunArgs) -> u8 {
     ));
     rt.shutdown_timeout(Duration::from_secs(1));
     drop(cgroups);
+    if let Some(w) = git_watch {
+        let moved = w.sweep();
+        if !moved.is_empty() {
+            eprintln!(
+                "egressd run: {} file(s) the sandbox planted in .git were moved aside (named \
+                 *.egressd-quarantined-*): review them, then delete them",
+                moved.len()
+            );
+        }
+    }
     code
 }
 

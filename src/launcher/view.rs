@@ -180,6 +180,21 @@ pub enum Hidden {
 }
 
 impl View {
+    /// The working directory's `.git` when it is pinned (a writable mount
+    /// of its own, its configuration read-only in it): the launcher
+    /// watches it while the box runs (`git_watch`).
+    pub fn pinned_git(&self) -> Option<&Path> {
+        self.layers.iter().find_map(|l| match l {
+            Layer::Bind {
+                path,
+                writable: true,
+                origin: Origin::Cwd,
+                ..
+            } if path.file_name() == Some(".git".as_ref()) => Some(path.as_path()),
+            _ => None,
+        })
+    }
+
     /// Sorts the layers into mount order.
     pub fn order(&mut self) {
         self.layers

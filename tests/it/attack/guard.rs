@@ -348,6 +348,56 @@ fn git_config_and_hooks_are_read_only_unless_asked() {
     );
 }
 
+/// `commondir` does not exist before the run, so it cannot be mounted
+/// read-only; planted, it would point the host's next git command at a
+/// config of the box's choosing (a `core.fsmonitor` that git runs as the
+/// operator). The launcher moves it aside while the box still runs, and
+/// the host's `git status` afterwards runs nothing the box wrote.
+#[test]
+fn a_planted_commondir_is_moved_aside_while_the_box_runs() {
+    let git = crate::support::tool("git");
+    let work = project();
+    let w = work.path();
+    let ok = std::process::Command::new(&git)
+        .args(["init", "-q"])
+        .current_dir(w)
+        .status()
+        .unwrap();
+    assert!(ok.success());
+    let scratch = tempfile::tempdir().unwrap();
+    let marker = scratch.path().join("fsmonitor-ran");
+    let plant = format!(
+        "mkdir -p evil && cp -r .git/objects .git/refs evil/ && \
+         printf '[core]\\n\\trepositoryformatversion = 0\\n\\tfsmonitor = \"touch {m}\"\\n' > evil/config && \
+         printf '%s/evil\\n' \"$PWD\" > .git/commondir && echo planted; \
+         i=0; while [ -e .git/commondir ] && [ $i -lt 100 ]; do sleep 0.05; i=$((i+1)); done; \
+         [ -e .git/commondir ] && echo still-there || echo moved-while-running",
+        m = marker.display()
+    );
+    let r = run().cwd(w).cmd(&["sh", "-c", &plant]);
+    assert!(r.stdout.contains("planted"), "{}", r.context());
+    assert!(r.stdout.contains("moved-while-running"), "{}", r.context());
+    assert!(!w.join(".git/commondir").exists(), "{}", r.context());
+    assert!(r.stderr.contains("egressd-quarantined"), "{}", r.context());
+    let aside: Vec<_> = std::fs::read_dir(w.join(".git"))
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .starts_with("commondir.egressd-quarantined-")
+        })
+        .collect();
+    assert_eq!(aside.len(), 1, "{}", r.context());
+    let status = std::process::Command::new(&git)
+        .args(["status", "--short"])
+        .current_dir(w)
+        .output()
+        .unwrap();
+    assert!(status.status.success(), "{status:?}");
+    assert!(!marker.exists(), "the host's git ran the box's fsmonitor");
+}
+
 // ---------------------------------------------------------------- the sweep
 
 #[test]
