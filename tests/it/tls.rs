@@ -214,6 +214,46 @@ fn ca_init_writes_a_private_key_and_refuses_to_overwrite() {
     );
 }
 
+/// The injected token does not come back into the box over either
+/// protocol: an origin that echoes the request's Authorization, in a
+/// header and in the body, answers with `*`s in its place (issue #36).
+#[test]
+fn an_echoed_injected_token_is_replaced_over_http1_and_http2() {
+    tool("curl");
+    let s = setup();
+    // The whole injected value, `Bearer <token>`, byte for byte.
+    let stars = "*".repeat("Bearer ".len() + TOKEN.len());
+    for proto in ["--http1.1", "--http2"] {
+        let r = curl(
+            &s,
+            &[proto, "-H", "x-echo: authorization"],
+            &url("api.test", &s.api, "/repos/echo"),
+        );
+        assert_eq!(r.status, 200, "{proto}: {r:?}");
+        let want = if proto == "--http2" { "2" } else { "1.1" };
+        assert_eq!(r.version, want, "{proto}: {r:?}");
+        assert!(
+            r.body.contains(&format!("you sent: {stars}\n")),
+            "{proto}: {r:?}"
+        );
+        assert!(
+            r.headers
+                .to_ascii_lowercase()
+                .contains(&format!("x-echo-authorization: {stars}\r\n")),
+            "{proto}: {r:?}"
+        );
+        assert!(
+            !r.headers.contains(TOKEN) && !r.body.contains(TOKEN),
+            "{proto}: {r:?}"
+        );
+        let seen = s.api.last().expect("origin reached");
+        assert_eq!(
+            seen.header("authorization"),
+            Some(format!("Bearer {TOKEN}").as_str())
+        );
+    }
+}
+
 #[test]
 fn curl_method_and_path_rules_with_injected_token() {
     tool("curl");

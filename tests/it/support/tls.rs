@@ -224,11 +224,20 @@ async fn origin_handle(
             .body(Full::new(Bytes::new()))
             .unwrap());
     }
+    // `x-echo: authorization` asks for the request's Authorization back,
+    // in a header and in the body, as a debug endpoint would echo it.
+    let echo = req
+        .headers()
+        .get("x-echo")
+        .filter(|v| v.as_bytes() == b"authorization")
+        .and(req.headers().get(http::header::AUTHORIZATION))
+        .cloned();
     let _ = req.into_body().collect().await;
-    Ok(Response::builder()
-        .header("x-origin", "tls")
-        .body(Full::new(Bytes::from(format!(
-            "hello from tls origin {target}"
-        ))))
-        .unwrap())
+    let mut resp = Response::builder().header("x-origin", "tls");
+    let mut body = format!("hello from tls origin {target}");
+    if let Some(v) = echo {
+        body.push_str(&format!("\nyou sent: {}\n", v.to_str().unwrap_or("?")));
+        resp = resp.header("x-echo-authorization", v);
+    }
+    Ok(resp.body(Full::new(Bytes::from(body))).unwrap())
 }
