@@ -199,9 +199,16 @@ fn escape_label(v: &str, out: &mut Vec<u8>) {
 
 /// The kinds of `egressd_overload_total{what}`: HTTP/2 streams (each holds
 /// the upstream connection opened for it, so they are the upstream count
-/// too), TCP DNS connections, decision-log lines past a client's rate, and
+/// too), TCP DNS connections, DNS queries past a client's share of those
+/// waiting for the resolver, decision-log lines past a client's rate, and
 /// proxy client connections.
-pub const OVERLOAD_WHAT: [&str; 4] = ["streams", "tcp_dns", "log_rate", "connections"];
+pub const OVERLOAD_WHAT: [&str; 5] = [
+    "streams",
+    "tcp_dns",
+    "dns_queries",
+    "log_rate",
+    "connections",
+];
 
 pub struct Metrics {
     pub registry: Registry,

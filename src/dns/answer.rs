@@ -705,6 +705,7 @@ impl Handler {
     /// from this client, or a decision log that cannot be written.
     fn refuse_early(&self, ev: &mut Event, overloaded: bool) -> Option<Reply> {
         if overloaded {
+            self.recorder.metrics.overloaded("dns_queries");
             ev.set_denied(Reason::Overloaded);
             return Some(
                 Reply::error(

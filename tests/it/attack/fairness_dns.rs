@@ -266,3 +266,59 @@ fn tcp_dns_slots_held_by_twenty_addresses_leave_another_its_share() {
         assert_eq!(line["proto"], "dns", "{line}");
     }
 }
+
+/// Queries that wait for the resolver hold a slot of their client's share
+/// (here `connections_per_client: 4`): one address that sends a dozen
+/// queries for slow names at once gets the rest refused `overloaded`,
+/// inline and counted (`egressd_overload_total{what="dns_queries"}`),
+/// while another address's query is answered.
+#[test]
+fn queries_past_an_addresss_share_of_the_resolver_are_refused_and_counted() {
+    let names: Vec<String> = (0..12).map(|i| format!("slow{i}.wild.example")).collect();
+    let l = lab().names(&["fast.wild.example"]).start(|ports| {
+        policy()
+            .setting("limits", "{ connections_per_client: 4 }")
+            .exception("wild")
+            .host("*.wild.example")
+            .cidr(LOOPBACK)
+            .port(ports.origin)
+    });
+    let origin = l.origin.addr().ip().to_string();
+    for n in &names {
+        l.dns.set(n, &[&origin]);
+        l.dns.delay(n, Duration::from_millis(1000));
+    }
+    let hog = UdpSocket::bind((HOG, 0)).unwrap();
+    hog.set_read_timeout(Some(DEADLINE)).unwrap();
+    for n in &names {
+        let q = dns_query(n, RecordType::A);
+        hog.send_to(&q.to_vec().unwrap(), l.e.dns).unwrap();
+    }
+    // While the hog's four wait, another address is served.
+    let r = ask_from(OTHER, l.e.dns, "fast.wild.example", WAIT);
+    assert_eq!(r.metadata.response_code, ResponseCode::NoError, "{r}");
+    let mut buf = vec![0u8; 65535];
+    let (mut answered, mut overloaded) = (0, 0);
+    for _ in &names {
+        let (n, _) = hog.recv_from(&mut buf).expect("an answer to every query");
+        let r = Message::from_vec(&buf[..n]).unwrap();
+        match r.metadata.response_code {
+            ResponseCode::NoError => answered += 1,
+            ResponseCode::Refused => {
+                assert_eq!(
+                    ede_text(&r).map(|t| without_request_id(&t)).as_deref(),
+                    Some("egressd: overloaded"),
+                    "{r}"
+                );
+                overloaded += 1;
+            }
+            other => panic!("{other:?}: {r}"),
+        }
+    }
+    assert_eq!((answered, overloaded), (4, 8));
+    let counted = eventually("the refusals counted", || {
+        l.e.metric("egressd_overload_total{what=\"dns_queries\"}")
+            .filter(|n| *n >= 8.0)
+    });
+    assert_eq!(counted, 8.0);
+}
