@@ -17,14 +17,13 @@
 
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Duration;
 
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
-use http::{Request, Response, StatusCode, Uri};
+use http::{Request, Response, StatusCode};
 use http_body_util::BodyExt;
 use hyper::body::{Body, Frame, Incoming, SizeHint};
 use hyper::upgrade::OnUpgrade;
@@ -33,29 +32,25 @@ use hyper_util::rt::TokioIo;
 use super::admit::Draft;
 use super::dest::Dest;
 use super::gate::index_cache::{self, Use};
-use super::gate::{self, Gate, Plan, PlanKind};
+use super::gate::{self, Allowed, Gate, Plan, PlanKind, Route};
 use super::held::ReqBody;
+use super::origin::{self, content_length, strip_hop_by_hop, Scheme, Sent, Way, VIA};
 use super::pool;
-use super::relay::{self, meter::Counted};
+use super::relay;
 use super::respond::{self, BoxError, ProxyBody, Responder, Stop};
 use super::scrub;
-use super::tls_origins::{TlsClient, UpstreamAddr};
-use super::upstream::{self, Egress};
+use super::tls_origins::UpstreamAddr;
+use super::upstream;
 use super::writes::{self, Judged};
 use super::ProxyCtx;
-use crate::packages::compile::{Mirror, PackagePolicy};
+use crate::packages::compile::Mirror;
 use crate::packages::Ecosystem;
-use crate::policy::{self, ClientIdx, Decision, Exception, Policy, Proto, Reason};
-use crate::record::{Event, Recorder, UpstreamFailure};
-use crate::shutdown::Permit;
+use crate::policy::{self, ClientIdx, Decision, Policy, Proto, Reason};
+use crate::record::{Event, Recorder};
 use crate::time::unix_now;
 
-/// Longest wait for an origin's response head after the request is sent.
-pub const RESPONSE_TIMEOUT: Duration = Duration::from_secs(60);
 /// Longest path kept in a log line.
 const MAX_LOGGED_PATH: usize = 2048;
-
-static VIA: HeaderValue = HeaderValue::from_static("1.1 egressd");
 
 /// Headers many frameworks read the method from instead of the request
 /// line (Rails, Symfony, Express's method-override, ASP.NET, ...).
@@ -67,44 +62,6 @@ const METHOD_OVERRIDES: [HeaderName; 3] = [
     HeaderName::from_static("x-method-override"),
 ];
 
-/// Headers that describe one hop, never forwarded (RFC 9110 §7.6.1), plus
-/// the proxy's own credentials.
-const HOP_BY_HOP: &[HeaderName] = &[
-    header::CONNECTION,
-    header::PROXY_AUTHORIZATION,
-    header::PROXY_AUTHENTICATE,
-    header::TE,
-    header::TRAILER,
-    header::TRANSFER_ENCODING,
-    header::UPGRADE,
-];
-
-/// How an allowed request reaches its origin.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Scheme {
-    /// Plain HTTP to a checked address, pooled per address.
-    Http,
-    /// HTTPS from inside an intercepted tunnel, verified against the trust
-    /// store and pooled per (name, checked addresses).
-    Https,
-}
-
-impl Scheme {
-    pub(crate) fn as_str(self) -> &'static str {
-        match self {
-            Scheme::Http => "http",
-            Scheme::Https => "https",
-        }
-    }
-
-    fn default_port(self) -> u16 {
-        match self {
-            Scheme::Http => 80,
-            Scheme::Https => 443,
-        }
-    }
-}
-
 /// A request that passed its front-end's edge checks: the destination is
 /// parsed, `Host` agrees with it, the path is normalised.
 pub(crate) struct Inbound<'a> {
@@ -115,82 +72,31 @@ pub(crate) struct Inbound<'a> {
     pub scheme: Scheme,
 }
 
-/// Decides `req` and, when allowed, forwards it: the decision, then
-/// [`reach_origin`]'s steps, then the answer whose body writes the line.
-/// Every way it ends records exactly one line.
+/// Decides `req` and, when allowed, forwards it, in four steps: the
+/// decision; the route (plain, or the package gate's: a gated index, a
+/// gated download, a mirror); the one upstream path ([`origin::reach`]);
+/// the answer, whose body writes the line. Every way it ends records
+/// exactly one line.
 pub(crate) async fn decide_and_forward(
     ctx: &ProxyCtx,
     policy: &Policy,
-    req: Request<Incoming>,
+    mut req: Request<Incoming>,
     mut ev: Event,
     inbound: Inbound<'_>,
     responder: &Responder<'_>,
 ) -> Response<ProxyBody> {
-    if let Err(stop) = check_framing(req.headers()) {
-        return responder.stop(ev, stop);
-    }
     let now = unix_now();
-    let d = decide(policy, &req, &mut ev, &inbound, now);
-    if !d.is_allowed() {
-        return responder.refuse(ev);
-    }
-    if let Err(stop) = scrub::refuse_trace(req.method(), d.exception) {
-        return responder.stop(ev, stop);
-    }
-    let mut req = req;
+    let d = match admit(policy, &req, &mut ev, &inbound, now) {
+        Ok(d) => d,
+        Err(stop) => return responder.stop(ev, stop),
+    };
     super::matched::send_the_path_matched(req.uri_mut(), d.exception, inbound.path);
     Draft::publish(&req, &ev);
-    let mut mirror = None;
-    // The package gate's and the mirror's futures are boxed: they are
-    // large and rare, and inline they would make every request's future
-    // (which hyper moves per request) as large as theirs.
-    let (mut plan, mut ev) = match package_gated(policy, inbound.dest) {
-        None => (None, ev),
-        Some(eco) => {
-            let pkgs = package_policy(policy);
-            let client = inbound.client;
-            let gated = Box::pin(gate::gate(
-                ctx,
-                policy,
-                pkgs,
-                eco,
-                &mut req,
-                ev,
-                client,
-                inbound.dest,
-                &d,
-                now,
-                responder,
-            ))
-            .await;
-            let (plan, ev) = match gated {
-                Gate::Pass(ev) => (None, ev),
-                Gate::Answered(resp) => return resp,
-                Gate::Forward(plan, ev) => {
-                    mirror = plan.mirror.clone().map(|m| (plan.eco, m));
-                    (Some(plan), ev)
-                }
-                Gate::Mirror(eco, m, ev) => {
-                    mirror = Some((eco, m));
-                    (None, ev)
-                }
-            };
-            // What the gate noted is the draft's from here on; a request
-            // no gate saw keeps the draft published above.
-            Draft::publish(&req, &ev);
-            (plan, ev)
-        }
+    let at = inbound.allowed(ctx, policy, &d, now, responder);
+    let (route, ev) = match plan_route(&at, &mut req, inbound.scheme, ev).await {
+        Gate::Go(route, ev) => (route, ev),
+        Gate::Answered(resp) => return resp,
     };
-    if let Some(p) = plan.as_mut() {
-        if let Some(resp) = from_kept(ctx, &req, &inbound, &d, p, &mut ev) {
-            let pkgs = package_policy(policy);
-            let p = plan.take().expect("an index plan");
-            return Box::pin(gate::answer_index(
-                ctx, policy, pkgs, p, resp, ev, 0, now, responder,
-            ))
-            .await;
-        }
-    }
     let mode = policy.settings.mode;
     let (req, mut ev, advert) =
         match Box::pin(writes::judge(req, ev, inbound.path, &d, mode, responder)).await {
@@ -198,43 +104,133 @@ pub(crate) async fn decide_and_forward(
             Judged::Advertise(req, ev) => (req, ev, true),
             Judged::Answered(resp) => return resp,
         };
-    let route = mirror.as_ref().map(|(e, m)| (*e, m));
-    let secrets = scrub::Secrets::of(
-        d.exception,
-        mirror
-            .iter()
-            .flat_map(|(_, m)| m.inject.iter().map(|h| &h.value)),
-    );
-    match reach_origin(ctx, policy, req, &mut ev, &inbound, &d, now, route).await {
-        Ok(sent) => match plan {
-            Some(p)
-                if matches!(p.what, PlanKind::Index { .. })
-                    && sent.resp.status() == StatusCode::OK =>
-            {
-                let Sent {
-                    mut resp,
-                    lent,
-                    up_bytes,
-                    ..
-                } = sent;
-                strip_hop_by_hop(resp.headers_mut());
-                resp.headers_mut().append(header::VIA, VIA.clone());
-                let up = up_bytes.load(Ordering::Relaxed);
-                let pkgs = package_policy(policy);
-                let r = Box::pin(gate::answer_index(
-                    ctx, policy, pkgs, p, resp, ev, up, now, responder,
-                ))
-                .await;
-                // The whole body was read: the connection may be reused.
-                if let Some(l) = lent {
-                    l.give_back();
-                }
-                r
-            }
-            p => writes::answered(answer(sent, ev, ctx, p, mode, secrets), advert),
-        },
+    let mirror = route.mirror.as_ref().map(|(e, m)| (*e, m));
+    match reach_origin(&at, inbound.scheme, req, &mut ev, mirror).await {
+        Ok(sent) => answer_route(&at, sent, ev, route, advert).await,
         Err(stop) => responder.stop(ev, stop),
     }
+}
+
+impl<'a> Inbound<'a> {
+    /// The request, allowed by `d`, as the steps after the decision see it.
+    fn allowed(
+        &self,
+        ctx: &'a ProxyCtx,
+        policy: &'a Policy,
+        d: &'a Decision<'a>,
+        now: i64,
+        responder: &'a Responder<'a>,
+    ) -> Allowed<'a> {
+        Allowed {
+            ctx,
+            policy,
+            client: self.client,
+            dest: self.dest,
+            decision: d,
+            now,
+            responder,
+        }
+    }
+}
+
+/// The decision step: the request's framing checked, the one decision
+/// made (and noted in `ev`), a `TRACE` that would echo injected
+/// credentials refused. Whatever refuses it is the `Stop` that answers.
+fn admit<'p>(
+    policy: &'p Policy,
+    req: &Request<Incoming>,
+    ev: &mut Event,
+    inbound: &Inbound<'_>,
+    now: i64,
+) -> Result<Decision<'p>, Stop> {
+    check_framing(req.headers())?;
+    let d = decide(policy, req, ev, inbound, now);
+    if !d.is_allowed() {
+        return Err(Stop::Decided);
+    }
+    scrub::refuse_trace(req.method(), d.exception)?;
+    Ok(d)
+}
+
+/// The route step: plain, unless the host is a gated registry's; then
+/// the gate's route, or its own answer (a denial, or a gated index
+/// answered from egressd's cache).
+async fn plan_route(
+    at: &Allowed<'_>,
+    req: &mut Request<Incoming>,
+    scheme: Scheme,
+    ev: Event,
+) -> Gate {
+    let Some(eco) = package_gated(at.policy, at.dest) else {
+        return Gate::Go(Route::default(), ev);
+    };
+    // The package gate's and the mirror's futures are boxed: they are
+    // large and rare, and inline they would make every request's future
+    // (which hyper moves per request) as large as theirs.
+    let (Route { mirror, mut plan }, mut ev) = match Box::pin(gate::gate(at, eco, req, ev)).await {
+        Gate::Go(route, ev) => (route, ev),
+        answered => return answered,
+    };
+    // What the gate noted is the draft's from here on; a request no gate
+    // saw keeps the draft published after the decision.
+    Draft::publish(req, &ev);
+    let to_mirror = mirror.as_ref().map(|(_, m)| m);
+    let kept = match plan.as_mut() {
+        Some(p) => from_kept(at, req, scheme, p, to_mirror, &mut ev),
+        None => None,
+    };
+    match (kept, plan) {
+        (Some(kept), Some(plan)) => {
+            Gate::Answered(Box::pin(gate::answer_index(at, plan, kept, ev, 0)).await)
+        }
+        (_, plan) => Gate::Go(Route { mirror, plan }, ev),
+    }
+}
+
+/// The answer step: a gated index that came back whole is filtered;
+/// anything else is relayed ([`answer`]), an advertisement of a write
+/// rule's marked ([`writes::answered`]).
+async fn answer_route(
+    at: &Allowed<'_>,
+    sent: Sent,
+    ev: Event,
+    route: Route,
+    advert: bool,
+) -> Response<ProxyBody> {
+    let Route { mirror, plan } = route;
+    match plan {
+        Some(p)
+            if matches!(p.what, PlanKind::Index { .. }) && sent.resp.status() == StatusCode::OK =>
+        {
+            answer_index(at, sent, ev, p).await
+        }
+        plan => {
+            let injected = mirror.iter().flat_map(|(_, m)| m.inject.iter());
+            let secrets = scrub::Secrets::of(at.decision.exception, injected.map(|h| &h.value));
+            let mode = at.policy.settings.mode;
+            writes::answered(answer(sent, ev, at.ctx, plan, mode, secrets), advert)
+        }
+    }
+}
+
+/// A gated index the registry answered: read whole and filtered
+/// ([`gate::answer_index`]), its connection given back after.
+async fn answer_index(at: &Allowed<'_>, sent: Sent, ev: Event, plan: Plan) -> Response<ProxyBody> {
+    let Sent {
+        mut resp,
+        lent,
+        up_bytes,
+        ..
+    } = sent;
+    strip_hop_by_hop(resp.headers_mut());
+    resp.headers_mut().append(header::VIA, VIA.clone());
+    let up = up_bytes.load(Ordering::Relaxed);
+    let r = Box::pin(gate::answer_index(at, plan, resp, ev, up)).await;
+    // The whole body was read: the connection may be reused.
+    if let Some(l) = lent {
+        l.give_back();
+    }
+    r
 }
 
 /// A gated index request the cache can answer: the kept copy, as the
@@ -242,26 +238,25 @@ pub(crate) async fn decide_and_forward(
 /// otherwise `None`, with the plan told where to keep the registry's
 /// answer if the request allows keeping it.
 fn from_kept(
-    ctx: &ProxyCtx,
+    at: &Allowed<'_>,
     req: &Request<Incoming>,
-    inbound: &Inbound<'_>,
-    d: &Decision<'_>,
+    scheme: Scheme,
     plan: &mut Plan,
+    mirror: Option<&Mirror>,
     ev: &mut Event,
 ) -> Option<Response<http_body_util::Full<Bytes>>> {
     let PlanKind::Index { keep, .. } = &mut plan.what else {
         return None;
     };
-    let exception = d.exception?;
-    let mirror = plan.mirror.as_ref();
+    let exception = at.decision.exception?;
     let injects = !exception.inject().is_empty() || mirror.is_some_and(|m| !m.inject.is_empty());
     let Use::UpTo(limit) = index_cache::request_use(req.headers(), injects) else {
         return None;
     };
     let key = index_cache::Key {
-        scheme: inbound.scheme.as_str(),
-        host: inbound.dest.target.to_string(),
-        port: inbound.dest.port,
+        scheme: scheme.as_str(),
+        host: at.dest.target.to_string(),
+        port: at.dest.port,
         target: req
             .uri()
             .path_and_query()
@@ -274,7 +269,7 @@ fn from_kept(
         exception: exception.id.clone(),
         mirror: mirror.map(|m| format!("{}://{}:{}{}", m.scheme, m.host, m.port, m.path)),
     };
-    let Some(kept) = ctx.index_cache.get(&key, limit) else {
+    let Some(kept) = at.ctx.index_cache.get(&key, limit) else {
         *keep = Some(Box::new(key));
         return None;
     };
@@ -383,321 +378,52 @@ fn check_framing(h: &HeaderMap) -> Result<(), Stop> {
     Ok(())
 }
 
-/// The one length every `Content-Length` line states (decimal digits, each
-/// line the same number), `None` without one.
-fn content_length(h: &HeaderMap) -> Result<Option<u64>, &'static str> {
-    let mut len = None;
-    for v in h.get_all(header::CONTENT_LENGTH) {
-        let v = v.as_bytes();
-        let n = std::str::from_utf8(v)
-            .ok()
-            .filter(|v| !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()))
-            .and_then(|v| v.parse::<u64>().ok())
-            .ok_or("Content-Length is not a number")?;
-        if len.is_some_and(|l| l != n) {
-            return Err("Content-Length lines disagree");
-        }
-        len = Some(n);
-    }
-    Ok(len)
-}
-
-/// Why an origin's answer cannot be relayed: framed two ways, so that one
-/// reader's end of it is another's start of the next response (response
-/// splitting). `None` when its framing is one.
-fn ambiguous_answer(h: &HeaderMap) -> Option<&'static str> {
-    if h.contains_key(header::TRANSFER_ENCODING) && h.contains_key(header::CONTENT_LENGTH) {
-        return Some("the origin's answer carries both Content-Length and Transfer-Encoding");
-    }
-    content_length(h)
-        .err()
-        .map(|_| "the origin's answer carries conflicting or invalid Content-Length")
-}
-
-/// An allowed request, on its way: checked addresses, the origin chosen,
-/// the request rewritten for it, sent. A package request for an ecosystem
-/// with a mirror goes to the mirror instead (its path mapped, its headers
-/// injected, its addresses not judged by the exceptions).
-#[allow(clippy::too_many_arguments)]
+/// The reach step: checked addresses, then the one upstream path. A
+/// package request for an ecosystem with a mirror goes to the mirror
+/// instead (its path mapped, its headers injected, its addresses not
+/// judged by the exceptions).
 async fn reach_origin(
-    ctx: &ProxyCtx,
-    policy: &Policy,
-    mut req: Request<ReqBody>,
+    at: &Allowed<'_>,
+    scheme: Scheme,
+    req: Request<ReqBody>,
     ev: &mut Event,
-    inbound: &Inbound<'_>,
-    d: &Decision<'_>,
-    now: i64,
     mirror: Option<(Ecosystem, &Mirror)>,
 ) -> Result<Sent, Stop> {
-    if let Some((eco, m)) = mirror {
-        return Box::pin(reach_mirror(ctx, policy, req, ev, inbound, eco, m)).await;
+    if let Some(m) = mirror {
+        return Box::pin(reach_mirror(at, req, ev, m)).await;
     }
-    let checked = upstream::check_destination(
-        ctx,
-        policy,
-        d.exception,
-        inbound.client,
-        inbound.dest,
-        ev,
-        now,
-    )
-    .await?;
+    let checked = upstream::check_destination(at.ctx, at.policy, at.reach(), ev).await?;
     let upgrade = upgrade_protocol(&req);
-    let origin = Origin::choose(ctx, &req, ev, inbound, &checked, upgrade.is_some())?;
-    let client_upgrade = rewrite(&mut req, ctx, &origin, upgrade, d.exception, inbound.scheme)
-        .map(|up| (up, req.extensions().get::<Permit>().cloned()));
-    send(ctx, req, origin, client_upgrade, ev).await
+    let way = Way {
+        dest: at.dest,
+        scheme,
+        addrs: &checked,
+        exception: at.decision.exception,
+        inject: &[],
+    };
+    origin::reach(at.ctx, req, ev, way, upgrade).await
 }
 
 /// [`reach_origin`] for a registry request served by its mirror.
 async fn reach_mirror(
-    ctx: &ProxyCtx,
-    policy: &Policy,
+    at: &Allowed<'_>,
     mut req: Request<ReqBody>,
     ev: &mut Event,
-    inbound: &Inbound<'_>,
-    eco: Ecosystem,
-    m: &Mirror,
+    (eco, m): (Ecosystem, &Mirror),
 ) -> Result<Sent, Stop> {
-    let unreachable_mirror = |why: String| unreachable(UpstreamFailure::Connect, why, false);
-    let dest = gate::mirror_dest(m).map_err(unreachable_mirror)?;
-    let addrs = gate::mirror_addrs(ctx, policy, &dest, ev)
-        .await
-        .map_err(|why| unreachable(UpstreamFailure::Resolve, why, false))?;
-    let host = inbound.dest.target.to_string();
+    let host = at.dest.target.to_string();
     let pq = req
         .uri()
         .path_and_query()
         .map_or("/", |p| p.as_str())
         .to_string();
-    let path = gate::mirror_path(m, eco, &host, &pq);
-    *req.uri_mut() = path
+    let to = gate::to_mirror(at.ctx, at.policy, (eco, m), (&host, &pq), ev).await?;
+    *req.uri_mut() = to
+        .path
         .parse()
         .map_err(|_| Stop::Deny(Reason::Malformed, Some("unparsable mirror path".into())))?;
     ev.add_note(Some(format!("via the {} mirror", eco.as_str())));
-    let scheme = if m.scheme == http::uri::Scheme::HTTP {
-        Scheme::Http
-    } else {
-        Scheme::Https
-    };
-    let via = Inbound {
-        client: inbound.client,
-        dest: &dest,
-        path: &path,
-        scheme,
-    };
-    let origin = Origin::choose(ctx, &req, ev, &via, &addrs, false)?;
-    rewrite(&mut req, ctx, &origin, None, None, scheme);
-    for h in &m.inject {
-        req.headers_mut().insert(h.name.clone(), h.value.clone());
-    }
-    send(ctx, req, origin, None, ev).await
-}
-
-fn unreachable(kind: UpstreamFailure, message: impl ToString, timeout: bool) -> Stop {
-    Stop::Unreachable {
-        kind,
-        message: message.to_string(),
-        timeout,
-    }
-}
-
-/// Where an allowed request goes and how.
-struct Origin {
-    uri: Uri,
-    /// The `Host` header it carries (`name`, or `name:port` off the
-    /// scheme's default port).
-    host: String,
-    /// Plain HTTP: the checked address the pool dials.
-    addr: Option<SocketAddr>,
-    /// HTTPS: a client bound to this name and these checked addresses.
-    tls: Option<TlsClient>,
-}
-
-impl Origin {
-    /// Plain HTTP: the checked address in the URI is the pool key. HTTPS:
-    /// a client bound to this name and these checked addresses, so the URI
-    /// carries the name (it becomes h2's :authority) and no pooled
-    /// connection is ever shared between names.
-    fn choose<B>(
-        ctx: &ProxyCtx,
-        req: &Request<B>,
-        ev: &mut Event,
-        inbound: &Inbound<'_>,
-        checked: &[SocketAddr],
-        upgrade: bool,
-    ) -> Result<Origin, Stop> {
-        let dest = inbound.dest;
-        let host = if dest.port == inbound.scheme.default_port() {
-            dest.target.to_string()
-        } else {
-            format!("{}:{}", dest.target, dest.port)
-        };
-        let (uri, addr, tls) = match inbound.scheme {
-            Scheme::Http => {
-                let pq = origin_form(req.uri());
-                let addr = checked[0];
-                ev.addr = Some(addr);
-                let uri = match ctx.egress {
-                    // The origin gets the origin form; the pool dials `addr`.
-                    Egress::Direct => pq,
-                    // An upstream proxy gets the checked address, never the name.
-                    Egress::Proxy(_) => format!("http://{addr}{pq}"),
-                };
-                let uri = uri.parse().map_err(|_| {
-                    Stop::Deny(Reason::Malformed, Some("unparsable request target".into()))
-                })?;
-                (uri, Some(addr), None)
-            }
-            Scheme::Https => {
-                let Some(origins) = ctx.tls_origins() else {
-                    let why = "interception is not enabled";
-                    return Err(unreachable(UpstreamFailure::Tls, why, false));
-                };
-                let client = origins
-                    .client(dest, checked, upgrade)
-                    .map_err(|e| unreachable(UpstreamFailure::Tls, e, false))?;
-                // The client's authority, parsed once; the request's own
-                // path and query, as parsed when it arrived.
-                (client.uri(req.uri().path_and_query()), None, Some(client))
-            }
-        };
-        Ok(Origin {
-            uri,
-            host,
-            addr,
-            tls,
-        })
-    }
-}
-
-/// The origin form: an empty path is `/` (`http://host?q` asks for `/?q`).
-pub(crate) fn origin_form(uri: &Uri) -> String {
-    let path = match uri.path() {
-        "" => "/",
-        p => p,
-    };
-    match uri.query() {
-        Some(q) => format!("{path}?{q}"),
-        None => path.to_string(),
-    }
-}
-
-/// Rewrites `req` for `origin`: hop-by-hop headers out, `Host`, `Via` and
-/// the exception's credentials in, the upgrade (if any) asked for again.
-/// Returns the client side of that upgrade.
-fn rewrite(
-    req: &mut Request<ReqBody>,
-    ctx: &ProxyCtx,
-    origin: &Origin,
-    upgrade: Option<HeaderValue>,
-    exception: Option<&Exception>,
-    scheme: Scheme,
-) -> Option<OnUpgrade> {
-    let h = req.headers_mut();
-    strip_hop_by_hop(h);
-    // Forwarded in canonical form (`010` is 10 to some origins, 8 to
-    // others); `check_framing` made sure there is one number.
-    if let Ok(Some(n)) = content_length(h) {
-        h.insert(header::CONTENT_LENGTH, HeaderValue::from(n));
-    }
-    if let Some(p) = &upgrade {
-        h.insert(header::UPGRADE, p.clone());
-        h.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
-    }
-    h.insert(
-        header::HOST,
-        HeaderValue::from_str(&origin.host).expect("normalised host is a valid header"),
-    );
-    h.append(header::VIA, VIA.clone());
-    if let Some(e) = exception {
-        inject(h, e);
-    }
-    // Plain HTTP through an upstream proxy goes to the proxy itself
-    // (absolute form): it gets egressd's credentials, never the client's.
-    if scheme == Scheme::Http {
-        if let Some(auth) = ctx.egress.proxy_auth() {
-            h.insert(header::PROXY_AUTHORIZATION, auth.clone());
-        }
-    }
-    *req.uri_mut() = origin.uri.clone();
-    *req.version_mut() = http::Version::HTTP_11;
-    upgrade.is_some().then(|| hyper::upgrade::on(req))
-}
-
-/// What came back from the origin.
-struct Sent {
-    resp: Response<Incoming>,
-    /// The pooled plain-HTTP connection, given back when the body ends.
-    lent: Option<pool::Lent>,
-    up_bytes: Arc<AtomicU64>,
-    /// The client side of a WebSocket upgrade, and the client connection's
-    /// permit, which the upgraded connection keeps until it closes.
-    client_upgrade: Option<(OnUpgrade, Option<Permit>)>,
-}
-
-/// Sends `req` to `origin` and waits (bounded) for the response head.
-async fn send(
-    ctx: &ProxyCtx,
-    req: Request<ReqBody>,
-    origin: Origin,
-    client_upgrade: Option<(OnUpgrade, Option<Permit>)>,
-    ev: &mut Event,
-) -> Result<Sent, Stop> {
-    let up_bytes = Arc::new(AtomicU64::new(0));
-    let body_failed = Arc::new(AtomicBool::new(false));
-    let (parts, body) = req.into_parts();
-    let body = Counted::new(body, up_bytes.clone()).flag_errors(body_failed.clone());
-    let req = Request::from_parts(parts, body);
-    let sent = async {
-        match (&origin.tls, origin.addr) {
-            (Some(c), _) => c
-                .request(req.map(|b| b.boxed()))
-                .await
-                .map(|r| (r, None))
-                .map_err(|e| error_chain(&e)),
-            (None, Some(addr)) => ctx
-                .http
-                .send(addr, req)
-                .await
-                .map(|(r, lent)| (r, Some(lent)))
-                .map_err(|e| error_chain(&e)),
-            (None, None) => Err("no checked address to connect to".to_string()),
-        }
-    };
-    let result = tokio::time::timeout(RESPONSE_TIMEOUT, sent).await;
-    if !matches!(result, Ok(Ok(_))) {
-        ev.bytes_up = up_bytes.load(Ordering::Relaxed);
-    }
-    let (resp, lent) = match result {
-        Ok(Ok(sent)) => sent,
-        // The client's own body broke the exchange (hyper's chunk
-        // extension bound, a bad chunk size): its request was malformed.
-        Ok(Err(e)) if body_failed.load(Ordering::Relaxed) => {
-            return Err(Stop::BadMessage {
-                status: StatusCode::BAD_REQUEST,
-                detail: format!("the request body: {e}"),
-            })
-        }
-        Ok(Err(e)) => return Err(unreachable(UpstreamFailure::Connect, e, false)),
-        Err(_) => {
-            let why = "no response in time";
-            return Err(unreachable(UpstreamFailure::Timeout, why, true));
-        }
-    };
-    if let Some(why) = ambiguous_answer(resp.headers()) {
-        // Neither the answer nor its connection is used: `lent` is
-        // dropped here, closing the connection instead of pooling it.
-        drop((resp, lent));
-        ev.bytes_up = up_bytes.load(Ordering::Relaxed);
-        return Err(unreachable(UpstreamFailure::Connect, why, false));
-    }
-    Ok(Sent {
-        resp,
-        lent,
-        up_bytes,
-        client_upgrade,
-    })
+    origin::reach(at.ctx, req, ev, to.way(m), None).await
 }
 
 /// The origin's response, on its way to the client: hop-by-hop headers
@@ -840,89 +566,6 @@ fn package_gated(policy: &Policy, dest: &Dest) -> Option<Ecosystem> {
     }
 }
 
-/// The policy's package sets.
-fn package_policy(policy: &Policy) -> &PackagePolicy {
-    &policy.packages
-}
-
-/// Removes hop-by-hop headers, including those the `Connection` header names.
-/// One pass over the names present: a request that carries none of them
-/// (the usual case) costs a scan, not a dozen failed lookups. A name the
-/// `Connection` header lists is compared with the names present (header
-/// names are lowercase, tokens any case), not made into a `HeaderName`:
-/// that allocated for every `Connection: keep-alive`.
-pub fn strip_hop_by_hop(h: &mut HeaderMap) {
-    // The tokens `Connection` lists, read once rather than once per name
-    // present; past the first few (a message rarely lists more than two),
-    // the header is read again for each name.
-    const KEPT: usize = 8;
-    let listed = h.get_all(header::CONNECTION);
-    let listed_tokens = || {
-        listed
-            .iter()
-            .filter_map(|v| v.to_str().ok())
-            .flat_map(|v| v.split(','))
-            .map(str::trim)
-    };
-    let mut tokens = [""; KEPT];
-    let (mut kept, mut more) = (0, false);
-    for t in listed_tokens() {
-        match tokens.get_mut(kept) {
-            Some(slot) => {
-                *slot = t;
-                kept += 1;
-            }
-            None => more = true,
-        }
-    }
-    let named = |n: &HeaderName| {
-        let n = n.as_str();
-        tokens[..kept].iter().any(|t| t.eq_ignore_ascii_case(n))
-            || (more && listed_tokens().any(|t| t.eq_ignore_ascii_case(n)))
-    };
-    let doomed: Vec<HeaderName> = h
-        .keys()
-        .filter(|n| is_hop_by_hop(n) || named(n))
-        .cloned()
-        .collect();
-    for n in doomed {
-        h.remove(n);
-    }
-}
-
-fn is_hop_by_hop(n: &HeaderName) -> bool {
-    HOP_BY_HOP.contains(n) || is_extra_hop_by_hop(n.as_str())
-}
-
-/// [`is_hop_by_hop`] for a name as it arrived (any case): the fast path's
-/// view of the same list.
-pub(crate) fn is_hop_by_hop_name(s: &str) -> bool {
-    HOP_BY_HOP
-        .iter()
-        .any(|h| s.eq_ignore_ascii_case(h.as_str()))
-        || is_extra_hop_by_hop(s)
-}
-
-/// The hop-by-hop names beyond [`HOP_BY_HOP`], compared in any case.
-fn is_extra_hop_by_hop(s: &str) -> bool {
-    // CGI-style servers read `_` as `-`: to them a `Content_Length` or
-    // `Transfer_Encoding` is a second framing, and on a pooled connection a
-    // smuggled request (past `methods`/`paths`, into another client's turn).
-    let lookalike = |of: &str| {
-        !s.eq_ignore_ascii_case(of)
-            && s.bytes()
-                .zip(of.bytes())
-                .all(|(a, b)| a.to_ascii_lowercase() == b || (a == b'_' && b == b'-'))
-    };
-    match s.len() {
-        10 => s.eq_ignore_ascii_case("keep-alive"),
-        16 => s.eq_ignore_ascii_case("proxy-connection"),
-        14 => lookalike("content-length"),
-        17 => lookalike("transfer-encoding"),
-        _ => false,
-    }
-}
-
 /// The protocol an HTTP/1.1 request asks to switch to (`Connection:
 /// upgrade` plus `Upgrade: websocket`); `None` for every other request.
 /// Only WebSocket switches: after any other upgrade (h2c above all) the
@@ -943,26 +586,6 @@ fn upgrade_protocol<B>(req: &Request<B>) -> Option<HeaderValue> {
     asks.then(|| req.headers().get(header::UPGRADE).cloned())
         .flatten()
         .filter(|p| p.as_bytes().eq_ignore_ascii_case(b"websocket"))
-}
-
-/// Adds an exception's credentials, replacing whatever the client sent
-/// under the same names.
-pub fn inject(h: &mut HeaderMap, e: &Exception) {
-    for ih in e.inject() {
-        h.remove(&ih.name);
-        h.insert(ih.name.clone(), ih.value.clone());
-    }
-}
-
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        cur = c.source();
-    }
-    s
 }
 
 /// A response body that writes the request's log line once it is done
@@ -1107,60 +730,6 @@ impl Drop for Recorded {
 mod tests {
     use super::*;
 
-    #[test]
-    fn hop_by_hop_headers_and_their_look_alikes_go() {
-        let mut h = HeaderMap::new();
-        for (k, v) in [
-            ("host", "a.test"),
-            ("connection", "keep-alive, X-Session"),
-            ("connection", "close"),
-            ("x-session", "1"),
-            ("keep-alive", "timeout=5"),
-            ("proxy-connection", "keep-alive"),
-            ("proxy-authorization", "Basic x"),
-            ("te", "trailers"),
-            ("trailer", "x"),
-            ("transfer-encoding", "chunked"),
-            ("upgrade", "h2c"),
-            ("transfer_encoding", "chunked"),
-            ("content_length", "5"),
-            ("content-length", "3"),
-            ("x_forwarded_for", "1.2.3.4"),
-            ("accept", "*/*"),
-        ] {
-            h.append(HeaderName::from_static(k), HeaderValue::from_static(v));
-        }
-        strip_hop_by_hop(&mut h);
-        let mut left: Vec<&str> = h.keys().map(|k| k.as_str()).collect();
-        left.sort();
-        assert_eq!(
-            left,
-            ["accept", "content-length", "host", "x_forwarded_for"]
-        );
-    }
-
-    /// A header named anywhere in a long `Connection` list goes, past the
-    /// tokens read up front as well as among them.
-    #[test]
-    fn every_header_a_long_connection_list_names_goes() {
-        let mut h = HeaderMap::new();
-        h.append(
-            header::CONNECTION,
-            HeaderValue::from_static("a1, a2, X-First, a4, a5, a6, a7"),
-        );
-        h.append(
-            header::CONNECTION,
-            HeaderValue::from_static("a8, a9, x-LAST"),
-        );
-        for k in ["x-first", "x-last", "x-kept", "host"] {
-            h.append(HeaderName::from_static(k), HeaderValue::from_static("1"));
-        }
-        strip_hop_by_hop(&mut h);
-        let mut left: Vec<&str> = h.keys().map(|k| k.as_str()).collect();
-        left.sort();
-        assert_eq!(left, ["host", "x-kept"]);
-    }
-
     fn headers(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
         let mut h = HeaderMap::new();
         for (k, v) in pairs {
@@ -1195,29 +764,5 @@ mod tests {
             status(&[("content-length", "5"), ("content-length", "6")]),
             400
         );
-    }
-
-    #[test]
-    fn lengths_and_ambiguous_answers() {
-        let cl = |v: &'static str| content_length(&headers(&[("content-length", v)]));
-        assert_eq!(cl("010"), Ok(Some(10)));
-        assert_eq!(cl("0"), Ok(Some(0)));
-        for bad in ["", "+5", "5, 5", "0x5", "99999999999999999999999"] {
-            assert!(cl(bad).is_err(), "{bad}");
-        }
-        let te_cl = headers(&[("transfer-encoding", "chunked"), ("content-length", "5")]);
-        assert!(ambiguous_answer(&te_cl).is_some());
-        let two = headers(&[("content-length", "5"), ("content-length", "6")]);
-        assert!(ambiguous_answer(&two).is_some());
-        assert!(ambiguous_answer(&headers(&[("content-length", "5")])).is_none());
-        assert!(ambiguous_answer(&headers(&[("transfer-encoding", "chunked")])).is_none());
-    }
-
-    #[test]
-    fn the_origin_form_of_an_empty_path_is_slash() {
-        let f = |u: &str| origin_form(&u.parse().unwrap());
-        assert_eq!(f("http://a.test"), "/");
-        assert_eq!(f("http://a.test?q=1"), "/?q=1");
-        assert_eq!(f("http://a.test/x/y?z"), "/x/y?z");
     }
 }

@@ -52,7 +52,8 @@ use tokio::net::TcpStream;
 
 use super::admit;
 use super::dest::{parse_authority, Dest};
-use super::exchange::{is_hop_by_hop_name, origin_form, truncate_path, RESPONSE_TIMEOUT};
+use super::exchange::truncate_path;
+use super::origin::{is_hop_by_hop_name, origin_form, RESPONSE_TIMEOUT};
 use super::respond::{self, Responder, Stop};
 use super::upstream::{self, Egress, POOL_IDLE, POOL_MAX_IDLE_PER_ADDR};
 use super::{ProxyCtx, MAX_HEADER_BYTES};
@@ -446,9 +447,13 @@ async fn exchange(
         ev: Some(ev),
         rec: &ctx.recorder,
     };
-    let checked =
-        upstream::check_destination(ctx, policy, d.exception, client, &req.dest, line.ev(), now)
-            .await;
+    let reach = upstream::Reach {
+        dest: &req.dest,
+        exception: d.exception,
+        client,
+        now,
+    };
+    let checked = upstream::check_destination(ctx, policy, reach, line.ev()).await;
     let result = match checked {
         Ok(addrs) => {
             let addr = addrs[0];

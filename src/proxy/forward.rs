@@ -12,7 +12,8 @@ use hyper::body::Incoming;
 
 use super::admit::admit;
 use super::dest::{check_host_headers_spelled, parse_authority, Dest};
-use super::exchange::{decide_and_forward, request_event, truncate_path, Inbound, Scheme};
+use super::exchange::{decide_and_forward, request_event, truncate_path, Inbound};
+use super::origin::Scheme;
 use super::respond::{self, ProxyBody, Responder, Stop};
 use super::ProxyCtx;
 use crate::policy::Proto;

@@ -34,6 +34,7 @@ pub(crate) mod gate;
 pub(crate) mod held;
 mod matched;
 pub mod mitm;
+mod origin;
 pub mod pool;
 pub(crate) mod relay;
 pub mod respond;
@@ -57,8 +58,8 @@ use crate::record::Recorder;
 use crate::shutdown::Permits;
 pub use accept::serve;
 pub use admit::proxy_token;
-pub use exchange::RESPONSE_TIMEOUT;
 pub use fast::RawPool;
+pub use origin::RESPONSE_TIMEOUT;
 pub use relay::IDLE_TIMEOUT;
 
 /// Client connections served at once (every listener together, tunnels

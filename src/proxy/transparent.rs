@@ -63,19 +63,18 @@ use tokio::net::{TcpListener, TcpStream};
 use super::accept::{accept_loop, serve_http1, Refusal};
 use super::admit::{accepting, client_of, identify};
 use super::dest::{parse_authority, Dest};
-use super::exchange::{decide_and_forward, request_event, truncate_path, Inbound, Scheme};
+use super::exchange::{decide_and_forward, request_event, truncate_path, Inbound};
+use super::origin::Scheme;
 use super::relay;
 use super::respond::{self, record_stop, ProxyBody, Responder, Stop};
 use super::rewind::Rewind;
 use super::sni::{self, Hello, SniRule, HELLO_TIMEOUT};
-use super::upstream;
+use super::upstream::{self, Reach};
 use super::{forward, mitm, tunnel, ProxyCtx};
 use crate::dns::inside;
 use crate::metrics::ActiveGuard;
 use crate::policy::host::{parse_host, Target};
-use crate::policy::{
-    self, canonical_ip, ClientIdx, Decision, Exception, Policy, Proto, Reason, Verdict,
-};
+use crate::policy::{self, canonical_ip, ClientIdx, Decision, Policy, Proto, Reason, Verdict};
 use crate::record::Event;
 use crate::shutdown::{Permit, Shutdown};
 use crate::time::unix_now;
@@ -124,6 +123,14 @@ enum Kind {
     Opaque,
 }
 
+/// A captured connection that is not plain HTTP, as it arrived: from
+/// whom, where it was going, what its first bytes are.
+struct Captured {
+    peer: SocketAddr,
+    orig: SocketAddr,
+    kind: Kind,
+}
+
 /// Where a connection was going and how its name was found, for the log
 /// line (`None`: it had none, and was decided by its address).
 fn note(orig: SocketAddr, source: Option<&str>) -> String {
@@ -169,7 +176,7 @@ async fn handle(stream: TcpStream, peer: SocketAddr, ctx: Arc<ProxyCtx>, permit:
     if kind == Kind::Http {
         serve_http(stream, peer, orig, ctx, permit).await;
     } else {
-        carry(stream, peer, kind, ev, orig, ctx, permit).await;
+        carry(stream, Captured { peer, orig, kind }, ev, ctx, permit).await;
     }
 }
 
@@ -454,13 +461,12 @@ fn nameless_target(
 /// address, bytes relayed both ways, one log line.
 async fn carry(
     client: TcpStream,
-    peer: SocketAddr,
-    kind: Kind,
+    conn: Captured,
     mut ev: Event,
-    orig: SocketAddr,
     ctx: Arc<ProxyCtx>,
     permit: Permit,
 ) {
+    let (peer, orig) = (conn.peer, conn.orig);
     let _active = ActiveGuard::new(&ctx.recorder.metrics, Proto::Connect);
     let rec = &ctx.recorder;
     let policy = ctx.policy.snapshot();
@@ -469,7 +475,7 @@ async fn carry(
     let who = identify(&policy, &mut ev, None).unwrap_or(None);
     ev.mode = policy.settings.mode;
     let now = unix_now();
-    let (dest, d) = match decide_captured(&ctx, &policy, &kind, who, peer, orig, &mut ev, now) {
+    let (dest, d) = match decide_captured(&ctx, &policy, &conn, who, &mut ev, now) {
         Ok(x) => x,
         Err(stop) => return record_stop(rec, ev, stop),
     };
@@ -495,8 +501,14 @@ async fn carry(
     }
     let exception = d.exception;
     let connected = async {
-        check_hello(&kind, &rule, orig)?;
-        connect_captured(&ctx, &policy, exception, who, &dest, orig, &mut ev, now).await
+        check_hello(&conn.kind, &rule, orig)?;
+        let reach = Reach {
+            dest: &dest,
+            exception,
+            client: who,
+            now,
+        };
+        connect_captured(&ctx, &policy, reach, orig, &mut ev).await
     };
     let upstream_conn = match connected.await {
         Ok(c) => c,
@@ -523,11 +535,10 @@ async fn carry(
 /// TLS server name; else the allowed names its client resolved here to
 /// this address; else the address itself.
 fn candidates(
-    kind: &Kind,
+    conn: &Captured,
     ctx: &ProxyCtx,
-    peer: SocketAddr,
-    orig: SocketAddr,
 ) -> Result<(Vec<Target>, Option<&'static str>), Stop> {
+    let (kind, peer, orig) = (&conn.kind, conn.peer, conn.orig);
     let sni = match kind {
         Kind::Tls(Hello::ClientHello {
             sni: Some(name), ..
@@ -583,18 +594,16 @@ fn candidates(
 
 /// One decision for a captured connection: the first candidate name the
 /// policy allows, else the first one's denial (`Stop::Decided`).
-#[allow(clippy::too_many_arguments)]
 fn decide_captured<'p>(
     ctx: &ProxyCtx,
     policy: &'p Policy,
-    kind: &Kind,
+    conn: &Captured,
     who: Option<ClientIdx>,
-    peer: SocketAddr,
-    orig: SocketAddr,
     ev: &mut Event,
     now: i64,
 ) -> Result<(Dest, Decision<'p>), Stop> {
-    let (candidates, source) = match candidates(kind, ctx, peer, orig) {
+    let (kind, orig) = (&conn.kind, conn.orig);
+    let (candidates, source) = match candidates(conn, ctx) {
         Ok(c) => c,
         Err(stop) => {
             let sni = match kind {
@@ -683,18 +692,15 @@ fn check_hello(kind: &Kind, rule: &SniRule, orig: SocketAddr) -> Result<(), Stop
 
 /// A connection to a checked address of the decided name: the original
 /// destination when it is one of them, else another (noted).
-#[allow(clippy::too_many_arguments)]
 async fn connect_captured(
     ctx: &ProxyCtx,
     policy: &Policy,
-    exception: Option<&Exception>,
-    who: Option<ClientIdx>,
-    dest: &Dest,
+    reach: Reach<'_>,
     orig: SocketAddr,
     ev: &mut Event,
-    now: i64,
 ) -> Result<TcpStream, Stop> {
-    let checked = upstream::check_destination(ctx, policy, exception, who, dest, ev, now).await?;
+    let dest = reach.dest;
+    let checked = upstream::check_destination(ctx, policy, reach, ev).await?;
     let addrs = prefer_original(checked, orig);
     // A name's own address inside is never dialled: it stands for the name.
     if canonical_ip(addrs[0].ip()) != canonical_ip(orig.ip()) && !inside::is_inside(orig.ip()) {

@@ -28,8 +28,8 @@ use tokio::net::TcpStream;
 use super::admit::{admit, identify, request_token, Draft};
 use super::chunks::ChunkGuard;
 use super::dest::{check_host_headers, parse_authority, Dest};
-use super::exchange::Scheme;
 use super::mitm;
+use super::origin::Scheme;
 use super::relay::{self, IDLE_TIMEOUT};
 use super::respond::{self, record_stop, ProxyBody, Responder, Stop};
 use super::rewind::Rewind;
@@ -406,8 +406,13 @@ async fn connect(
     d: &Decision<'_>,
     now: i64,
 ) -> Result<TcpStream, Stop> {
-    let addrs =
-        upstream::check_destination(ctx, policy, d.exception, client, dest, ev, now).await?;
+    let reach = upstream::Reach {
+        dest,
+        exception: d.exception,
+        client,
+        now,
+    };
+    let addrs = upstream::check_destination(ctx, policy, reach, ev).await?;
     let conn = upstream::connect_checked(ctx, &addrs, ev).await?;
     debug_assert!(
         d.report_only || !d.exception.is_some_and(Exception::needs_inspection),

@@ -302,23 +302,50 @@ pub struct Checked {
     pub note: Option<String>,
 }
 
-/// Resolves (if needed) and checks a destination allowed by `exception`
-/// for `client` at source address `src` (whose tunnel budget a name
-/// spends: the named client's, else the address's). IP literals are checked as they are; names are resolved once, through the
-/// cache, after the tunnel budget has had its say. Failed upstream DNS
-/// exchanges are noted in `attempts` (the request's event).
-#[allow(clippy::too_many_arguments)]
+/// A destination to check, for whom and by which exception's leave, when.
+#[derive(Clone, Copy)]
+pub struct Reach<'a> {
+    pub dest: &'a Dest,
+    /// The exception that allowed it (its `addresses:` widen the check).
+    pub exception: Option<&'a Exception>,
+    pub client: Option<ClientIdx>,
+    pub now: i64,
+}
+
+/// Where egressd looks a destination up and what it must never dial.
+pub struct Lookup<'a> {
+    pub resolver: &'a Resolver,
+    /// egressd's own listeners: a request to one is a loop.
+    pub own: &'a [SocketAddr],
+    /// The request's source address, whose tunnel budget a name spends
+    /// when `reach` names no client.
+    pub src: IpAddr,
+    /// Failed upstream DNS exchanges, noted for the request's line.
+    pub attempts: &'a mut Attempts,
+}
+
+/// Resolves (if needed) and checks a destination (`reach`). IP literals
+/// are checked as they are; names are resolved once, through the cache,
+/// after the tunnel budget (the named client's, else the source
+/// address's) has had its say.
 pub async fn resolve_checked(
     policy: &Policy,
-    resolver: &Resolver,
-    exception: Option<&Exception>,
-    (client, src): (Option<ClientIdx>, IpAddr),
-    target: &Target,
-    port: u16,
-    own: &[SocketAddr],
-    now: i64,
-    attempts: &mut Attempts,
+    reach: Reach<'_>,
+    lookup: Lookup<'_>,
 ) -> Result<Checked, Refusal> {
+    let Reach {
+        dest,
+        exception,
+        client,
+        now,
+    } = reach;
+    let (target, port) = (&dest.target, dest.port);
+    let Lookup {
+        resolver,
+        own,
+        src,
+        attempts,
+    } = lookup;
     // The guards answer to the one rule for report mode, as the
     // resolver's do (`policy::enforced`).
     let mode = policy.settings.mode;
@@ -385,24 +412,16 @@ pub async fn resolve_checked(
 pub(crate) async fn check_destination(
     ctx: &ProxyCtx,
     policy: &Policy,
-    exception: Option<&Exception>,
-    client: Option<ClientIdx>,
-    dest: &Dest,
+    reach: Reach<'_>,
     ev: &mut Event,
-    now: i64,
 ) -> Result<Vec<SocketAddr>, Stop> {
-    let found = resolve_checked(
-        policy,
-        &ctx.resolver,
-        exception,
-        (client, ev.src.ip()),
-        &dest.target,
-        dest.port,
-        &ctx.own_addrs,
-        now,
-        &mut ev.dns_attempts,
-    )
-    .await;
+    let lookup = Lookup {
+        resolver: &ctx.resolver,
+        own: &ctx.own_addrs,
+        src: ev.src.ip(),
+        attempts: &mut ev.dns_attempts,
+    };
+    let found = resolve_checked(policy, reach, lookup).await;
     match found {
         Ok(c) => {
             ev.add_note(c.note);

@@ -12,14 +12,14 @@ use http_body_util::BodyExt;
 use hyper::body::Body;
 
 use crate::packages::classify::{go_mod_path, IndexForm};
-use crate::packages::compile::{Mirror, PackagePolicy};
+use crate::packages::compile::Mirror;
 use crate::packages::decide::PackageReason;
 use crate::packages::filter::{self, FilterError, Filtered, MAX_INDEX_BYTES};
 use crate::packages::stamp::parse_http_date;
 use crate::packages::view::IndexView;
 use crate::packages::Ecosystem;
-use crate::policy::{Decision, Mode, Policy};
-use crate::proxy::respond::{self, ProxyBody, Responder};
+use crate::policy::{Decision, Mode};
+use crate::proxy::respond::{self, ProxyBody};
 use crate::proxy::tls_origins::UpstreamAddr;
 use crate::proxy::ProxyCtx;
 use crate::record::Event;
@@ -107,50 +107,29 @@ pub(super) fn timed(form: IndexForm) -> bool {
 /// An index response of an allowed package, as the client gets it: read
 /// (bounded), decoded, filtered, with its own `ETag` (and `304` when the
 /// client has that one). The line is recorded here.
-#[allow(clippy::too_many_arguments)]
 pub(crate) async fn answer_index<B>(
-    ctx: &ProxyCtx,
-    policy: &Policy,
-    pkgs: &PackagePolicy,
+    at: &Allowed<'_>,
     plan: Plan,
     resp: Response<B>,
     mut ev: Event,
     bytes_up: u64,
-    now: i64,
-    responder: &Responder<'_>,
 ) -> Response<ProxyBody>
 where
     B: Body<Data = Bytes> + Unpin,
     B::Error: std::fmt::Display,
 {
-    let PlanKind::Index {
-        form,
-        if_none_match,
-        keep,
-    } = &plan.what
-    else {
+    let PlanKind::Index { form, keep, .. } = &plan.what else {
         unreachable!("answer_index is given index plans only");
     };
     if let Some(a) = resp.extensions().get::<UpstreamAddr>() {
         ev.addr = Some(a.0);
     }
     ev.bytes_up = bytes_up;
-    let (mut parts, body) = resp.into_parts();
-    let read = async {
-        let raw = read_bounded(body, MAX_INDEX_BYTES).await?;
-        let doc = decode(parts.headers.get(header::CONTENT_ENCODING), raw)?;
-        let ct = parts
-            .headers
-            .get(header::CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok());
-        let got = IndexForm::from_content_type(*form, ct)
-            .ok_or_else(|| unfilterable(format!("content type {:?}", ct.unwrap_or(""))))?;
-        Ok::<_, FilterError>((doc, got))
-    };
+    let (parts, body) = resp.into_parts();
     // `as_sent`: the registry's document, decoded, which is what the
     // cache keeps; `doc`: what is filtered (with a mirror's URLs
     // rewritten).
-    let (as_sent, got) = match read.await {
+    let (as_sent, got) = match read_index(body, &parts.headers, *form).await {
         Ok((doc, got)) => (doc, Ok(got)),
         Err(e) => (Vec::new(), Err(e)),
     };
@@ -159,62 +138,109 @@ where
         _ => std::borrow::Cow::Borrowed(&as_sent[..]),
     };
     let filtered = match got {
-        Ok(got) => filter_document(ctx, policy, pkgs, &plan, got, &doc, &ev, now)
+        Ok(got) => filter_document(at, &plan, got, &doc, &ev)
             .await
             .map(|f| (got, f)),
         Err(e) => Err(e),
     };
     let (got, f) = match filtered {
         Ok(x) => x,
-        Err(e) => {
-            let reason = e.reason();
-            if let Some(l) = ev.package.as_mut() {
-                l.reason = Some(reason);
-            }
-            let detail = match &e {
-                FilterError::Unfilterable(why) => Some(why.clone()),
-                FilterError::NothingAllowed(_) => Some("no version of it is allowed".into()),
-            };
-            let answer = Denied {
-                eco: plan.eco,
-                reason,
-                name: Some(plan.name.as_str()),
-                version: None,
-                did_you_mean: None,
-                set: None,
-                detail,
-            };
-            // An unfilterable index is never passed on, in any mode.
-            let mode = match reason {
-                PackageReason::IndexUnfilterable => Mode::Enforce,
-                _ => policy.settings.mode,
-            };
-            let host_decision = Decision::deny(line_reason(reason), None);
-            return match deny(ev, answer, &host_decision, mode, responder) {
-                Ok(r) => r,
-                Err(ev) => {
-                    // Report mode, nothing allowed for Go's @latest: the
-                    // registry's answer, as it came.
-                    let mut parts = parts;
-                    parts.headers.remove(header::CONTENT_LENGTH);
-                    parts.headers.remove(header::CONTENT_ENCODING);
-                    ctx.recorder.record(*ev);
-                    Response::from_parts(parts, respond::full(doc.into_owned()))
-                }
-            };
-        }
+        Err(e) => return refuse_index(at, &plan, parts, e, doc.into_owned(), ev),
     };
     if timed(got) {
-        ctx.package_views.put(f.view.clone());
+        at.ctx.package_views.put(f.view.clone());
     }
     drop(doc);
     if let Some(key) = keep.clone() {
         // Headers as the registry sent them (the filtered answer's are
         // set below); a document it does not let egressd keep drops any
         // copy kept before.
-        ctx.index_cache
+        at.ctx
+            .index_cache
             .put(*key, &parts.headers, Bytes::from(as_sent));
     }
+    filtered_answer(at.ctx, &plan, parts, f, ev)
+}
+
+/// The registry's index document, read (bounded) and decoded, and the
+/// form its `Content-Type` says it is in (`form`: the one asked for).
+async fn read_index<B>(
+    body: B,
+    headers: &HeaderMap,
+    form: IndexForm,
+) -> Result<(Vec<u8>, IndexForm), FilterError>
+where
+    B: Body<Data = Bytes> + Unpin,
+    B::Error: std::fmt::Display,
+{
+    let raw = read_bounded(body, MAX_INDEX_BYTES).await?;
+    let doc = decode(headers.get(header::CONTENT_ENCODING), raw)?;
+    let ct = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok());
+    let got = IndexForm::from_content_type(form, ct)
+        .ok_or_else(|| unfilterable(format!("content type {:?}", ct.unwrap_or(""))))?;
+    Ok((doc, got))
+}
+
+/// An index that could not be filtered, or that allows nothing: denied
+/// (an unfilterable one in every mode); in report mode, nothing allowed
+/// for Go's `@latest`, the registry's answer as it came.
+fn refuse_index(
+    at: &Allowed<'_>,
+    plan: &Plan,
+    mut parts: http::response::Parts,
+    e: FilterError,
+    doc: Vec<u8>,
+    mut ev: Event,
+) -> Response<ProxyBody> {
+    let reason = e.reason();
+    if let Some(l) = ev.package.as_mut() {
+        l.reason = Some(reason);
+    }
+    let detail = match &e {
+        FilterError::Unfilterable(why) => Some(why.clone()),
+        FilterError::NothingAllowed(_) => Some("no version of it is allowed".into()),
+    };
+    let answer = Denied {
+        eco: plan.eco,
+        reason,
+        name: Some(plan.name.as_str()),
+        version: None,
+        did_you_mean: None,
+        set: None,
+        detail,
+    };
+    // An unfilterable index is never passed on, in any mode.
+    let mode = match reason {
+        PackageReason::IndexUnfilterable => Mode::Enforce,
+        _ => at.policy.settings.mode,
+    };
+    let host_decision = Decision::deny(line_reason(reason), None);
+    match deny(ev, answer, &host_decision, mode, at.responder) {
+        Ok(r) => r,
+        Err(ev) => {
+            parts.headers.remove(header::CONTENT_LENGTH);
+            parts.headers.remove(header::CONTENT_ENCODING);
+            at.ctx.recorder.record(*ev);
+            Response::from_parts(parts, respond::full(doc))
+        }
+    }
+}
+
+/// The filtered document as the client gets it: the registry's framing
+/// and validators replaced by its own `ETag`, `304` when the client's
+/// `If-None-Match` names it. Records the line.
+fn filtered_answer(
+    ctx: &ProxyCtx,
+    plan: &Plan,
+    mut parts: http::response::Parts,
+    f: Filtered,
+    mut ev: Event,
+) -> Response<ProxyBody> {
+    let PlanKind::Index { if_none_match, .. } = &plan.what else {
+        unreachable!("filtered_answer is given index plans only");
+    };
     if let Some(l) = ev.package.as_mut() {
         l.hidden = Some(f.hidden.iter().collect());
     }
@@ -249,20 +275,17 @@ where
 
 /// Filters `doc` (in form `got`), fetching the timed companion when the
 /// form has no times and the rules need them.
-#[allow(clippy::too_many_arguments)]
 pub(super) async fn filter_document(
-    ctx: &ProxyCtx,
-    policy: &Policy,
-    pkgs: &PackagePolicy,
+    at: &Allowed<'_>,
     plan: &Plan,
     got: IndexForm,
     doc: &[u8],
     ev: &Event,
-    now: i64,
 ) -> Result<Filtered, FilterError> {
+    let (ctx, pkgs) = (at.ctx, &at.policy.packages);
     // Report mode hides what a `deny:` entry holds, and only that.
     let rules_now = || {
-        let rules = pkgs.rules(plan.client, plan.eco, &plan.name, now);
+        let rules = pkgs.rules(plan.client, plan.eco, &plan.name, at.now);
         if plan.enforce {
             rules
         } else {
@@ -277,17 +300,17 @@ pub(super) async fn filter_document(
     };
     let by = OnBehalf {
         ctx,
-        policy,
+        policy: at.policy,
         client: plan.client,
         port: plan.port,
         parent: ev,
-        now,
+        now: at.now,
     };
     let times: Option<Arc<IndexView>> = match got {
         IndexForm::PypiSimpleHtml | IndexForm::NpmAbbreviated if needs_times => {
             match ctx.package_views.get(plan.eco, &plan.name) {
                 Some(v) => Some(v),
-                None => own_index(by, pkgs, plan.eco, serves).await.ok(),
+                None => own_index(by, plan.eco, serves).await.ok(),
             }
         }
         IndexForm::GoList | IndexForm::GoLatest if needs_times => {
@@ -383,5 +406,3 @@ pub(crate) fn note_go_mod(ctx: &ProxyCtx, plan: &Plan, headers: &HeaderMap) {
         }
     }
 }
-
-// ---------------------------------------------------------------- egressd's own fetches

@@ -23,23 +23,23 @@ mod fetch;
 mod index;
 pub(crate) mod index_cache;
 mod mirror;
+mod route;
 mod verify;
 
 use deny::*;
 use fetch::*;
 pub(crate) use index::*;
 pub(crate) use mirror::*;
+pub(crate) use route::*;
 pub(crate) use verify::*;
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
-use http::{Request, Response};
+use http::Request;
 
 use super::dest::Dest;
-use super::respond::{ProxyBody, Responder};
-use super::ProxyCtx;
 use crate::packages::classify::{self, classify, Classified, IndexForm, Kind, PackageRef};
 use crate::packages::compile::{Mirror, PackagePolicy};
 use crate::packages::decide::{PackageDecision, PackageReason, Verdict};
@@ -48,7 +48,7 @@ use crate::packages::view::IndexView;
 use crate::packages::Ecosystem;
 use crate::policy::host::Target;
 use crate::policy::path::{normalize_path, PathError};
-use crate::policy::{enforced, ClientIdx, Decision, Policy, Reason};
+use crate::policy::{enforced, ClientIdx, Mode, Reason};
 use crate::record::{Event, PackageLine};
 use crate::tls::lru::Lru;
 
@@ -135,20 +135,6 @@ fn line_reason(r: PackageReason) -> Reason {
     Reason::from(r)
 }
 
-/// What the gate makes of one request.
-pub(crate) enum Gate {
-    /// Not a package request: the ordinary path.
-    Pass(Event),
-    /// Answered here (a denial, or egressd could not read what it needed):
-    /// the line is recorded.
-    Answered(Response<ProxyBody>),
-    /// Forwarded; its response handled as the plan says.
-    Forward(Plan, Event),
-    /// A registry resource that names no package (PyPI's project list,
-    /// cargo's `config.json`), sent to the ecosystem's mirror.
-    Mirror(Ecosystem, Mirror, Event),
-}
-
 /// What to do with the response of a request the gate let through.
 pub(crate) struct Plan {
     pub eco: Ecosystem,
@@ -203,153 +189,203 @@ fn package_line(
     })
 }
 
-/// The gate for one request whose host the policy allowed (`host` is an
-/// `eco` registry host; `pkgs` the policy's package sets). Records the
-/// line of what it answers itself.
-#[allow(clippy::too_many_arguments)]
+/// The gate for one request whose host the policy allowed (`eco`: the
+/// ecosystem whose registry it is): the route it goes on, or its answer
+/// (its line recorded).
 pub(crate) async fn gate<B>(
-    ctx: &ProxyCtx,
-    policy: &Policy,
-    pkgs: &PackagePolicy,
+    at: &Allowed<'_>,
     eco: Ecosystem,
     req: &mut Request<B>,
     mut ev: Event,
-    client: Option<ClientIdx>,
-    dest: &Dest,
-    host_decision: &Decision<'_>,
-    now: i64,
-    responder: &Responder<'_>,
 ) -> Gate {
-    let host = dest.target.to_string();
-    let path = req
-        .uri()
-        .path_and_query()
-        .map_or("/", |p| p.as_str())
-        .to_string();
-    let accept = req
-        .headers()
-        .get(header::ACCEPT)
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_string);
-    let mode = policy.settings.mode;
-    let read_as = public_path(pkgs.settings.mirror(eco), &path);
-    let r = match classify(
-        Some(eco),
-        &host,
-        req.method().as_str(),
-        &read_as,
-        accept.as_deref(),
-    ) {
-        Classified::Registry(..) => {
-            return match pkgs.settings.mirror(eco) {
-                Some(m) => Gate::Mirror(eco, m.clone(), ev),
-                None => Gate::Pass(ev),
-            }
-        }
-        Classified::NotRegistry => return Gate::Pass(ev),
-        Classified::Unparseable { ecosystem, why } => {
-            let reason = PackageReason::Unparseable;
-            let mut line = package_line(ecosystem, None, None);
-            line.reason = Some(reason);
-            ev.package = Some(line);
-            let answer = Denied {
-                eco: ecosystem,
-                reason,
-                name: None,
-                version: None,
-                did_you_mean: None,
-                set: None,
-                detail: Some(why),
-            };
-            return match deny(ev, answer, host_decision, mode, responder) {
-                Ok(resp) => Gate::Answered(resp),
-                Err(ev) => Gate::Pass(*ev),
-            };
-        }
+    let pkgs = &at.policy.packages;
+    let r = match classified(pkgs, eco, at.dest, req) {
         Classified::Package(r) => r,
-    };
-    let client_u32 = client;
-    let mut view = ctx.package_views.get(eco, &r.name);
-    let mut d = pkgs.decide(client_u32, &r, now, view.as_deref());
-    if d.verdict == Verdict::NeedIndex {
-        let serves = Serves {
-            name: &r.name,
-            set: d.set.map(|s| &s.id),
-            version: None,
-        };
-        let by = OnBehalf {
-            ctx,
-            policy,
-            client,
-            port: dest.port,
-            parent: &ev,
-            now,
-        };
-        match own_index(by, pkgs, eco, serves).await {
-            Ok(v) => {
-                view = Some(v);
-                d = pkgs.decide(client_u32, &r, now, view.as_deref());
-            }
-            Err(why) => {
-                let reason = PackageReason::IndexUnfilterable;
-                let mut line = package_line(eco, Some(&r), Some(&d));
-                line.reason = Some(reason);
-                ev.package = Some(line);
-                let answer = Denied {
-                    eco,
-                    reason,
-                    name: Some(r.name.as_str()),
-                    version: r.version.as_deref(),
-                    did_you_mean: None,
-                    set: d.set.map(|s| (&*s.id, &*s.owner)),
-                    detail: Some(format!("egressd could not read its index: {why}")),
-                };
-                // Not a policy decision: refused in every mode.
-                return Gate::Answered(enforced_deny(ev, answer, host_decision, responder));
-            }
+        Classified::Registry(..) => {
+            let mirror = pkgs.settings.mirror(eco).map(|m| (eco, m.clone()));
+            return Gate::Go(Route { mirror, plan: None }, ev);
         }
-    }
+        Classified::NotRegistry => return Gate::Go(Route::default(), ev),
+        Classified::Unparseable { ecosystem, why } => {
+            return unparseable(at, ecosystem, why, ev);
+        }
+    };
+    let d = match decide_package(at, eco, &r, &ev).await {
+        Ok(d) => d,
+        Err((d, why)) => return unreadable_index(at, eco, &r, &d, why, ev),
+    };
     ev.package = Some(package_line(eco, Some(&r), Some(&d)));
-    let enforce = enforced(mode, line_reason(PackageReason::NotApproved));
+    let mode = at.policy.settings.mode;
     match d.verdict {
         Verdict::Deny(reason) => {
-            let answer = Denied {
-                eco,
-                reason,
-                name: Some(r.name.as_str()),
-                version: r
-                    .version
-                    .as_deref()
-                    .filter(|_| !matches!(r.kind, Kind::Index(_))),
-                did_you_mean: d.did_you_mean,
-                set: d.set.map(|s| (&*s.id, &*s.owner)),
-                detail: d.deny_reason.map(str::to_string),
-            };
-            match deny(ev, answer, host_decision, mode, responder) {
+            match deny(
+                ev,
+                denied(eco, &r, &d, reason),
+                at.decision,
+                mode,
+                at.responder,
+            ) {
                 Ok(resp) => return Gate::Answered(resp),
                 Err(e) => ev = *e,
             }
         }
-        Verdict::NeedIndex => {
-            // The view egressd just read does not settle it: refuse.
-            let reason = PackageReason::IndexUnfilterable;
-            if let Some(l) = ev.package.as_mut() {
-                l.reason = Some(reason);
-            }
-            let answer = Denied {
-                eco,
-                reason,
-                name: Some(r.name.as_str()),
-                version: r.version.as_deref(),
-                did_you_mean: None,
-                set: None,
-                detail: Some("the index egressd read does not decide this file".into()),
-            };
-            return Gate::Answered(enforced_deny(ev, answer, host_decision, responder));
-        }
+        Verdict::NeedIndex => return undecided(at, eco, &r, ev),
         Verdict::Allow => {}
     }
-    let what = match (&r.kind, d.filter) {
+    let plan = Plan {
+        eco,
+        name: r.name.clone(),
+        client: at.client,
+        what: plan_kind(req, &r, &d, mode),
+        enforce: enforced(mode, line_reason(PackageReason::NotApproved)),
+        mirror: pkgs.settings.mirror(eco).cloned(),
+        port: at.dest.port,
+        set: d.set.map(|s| s.id.clone()),
+    };
+    Gate::Go(Route::of(plan), ev)
+}
+
+/// What a request to `eco`'s registry asks for, its path read as the
+/// public registry's (a mirror's base taken off).
+fn classified<B>(
+    pkgs: &PackagePolicy,
+    eco: Ecosystem,
+    dest: &Dest,
+    req: &Request<B>,
+) -> Classified {
+    let host = dest.target.to_string();
+    let path = req.uri().path_and_query().map_or("/", |p| p.as_str());
+    let accept = req
+        .headers()
+        .get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok());
+    let read_as = public_path(pkgs.settings.mirror(eco), path);
+    classify(Some(eco), &host, req.method().as_str(), &read_as, accept)
+}
+
+/// The package decision for `r`, egressd reading the package's index
+/// first when the decision needs it; the first decision and why the index
+/// could not be read otherwise.
+async fn decide_package<'p>(
+    at: &Allowed<'p>,
+    eco: Ecosystem,
+    r: &PackageRef,
+    parent: &Event,
+) -> Result<PackageDecision<'p>, (PackageDecision<'p>, FetchError)> {
+    let pkgs = &at.policy.packages;
+    let view = at.ctx.package_views.get(eco, &r.name);
+    let d = pkgs.decide(at.client, r, at.now, view.as_deref());
+    if d.verdict != Verdict::NeedIndex {
+        return Ok(d);
+    }
+    let serves = Serves {
+        name: &r.name,
+        set: d.set.map(|s| &s.id),
+        version: None,
+    };
+    match own_index(OnBehalf::of(at, parent), eco, serves).await {
+        Ok(view) => Ok(pkgs.decide(at.client, r, at.now, Some(&view))),
+        Err(why) => Err((d, why)),
+    }
+}
+
+/// A registry URL the gate cannot read: denied (`package_unparseable`).
+fn unparseable(at: &Allowed<'_>, eco: Ecosystem, why: String, mut ev: Event) -> Gate {
+    let reason = PackageReason::Unparseable;
+    let mut line = package_line(eco, None, None);
+    line.reason = Some(reason);
+    ev.package = Some(line);
+    let answer = Denied {
+        eco,
+        reason,
+        name: None,
+        version: None,
+        did_you_mean: None,
+        set: None,
+        detail: Some(why),
+    };
+    let mode = at.policy.settings.mode;
+    match deny(ev, answer, at.decision, mode, at.responder) {
+        Ok(resp) => Gate::Answered(resp),
+        Err(ev) => Gate::Go(Route::default(), *ev),
+    }
+}
+
+/// A download egressd could not read the index of, to decide it: refused
+/// in every mode (not a policy decision).
+fn unreadable_index(
+    at: &Allowed<'_>,
+    eco: Ecosystem,
+    r: &PackageRef,
+    d: &PackageDecision<'_>,
+    why: FetchError,
+    mut ev: Event,
+) -> Gate {
+    let reason = PackageReason::IndexUnfilterable;
+    let mut line = package_line(eco, Some(r), Some(d));
+    line.reason = Some(reason);
+    ev.package = Some(line);
+    let answer = Denied {
+        eco,
+        reason,
+        name: Some(r.name.as_str()),
+        version: r.version.as_deref(),
+        did_you_mean: None,
+        set: d.set.map(|s| (&*s.id, &*s.owner)),
+        detail: Some(format!("egressd could not read its index: {why}")),
+    };
+    Gate::Answered(enforced_deny(ev, answer, at.decision, at.responder))
+}
+
+/// A request the view egressd just read does not settle: refused.
+fn undecided(at: &Allowed<'_>, eco: Ecosystem, r: &PackageRef, mut ev: Event) -> Gate {
+    let reason = PackageReason::IndexUnfilterable;
+    if let Some(l) = ev.package.as_mut() {
+        l.reason = Some(reason);
+    }
+    let answer = Denied {
+        eco,
+        reason,
+        name: Some(r.name.as_str()),
+        version: r.version.as_deref(),
+        did_you_mean: None,
+        set: None,
+        detail: Some("the index egressd read does not decide this file".into()),
+    };
+    Gate::Answered(enforced_deny(ev, answer, at.decision, at.responder))
+}
+
+/// The denial of `r` for `reason`, as its client will show it.
+fn denied<'a>(
+    eco: Ecosystem,
+    r: &'a PackageRef,
+    d: &PackageDecision<'a>,
+    reason: PackageReason,
+) -> Denied<'a> {
+    Denied {
+        eco,
+        reason,
+        name: Some(r.name.as_str()),
+        version: r
+            .version
+            .as_deref()
+            .filter(|_| !matches!(r.kind, Kind::Index(_))),
+        did_you_mean: d.did_you_mean,
+        set: d.set.map(|s| (&*s.id, &*s.owner)),
+        detail: d.deny_reason.map(str::to_string),
+    }
+}
+
+/// What to do with the answer of an allowed package request (and the
+/// request made ready for it: an index asks without conditionals, a
+/// pinned download for the whole file).
+fn plan_kind<B>(
+    req: &mut Request<B>,
+    r: &PackageRef,
+    d: &PackageDecision<'_>,
+    mode: Mode,
+) -> PlanKind {
+    match (&r.kind, d.filter) {
         (Kind::Index(_), Some(form)) if req.method() == http::Method::GET => {
             let if_none_match = req.headers().get(header::IF_NONE_MATCH).cloned();
             prepare_index_request(req.headers_mut());
@@ -372,18 +408,7 @@ pub(crate) async fn gate<B>(
             go_mod: r.version.clone(),
         },
         _ => PlanKind::Other { go_mod: None },
-    };
-    let plan = Plan {
-        eco,
-        name: r.name.clone(),
-        client,
-        what,
-        enforce,
-        mirror: pkgs.settings.mirror(eco).cloned(),
-        port: dest.port,
-        set: d.set.map(|s| s.id.clone()),
-    };
-    Gate::Forward(plan, ev)
+    }
 }
 
 /// An index request as it goes upstream: no conditionals (the client's
