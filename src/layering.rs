@@ -70,6 +70,7 @@ const PROXY: &[&str] = &[
     "upstream",
     "pool",
     "tls_origins",
+    "origin",
     "gate",
     "writes",
     "exchange",
