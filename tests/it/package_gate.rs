@@ -1078,4 +1078,7 @@ fn a_plain_http_mirror_serves_downloads_egressd_authorised_through_it() {
         "the public registry is never asked"
     );
     assert!(!r.headers.contains("bWlycm9yOnB3"));
+    // egressd's own index fetch goes the one upstream path: the pooled
+    // connection it read the index on carries the download after it.
+    assert_eq!(mirror.connections(), 1, "{seen:?}");
 }

@@ -352,6 +352,10 @@ impl RawOrigin {
     pub fn text(&self) -> String {
         String::from_utf8_lossy(&self.bytes()).into_owned()
     }
+    /// Connections accepted so far.
+    pub fn connections(&self) -> usize {
+        self.raw.lock().unwrap().len()
+    }
 }
 
 /// Reads from the socket into `buf` (and the shared raw record) until
