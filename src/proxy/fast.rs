@@ -283,19 +283,54 @@ fn parse_request(buf: &[u8]) -> Parsed {
     if path != uri.path() {
         return Parsed::Other;
     }
-    let mut fwd = Vec::with_capacity(buf.len());
+    let Some(Forwarded {
+        fwd,
+        keep_alive,
+        accept,
+    }) = forwarded(req.headers, authority, buf.len())
+    else {
+        return Parsed::Other;
+    };
+    Parsed::Request(Simple {
+        head_len,
+        head,
+        uri,
+        dest,
+        path,
+        fwd,
+        keep_alive,
+        accept,
+    })
+}
+
+/// A fast-path request's headers as they go on.
+struct Forwarded {
+    /// The header lines forwarded (`Host` and hop-by-hop ones left out).
+    fwd: Vec<u8>,
+    /// The client did not ask to close.
+    keep_alive: bool,
+    /// Its `Accept` values.
+    accept: Vec<HeaderValue>,
+}
+
+/// The headers of a request for `authority` as they are forwarded;
+/// `None` when one of them sends the request to hyper's path (a second
+/// or disagreeing `Host`, a `Connection` naming another header, a name
+/// the fast path does not handle).
+fn forwarded(headers: &[httparse::Header<'_>], authority: &str, cap: usize) -> Option<Forwarded> {
+    let mut fwd = Vec::with_capacity(cap);
     let mut keep_alive = true;
     let mut hosts = 0;
     let mut accept = Vec::new();
-    for h in req.headers.iter() {
+    for h in headers {
         let name = h.name;
         if hands_off(name) {
-            return Parsed::Other;
+            return None;
         }
         if name.eq_ignore_ascii_case("host") {
             hosts += 1;
             if hosts > 1 || h.value != authority.as_bytes() {
-                return Parsed::Other;
+                return None;
             }
             continue;
         }
@@ -306,7 +341,7 @@ fn parse_request(buf: &[u8]) -> Parsed {
                     keep_alive = false;
                 } else if !token.eq_ignore_ascii_case(b"keep-alive") {
                     // Names another header as hop-by-hop: hyper's path.
-                    return Parsed::Other;
+                    return None;
                 }
             }
             continue;
@@ -315,22 +350,14 @@ fn parse_request(buf: &[u8]) -> Parsed {
             continue;
         }
         if name.eq_ignore_ascii_case("accept") {
-            match HeaderValue::from_bytes(h.value) {
-                Ok(v) => accept.push(v),
-                Err(_) => return Parsed::Other,
-            }
+            accept.push(HeaderValue::from_bytes(h.value).ok()?);
         }
         fwd.extend_from_slice(name.as_bytes());
         fwd.extend_from_slice(b": ");
         fwd.extend_from_slice(h.value);
         fwd.extend_from_slice(b"\r\n");
     }
-    Parsed::Request(Simple {
-        head_len,
-        head,
-        uri,
-        dest,
-        path,
+    Some(Forwarded {
         fwd,
         keep_alive,
         accept,
@@ -524,23 +551,7 @@ async fn relay(
     client: &mut TcpStream,
     line: &mut Line<'_>,
 ) -> Result<Ended, Stop> {
-    let host = if req.dest.port == 80 {
-        req.dest.target.to_string()
-    } else {
-        format!("{}:{}", req.dest.target, req.dest.port)
-    };
-    let pq = origin_form(&req.uri);
-    let method = if req.head { "HEAD" } else { "GET" };
-    let mut head = Vec::with_capacity(req.fwd.len() + pq.len() + host.len() + 64);
-    head.extend_from_slice(method.as_bytes());
-    head.push(b' ');
-    head.extend_from_slice(pq.as_bytes());
-    head.extend_from_slice(b" HTTP/1.1\r\nhost: ");
-    head.extend_from_slice(host.as_bytes());
-    head.extend_from_slice(b"\r\n");
-    head.extend_from_slice(&req.fwd);
-    head.extend_from_slice(b"via: 1.1 egressd\r\n\r\n");
-
+    let head = request_head(req);
     let (mut origin, mut rbuf, answer) = send(&ctx.raw_origins, addr, &head).await?;
     // Interim answers (1xx but 101) are read past, as hyper's client does.
     let mut answer = answer;
@@ -602,6 +613,28 @@ async fn relay(
             Err(bad_answer(format!("response body: {e}")))
         }
     }
+}
+
+/// The request head sent to the origin: origin form, `Host` as the
+/// destination (its port when not 80), the forwarded headers, `Via`.
+fn request_head(req: &Simple) -> Vec<u8> {
+    let host = if req.dest.port == 80 {
+        req.dest.target.to_string()
+    } else {
+        format!("{}:{}", req.dest.target, req.dest.port)
+    };
+    let pq = origin_form(&req.uri);
+    let method = if req.head { "HEAD" } else { "GET" };
+    let mut head = Vec::with_capacity(req.fwd.len() + pq.len() + host.len() + 64);
+    head.extend_from_slice(method.as_bytes());
+    head.push(b' ');
+    head.extend_from_slice(pq.as_bytes());
+    head.extend_from_slice(b" HTTP/1.1\r\nhost: ");
+    head.extend_from_slice(host.as_bytes());
+    head.extend_from_slice(b"\r\n");
+    head.extend_from_slice(&req.fwd);
+    head.extend_from_slice(b"via: 1.1 egressd\r\n\r\n");
+    head
 }
 
 fn bad_answer(why: impl Into<String>) -> Stop {
@@ -985,45 +1018,7 @@ fn chunk_step(
 ) -> io::Result<Option<(Chunk, usize, u64)>> {
     let bad = |why: &str| io::Error::new(io::ErrorKind::InvalidData, why.to_string());
     match state {
-        Chunk::Size => {
-            let Some(eol) = rbuf.windows(2).position(|w| w == b"\r\n") else {
-                if rbuf.len() > MAX_CHUNK_LINE {
-                    return Err(bad("chunk-size line too long"));
-                }
-                if rbuf.contains(&b'\n') {
-                    return Err(bad("bare LF in a chunk-size line"));
-                }
-                return Ok(None);
-            };
-            if eol > MAX_CHUNK_LINE {
-                return Err(bad("chunk-size line too long"));
-            }
-            let line = &rbuf[..eol];
-            let digits = line
-                .iter()
-                .position(|b| !b.is_ascii_hexdigit())
-                .unwrap_or(line.len());
-            let rest = &line[digits..];
-            if digits == 0 || digits > 15 {
-                return Err(bad("invalid chunk size"));
-            }
-            // Extensions (`;name=value`) are dropped; anything else after
-            // the size is not a chunk-size line.
-            let ext = rest.trim_ascii_start();
-            if !(ext.is_empty() || ext[0] == b';') {
-                return Err(bad("invalid chunk size"));
-            }
-            if rest.iter().any(|b| *b == b'\n' || *b == b'\r' || *b == 0) {
-                return Err(bad("invalid chunk extension"));
-            }
-            let size = u64::from_str_radix(std::str::from_utf8(&line[..digits]).unwrap_or("x"), 16)
-                .map_err(|_| bad("invalid chunk size"))?;
-            if size == 0 {
-                return Ok(Some((Chunk::Trailers, eol + 2, 0)));
-            }
-            out.extend_from_slice(format!("{size:x}\r\n").as_bytes());
-            Ok(Some((Chunk::Data(size), eol + 2, 0)))
-        }
+        Chunk::Size => chunk_size_line(rbuf, out),
         Chunk::Data(left) => {
             if rbuf.is_empty() {
                 return Ok(None);
@@ -1047,26 +1042,78 @@ fn chunk_step(
             out.extend_from_slice(b"\r\n");
             Ok(Some((Chunk::Size, 2, 0)))
         }
-        Chunk::Trailers => {
-            let Some(eol) = rbuf.windows(2).position(|w| w == b"\r\n") else {
-                if rbuf.len() + *trailer_bytes > MAX_RESPONSE_HEAD {
-                    return Err(bad("trailers too large"));
-                }
-                return Ok(None);
-            };
-            *trailer_bytes += eol + 2;
-            if *trailer_bytes > MAX_RESPONSE_HEAD {
-                return Err(bad("trailers too large"));
-            }
-            if eol == 0 {
-                // Trailer fields are not forwarded: the body ends here.
-                out.extend_from_slice(b"0\r\n\r\n");
-                return Ok(Some((Chunk::Done, 2, 0)));
-            }
-            Ok(Some((Chunk::Trailers, eol + 2, 0)))
-        }
+        Chunk::Trailers => trailer_line(rbuf, out, trailer_bytes),
         Chunk::Done => Ok(Some((Chunk::Done, 0, 0))),
     }
+}
+
+/// [`chunk_step`] at a chunk-size line: the size read (extensions
+/// dropped), written in egressd's own spelling.
+fn chunk_size_line(rbuf: &[u8], out: &mut Vec<u8>) -> io::Result<Option<(Chunk, usize, u64)>> {
+    let bad = |why: &str| io::Error::new(io::ErrorKind::InvalidData, why.to_string());
+    let Some(eol) = rbuf.windows(2).position(|w| w == b"\r\n") else {
+        if rbuf.len() > MAX_CHUNK_LINE {
+            return Err(bad("chunk-size line too long"));
+        }
+        if rbuf.contains(&b'\n') {
+            return Err(bad("bare LF in a chunk-size line"));
+        }
+        return Ok(None);
+    };
+    if eol > MAX_CHUNK_LINE {
+        return Err(bad("chunk-size line too long"));
+    }
+    let line = &rbuf[..eol];
+    let digits = line
+        .iter()
+        .position(|b| !b.is_ascii_hexdigit())
+        .unwrap_or(line.len());
+    let rest = &line[digits..];
+    if digits == 0 || digits > 15 {
+        return Err(bad("invalid chunk size"));
+    }
+    // Extensions (`;name=value`) are dropped; anything else after
+    // the size is not a chunk-size line.
+    let ext = rest.trim_ascii_start();
+    if !(ext.is_empty() || ext[0] == b';') {
+        return Err(bad("invalid chunk size"));
+    }
+    if rest.iter().any(|b| *b == b'\n' || *b == b'\r' || *b == 0) {
+        return Err(bad("invalid chunk extension"));
+    }
+    let size = u64::from_str_radix(std::str::from_utf8(&line[..digits]).unwrap_or("x"), 16)
+        .map_err(|_| bad("invalid chunk size"))?;
+    if size == 0 {
+        return Ok(Some((Chunk::Trailers, eol + 2, 0)));
+    }
+    out.extend_from_slice(format!("{size:x}\r\n").as_bytes());
+    Ok(Some((Chunk::Data(size), eol + 2, 0)))
+}
+
+/// [`chunk_step`] after the last chunk: trailer lines read past (bounded)
+/// up to the empty one, which ends the body.
+fn trailer_line(
+    rbuf: &[u8],
+    out: &mut Vec<u8>,
+    trailer_bytes: &mut usize,
+) -> io::Result<Option<(Chunk, usize, u64)>> {
+    let bad = |why: &str| io::Error::new(io::ErrorKind::InvalidData, why.to_string());
+    let Some(eol) = rbuf.windows(2).position(|w| w == b"\r\n") else {
+        if rbuf.len() + *trailer_bytes > MAX_RESPONSE_HEAD {
+            return Err(bad("trailers too large"));
+        }
+        return Ok(None);
+    };
+    *trailer_bytes += eol + 2;
+    if *trailer_bytes > MAX_RESPONSE_HEAD {
+        return Err(bad("trailers too large"));
+    }
+    if eol == 0 {
+        // Trailer fields are not forwarded: the body ends here.
+        out.extend_from_slice(b"0\r\n\r\n");
+        return Ok(Some((Chunk::Done, 2, 0)));
+    }
+    Ok(Some((Chunk::Trailers, eol + 2, 0)))
 }
 
 /// A chunked body, re-framed chunk by chunk (sizes written by egressd,

@@ -20,7 +20,7 @@ use std::sync::Arc;
 
 use http::{Request, Response, StatusCode};
 use hyper::body::Incoming;
-use hyper::upgrade::Upgraded;
+use hyper::upgrade::{OnUpgrade, Upgraded};
 use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -80,31 +80,62 @@ pub async fn handle(
     if d.verdict == Verdict::Intercept {
         return inspect(req, ev, dest, sni, &ctx, &responder);
     }
-    let mut upstream_conn = match connect(&ctx, &policy, &mut ev, client, &dest, &d, now).await {
+    let upstream_conn = match connect(&ctx, &policy, &mut ev, client, &dest, &d, now).await {
         Ok(c) => c,
         Err(stop) => return responder.stop(ev, stop),
     };
     ev.status = Some(200);
-    let (rec, pipes) = (ctx.recorder.clone(), ctx.pipes.clone());
-    // The tunnel outlives hyper's connection: it keeps the connection's
-    // permit until it closes.
-    let permit = req.extensions().get::<Permit>().cloned();
     // What the task holds lives as long as the tunnel, idle or not: it is
     // most of an idle tunnel's memory (docs/performance.md). The upgrade
     // is taken out of the request here so the request itself is not kept,
     // and the event is boxed once rather than copied into every nested
     // future's state.
-    let upgrade = hyper::upgrade::on(&mut req);
-    let mut ev = Box::new(ev);
-    // Plain HTTP inside is served as HTTP, each request checked as a
-    // proxy request is (its `Host` must name the CONNECT host): what that
-    // needs, boxed, so an opaque tunnel holds one pointer for it.
-    let plain = Box::new(PlainInside {
-        token: request_token(&req).ok().flatten(),
-        dest,
-        ctx: ctx.clone(),
-    });
-    tokio::spawn(async move {
+    let opened = Opened {
+        upgrade: hyper::upgrade::on(&mut req),
+        upstream_conn,
+        ev: Box::new(ev),
+        sni,
+        // Plain HTTP inside is served as HTTP, each request checked as a
+        // proxy request is (its `Host` must name the CONNECT host): what
+        // that needs, boxed, so an opaque tunnel holds one pointer for it.
+        plain: Box::new(PlainInside {
+            token: request_token(&req).ok().flatten(),
+            dest,
+            ctx: ctx.clone(),
+        }),
+        // The tunnel outlives hyper's connection: it keeps the
+        // connection's permit until it closes.
+        permit: req.extensions().get::<Permit>().cloned(),
+    };
+    tokio::spawn(carry(opened));
+    established()
+}
+
+/// An allowed CONNECT whose upstream connection is open, waiting for
+/// hyper to hand over the client's side.
+struct Opened {
+    upgrade: OnUpgrade,
+    upstream_conn: TcpStream,
+    ev: Box<Event>,
+    sni: SniRule,
+    plain: Box<PlainInside>,
+    permit: Option<Permit>,
+}
+
+/// The tunnel's task: the client's first bytes judged, then relayed
+/// opaque, or served as plain HTTP. Its parts are taken apart here, before
+/// the task starts, so the task holds each once.
+fn carry(opened: Opened) -> impl std::future::Future<Output = ()> + Send {
+    let Opened {
+        upgrade,
+        mut upstream_conn,
+        mut ev,
+        sni,
+        plain,
+        permit,
+    } = opened;
+    let (rec, pipes) = (plain.ctx.recorder.clone(), plain.ctx.pipes.clone());
+    async move {
         let _active = ActiveGuard::new(&rec.metrics, Proto::Connect);
         let up = match upgrade.await {
             Ok(up) => up,
@@ -140,8 +171,7 @@ pub async fn handle(
             }
             Err(()) => rec.record(*ev),
         }
-    });
-    established()
+    }
 }
 
 /// What an opaque tunnel needs should its first bytes be plain HTTP.
