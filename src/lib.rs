@@ -16,14 +16,17 @@
 //!        │                    └► metrics (counted here and nowhere else)
 //!        │ allowed
 //!        ▼
-//!   proxy::gate (a registry host of an enforced ecosystem): classify → decide the
-//!        │      package (packages, pure) → plan the route: plain │ gated index │
-//!        │      gated download │ mirror; egressd's own index fetches go the same way
+//!   proxy::exchange, one request: decide → route → reach → answer
+//!        │  route: plain, or proxy::gate's (a registry host of an enforced
+//!        │  ecosystem: classify → decide the package with packages, pure →
+//!        │  Route: gated index │ gated download │ mirror, or its own answer)
 //!        ▼
-//!   proxy::upstream: resolve once (dns::Resolver) → check every address → connect
-//!                    to a checked SocketAddr (pool, tls_origins) ─► relay / exchange
-//!        │
-//!        ▼ answer (a gated index filtered, a pinned download hashed as it streams)
+//!   proxy::origin, the one upstream path (client requests and egressd's own
+//!        │  index fetches alike), on proxy::upstream: resolve once
+//!        │  (dns::Resolver) → check every address → connect to a checked
+//!        │  SocketAddr (pool, tls_origins; a tunnel's bytes: relay)
+//!        ▼
+//!   answer (a gated index filtered, a pinned download hashed as it streams)
 //! ```
 //!
 //! Every front-end turns its input into one [`policy::Request`], asks
@@ -44,7 +47,7 @@
 //! | [`record`] | the typed [`record::Event`], its JSON writer, [`record::Recorder`]: the one log-and-count | the decision |
 //! | [`tls`] | the interception CA, minted leaves and their cache, trust stores | intercepted connections (`proxy::mitm`) |
 //! | [`dns`] | the resolver front-end, the upstream client and cache, the tunnel budget, which name an answered address came from | the decision; binding sockets |
-//! | [`proxy`] | the HTTP front-ends (forward, CONNECT, interception, transparent capture), the shared exchange, the package gate's serving step (`proxy::gate`: route, own index fetches, index cache, answers), the relay, the way out | the decision; the resolver; which versions are approved (`packages`) |
+//! | [`proxy`] | the HTTP front-ends (forward, CONNECT, interception, transparent capture), the shared exchange (decide → route → reach → answer), the one upstream path (`proxy::origin`), the package gate's serving step (`proxy::gate`: the route, own index fetches, index cache, answers), the relay, the way out | the decision; the resolver; which versions are approved (`packages`) |
 //! | [`reload`] | watch → load → swap, the last good policy kept; the reloader thread's priority | compiling (`policy`) |
 //! | [`app`] | wiring: load, bind, spawn, signals, drain; an egressd run in-process | answering any request |
 //! | [`packages`] | the package gate's knowledge, PURE: classify a registry URL, names, versions, stamps, index filters, the package decision, lockfile import; the policy compiles and holds its sets | any I/O; serving (`proxy::gate`) |
@@ -63,9 +66,9 @@
 //! way). `app`, `reload`, the commands and `launcher` sit on top. Inside
 //! `proxy` the modules form a one-way graph too: the edges (`forward`,
 //! `tunnel`, `mitm`, `transparent`) use the shared steps (`dest`,
-//! `respond`, `admit`, `exchange`, `relay`, `upstream`), never the other
-//! way round. An import that points up is a design question, not a
-//! shortcut.
+//! `respond`, `admit`, `exchange`, `gate`, `origin`, `relay`, `upstream`),
+//! never the other way round. An import that points up is a design
+//! question, not a shortcut.
 
 /// The allocator of every binary built on this crate (egressd, its
 /// examples and tests): mimalloc. Measured with 100k exceptions and six

@@ -1,5 +1,7 @@
-//! The one way out for HTTP requests, plain or intercepted: decision →
-//! checked address → upstream client → a body that writes the line when
+//! The shared request path for HTTP requests, plain or intercepted, in
+//! four steps ([`decide_and_forward`]): decide → plan the route (plain, or
+//! the package gate's [`gate::Route`]) → reach it through the one upstream
+//! path ([`origin::reach`]) → answer, with a body that writes the line when
 //! the response ends. Shared by the forward proxy, requests inside
 //! intercepted tunnels (`mitm`) and captured plain HTTP (`transparent`),
 //! which differ only in their edge checks ([`Inbound`]) and in how the
@@ -9,11 +11,12 @@
 //! an accepted upgrade writes an open line, and a close line when the
 //! upgraded connection closes.
 //!
-//! Owns the request's rewrite on the way out (hop-by-hop headers, `Host`,
-//! `Via`, injected credentials) and the response's on the way back. Does
-//! not own the edge (parsing, `Host` agreement: the front-ends), resolving
-//! and checking addresses (`upstream`), or connections (`pool`,
-//! `tls_origins`).
+//! Owns the decision step (framing, methods and their overrides, `TRACE`),
+//! the order of the steps, and the response's rewrite on the way back.
+//! Does not own the edge (parsing, `Host` agreement: the front-ends), the
+//! package gate (`gate`), the request's rewrite on the way out and sending
+//! it (`origin`), resolving and checking addresses (`upstream`), or
+//! connections (`pool`, `tls_origins`).
 
 use std::net::SocketAddr;
 use std::pin::Pin;

@@ -4,9 +4,13 @@
 //!
 //! ```text
 //!  accept ─► admit ─► forward (absolute form) ─┐
-//!   (accept.rs) │     tunnel (CONNECT) ─► mitm ─┼─► exchange ─► upstream ─► pool / tls_origins
-//!               │     transparent (captured) ──┘   (the shared     (resolve → check
-//!               │                                  request path)     → connect)
+//!   (accept.rs) │     tunnel (CONNECT) ─► mitm ─┼─► exchange: decide → route → reach → answer
+//!               │     transparent (captured) ──┘              │        │
+//!               │                           gate (a gated registry):   │
+//!               │                           Route, own index fetches ──┤
+//!               │                                                      ▼
+//!               │                  origin (the one upstream path) ─► pool / tls_origins
+//!               │                  upstream (resolve → check → connect) beneath
 //!               └─ dest (host:port), sni (ClientHello), respond (answers + lines),
 //!                  relay (bytes both ways, meters) below them all
 //! ```

@@ -1,22 +1,26 @@
 //! The package gate on the wire (DESIGN "Packages"): every request to a
 //! registry host of an enforced ecosystem, once the host itself is allowed,
 //! is classified, decided by `packages`, and either answered here
-//! (a denial in the channel its client shows, a `304`), or forwarded with a
-//! [`Plan`] for its response: an index document filtered before the client
-//! sees it, a pinned download hashed as it streams.
+//! (a denial in the channel its client shows, a `304`), or sent on its
+//! [`Route`]: plain, a gated index (a [`Plan`] filters the document before
+//! the client sees it), a gated download (hashed as it streams), any of
+//! them through the ecosystem's mirror. [`gate`] is the one entry; the
+//! request path ([`super::exchange`]) calls it once, between the decision
+//! and reaching the origin.
 //!
 //! A download needs the package's index to be decided (the filtered index
 //! and the download must agree): when no view of it is cached, egressd
-//! fetches the index itself, through the same checked-address TLS path as
-//! the client's requests, as its own logged request (`"origin":
-//! "egressd"`), and keeps the registry's facts ([`Views`]) for
-//! [`VIEW_TTL`].
+//! fetches the index itself, through the one upstream path the client's
+//! requests take ([`super::origin::reach`]: checked addresses, the pool,
+//! TLS verification), as its own logged request (`"origin": "egressd"`),
+//! and keeps the registry's facts ([`Views`]) for [`VIEW_TTL`].
 //!
-//! Owns: the gate's answers, the index response rewrite (decompression
-//! bound, filter, `ETag`/`304`), egressd's own index fetches and their
-//! cache, the streaming sha256 check. Does not own: which versions are
-//! allowed (`packages`), the host decision or how requests reach
-//! origins (`exchange`, `upstream`, `tls_origins`).
+//! Owns: the route, the gate's answers, the index response rewrite
+//! (decompression bound, filter, `ETag`/`304`), egressd's own index
+//! fetches and their cache, the streaming sha256 check. Does not own:
+//! which versions are allowed (`packages`), the host decision or how
+//! requests reach origins (`exchange`, `origin`, `upstream`,
+//! `tls_origins`).
 
 mod deny;
 mod fetch;
@@ -432,8 +436,6 @@ pub(crate) fn policy_path(target: &Target, raw: &str) -> Result<String, PathErro
     }
     normalize_path(raw)
 }
-
-// ---------------------------------------------------------------- index responses
 
 #[cfg(test)]
 mod tests;
