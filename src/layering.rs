@@ -63,6 +63,7 @@ const PROXY: &[&str] = &[
     "dest",
     "respond",
     "scrub",
+    "matched",
     "admit",
     "streams",
     "sni",
