@@ -288,11 +288,13 @@ pub async fn start(args: &ServeArgs, listeners: Listeners) -> Result<Running> {
     }
     if let Some(ml) = metrics_l {
         let lh = log.clone();
+        let recent = recorder.recent_denials.clone();
         let mut s = shutdown.clone();
         tokio::spawn(crate::metrics::serve(
             ml,
             metrics.clone(),
             move || lh.healthy(),
+            move |id| recent.find(id),
             async move { s.fired().await },
         ));
     }

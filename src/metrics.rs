@@ -594,18 +594,22 @@ impl Drop for ActiveGuard {
     }
 }
 
-/// Serves `/metrics`, `/healthz` (process up) and `/readyz` (policy loaded,
-/// decision log writable) until `shutdown` resolves.
+/// Serves `/metrics`, `/healthz` (process up), `/readyz` (policy loaded,
+/// decision log writable) and, to loopback peers only, `/denials?id=ID`
+/// (the line of a recent denial `denial` finds, for `egressd grant`) until
+/// `shutdown` resolves.
 pub async fn serve(
     listener: TcpListener,
     metrics: Arc<Metrics>,
     log_healthy: impl Fn() -> bool + Send + Sync + 'static,
+    denial: impl Fn(&str) -> Option<String> + Send + Sync + 'static,
     shutdown: impl std::future::Future<Output = ()>,
 ) {
     let log_healthy = Arc::new(log_healthy);
+    let denial = Arc::new(denial);
     tokio::pin!(shutdown);
     loop {
-        let (stream, _peer): (_, SocketAddr) = tokio::select! {
+        let (stream, peer): (_, SocketAddr) = tokio::select! {
             r = listener.accept() => match r {
                 Ok(x) => x,
                 Err(_) => { tokio::time::sleep(std::time::Duration::from_millis(50)).await; continue; }
@@ -614,12 +618,18 @@ pub async fn serve(
         };
         let m = metrics.clone();
         let lh = log_healthy.clone();
+        let dn = denial.clone();
+        // The denials name clients, hosts and paths: only for a command on
+        // this host, never for a scraper reaching the listener from afar.
+        let local = peer.ip().to_canonical().is_loopback();
         tokio::spawn(async move {
             let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
                 let m = m.clone();
                 let lh = lh.clone();
+                let dn = dn.clone();
                 async move {
                     let (status, ctype, body) = match req.uri().path() {
+                        "/denials" => denials(local, req.uri().query(), &*dn),
                         "/metrics" => (
                             StatusCode::OK,
                             "text/plain; version=0.0.4",
@@ -658,6 +668,38 @@ pub async fn serve(
                 .serve_connection(TokioIo::new(stream), svc)
                 .await;
         });
+    }
+}
+
+/// `/denials?id=ID`: the decision-log line of recent denied request ID.
+fn denials(
+    local: bool,
+    query: Option<&str>,
+    find: &dyn Fn(&str) -> Option<String>,
+) -> (StatusCode, &'static str, Bytes) {
+    let text = |status, s: String| (status, "text/plain", Bytes::from(s));
+    if !local {
+        return text(
+            StatusCode::FORBIDDEN,
+            "recent denials are served to loopback clients only\n".into(),
+        );
+    }
+    let id = query
+        .into_iter()
+        .flat_map(|q| q.split('&'))
+        .find_map(|kv| kv.strip_prefix("id="));
+    let Some(id) = id.filter(|i| !i.is_empty()) else {
+        return text(StatusCode::BAD_REQUEST, "give ?id=REQUEST\n".into());
+    };
+    match find(id) {
+        Some(mut line) => {
+            line.push('\n');
+            (StatusCode::OK, "application/json", Bytes::from(line))
+        }
+        None => text(
+            StatusCode::NOT_FOUND,
+            format!("no denied request {id} among the recent denials this egressd keeps\n"),
+        ),
     }
 }
 
@@ -792,5 +834,20 @@ mod tests {
         assert!(t.usage("b.q").unwrap().last_hit_ms.load(Ordering::Relaxed) > 0);
         assert_eq!(t.usage("c").unwrap().last_hit_ms.load(Ordering::Relaxed), 0);
         assert!(text.contains("egressd_policy_exceptions 3\n"));
+    }
+
+    #[test]
+    fn recent_denials_are_served_to_loopback_peers_by_id_only() {
+        let find = |id: &str| (id == "m991n6nvnthe").then(|| "{\"id\":\"m991n6nvnthe\"}".to_string());
+        let (st, ctype, body) = denials(true, Some("id=m991n6nvnthe"), &find);
+        assert_eq!((st, ctype), (StatusCode::OK, "application/json"));
+        assert_eq!(&body[..], b"{\"id\":\"m991n6nvnthe\"}\n");
+        assert_eq!(denials(true, Some("id=m991n6nvnthf"), &find).0, StatusCode::NOT_FOUND);
+        assert_eq!(denials(true, None, &find).0, StatusCode::BAD_REQUEST);
+        assert_eq!(denials(true, Some("id="), &find).0, StatusCode::BAD_REQUEST);
+        // A peer from afar (a scraper on the pod network) gets nothing.
+        let (st, _, body) = denials(false, Some("id=m991n6nvnthe"), &find);
+        assert_eq!(st, StatusCode::FORBIDDEN);
+        assert!(!body.windows(12).any(|w| w == b"m991n6nvnthe"));
     }
 }

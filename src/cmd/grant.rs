@@ -13,9 +13,10 @@ use std::path::{Path, PathBuf};
 use clap::Args;
 
 use super::Exit;
-use crate::policy::grant::{check_ceiling, Candidate};
+use super::report::read;
+use crate::policy::grant::{check_ceiling, Candidate, GRANTABLE};
 use crate::policy::{self, Policy, Reason, Source};
-use crate::reload::grants::{read_uses, state_file, write_atomic};
+use crate::reload::grants::{lock_file, read_uses, state_file, write_atomic};
 use crate::time::{format_rfc3339_millis, unix_now};
 
 /// `egressd grant ID --ttl D [--uses N] [--client C|--any-client] --owner WHO --reason WHY`,
@@ -66,6 +67,11 @@ pub struct GrantArgs {
     /// The decision log holding the denied line (default: serve's --log).
     #[arg(long, env = "EGRESSD_LOG", value_name = "FILE")]
     pub log: Option<PathBuf>,
+    /// The running egressd's metrics listener, asked for its recent
+    /// denials when no log file holds the line (default: serve's
+    /// --metrics-listen, 127.0.0.1:9464).
+    #[arg(long, value_name = "URL", requires = "request")]
+    pub from: Option<String>,
 }
 
 /// `egressd grant`: the command's entry.
@@ -111,6 +117,7 @@ fn load(args: &GrantArgs, extra: Option<Source>) -> Result<Policy, String> {
 }
 
 /// The denied line's facts.
+#[derive(Debug)]
 struct Denied {
     client: String,
     proto: String,
@@ -121,62 +128,176 @@ struct Denied {
     reason: String,
 }
 
-/// Finds the deny line with `id` in `log`.
-fn find(log: &Path, id: &str) -> Result<Denied, String> {
-    let f = std::fs::File::open(log).map_err(|e| format!("cannot read {}: {e}", log.display()))?;
-    let needle = format!("\"id\":\"{id}\"");
-    for line in std::io::BufReader::new(f).lines() {
-        let line = line.map_err(|e| format!("reading {}: {e}", log.display()))?;
-        if !line.contains(&needle) {
-            continue;
-        }
-        let v: serde_json::Value = serde_json::from_str(&line)
-            .map_err(|e| format!("the line of {id} is not JSON: {e}"))?;
-        if v["decision"] != "deny" {
-            continue;
-        }
-        let s = |k: &str| v[k].as_str().map(str::to_string);
-        let host = s("host")
-            .or_else(|| s("qname"))
-            .ok_or_else(|| format!("request {id} names no host"))?;
-        return Ok(Denied {
-            client: s("client").unwrap_or_else(|| "-".into()),
-            proto: s("proto").unwrap_or_default(),
-            host,
-            port: v["port"].as_u64().and_then(|p| u16::try_from(p).ok()),
-            method: s("method"),
-            path: s("path"),
-            reason: s("reason").unwrap_or_default(),
-        });
+/// The facts of `line` when it is the deny line of request `id` (either
+/// log format).
+fn denied_in(line: &[u8], id: &str) -> Result<Option<Denied>, String> {
+    if id.is_empty() || !line.windows(id.len()).any(|w| w == id.as_bytes()) {
+        return Ok(None);
     }
-    Err(format!(
-        "no denied request {id} in {} (is it the log serve writes? give --log FILE)",
-        log.display()
-    ))
+    let Ok(l) = read::parse_line(line) else {
+        return Ok(None);
+    };
+    if l.id.as_deref() != Some(id) || l.allowed() {
+        return Ok(None);
+    }
+    let s = |v: &Option<std::borrow::Cow<'_, str>>| v.as_deref().map(str::to_string);
+    let host = s(&l.host)
+        .or_else(|| s(&l.qname))
+        .ok_or_else(|| format!("request {id} names no host"))?;
+    Ok(Some(Denied {
+        client: l.client().to_string(),
+        proto: l.proto.to_string(),
+        host,
+        port: l.port,
+        method: s(&l.method),
+        path: s(&l.path),
+        reason: l.reason().to_string(),
+    }))
 }
 
-/// Denials a grant can lift: those where no exception allowed the request.
-/// The others (a tunnel, a private address, a package rule, malformed
-/// input) stay whatever exception is added.
-const GRANTABLE: &[Reason] = &[
-    Reason::NoException,
-    Reason::Expired,
-    Reason::GrantUsedUp,
-    Reason::ClientNotAllowed,
-    Reason::PortNotAllowed,
-    Reason::MethodNotAllowed,
-    Reason::PathNotAllowed,
-];
+/// Finds the deny line of `id` in `log` (egressd's format or OCSF, plain
+/// or gzip).
+fn find(log: &Path, id: &str) -> Result<Option<Denied>, String> {
+    let mut r = read::open(log).map_err(|e| format!("cannot read {}: {e}", log.display()))?;
+    let mut buf = Vec::new();
+    loop {
+        buf.clear();
+        let n = r
+            .read_until(b'\n', &mut buf)
+            .map_err(|e| format!("reading {}: {e}", log.display()))?;
+        if n == 0 {
+            return Ok(None);
+        }
+        let line = buf.strip_suffix(b"\n").unwrap_or(&buf);
+        if let Some(d) = denied_in(line, id)? {
+            return Ok(Some(d));
+        }
+    }
+}
+
+/// `--from`'s default: serve's metrics listener as `EGRESSD_METRICS_LISTEN`
+/// gives it, else serve's default.
+fn default_from() -> String {
+    std::env::var("EGRESSD_METRICS_LISTEN").unwrap_or_else(|_| "127.0.0.1:9464".into())
+}
+
+/// Asks the running egressd at `from` (its metrics listener) for the line
+/// of denied request `id` it keeps: `Ok(None)` when it keeps none.
+fn ask_running(from: &str, id: &str) -> Result<Option<Denied>, String> {
+    use std::io::Read;
+    use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpStream, ToSocketAddrs};
+    let hostport = from
+        .strip_prefix("http://")
+        .unwrap_or(from)
+        .trim_end_matches('/');
+    if hostport.contains(['/', '?', '@', '#']) || (from.contains("://") && !from.starts_with("http://"))
+    {
+        return Err(format!(
+            "--from {from:?}: give the metrics listener as http://HOST:PORT"
+        ));
+    }
+    if !crate::record::RequestId::looks_like(id) {
+        return Err(format!("{id:?} is not a request id (12 characters)"));
+    }
+    let addrs: Vec<SocketAddr> = hostport
+        .to_socket_addrs()
+        .map_err(|e| format!("--from {from:?}: {e}"))?
+        .collect();
+    let timeout = std::time::Duration::from_secs(5);
+    let mut last = None;
+    let mut stream = None;
+    for a in addrs {
+        // A listener on every address (0.0.0.0) is reached on loopback.
+        let a = match a.ip() {
+            IpAddr::V4(ip) if ip.is_unspecified() => SocketAddr::new(Ipv4Addr::LOCALHOST.into(), a.port()),
+            IpAddr::V6(ip) if ip.is_unspecified() => SocketAddr::new(Ipv6Addr::LOCALHOST.into(), a.port()),
+            _ => a,
+        };
+        match TcpStream::connect_timeout(&a, timeout) {
+            Ok(s) => {
+                stream = Some(s);
+                break;
+            }
+            Err(e) => last = Some(e),
+        }
+    }
+    let mut stream = stream.ok_or_else(|| {
+        format!(
+            "cannot reach the running egressd at {hostport}: {}",
+            last.map_or("no address".into(), |e| e.to_string())
+        )
+    })?;
+    let _ = stream.set_read_timeout(Some(timeout));
+    let _ = stream.set_write_timeout(Some(timeout));
+    write!(
+        stream,
+        "GET /denials?id={id} HTTP/1.1\r\nHost: {hostport}\r\nConnection: close\r\n\r\n"
+    )
+    .map_err(|e| format!("asking the running egressd at {hostport}: {e}"))?;
+    let mut resp = Vec::new();
+    stream
+        .take(1 << 20)
+        .read_to_end(&mut resp)
+        .map_err(|e| format!("reading the running egressd's answer: {e}"))?;
+    let split = resp
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .ok_or_else(|| format!("{hostport} did not answer as egressd's metrics listener"))?;
+    let head = String::from_utf8_lossy(&resp[..split]);
+    let body = &resp[split + 4..];
+    let status: u16 = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    match status {
+        200 => {
+            let line = body.strip_suffix(b"\n").unwrap_or(body);
+            denied_in(line, id)?
+                .map(Some)
+                .ok_or_else(|| format!("{hostport} answered a line that is not request {id}'s"))
+        }
+        404 => Ok(None),
+        _ => Err(format!(
+            "the running egressd at {hostport} answered {status}: {}",
+            String::from_utf8_lossy(body).trim()
+        )),
+    }
+}
+
+/// The denied request `id`: from the log file when one is given and holds
+/// it, else from the running egressd's recent denials.
+fn locate(args: &GrantArgs, id: &str) -> Result<Denied, String> {
+    let log = args.log.as_ref().filter(|l| l.as_os_str() != "-");
+    if let Some(log) = log {
+        if let Some(d) = find(log, id)? {
+            return Ok(d);
+        }
+    }
+    let from = args.from.clone().unwrap_or_else(default_from);
+    match ask_running(&from, id) {
+        Ok(Some(d)) => Ok(d),
+        Ok(None) => Err(match log {
+            Some(l) => format!(
+                "no denied request {id} in {} nor among the recent denials of the running egressd at {from} (is it the log serve writes? a denial no grant can lift is not kept)",
+                l.display()
+            ),
+            None => format!(
+                "no denied request {id} among the recent denials of the running egressd at {from} (give --log FILE for an older one; a denial no grant can lift is not kept)"
+            ),
+        }),
+        Err(e) => Err(match log {
+            Some(l) => format!("no denied request {id} in {}, and {e}", l.display()),
+            None => format!("{e} (or give --log FILE, the decision log that holds the denied line)"),
+        }),
+    }
+}
 
 fn grant(args: &GrantArgs, dir: &Path, request: &str, out: &mut dyn Write) -> Result<(), String> {
     let ttl = args.ttl.ok_or("give --ttl DUR (30m, 2h)")?;
     let owner = nonempty(args.owner.as_deref(), "--owner WHO")?;
     let reason = nonempty(args.reason.as_deref(), "--reason WHY")?;
-    let log = match &args.log {
-        Some(l) if l.as_os_str() != "-" => l.clone(),
-        _ => return Err("give --log FILE: the decision log that holds the denied line".into()),
-    };
-    let d = find(&log, request)?;
+    let d = locate(args, request)?;
     let policy = load(args, None)?;
     let now = unix_now();
     let ceiling = Candidate {
@@ -462,6 +583,7 @@ fn revoke(dir: &Path, id: &str, out: &mut dyn Write) -> Result<(), String> {
     let p = grant_path(dir, id)?;
     std::fs::remove_file(&p).map_err(|e| format!("cannot remove {}: {e}", p.display()))?;
     let _ = std::fs::remove_file(state_file(dir, id));
+    let _ = std::fs::remove_file(lock_file(dir, id));
     let _ = writeln!(
         out,
         "revoked {id}: removed {} (serve stops matching it at its next reload, within 2 s)",

@@ -13,7 +13,21 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 
 use super::addr;
+use super::Reason;
 use super::host::{parse_target, HostPattern, Target};
+
+/// Denials a grant can lift: those where no exception allowed the request.
+/// The others (a tunnel, a private address, a package rule, malformed
+/// input) stay whatever exception is added.
+pub const GRANTABLE: &[Reason] = &[
+    Reason::NoException,
+    Reason::Expired,
+    Reason::GrantUsedUp,
+    Reason::ClientNotAllowed,
+    Reason::PortNotAllowed,
+    Reason::MethodNotAllowed,
+    Reason::PathNotAllowed,
+];
 
 /// `settings.grants.max_ttl` when the policy sets none.
 pub const DEFAULT_MAX_TTL_SECS: u64 = 24 * 3600;
@@ -206,11 +220,27 @@ impl Grant {
     }
 
     /// Takes one use, exactly: of any number of requests racing for the
-    /// last use, one gets it (a compare-and-swap on the shared counter).
-    /// The sink hears of the new count before this returns, so a use is
-    /// on disk before the request it allowed goes out.
+    /// last use, one gets it. In memory, by a compare-and-swap on the
+    /// shared counter; with a sink, under the sink's lock, from the higher
+    /// of this process's count and the count the sink keeps (which other
+    /// processes sharing the grants directory write too), and the sink has
+    /// the new count before this returns, so a use is on disk before the
+    /// request it allowed goes out.
     pub fn take(&self) -> bool {
         let u = &self.uses;
+        let sink = u.sink.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(sink) = &*sink {
+            let mine = u.used.load(Ordering::Acquire);
+            let taken = sink.take(mine, self.max_uses);
+            let now = match taken {
+                Ok(n) | Err(n) => n.max(mine),
+            };
+            // Raised, never lowered: a used-up grant stays used up here,
+            // so the caller's next decision no longer matches it.
+            u.used.fetch_max(now, Ordering::AcqRel);
+            return taken.is_ok();
+        }
+        drop(sink);
         let mut cur = u.used.load(Ordering::Acquire);
         loop {
             if self.max_uses.is_some_and(|m| cur >= m) {
@@ -220,16 +250,10 @@ impl Grant {
                 .used
                 .compare_exchange_weak(cur, cur + 1, Ordering::AcqRel, Ordering::Acquire)
             {
-                Ok(_) => break,
+                Ok(_) => return true,
                 Err(now) => cur = now,
             }
         }
-        if let Some(sink) = &*u.sink.lock().unwrap_or_else(|e| e.into_inner()) {
-            // Under the lock, the count now: of racing writers the last
-            // one writes the highest count, never an older one.
-            sink.used(u.used.load(Ordering::Acquire));
-        }
-        true
     }
 
     /// The counter this grant counts in.
@@ -256,9 +280,14 @@ impl Clone for Grant {
     }
 }
 
-/// Where a grant's count is kept when it changes.
+/// Where a grant's count is kept: on disk, shared by every egressd that
+/// serves the same grants directory.
 pub trait UseSink: Send + Sync + std::fmt::Debug {
-    fn used(&self, n: u32);
+    /// Takes one use under a lock every process sharing the count holds
+    /// for it: from the higher of `mine` (this process's count) and the
+    /// count kept, unless that reaches `max`. `Ok(new count)` when a use
+    /// was taken and kept, `Err(count)` when none is left.
+    fn take(&self, mine: u32, max: Option<u32>) -> Result<u32, u32>;
 }
 
 /// One grant's use count, shared by every policy that holds the grant.

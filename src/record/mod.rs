@@ -12,6 +12,7 @@ pub mod denials;
 mod json;
 pub mod ocsf;
 pub mod rate;
+pub mod recent;
 
 use std::borrow::Cow;
 use std::net::SocketAddr;
@@ -407,6 +408,9 @@ pub struct Recorder {
     /// Each client's lines this second (`rate`): past its limit they are
     /// summed into a `rate_limited` line.
     pub rate: Arc<rate::LogRate>,
+    /// The recent denials a grant could lift, for `egressd grant ID` from
+    /// the running egressd (served on the metrics listener).
+    pub recent_denials: Arc<recent::RecentDenials>,
 }
 
 impl Recorder {
@@ -417,6 +421,7 @@ impl Recorder {
             format: LogFormat::Egressd,
             package_denials: Arc::default(),
             rate: Arc::default(),
+            recent_denials: Arc::default(),
         }
     }
 
@@ -574,6 +579,7 @@ impl Recorder {
             // Summed into the next `rate_limited` line: nothing to wait for.
             return None;
         }
+        self.recent_denials.note(ev);
         // Refusals before the policy forwarded nothing and come as fast as
         // a client sends: the sink may count them instead of keeping them
         // when it is far behind. Every other line is always kept.

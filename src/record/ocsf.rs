@@ -262,10 +262,17 @@ impl Event {
                 uint(out, st.into());
             }
         }
-        if self.event.is_some() {
+        // The request's id where egressd's own line has it: a denial's (the
+        // one `egressd grant` takes) and a connection's two events' (which
+        // it pairs); and the grant that allowed the request.
+        if self.decision == Logged::Deny || self.event.is_some() {
             out.extend_from_slice(b",\"id\":\"");
             out.extend_from_slice(&self.id.as_bytes());
             out.push(b'"');
+        }
+        if let Some(g) = &self.grant {
+            out.extend_from_slice(b",\"grant\":");
+            json_str(out, g);
         }
         if let Some(e) = &self.error {
             out.extend_from_slice(b",\"error\":");
@@ -531,5 +538,23 @@ mod tests {
         );
         assert!(v.get("dst_endpoint").is_none());
         assert!(v.get("traffic").is_none());
+    }
+
+    #[test]
+    fn a_denial_carries_its_request_id_and_a_granted_request_its_grant() {
+        let mut ev = Event::new(Proto::Http, "10.8.3.7:51234".parse().unwrap());
+        ev.host = Some("api.example.com".into());
+        ev.decision = Logged::Deny;
+        ev.reason = crate::policy::Reason::NoException;
+        let v = event(&ev);
+        assert_eq!(v["unmapped"]["egressd"]["id"], ev.id.to_string());
+        assert!(v["unmapped"]["egressd"].get("grant").is_none());
+        ev.decision = Logged::Allow;
+        ev.reason = crate::policy::Reason::Exception;
+        ev.exception = Some(std::sync::Arc::from("g-abc"));
+        ev.grant = Some(std::sync::Arc::from("g-abc"));
+        let v = event(&ev);
+        assert_eq!(v["unmapped"]["egressd"]["grant"], "g-abc");
+        assert!(v["unmapped"]["egressd"].get("id").is_none());
     }
 }

@@ -2,6 +2,11 @@
 //! handed to every policy that holds the grant ([`GrantStore::share`]), and
 //! kept on disk beside the grant (`<grants>/.state/<id>.uses`, written
 //! atomically at each use) so a restart of egressd starts where it stopped.
+//! Each use is taken under an exclusive `flock` of `<id>.lock` beside it,
+//! from the count on disk: egressd replicas sharing one grants directory
+//! (a shared volume) count each grant together, exactly, and a replica
+//! that dies leaves its count to the others. A grants directory egressd
+//! cannot write (a ConfigMap) keeps counts in memory, and says so once.
 //!
 //! Owns the counters and their files. Does not own taking a use (the
 //! compare-and-swap is `policy::grant::Grant::take`) or the grant files.
@@ -22,6 +27,12 @@ pub fn state_file(grants: &Path, id: &str) -> PathBuf {
     grants.join(STATE_DIR).join(format!("{id}.uses"))
 }
 
+/// The file whose `flock` guards grant `id`'s count (not the count's own
+/// file: that is replaced by a rename at each use).
+pub fn lock_file(grants: &Path, id: &str) -> PathBuf {
+    grants.join(STATE_DIR).join(format!("{id}.lock"))
+}
+
 /// The use count kept for grant `id` (0 when none is kept).
 pub fn read_uses(grants: &Path, id: &str) -> u32 {
     std::fs::read_to_string(state_file(grants, id))
@@ -37,6 +48,9 @@ pub struct GrantStore {
     /// `--grants`, which can hold no grant anyway).
     dir: Option<PathBuf>,
     counters: Mutex<HashMap<Arc<str>, Arc<GrantUses>>>,
+    /// Whether `dir/.state/` can be written, found once, when the first
+    /// grant is served (a policy without grants never makes the directory).
+    writable: std::sync::OnceLock<bool>,
 }
 
 impl GrantStore {
@@ -44,6 +58,7 @@ impl GrantStore {
         Arc::new(GrantStore {
             dir,
             counters: Mutex::default(),
+            writable: std::sync::OnceLock::new(),
         })
     }
 
@@ -66,32 +81,89 @@ impl GrantStore {
 
     fn counter(&self, id: &str) -> GrantUses {
         match &self.dir {
-            Some(dir) => GrantUses::new(
+            Some(dir) if self.writable(dir) => GrantUses::new(
                 read_uses(dir, id),
                 Some(Box::new(FileSink {
                     path: state_file(dir, id),
+                    lock: lock_file(dir, id),
                 })),
             ),
+            // Read-only: what an earlier run kept still counts.
+            Some(dir) => GrantUses::new(read_uses(dir, id), None),
             None => GrantUses::new(0, None),
         }
     }
+
+    /// Whether grant counts can be kept in `dir`: `.state/` made if
+    /// missing, and a file created and removed in it. Said on stderr once
+    /// when they cannot.
+    fn writable(&self, dir: &Path) -> bool {
+        *self.writable.get_or_init(|| {
+            let state = dir.join(STATE_DIR);
+            let probe = state.join(format!(".probe.{}", std::process::id()));
+            let r = std::fs::create_dir_all(&state)
+                .and_then(|()| std::fs::File::create(&probe).map(drop))
+                .and_then(|()| std::fs::remove_file(&probe));
+            if let Err(e) = &r {
+                eprintln!(
+                    "egressd: the grants directory {} is read-only ({e}): grant use counts are kept in memory only, per process, and start again from the kept count at a restart",
+                    dir.display()
+                );
+            }
+            r.is_ok()
+        })
+    }
 }
 
-/// Writes a grant's count to its state file: a temporary file renamed over
-/// it, so a reader (or a restart) sees the old count or the new, never half.
+/// Keeps a grant's count in its state file, under a lock on its lock file
+/// that every egressd sharing the directory takes: the count is read, the
+/// use taken and the new count written (a temporary file renamed over the
+/// old, so a reader sees the old count or the new, never half) while the
+/// lock is held.
 #[derive(Debug)]
 struct FileSink {
     path: PathBuf,
+    lock: PathBuf,
 }
 
 impl UseSink for FileSink {
-    fn used(&self, n: u32) {
-        if let Err(e) = write_atomic(&self.path, format!("{n}\n").as_bytes()) {
+    fn take(&self, mine: u32, max: Option<u32>) -> Result<u32, u32> {
+        let lock = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&self.lock)
+            .and_then(|f| {
+                use std::os::fd::AsRawFd;
+                // SAFETY: flock on a descriptor this function owns; the
+                // lock is released when `f` is closed.
+                if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) } != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(f)
+            });
+        if let Err(e) = &lock {
+            eprintln!(
+                "egressd: cannot lock a grant's use count {}: {e} (counted in this process only)",
+                self.lock.display()
+            );
+        }
+        let kept = std::fs::read_to_string(&self.path)
+            .ok()
+            .and_then(|s| s.trim().parse::<u32>().ok())
+            .unwrap_or(0);
+        let cur = kept.max(mine);
+        if max.is_some_and(|m| cur >= m) {
+            return Err(cur);
+        }
+        if let Err(e) = write_atomic(&self.path, format!("{}\n", cur + 1).as_bytes()) {
             eprintln!(
                 "egressd: cannot keep a grant's use count in {}: {e}",
                 self.path.display()
             );
         }
+        drop(lock);
+        Ok(cur + 1)
     }
 }
 
@@ -154,5 +226,54 @@ mod tests {
         let mut p3 = grant_policy(dir.path());
         store.share(&mut p3);
         assert!(p3.exceptions[0].grant().unwrap().used_up());
+    }
+
+    /// Two egressd processes sharing one grants directory (two stores, as
+    /// each process has its own): the uses are counted together, exactly,
+    /// under racing takers, and one that stops leaves its count to the other.
+    #[test]
+    fn replicas_sharing_a_grants_directory_count_together_exactly() {
+        let dir = tempfile::tempdir().unwrap();
+        let (a, b) = (
+            GrantStore::new(Some(dir.path().into())),
+            GrantStore::new(Some(dir.path().into())),
+        );
+        let (mut pa, mut pb) = (grant_policy(dir.path()), grant_policy(dir.path()));
+        a.share(&mut pa);
+        b.share(&mut pb);
+        let (ga, gb) = (
+            pa.exceptions[0].grant().unwrap(),
+            pb.exceptions[0].grant().unwrap(),
+        );
+        let taken: u32 = std::thread::scope(|s| {
+            let hs: Vec<_> = (0..8)
+                .map(|i| {
+                    let g = if i % 2 == 0 { ga } else { gb };
+                    s.spawn(move || g.take() as u32)
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).sum()
+        });
+        assert_eq!(taken, 2, "max_uses 2 across both");
+        assert_eq!(read_uses(dir.path(), "g1"), 2);
+        assert!(ga.used_up() && gb.used_up());
+
+        // One use taken by A only; B has not seen it in memory, and takes
+        // the last from the count on disk.
+        let dir = tempfile::tempdir().unwrap();
+        let (a, b) = (
+            GrantStore::new(Some(dir.path().into())),
+            GrantStore::new(Some(dir.path().into())),
+        );
+        let (mut pa, mut pb) = (grant_policy(dir.path()), grant_policy(dir.path()));
+        a.share(&mut pa);
+        b.share(&mut pb);
+        assert!(pa.exceptions[0].grant().unwrap().take());
+        drop((a, pa));
+        let gb = pb.exceptions[0].grant().unwrap();
+        assert_eq!(gb.used(), 0);
+        assert!(gb.take());
+        assert_eq!(gb.used(), 2);
+        assert!(!gb.take());
     }
 }

@@ -892,7 +892,7 @@ fn base32(data: &[u8]) -> String {
 
 /// A tunnel name carrying chunk `i` of a pseudo-random payload: two labels of
 /// base32 within the default caps (labels <= 40, name <= 120).
-fn tunnel_name(i: u32, suffix: &str) -> (String, usize) {
+pub(crate) fn tunnel_name(i: u32, suffix: &str) -> (String, usize) {
     let mut x = 0x9e37_79b9u32.wrapping_mul(i + 1);
     let chunk: Vec<u8> = (0..45)
         .map(|_| {

@@ -725,3 +725,240 @@ fn fleet_a_client_pinned_by_haproxy_meets_one_replica_and_a_grant_keeps_its_uses
     let _ = haproxy.kill();
     let _ = haproxy.wait();
 }
+
+/// `egressd grant` run with `args` and nothing from the environment.
+fn grant_bare(args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_egressd"))
+        .arg("grant")
+        .args(args)
+        .env_remove("EGRESSD_POLICY")
+        .env_remove("EGRESSD_GRANTS")
+        .env_remove("EGRESSD_LOG")
+        .env_remove("EGRESSD_METRICS_LISTEN")
+        .env("USER", "reviewer")
+        .output()
+        .expect("egressd grant runs");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// The log on stdout (a cluster's pipeline), no file to read it from:
+/// `egressd grant ID --from` takes the denied line from the running
+/// egressd's recent denials, served on its metrics listener.
+#[test]
+fn a_grant_from_the_running_egressds_recent_denials_needs_no_log_file() {
+    let l = lab()
+        .names(&["api.test"])
+        .egressd(|b| b.log("-"))
+        .start(|_| base());
+    let (e, port) = (&l.e, l.port());
+    let url = format!("http://api.test:{port}/data");
+    let r = curl(e, &url, Some(A_TOKEN));
+    assert_eq!(r.status, 403);
+    let id = r.request.unwrap();
+    assert!(!e.log_path.exists(), "no log file to read");
+
+    // The endpoint: the denial's line, by its id.
+    let ask = |q: &str| {
+        http_request(
+            e.metrics,
+            format!("GET /denials{q} HTTP/1.1\r\nHost: m\r\nConnection: close\r\n\r\n").as_bytes(),
+        )
+    };
+    let got = ask(&format!("?id={id}"));
+    assert_eq!(got.status, 200);
+    let line: Value = serde_json::from_slice(&got.body).unwrap();
+    assert_eq!(
+        (&line["id"], &line["client"], &line["reason"], &line["path"]),
+        (
+            &Value::from(id.as_str()),
+            &"agent-a".into(),
+            &"no_exception".into(),
+            &"/data".into()
+        )
+    );
+    assert_eq!(ask("?id=0000000000ab").status, 404);
+    assert_eq!(ask("").status, 400);
+
+    let from = format!("http://{}", e.metrics);
+    let policy = e.policy_dir.display().to_string();
+    let (ok, out, err) = grant_bare(&[
+        &id, "--ttl", "1h", "--uses", "1", "--owner", "o", "--reason", "r", "--policy", &policy,
+        "--from", &from,
+    ]);
+    assert!(ok, "{err}");
+    assert!(out.contains("to client agent-a"), "{out}");
+    wait_grants(e, 1, 0, 0);
+    assert_eq!(curl(e, &url, Some(A_TOKEN)).status, 200);
+    let r = curl(e, &url, Some(A_TOKEN));
+    assert_eq!(
+        (r.status, r.reason.as_deref()),
+        (403, Some("grant_used_up"))
+    );
+    // An id the running egressd does not keep: refused, nothing written.
+    let (ok, _, err) = grant_bare(&[
+        "0000000000ab", "--ttl", "1h", "--owner", "o", "--reason", "r", "--policy", &policy,
+        "--from", &from,
+    ]);
+    assert!(!ok && err.contains("among the recent denials"), "{err}");
+    // No egressd there: said so, and what to give instead.
+    let (ok, _, err) = grant_bare(&[
+        &id, "--ttl", "1h", "--owner", "o", "--reason", "r", "--policy", &policy, "--from",
+        "http://127.0.0.1:9",
+    ]);
+    assert!(
+        !ok && err.contains("cannot reach the running egressd") && err.contains("--log FILE"),
+        "{err}"
+    );
+    let files = std::fs::read_dir(e.policy_dir.join("grants"))
+        .unwrap()
+        .filter(|f| {
+            f.as_ref()
+                .unwrap()
+                .file_name()
+                .to_string_lossy()
+                .ends_with(".yaml")
+        })
+        .count();
+    assert_eq!(files, 1);
+}
+
+/// A grants directory egressd cannot write (a ConfigMap, here a read-only
+/// bind mount in egressd's own mount namespace): the grant serves, its uses
+/// are counted in memory only, and egressd says so once on stderr.
+#[test]
+fn a_read_only_grants_directory_counts_in_memory_and_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let grants = dir.path().join("grants");
+    std::fs::create_dir(&grants).unwrap();
+    let g = grants.display().to_string();
+    // Writable first, to grant the denial.
+    let l = lab()
+        .names(&["api.test"])
+        .egressd(|b| b.arg("--grants").arg(&g))
+        .start(|_| base());
+    let url = format!("http://api.test:{}/", l.port());
+    let id = curl(&l.e, &url, Some(A_TOKEN)).request.unwrap();
+    line_of(&l.e, &id);
+    let policy = l.e.policy_dir.display().to_string();
+    let log = l.e.log_path.display().to_string();
+    let (ok, out, err) = grant_bare(&[
+        &id, "--ttl", "1h", "--uses", "2", "--owner", "o", "--reason", "r", "--policy", &policy,
+        "--grants", &g, "--log", &log,
+    ]);
+    assert!(ok, "{err}");
+    let gid = granted_id(&out);
+    wait_grants(&l.e, 1, 0, 0);
+
+    let read_only = |dns: std::net::SocketAddr| {
+        egressd()
+            .dns(dns)
+            .policy_path(&l.e.policy_dir)
+            .arg("--grants")
+            .arg(&g)
+            .env("RO", &g)
+            .wrap(&[
+                "unshare",
+                "-m",
+                "--propagation",
+                "private",
+                "sh",
+                "-c",
+                r#"mount --bind "$RO" "$RO" && mount -o remount,bind,ro "$RO" "$RO" && exec "$0" "$@""#,
+            ])
+            .start()
+    };
+    let ro = read_only(l.dns.addr);
+    wait_grants(&ro, 1, 0, 0);
+    let r = curl(&ro, &url, Some(A_TOKEN));
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(curl(&ro, &url, Some(A_TOKEN)).status, 200);
+    let r = curl(&ro, &url, Some(A_TOKEN));
+    assert_eq!(
+        (r.status, r.reason.as_deref()),
+        (403, Some("grant_used_up"))
+    );
+    let said = ro.stderr_text();
+    assert_eq!(
+        said.matches("is read-only").count(),
+        1,
+        "said once: {said}"
+    );
+    assert!(said.contains("kept in memory only"), "{said}");
+    assert!(!said.contains("cannot keep"), "{said}");
+    assert!(!grants.join(".state").join(format!("{gid}.uses")).exists());
+    // In memory only: a restart counts again from what was kept (nothing).
+    drop(ro);
+    let ro = read_only(l.dns.addr);
+    wait_grants(&ro, 1, 0, 0);
+    assert_eq!(curl(&ro, &url, Some(A_TOKEN)).status, 200);
+}
+
+/// `--log-format ocsf`: a denial's event carries its request id, `egressd
+/// grant` finds it in the OCSF log, and the events the grant allows carry
+/// the grant's id; the report reads both back.
+#[test]
+fn ocsf_events_carry_the_request_id_and_the_grant() {
+    let l = lab()
+        .names(&["api.test"])
+        .egressd(|b| b.arg("--log-format").arg("ocsf"))
+        .start(|_| base());
+    let (e, port) = (&l.e, l.port());
+    let url = format!("http://api.test:{port}/o");
+    let id = curl(e, &url, Some(A_TOKEN)).request.unwrap();
+    let denied = e.wait_line("the OCSF denial", |v| {
+        v["unmapped"]["egressd"]["id"] == id.as_str()
+    });
+    assert_eq!(denied["disposition_id"], 2);
+    // Only the OCSF log can give it: no running egressd at --from.
+    let (ok, out, err) = grant_bare(&[
+        &id,
+        "--ttl",
+        "1h",
+        "--uses",
+        "1",
+        "--owner",
+        "o",
+        "--reason",
+        "r",
+        "--policy",
+        &e.policy_dir.display().to_string(),
+        "--log",
+        &e.log_path.display().to_string(),
+        "--from",
+        "http://127.0.0.1:9",
+    ]);
+    assert!(ok, "{err}");
+    let gid = granted_id(&out);
+    wait_grants(e, 1, 0, 0);
+    assert_eq!(curl(e, &url, Some(A_TOKEN)).status, 200);
+    let allowed = e.wait_line("the granted event", |v| {
+        v["disposition_id"] == 1 && v["unmapped"]["egressd"]["grant"] == gid.as_str()
+    });
+    assert_eq!(allowed["policy"]["uid"], gid.as_str());
+    // The report reads the grant from the OCSF log: revoked, the grant is
+    // known from its use alone.
+    let (ok, _, err) = grant_bare(&[
+        "--revoke",
+        &gid,
+        "--policy",
+        &e.policy_dir.display().to_string(),
+    ]);
+    assert!(ok, "{err}");
+    let out = Command::new(env!("CARGO_BIN_EXE_egressd"))
+        .arg("report")
+        .arg("--policy")
+        .arg(&e.policy_dir)
+        .arg(&e.log_path)
+        .env_remove("EGRESSD_POLICY")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains(&format!("api.test:{port}  1 grant")),
+        "{text}"
+    );
+}

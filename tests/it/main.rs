@@ -12,6 +12,7 @@ mod dns;
 mod examples;
 mod explain_packages;
 mod fast_path;
+mod fleet;
 mod forward;
 mod fuzz_regressions;
 mod git_gate;

@@ -69,6 +69,9 @@ pub struct LogLine<'a> {
     /// The grant that allowed the request (DESIGN "Grants").
     #[serde(borrow, default)]
     pub grant: Option<Cow<'a, str>>,
+    /// The request's id (DESIGN "Grants"): what `egressd grant` looks for.
+    #[serde(borrow, default)]
+    pub id: Option<Cow<'a, str>>,
     /// `open` or `close` on a long-lived connection's two lines (DESIGN
     /// "The record holds"); absent on a short request's one line.
     #[serde(borrow, default)]
@@ -423,6 +426,10 @@ struct OcsfEgressd<'a> {
     mode: Option<Cow<'a, str>>,
     #[serde(borrow, default)]
     method: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    id: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    grant: Option<Cow<'a, str>>,
 }
 
 impl<'a> OcsfLine<'a> {
@@ -431,9 +438,9 @@ impl<'a> OcsfLine<'a> {
     /// `https` is an intercepted request).
     pub fn into_line(self) -> Result<LogLine<'a>, String> {
         let egressd = self.unmapped.and_then(|u| u.egressd);
-        let (proto, mode, connect_method) = match egressd {
-            Some(e) => (e.proto, e.mode, e.method),
-            None => (None, None, None),
+        let (proto, mode, connect_method, id, grant) = match egressd {
+            Some(e) => (e.proto, e.mode, e.method, e.id, e.grant),
+            None => (None, None, None, None, None),
         };
         let http = self.http_request;
         let (method, url) = match http {
@@ -504,7 +511,8 @@ impl<'a> OcsfLine<'a> {
             note: self.status_detail,
             package: None,
             origin: None,
-            grant: None,
+            grant,
+            id,
             event,
         })
     }
@@ -790,5 +798,28 @@ mod round_trip {
         assert!(parse_line(b"{\"proto\":\"dns\"}")
             .unwrap_err()
             .contains("missing field `ts`"));
+    }
+
+    #[test]
+    fn an_ocsf_event_reads_back_its_request_id_and_grant() {
+        use crate::policy::{Logged, Proto, Reason};
+        use crate::record::Event;
+        let mut ev = Event::new(Proto::Http, "10.8.3.7:51234".parse().unwrap());
+        ev.host = Some("api.example.com".into());
+        ev.decision = Logged::Deny;
+        ev.reason = Reason::NoException;
+        let mut out = Vec::new();
+        ev.write_ocsf(&mut out);
+        let l = parse_line(trim_newline(&out)).unwrap();
+        assert_eq!(l.id.as_deref(), Some(ev.id.to_string().as_str()));
+        assert!(!l.allowed());
+        ev.decision = Logged::Allow;
+        ev.reason = Reason::Exception;
+        ev.exception = Some(std::sync::Arc::from("g-abc"));
+        ev.grant = Some(std::sync::Arc::from("g-abc"));
+        out.clear();
+        ev.write_ocsf(&mut out);
+        let l = parse_line(trim_newline(&out)).unwrap();
+        assert_eq!((l.grant.as_deref(), l.id), (Some("g-abc"), None));
     }
 }

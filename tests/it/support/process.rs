@@ -45,6 +45,7 @@ pub struct Builder {
     policy_file: bool,
     policy_path: Option<PathBuf>,
     clean_env: bool,
+    wrap: Vec<String>,
 }
 
 pub fn egressd() -> Builder {
@@ -86,6 +87,13 @@ impl Builder {
         self.policy_path = Some(path.to_path_buf());
         self
     }
+    /// Start egressd under `argv` (say `unshare -m sh -c '…; exec "$0" "$@"'`),
+    /// which is given egressd's path and arguments after its own and must
+    /// exec them (the child's pid stays egressd's).
+    pub fn wrap(mut self, argv: &[&str]) -> Self {
+        self.wrap = argv.iter().map(|a| a.to_string()).collect();
+        self
+    }
     /// Start egressd with an empty environment (plus [`Builder::env`]), as
     /// a container or a service manager would.
     pub fn clean_env(mut self) -> Self {
@@ -111,7 +119,14 @@ impl Builder {
             .clone()
             .unwrap_or_else(|| log_path.display().to_string());
         let upstream = self.upstream_dns.unwrap_or_else(|| NO_DNS.parse().unwrap());
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_egressd"));
+        let mut cmd = match self.wrap.split_first() {
+            Some((prog, rest)) => {
+                let mut c = Command::new(prog);
+                c.args(rest).arg(env!("CARGO_BIN_EXE_egressd"));
+                c
+            }
+            None => Command::new(env!("CARGO_BIN_EXE_egressd")),
+        };
         if self.clean_env {
             cmd.env_clear();
         }
