@@ -13,6 +13,7 @@
 //!   one kept on disk.
 
 use std::net::{SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
@@ -124,26 +125,22 @@ impl Fleet {
             .collect()
     }
 
-    /// HAProxy in front of the replicas' proxy ports, as docs/grants.md
-    /// configures it: one replica per client address, health-checked, and
-    /// a client whose replica is down is moved to another.
+    /// HAProxy in front of the replicas' proxy ports, configured by the
+    /// shipped `deploy/balancers/haproxy.cfg`: one replica per client
+    /// address, health-checked, and a client whose replica is down moved to
+    /// another.
     fn haproxy(&self) -> (Balancer, SocketAddr) {
         let front = free_tcp();
         let cfg = self.dir.path().join("haproxy.cfg");
-        std::fs::write(
-            &cfg,
-            format!(
-                "global\n  maxconn 100\n\
-                 defaults\n  mode tcp\n  timeout connect 2s\n  timeout client 30s\n  timeout server 30s\n  option redispatch\n  retries 3\n\
-                 frontend proxy\n  bind {front}\n  default_backend egressd\n\
-                 backend egressd\n  balance source\n  hash-type consistent\n\
-                 \x20 server r0 {} check inter 200ms fall 1 rise 1\n\
-                 \x20 server r1 {} check inter 200ms fall 1 rise 1\n",
-                self.r(0).proxy,
-                self.r(1).proxy
-            ),
-        )
-        .unwrap();
+        let text = shipped(
+            "haproxy.cfg",
+            &[
+                ("10.0.0.10:3128", front.to_string()),
+                ("10.0.0.11:3128", self.r(0).proxy.to_string()),
+                ("10.0.0.12:3128", self.r(1).proxy.to_string()),
+            ],
+        );
+        std::fs::write(&cfg, text).unwrap();
         let child = Command::new("haproxy")
             .arg("-db")
             .arg("-f")
@@ -156,12 +153,22 @@ impl Fleet {
         (Balancer(child), front)
     }
 
-    /// dnsdist in front of the replicas' resolvers, as docs/grants.md
-    /// configures it: a client's address hashed onto one replica.
+    /// dnsdist in front of the replicas' resolvers, configured by the
+    /// shipped `deploy/balancers/dnsdist.conf`: a client's address hashed
+    /// onto one replica.
     fn dnsdist(&self) -> (Balancer, SocketAddr) {
         let listen = free_udp_tcp();
         let cfg = self.dir.path().join("dnsdist.conf");
-        std::fs::write(&cfg, dnsdist_conf(listen, &[self.r(0).dns, self.r(1).dns])).unwrap();
+        let text = shipped(
+            "dnsdist.conf",
+            &[
+                ("10.0.0.10:53", listen.to_string()),
+                ("10.0.0.11:8053", self.r(0).dns.to_string()),
+                ("10.0.0.12:8053", self.r(1).dns.to_string()),
+                ("10.0.0.0/8", "127.0.0.0/8".to_string()),
+            ],
+        );
+        std::fs::write(&cfg, text).unwrap();
         let child = Command::new("dnsdist")
             .args(["--supervised", "--disable-syslog", "-C"])
             .arg(&cfg)
@@ -181,28 +188,20 @@ impl Fleet {
     }
 }
 
-/// The dnsdist configuration of docs/grants.md, for these replicas.
-fn dnsdist_conf(listen: SocketAddr, replicas: &[SocketAddr]) -> String {
-    let mut s = format!(
-        "setSecurityPollSuffix(\"\")\nsetLocal(\"{listen}\")\n\
-         setACL({{\"127.0.0.0/8\"}})\n"
-    );
-    for (i, r) in replicas.iter().enumerate() {
-        s.push_str(&format!(
-            "newServer{{address=\"{r}\", name=\"r{i}\", checkInterval=1, maxCheckFailures=1}}\n"
-        ));
+/// The shipped balancer configuration `deploy/balancers/NAME`, its example
+/// addresses replaced by the test's (each must be there: the file is what
+/// the documentation gives, and what runs here).
+fn shipped(name: &str, replace: &[(&str, String)]) -> String {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("deploy/balancers")
+        .join(name);
+    let mut text = std::fs::read_to_string(&path).unwrap();
+    for (from, to) in replace {
+        assert!(text.contains(from), "{} names no {from}", path.display());
+        text = text.replace(from, to);
     }
-    s.push_str(
-        "-- One replica per client address: its DNS tunnel budget is exact.\n\
-         function egressd_by_client(servers, dq)\n\
-         \x20 local a = dq.remoteaddr:toString()\n\
-         \x20 local h = 0\n\
-         \x20 for i = 1, #a do h = (h * 31 + a:byte(i)) % 1000003 end\n\
-         \x20 return servers[1 + (h % #servers)]\n\
-         end\n\
-         setServerPolicyLua(\"egressd_by_client\", egressd_by_client)\n",
-    );
-    s
+    assert!(!text.contains("10.0.0."), "an address left: {text}");
+    text
 }
 
 /// A request through `front` as the named client: its status and
@@ -258,6 +257,7 @@ fn fleet_a_dns_tunnel_budget_is_spent_on_one_replica_and_holds_through_dnsdist()
     }
     let blocked_at = blocked_at.expect("the tunnel was never refused through dnsdist");
     assert!(blocked_at > 3, "refused at once: {blocked_at}");
+    eprintln!("fleet: the tunnel was refused through dnsdist after {blocked_at} names");
     let tunnel_lines = |i: usize| -> Vec<serde_json::Value> {
         f.lines(i)
             .into_iter()
