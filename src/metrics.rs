@@ -838,11 +838,15 @@ mod tests {
 
     #[test]
     fn recent_denials_are_served_to_loopback_peers_by_id_only() {
-        let find = |id: &str| (id == "m991n6nvnthe").then(|| "{\"id\":\"m991n6nvnthe\"}".to_string());
+        let find =
+            |id: &str| (id == "m991n6nvnthe").then(|| "{\"id\":\"m991n6nvnthe\"}".to_string());
         let (st, ctype, body) = denials(true, Some("id=m991n6nvnthe"), &find);
         assert_eq!((st, ctype), (StatusCode::OK, "application/json"));
         assert_eq!(&body[..], b"{\"id\":\"m991n6nvnthe\"}\n");
-        assert_eq!(denials(true, Some("id=m991n6nvnthf"), &find).0, StatusCode::NOT_FOUND);
+        assert_eq!(
+            denials(true, Some("id=m991n6nvnthf"), &find).0,
+            StatusCode::NOT_FOUND
+        );
         assert_eq!(denials(true, None, &find).0, StatusCode::BAD_REQUEST);
         assert_eq!(denials(true, Some("id="), &find).0, StatusCode::BAD_REQUEST);
         // A peer from afar (a scraper on the pod network) gets nothing.

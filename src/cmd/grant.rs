@@ -12,8 +12,8 @@ use std::path::{Path, PathBuf};
 
 use clap::Args;
 
-use super::Exit;
 use super::report::read;
+use super::Exit;
 use crate::policy::grant::{check_ceiling, Candidate, GRANTABLE};
 use crate::policy::{self, Policy, Reason, Source};
 use crate::reload::grants::{lock_file, read_uses, state_file, write_atomic};
@@ -190,7 +190,8 @@ fn ask_running(from: &str, id: &str) -> Result<Option<Denied>, String> {
         .strip_prefix("http://")
         .unwrap_or(from)
         .trim_end_matches('/');
-    if hostport.contains(['/', '?', '@', '#']) || (from.contains("://") && !from.starts_with("http://"))
+    if hostport.contains(['/', '?', '@', '#'])
+        || (from.contains("://") && !from.starts_with("http://"))
     {
         return Err(format!(
             "--from {from:?}: give the metrics listener as http://HOST:PORT"
@@ -209,8 +210,12 @@ fn ask_running(from: &str, id: &str) -> Result<Option<Denied>, String> {
     for a in addrs {
         // A listener on every address (0.0.0.0) is reached on loopback.
         let a = match a.ip() {
-            IpAddr::V4(ip) if ip.is_unspecified() => SocketAddr::new(Ipv4Addr::LOCALHOST.into(), a.port()),
-            IpAddr::V6(ip) if ip.is_unspecified() => SocketAddr::new(Ipv6Addr::LOCALHOST.into(), a.port()),
+            IpAddr::V4(ip) if ip.is_unspecified() => {
+                SocketAddr::new(Ipv4Addr::LOCALHOST.into(), a.port())
+            }
+            IpAddr::V6(ip) if ip.is_unspecified() => {
+                SocketAddr::new(Ipv6Addr::LOCALHOST.into(), a.port())
+            }
             _ => a,
         };
         match TcpStream::connect_timeout(&a, timeout) {

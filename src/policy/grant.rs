@@ -13,8 +13,8 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 
 use super::addr;
-use super::Reason;
 use super::host::{parse_target, HostPattern, Target};
+use super::Reason;
 
 /// Denials a grant can lift: those where no exception allowed the request.
 /// The others (a tunnel, a private address, a package rule, malformed

@@ -272,7 +272,10 @@ fn fleet_a_dns_tunnel_budget_is_spent_on_one_replica_and_holds_through_dnsdist()
     // Every name the client sent met one replica; the other spent nothing.
     let (serving, other) = if l1.is_empty() { (0, 1) } else { (1, 0) };
     let (served, unspent) = if serving == 0 { (l0, l1) } else { (l1, l0) };
-    assert!(unspent.is_empty(), "the other replica met the client: {unspent:?}");
+    assert!(
+        unspent.is_empty(),
+        "the other replica met the client: {unspent:?}"
+    );
     assert_eq!(served.len(), blocked_at as usize + 1);
     let refusal = served.last().unwrap();
     assert_eq!(
@@ -283,7 +286,10 @@ fn fleet_a_dns_tunnel_budget_is_spent_on_one_replica_and_holds_through_dnsdist()
     // Past the budget the client stays refused through the balancer (the
     // domain's cool-down, on the replica it meets).
     for i in [500, 501, 502] {
-        let r = ask_udp(front, &dns_query(&tunnel_name(i, "cdn.test").0, RecordType::A));
+        let r = ask_udp(
+            front,
+            &dns_query(&tunnel_name(i, "cdn.test").0, RecordType::A),
+        );
         assert_eq!(r.metadata.response_code, ResponseCode::Refused);
     }
     let refused = tunnel_lines(serving)

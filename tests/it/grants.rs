@@ -800,13 +800,31 @@ fn a_grant_from_the_running_egressds_recent_denials_needs_no_log_file() {
     );
     // An id the running egressd does not keep: refused, nothing written.
     let (ok, _, err) = grant_bare(&[
-        "0000000000ab", "--ttl", "1h", "--owner", "o", "--reason", "r", "--policy", &policy,
-        "--from", &from,
+        "0000000000ab",
+        "--ttl",
+        "1h",
+        "--owner",
+        "o",
+        "--reason",
+        "r",
+        "--policy",
+        &policy,
+        "--from",
+        &from,
     ]);
     assert!(!ok && err.contains("among the recent denials"), "{err}");
     // No egressd there: said so, and what to give instead.
     let (ok, _, err) = grant_bare(&[
-        &id, "--ttl", "1h", "--owner", "o", "--reason", "r", "--policy", &policy, "--from",
+        &id,
+        "--ttl",
+        "1h",
+        "--owner",
+        "o",
+        "--reason",
+        "r",
+        "--policy",
+        &policy,
+        "--from",
         "http://127.0.0.1:9",
     ]);
     assert!(
@@ -882,11 +900,7 @@ fn a_read_only_grants_directory_counts_in_memory_and_says_so() {
         (403, Some("grant_used_up"))
     );
     let said = ro.stderr_text();
-    assert_eq!(
-        said.matches("is read-only").count(),
-        1,
-        "said once: {said}"
-    );
+    assert_eq!(said.matches("is read-only").count(), 1, "said once: {said}");
     assert!(said.contains("kept in memory only"), "{said}");
     assert!(!said.contains("cannot keep"), "{said}");
     assert!(!grants.join(".state").join(format!("{gid}.uses")).exists());
