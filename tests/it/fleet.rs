@@ -177,15 +177,38 @@ impl Fleet {
             .stderr(Stdio::null())
             .spawn()
             .expect("dnsdist is installed");
-        // Up once both replicas answer its health checks.
-        eventually("dnsdist answering", || {
-            let q = dns_query("www.cdn.test", RecordType::A);
-            let b = udp_exchange(listen, &q.to_vec().unwrap(), Duration::from_millis(500))?;
-            let r = hickory_proto::op::Message::from_vec(&b).ok()?;
-            (r.metadata.response_code == ResponseCode::NoError).then_some(())
+        // Up once both replicas are: clients from other loopback addresses
+        // are spread over both. (egressd sees dnsdist's address for every
+        // one of them; one ordinary name, asked again, costs no budget.)
+        eventually("dnsdist sending to both replicas", || {
+            for last in 2..=40u8 {
+                let q = dns_query("www.cdn.test", RecordType::A);
+                let _ = ask_from([127, 0, 0, last], listen, &q);
+            }
+            let met = |i: usize| {
+                self.lines(i)
+                    .iter()
+                    .any(|l| l["qname"] == "www.cdn.test" && l["decision"] == "allow")
+            };
+            (met(0) && met(1)).then_some(())
         });
         (Balancer(child), listen)
     }
+}
+
+/// One UDP exchange from the loopback address `ip`: the reply's rcode.
+fn ask_from(
+    ip: [u8; 4],
+    server: SocketAddr,
+    q: &hickory_proto::op::Message,
+) -> Option<ResponseCode> {
+    let s = UdpSocket::bind((std::net::Ipv4Addr::from(ip), 0)).ok()?;
+    s.set_read_timeout(Some(Duration::from_millis(500))).ok()?;
+    s.send_to(&q.to_vec().ok()?, server).ok()?;
+    let mut buf = vec![0u8; 4096];
+    let (n, _) = s.recv_from(&mut buf).ok()?;
+    let r = hickory_proto::op::Message::from_vec(&buf[..n]).ok()?;
+    Some(r.metadata.response_code)
 }
 
 /// The shipped balancer configuration `deploy/balancers/NAME`, its example
