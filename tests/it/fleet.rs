@@ -141,14 +141,14 @@ impl Fleet {
             ],
         );
         std::fs::write(&cfg, text).unwrap();
-        let child = Command::new("haproxy")
+        let child = Command::new(tool("haproxy"))
             .arg("-db")
             .arg("-f")
             .arg(&cfg)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
-            .expect("haproxy is installed");
+            .expect("haproxy starts");
         eventually("haproxy listening", || TcpStream::connect(front).ok());
         (Balancer(child), front)
     }
@@ -169,14 +169,14 @@ impl Fleet {
             ],
         );
         std::fs::write(&cfg, text).unwrap();
-        let child = Command::new("dnsdist")
+        let child = Command::new(tool("dnsdist"))
             .args(["--supervised", "--disable-syslog", "-C"])
             .arg(&cfg)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
-            .expect("dnsdist is installed");
+            .expect("dnsdist starts");
         // Up once both replicas are: clients from other loopback addresses
         // are spread over both. (egressd sees dnsdist's address for every
         // one of them; one ordinary name, asked again, costs no budget.)

@@ -849,6 +849,11 @@ fn a_grant_from_the_running_egressds_recent_denials_needs_no_log_file() {
 /// are counted in memory only, and egressd says so once on stderr.
 #[test]
 fn a_read_only_grants_directory_counts_in_memory_and_says_so() {
+    need_root(
+        "a_read_only_grants_directory_counts_in_memory_and_says_so",
+        "a read-only bind mount in a mount namespace of its own",
+    );
+    let unshare = tool("unshare").display().to_string();
     let dir = tempfile::tempdir().unwrap();
     let grants = dir.path().join("grants");
     std::fs::create_dir(&grants).unwrap();
@@ -879,7 +884,7 @@ fn a_read_only_grants_directory_counts_in_memory_and_says_so() {
             .arg(&g)
             .env("RO", &g)
             .wrap(&[
-                "unshare",
+                &unshare,
                 "-m",
                 "--propagation",
                 "private",
