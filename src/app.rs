@@ -280,8 +280,10 @@ pub async fn start(args: &ServeArgs, listeners: Listeners) -> Result<Running> {
             dns_bounds.clone(),
             shutdown.clone(),
         );
+        let proxied = args.dns_proxy_protocol.clone();
         tokio::spawn(async move {
-            if let Err(e) = dns::serve(dns_udp, dns_tcp, h, r, rec, b, s).await {
+            let proxied = dns::proxied::ProxySources::new(proxied);
+            if let Err(e) = dns::serve_proxied(dns_udp, dns_tcp, h, r, rec, b, proxied, s).await {
                 eprintln!("egressd: DNS resolver stopped: {e:#}");
             }
         });
@@ -382,6 +384,14 @@ pub async fn serve(args: ServeArgs) -> Result<LogSink> {
     Ok(log)
 }
 
+/// A CIDR, or one address (its /32 or /128).
+fn parse_net(s: &str) -> Result<ipnet::IpNet, String> {
+    let s = s.trim();
+    s.parse::<ipnet::IpNet>()
+        .or_else(|_| s.parse::<std::net::IpAddr>().map(ipnet::IpNet::from))
+        .map_err(|_| format!("{s:?} is not an address or a CIDR"))
+}
+
 /// The flags of the egressd that serves: `serve`'s own, and those of the
 /// one `run` embeds ([`EngineArgs`], declared once for both).
 #[derive(Debug, Clone, Args)]
@@ -394,6 +404,18 @@ pub struct ServeArgs {
     /// DNS resolver listen address (UDP and TCP).
     #[arg(long, env = "EGRESSD_DNS_LISTEN", default_value = "127.0.0.1:8053")]
     pub dns_listen: SocketAddr,
+    /// Sources (balancers such as dnsdist with useProxyProtocol) whose DNS
+    /// queries begin with a PROXY protocol v2 header naming the client:
+    /// CIDRs, comma-separated. From them a header is required; from any
+    /// other source none is read.
+    #[arg(
+        long,
+        env = "EGRESSD_DNS_PROXY_PROTOCOL",
+        value_name = "CIDR",
+        value_delimiter = ',',
+        value_parser = parse_net
+    )]
+    pub dns_proxy_protocol: Vec<ipnet::IpNet>,
     /// Metrics listen address (/metrics, /healthz, /readyz).
     #[arg(long, env = "EGRESSD_METRICS_LISTEN", default_value = "127.0.0.1:9464")]
     pub metrics_listen: SocketAddr,

@@ -42,6 +42,7 @@ mod ech;
 mod error;
 mod failures;
 pub mod inside;
+pub mod proxied;
 mod resolver;
 mod server;
 
@@ -52,7 +53,7 @@ use anyhow::{bail, Context};
 
 pub use budget::{encoded_weight, TunnelOutcome};
 pub use resolver::{ResolveError, Resolver};
-pub use server::{serve, Bounds};
+pub use server::{serve, serve_proxied, Bounds};
 
 use crate::policy::host::Host;
 use crate::policy::{ClientIdx, Exception, Policy, TunnelAction};

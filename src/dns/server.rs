@@ -32,6 +32,7 @@ use tokio::time::timeout;
 use super::answer::{Handler, Pending, Scratch, Slots, Step};
 use super::answer_cache::AnswerCache;
 use super::batch::{Inbox, Outbox};
+use super::proxied::{self, Header, ProxySources};
 use super::Resolver;
 use crate::policy::{PolicyHandle, Proto, Reason};
 use crate::record::{Event, Recorder};
@@ -118,6 +119,23 @@ pub async fn serve(
     bounds: Bounds,
     shutdown: impl Into<Shutdown>,
 ) -> anyhow::Result<()> {
+    let none = ProxySources::default();
+    serve_proxied(udp, tcp, policy, resolver, recorder, bounds, none, shutdown).await
+}
+
+/// [`serve`], reading the client of each query from `proxied` sources
+/// (balancers) in a PROXY protocol v2 header ([`super::proxied`]).
+#[allow(clippy::too_many_arguments)]
+pub async fn serve_proxied(
+    udp: UdpSocket,
+    tcp: TcpListener,
+    policy: Arc<PolicyHandle>,
+    resolver: Arc<Resolver>,
+    recorder: Recorder,
+    bounds: Bounds,
+    proxied: ProxySources,
+    shutdown: impl Into<Shutdown>,
+) -> anyhow::Result<()> {
     let mut shutdown = shutdown.into();
     let listen = udp.local_addr()?;
     if let Some(up) = resolver.upstreams().iter().find(|up| is_self(listen, **up)) {
@@ -135,6 +153,7 @@ pub async fn serve(
         }),
         bounds,
         udp: Arc::new(udp),
+        proxied: Arc::new(proxied),
     };
     let mut inbox = Inbox::new(UDP_BURST, MAX_UDP_QUERY);
     let mut outbox = Outbox::default();
@@ -181,6 +200,8 @@ struct Loops {
     handler: Arc<Handler>,
     bounds: Bounds,
     udp: Arc<UdpSocket>,
+    /// Balancers whose queries name their client in a PROXY header.
+    proxied: Arc<ProxySources>,
 }
 
 impl Loops {
@@ -191,7 +212,25 @@ impl Loops {
     /// for the resolver continues from its decision ([`Handler::finish`]):
     /// at once when the resolver's cache has it, else on a task of its own.
     fn udp_query(&self, raw: &[u8], src: SocketAddr, scratch: &mut Scratch, outbox: &mut Outbox) {
-        let who = self.handler.who(src);
+        // From a balancer: the client its header names (answered through
+        // the balancer, at `src`).
+        let (raw, client) = if self.proxied.trusts(src.ip()) {
+            match proxied::parse(raw) {
+                Ok((Header::Proxy(client), n)) => (&raw[n..], client),
+                Ok((Header::Local, n)) => (&raw[n..], src),
+                Err(e) => {
+                    unproxied_line(
+                        &self.handler,
+                        src,
+                        e.unwrap_or("a PROXY protocol header cut short"),
+                    );
+                    return;
+                }
+            }
+        } else {
+            (raw, src)
+        };
+        let who = self.handler.who(client);
         let slots = self.bounds.slots();
         match self
             .handler
@@ -250,6 +289,37 @@ impl Loops {
     /// When the total is full, the address holding the most gives up a
     /// connection for it.
     fn tcp_accepted(&self, stream: TcpStream, src: SocketAddr, shutdown: &Shutdown) {
+        if self.proxied.trusts(src.ip()) {
+            // The balancer's connection names its client first: admitted,
+            // and served, as that client's.
+            let (loops, sd) = (self.clone_parts(), shutdown.clone());
+            tokio::spawn(async move {
+                let mut stream = stream;
+                match timeout(TCP_IO_TIMEOUT, read_header(&mut stream)).await {
+                    Ok(Ok(Header::Proxy(client))) => loops.tcp_admitted(stream, client, &sd),
+                    Ok(Ok(Header::Local)) => loops.tcp_admitted(stream, src, &sd),
+                    Ok(Err(e)) => unproxied_line(&loops.handler, src, e),
+                    Err(_) => {
+                        unproxied_line(&loops.handler, src, "no PROXY protocol header in time")
+                    }
+                }
+            });
+            return;
+        }
+        self.tcp_admitted(stream, src, shutdown);
+    }
+
+    fn clone_parts(&self) -> Loops {
+        Loops {
+            handler: self.handler.clone(),
+            bounds: self.bounds.clone(),
+            udp: self.udp.clone(),
+            proxied: self.proxied.clone(),
+        }
+    }
+
+    /// A TCP connection of client `src`, admitted under its address's share.
+    fn tcp_admitted(&self, stream: TcpStream, src: SocketAddr, shutdown: &Shutdown) {
         let metrics = &self.handler.recorder.metrics;
         let tcp = &self.bounds.0.tcp;
         let permit = match tcp.try_admit(Holder::addr(src.ip()), MAX_TCP_PER_CLIENT) {
@@ -271,6 +341,40 @@ impl Loops {
             }
         });
     }
+}
+
+/// Reads a PROXY protocol v2 header off the start of a TCP connection.
+async fn read_header(stream: &mut TcpStream) -> Result<Header, &'static str> {
+    let mut b = vec![0u8; 16];
+    stream
+        .read_exact(&mut b)
+        .await
+        .map_err(|_| "the connection closed before its PROXY protocol header")?;
+    let rest = match proxied::parse(&b) {
+        Ok((h, _)) => return Ok(h),
+        Err(Some(e)) => return Err(e),
+        Err(None) => usize::from(u16::from_be_bytes([b[14], b[15]])),
+    };
+    b.resize(16 + rest, 0);
+    stream
+        .read_exact(&mut b[16..])
+        .await
+        .map_err(|_| "the connection closed inside its PROXY protocol header")?;
+    match proxied::parse(&b) {
+        Ok((h, _)) => Ok(h),
+        Err(e) => Err(e.unwrap_or("a PROXY protocol header cut short")),
+    }
+}
+
+/// The line of a query from a `--dns-proxy-protocol` source without a
+/// usable header: refused (nothing answered), attributed to the balancer.
+fn unproxied_line(handler: &Handler, src: SocketAddr, why: &str) {
+    let mut ev = Event::new(Proto::Dns, src);
+    ev.set_denied(Reason::Malformed);
+    ev.note = Some(format!(
+        "{why}: queries from this --dns-proxy-protocol source must name their client"
+    ));
+    handler.recorder.record(ev);
 }
 
 /// The line of a TCP connection closed to give its slot to another client.
@@ -421,6 +525,7 @@ mod tests {
             }),
             bounds: Bounds::default(),
             udp: Arc::new(UdpSocket::bind("127.0.0.1:0").await.unwrap()),
+            proxied: Arc::default(),
         };
         let count = || {
             (

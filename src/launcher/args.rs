@@ -103,6 +103,8 @@ impl RunArgs {
             listen: SocketAddr::from(([127, 0, 0, 1], 3128)),
             dns_listen: SocketAddr::from(([127, 0, 0, 1], 53)),
             metrics_listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            // The sandbox's own queries, never a balancer's.
+            dns_proxy_protocol: Vec::new(),
             log: self.log.clone(),
         }
     }

@@ -95,6 +95,9 @@ impl Fleet {
                         .policy_path(&p)
                         .arg("--grants")
                         .arg(&grants.display().to_string())
+                        // dnsdist, on 127.0.0.1, names each query's client.
+                        .arg("--dns-proxy-protocol")
+                        .arg("127.0.0.1/32")
                         .log(&dir.path().join(format!("r{i}.log")).display().to_string())
                         .start(),
                 )
@@ -268,31 +271,41 @@ fn wait_active_grants(e: &Egressd, n: f64) {
 fn fleet_a_dns_tunnel_budget_is_spent_on_one_replica_and_holds_through_dnsdist() {
     let f = Fleet::start();
     let (_dd, front) = f.dnsdist();
+    // The sandbox: its own loopback address, which dnsdist passes on in a
+    // PROXY protocol header.
+    const C: [u8; 4] = [127, 0, 0, 7];
+    let src_of = |l: &serde_json::Value, ip: [u8; 4]| {
+        l["src"]
+            .as_str()
+            .is_some_and(|s| s.starts_with(&format!("{}:", std::net::Ipv4Addr::from(ip))))
+    };
+    let tunnel_lines = |i: usize, ip: [u8; 4]| -> Vec<serde_json::Value> {
+        f.lines(i)
+            .into_iter()
+            .filter(|l| {
+                src_of(l, ip)
+                    && l["qname"]
+                        .as_str()
+                        .is_some_and(|q| q.ends_with(".cdn.test") && q != "www.cdn.test")
+            })
+            .collect()
+    };
     let mut blocked_at = None;
     for i in 0..200u32 {
         let (name, _) = tunnel_name(i, "cdn.test");
-        let r = ask_udp(front, &dns_query(&name, RecordType::A));
-        if r.metadata.response_code == ResponseCode::Refused {
+        let r = ask_from(C, front, &dns_query(&name, RecordType::A)).expect("an answer");
+        if r == ResponseCode::Refused {
             blocked_at = Some(i);
             break;
         }
-        assert_eq!(r.metadata.response_code, ResponseCode::NoError, "{name}");
+        assert_eq!(r, ResponseCode::NoError, "{name}");
     }
     let blocked_at = blocked_at.expect("the tunnel was never refused through dnsdist");
     assert!(blocked_at > 3, "refused at once: {blocked_at}");
     eprintln!("fleet: the tunnel was refused through dnsdist after {blocked_at} names");
-    let tunnel_lines = |i: usize| -> Vec<serde_json::Value> {
-        f.lines(i)
-            .into_iter()
-            .filter(|l| {
-                l["qname"]
-                    .as_str()
-                    .is_some_and(|q| q.ends_with(".cdn.test") && q != "www.cdn.test")
-            })
-            .collect()
-    };
-    let (l0, l1) = (tunnel_lines(0), tunnel_lines(1));
-    // Every name the client sent met one replica; the other spent nothing.
+    let (l0, l1) = (tunnel_lines(0, C), tunnel_lines(1, C));
+    // Every name the client sent met one replica, which logged the client
+    // (not dnsdist); the other spent nothing.
     let (serving, other) = if l1.is_empty() { (0, 1) } else { (1, 0) };
     let (served, unspent) = if serving == 0 { (l0, l1) } else { (l1, l0) };
     assert!(
@@ -309,25 +322,31 @@ fn fleet_a_dns_tunnel_budget_is_spent_on_one_replica_and_holds_through_dnsdist()
     // Past the budget the client stays refused through the balancer (the
     // domain's cool-down, on the replica it meets).
     for i in [500, 501, 502] {
-        let r = ask_udp(
-            front,
-            &dns_query(&tunnel_name(i, "cdn.test").0, RecordType::A),
-        );
-        assert_eq!(r.metadata.response_code, ResponseCode::Refused);
+        let q = dns_query(&tunnel_name(i, "cdn.test").0, RecordType::A);
+        assert_eq!(ask_from(C, front, &q), Some(ResponseCode::Refused));
     }
-    let refused = tunnel_lines(serving)
+    let refused = tunnel_lines(serving, C)
         .iter()
         .filter(|l| l["reason"] == "dns_tunnel")
         .count();
     assert_eq!(refused, 4);
-    assert!(tunnel_lines(other).is_empty());
+    assert!(tunnel_lines(other, C).is_empty());
+    // Another sandbox behind the same dnsdist, on the same replica, has its
+    // own budget: egressd tells them apart by the header.
+    let neighbour = eventually("a neighbour on the same replica", || {
+        (8..=60u8).map(|last| [127, 0, 0, last]).find(|&ip| {
+            let _ = ask_from(ip, front, &dns_query("www.cdn.test", RecordType::A));
+            f.lines(serving)
+                .iter()
+                .any(|l| src_of(l, ip) && l["qname"] == "www.cdn.test")
+        })
+    });
+    let q = dns_query(&tunnel_name(700, "cdn.test").0, RecordType::A);
+    assert_eq!(ask_from(neighbour, front, &q), Some(ResponseCode::NoError));
     // What the pinning is for: the other replica holds an unspent budget
     // for the same client, which a balancer without affinity would hand out.
-    let r = ask_udp(
-        f.r(other).dns,
-        &dns_query(&tunnel_name(600, "cdn.test").0, RecordType::A),
-    );
-    assert_eq!(r.metadata.response_code, ResponseCode::NoError);
+    let q = dns_query(&tunnel_name(600, "cdn.test").0, RecordType::A);
+    assert_eq!(ask_from(C, f.r(other).dns, &q), Some(ResponseCode::NoError));
 }
 
 #[test]

@@ -28,6 +28,7 @@
 //! | `fairness_log.rs` | log volume per client: HPACK-referenced long paths, floods summarised, slowloris on the proxy port has its line |
 //! | `faults.rs` | resets, dead upstreams, reload storms, drain, rotation, full sink |
 //! | `guard.rs` | `egressd run`'s guard: a hostile CMD against egressd's own files, log, keyring, PID 1, `.git` (issue 36); `guard_identity.rs`: the sandbox's own client, the echoed credential |
+//! | `proxy_protocol.rs` | a forged PROXY protocol header on DNS: believed only from a `--dns-proxy-protocol` balancer |
 //! | `log_stall.rs` | a decision log that stops taking lines: stalled FIFO, `/dev/full`, full tmpfs |
 //!
 //! The fixtures (a [`Lab`], the fake DNS, raw origins, the decision-log
@@ -51,6 +52,7 @@ mod guard_identity;
 mod hostnames;
 mod literals;
 mod log_stall;
+mod proxy_protocol;
 mod rebinding;
 mod report_mode;
 mod smuggling;
