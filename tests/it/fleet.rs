@@ -7,6 +7,9 @@
 //! - A client's DNS tunnel budget holds through dnsdist: it is spent on one
 //!   replica only, and past it the client is refused through the balancer
 //!   (the other replica, which that client never meets, has spent nothing).
+//!   dnsdist names the client in a PROXY protocol header, so egressd keeps
+//!   the budget of the sandbox, not of dnsdist: a neighbour behind the same
+//!   dnsdist keeps its own.
 //! - A grant's uses hold through HAProxy, and a replica killed with SIGKILL
 //!   loses no grant: the replicas share one grants directory, the client is
 //!   moved to the survivor, which serves the grant from the count the dead
