@@ -6,7 +6,9 @@
 //!
 //! Bounded: the last [`CAPACITY`] such denials that had their own line
 //! (the per-client log rate bounds how fast one client can push others
-//! out); older ones are in the log only.
+//! out), in at most [`BYTES`] of lines; older ones are in the log only.
+//! Kept without an allocation per denial (a denied DNS answer allocates
+//! only its parsed name): the room is made at the first denial and reused.
 
 use std::collections::VecDeque;
 use std::sync::Mutex;
@@ -17,11 +19,57 @@ use crate::policy::Logged;
 
 /// Denials kept.
 pub const CAPACITY: usize = 1024;
+/// Room for their lines (a line is bounded by `rate::bound_fields`, a few
+/// KiB at most; most are a few hundred bytes).
+pub const BYTES: usize = 1 << 20;
 
 /// The ring of recent grantable denials of one egressd.
 #[derive(Debug, Default)]
 pub struct RecentDenials {
-    lines: Mutex<VecDeque<(RequestId, Box<str>)>>,
+    ring: Mutex<Ring>,
+}
+
+#[derive(Debug, Default)]
+struct Ring {
+    /// The lines, one after another, wrapping to the start.
+    bytes: Vec<u8>,
+    /// Where the next line goes.
+    next: usize,
+    /// Each kept line's request and place in `bytes`, oldest first.
+    lines: VecDeque<(RequestId, usize, usize)>,
+    /// The line being written, its room reused.
+    line: Vec<u8>,
+}
+
+impl Ring {
+    fn push(&mut self, id: RequestId) {
+        if self.bytes.is_empty() {
+            self.bytes = vec![0; BYTES];
+            self.lines = VecDeque::with_capacity(CAPACITY);
+        }
+        let len = self.line.len();
+        if len > BYTES {
+            return;
+        }
+        let mut at = self.next;
+        if at + len > BYTES {
+            // Wrap: the lines after `at` are the oldest; they go first.
+            while self.lines.front().is_some_and(|&(_, s, _)| s >= at) {
+                self.lines.pop_front();
+            }
+            at = 0;
+        }
+        while let Some(&(_, s, l)) = self.lines.front() {
+            let overlaps = s < at + len && at < s + l;
+            if !overlaps && self.lines.len() < CAPACITY {
+                break;
+            }
+            self.lines.pop_front();
+        }
+        self.bytes[at..at + len].copy_from_slice(&self.line);
+        self.lines.push_back((id, at, len));
+        self.next = at + len;
+    }
 }
 
 impl RecentDenials {
@@ -31,19 +79,15 @@ impl RecentDenials {
         if ev.decision != Logged::Deny || !GRANTABLE.contains(&ev.reason) {
             return;
         }
-        let mut line = Vec::with_capacity(512);
+        let mut r = self.ring.lock().unwrap_or_else(|e| e.into_inner());
+        let mut line = std::mem::take(&mut r.line);
+        line.clear();
         ev.write_json(&mut line);
         while line.last() == Some(&b'\n') {
             line.pop();
         }
-        let Ok(line) = String::from_utf8(line) else {
-            return;
-        };
-        let mut q = self.lines.lock().unwrap_or_else(|e| e.into_inner());
-        if q.len() == CAPACITY {
-            q.pop_front();
-        }
-        q.push_back((ev.id, line.into_boxed_str()));
+        r.line = line;
+        r.push(ev.id);
     }
 
     /// The line of denied request `id`, if it is still kept.
@@ -51,16 +95,21 @@ impl RecentDenials {
         if !RequestId::looks_like(id) {
             return None;
         }
-        let q = self.lines.lock().unwrap_or_else(|e| e.into_inner());
-        q.iter()
+        let r = self.ring.lock().unwrap_or_else(|e| e.into_inner());
+        r.lines
+            .iter()
             .rev()
-            .find(|(r, _)| r.as_bytes() == id.as_bytes())
-            .map(|(_, l)| l.to_string())
+            .find(|(rid, _, _)| rid.as_bytes() == id.as_bytes())
+            .map(|&(_, s, l)| String::from_utf8_lossy(&r.bytes[s..s + l]).into_owned())
     }
 
     /// How many are kept.
     pub fn len(&self) -> usize {
-        self.lines.lock().unwrap_or_else(|e| e.into_inner()).len()
+        self.ring
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .lines
+            .len()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -111,5 +160,31 @@ mod tests {
         assert_eq!(ring.len(), CAPACITY);
         assert!(ring.find(&first.id.to_string()).is_none(), "pushed out");
         assert!(ring.find("not an id").is_none());
+    }
+
+    #[test]
+    fn lines_stay_whole_as_the_room_wraps() {
+        let ring = RecentDenials::default();
+        let mut kept = Vec::new();
+        // Lines of many lengths, far more bytes than the room holds.
+        for i in 0..6000usize {
+            let mut ev = denied(Reason::PathNotAllowed);
+            ev.path = Some(format!("/{}", "p".repeat(i * 7 % 1900)));
+            ring.note(&ev);
+            kept.push((ev.id.to_string(), ev.path.clone().unwrap()));
+        }
+        assert!(ring.len() > 100 && ring.len() <= CAPACITY, "{}", ring.len());
+        let mut found = 0;
+        for (id, path) in kept.iter().rev().take(ring.len()) {
+            let line = ring.find(id).expect("the newest are kept");
+            let v: serde_json::Value = serde_json::from_str(&line).unwrap();
+            assert_eq!(
+                (&v["id"], &v["path"]),
+                (&id.as_str().into(), &path.as_str().into())
+            );
+            found += 1;
+        }
+        assert_eq!(found, ring.len());
+        assert!(ring.find(&kept[0].0).is_none());
     }
 }
