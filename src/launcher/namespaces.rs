@@ -743,7 +743,7 @@ fn remove_placeholder(p: &Path, dir: bool) -> Result<(), String> {
 
 /// Builds the sandbox's root (the plan's [`View`](super::view::View)) and
 /// pivots into it. In init, with the namespace's capabilities.
-fn setup_filesystem(plan: &Plan, mut idmapped: IdmappedTrees) -> Result<(), String> {
+fn setup_filesystem(plan: &Plan, idmapped: IdmappedTrees) -> Result<(), String> {
     // Nothing mounted here may propagate back to the host.
     sys::mount(c"none", c"/", None, libc::MS_REC | libc::MS_PRIVATE, None)
         .map_err(|e| format!("cannot make the mount namespace private: {e}"))?;
@@ -754,6 +754,83 @@ fn setup_filesystem(plan: &Plan, mut idmapped: IdmappedTrees) -> Result<(), Stri
     // /tmp, the CA's files).
     let system_attrs = sys::MOUNT_ATTR_RDONLY | sys::MOUNT_ATTR_NOSUID | sys::MOUNT_ATTR_NODEV;
     let rebuilt = view.rebuilt();
+    let trees = take_trees(view, &rebuilt, system_attrs, idmapped)?;
+    let files = stage(view)?;
+    let root = Path::new(NEW_ROOT);
+    tmpfs(
+        root,
+        libc::MS_NOSUID | libc::MS_NODEV,
+        &format!("mode=755,{SMALL_TMPFS}"),
+    )?;
+
+    mount_system(view, &trees.system, &rebuilt, system_attrs)?;
+    let size = plan
+        .tmpfs_size
+        .map(|s| format!(",size={s}"))
+        .unwrap_or_default();
+    mount_proc_and_dev(&trees.dev, &size)?;
+    mount_layers(plan, &trees.layers, &size)?;
+    if let Some(target) = &view.resolv_conf {
+        fs::write(RESOLV_STAGING, &plan.resolv_conf_text)
+            .and_then(|()| fs::set_permissions(RESOLV_STAGING, fs::Permissions::from_mode(0o644)))
+            .map_err(|e| format!("cannot write resolv.conf: {e}"))?;
+        let tree = clone_tree(Path::new(RESOLV_STAGING), sys::MOUNT_ATTR_RDONLY)?;
+        attach(&tree, &under_root(target), true).map_err(|e| format!("resolv.conf: {e}"))?;
+    }
+
+    mount_masks(view)?;
+    for (tree, f) in files.iter().zip(&view.files) {
+        attach(tree, &under_root(&f.target), true)?;
+    }
+
+    // Into the new root; the host's tree (and the staging tmpfs) is detached.
+    sys::chdir(&cstr(root)?).map_err(|e| format!("cannot enter the new root: {e}"))?;
+    sys::pivot_root(c".", c".").map_err(|e| format!("pivot_root: {e}"))?;
+    sys::umount_detach(c".").map_err(|e| format!("cannot detach the host's root: {e}"))?;
+    sys::chdir(c"/").map_err(|e| format!("cannot enter the new root: {e}"))?;
+    // Nothing can be created beside what was put there (non-recursive: the
+    // fresh scratch mounts stay writable). A rebuilt directory is never at
+    // or below a layer, so what is mounted at its path is its own tmpfs.
+    let own: Vec<CString> = rebuilt
+        .iter()
+        .map(|r| cstr(&r.path))
+        .collect::<Result<_, _>>()?;
+    for p in [c"/", c"/dev"]
+        .into_iter()
+        .chain(own.iter().map(CString::as_c_str))
+    {
+        sys::mount_setattr(None, p, sys::MOUNT_ATTR_RDONLY, 0, false).map_err(|e| {
+            format!(
+                "cannot make the sandbox's {} read-only: {e}",
+                p.to_string_lossy()
+            )
+        })?;
+    }
+
+    match fs::metadata(&plan.cwd) {
+        Ok(m) if m.is_dir() => Ok(()),
+        _ => Err(format!(
+            "the working directory {} does not exist inside the sandbox",
+            plan.cwd.display()
+        )),
+    }
+}
+
+/// The host trees the sandbox shows, cloned before anything is mounted:
+/// the system's directories (`None` where rebuilt), the layers' binds
+/// (`None` for a tmpfs) and the host's harmless `/dev` nodes.
+struct Trees {
+    system: Vec<Option<OwnedFd>>,
+    layers: Vec<Option<(OwnedFd, bool)>>,
+    dev: Vec<(&'static str, OwnedFd)>,
+}
+
+fn take_trees(
+    view: &super::view::View,
+    rebuilt: &[Rebuilt],
+    system_attrs: u64,
+    mut idmapped: IdmappedTrees,
+) -> Result<Trees, String> {
     let mut system = Vec::new();
     for (path, entry) in &view.system {
         if *entry == SystemEntry::Dir && !rebuilt.iter().any(|r| r.path == *path) {
@@ -801,21 +878,30 @@ fn setup_filesystem(plan: &Plan, mut idmapped: IdmappedTrees) -> Result<(), Stri
         // A host without one (a container's /dev) has nothing to lend.
         if fs::symlink_metadata(&host).is_ok() {
             dev.push((
-                n,
+                *n,
                 clone_tree(&host, sys::MOUNT_ATTR_NOSUID | sys::MOUNT_ATTR_NOEXEC)?,
             ));
         }
     }
 
-    // The staging tmpfs, private to this mount namespace: the new root, the
-    // mask source (an empty file nobody may read) and resolv.conf.
+    Ok(Trees {
+        system,
+        layers,
+        dev,
+    })
+}
+
+/// The staging tmpfs, private to this mount namespace: the new root, the
+/// mask source (an empty file nobody may read) and resolv.conf; and
+/// egressd's own files (the CA's) in it, from the bytes the launcher
+/// read, cloned read-only.
+fn stage(view: &super::view::View) -> Result<Vec<OwnedFd>, String> {
     let contents: usize = view.files.iter().map(|f| f.contents.len()).sum();
     tmpfs(
         Path::new(STAGING),
         libc::MS_NOSUID | libc::MS_NODEV,
         &format!("mode=700,size={}", STAGING_SIZE + contents),
     )?;
-    // egressd's own files (the CA's), from the bytes the launcher read.
     let mut files = Vec::new();
     for (i, f) in view.files.iter().enumerate() {
         let staged = PathBuf::from(format!("{STAGING}/file{i}"));
@@ -841,15 +927,19 @@ fn setup_filesystem(plan: &Plan, mut idmapped: IdmappedTrees) -> Result<(), Stri
         .open(MASK_FILE)
         .and_then(|f| f.set_permissions(fs::Permissions::from_mode(0o000)))
         .map_err(|e| format!("cannot create the mask file: {e}"))?;
-    let root = Path::new(NEW_ROOT);
-    tmpfs(
-        root,
-        libc::MS_NOSUID | libc::MS_NODEV,
-        &format!("mode=755,{SMALL_TMPFS}"),
-    )?;
+    Ok(files)
+}
 
+/// The system, read-only (merged-/usr links as links), then the rebuilt
+/// directories.
+fn mount_system(
+    view: &super::view::View,
+    system: &[Option<OwnedFd>],
+    rebuilt: &[Rebuilt],
+    system_attrs: u64,
+) -> Result<(), String> {
     // The system, read-only; merged-/usr links as links.
-    for ((path, entry), tree) in view.system.iter().zip(&system) {
+    for ((path, entry), tree) in view.system.iter().zip(system) {
         match (entry, tree) {
             (SystemEntry::Symlink(target), _) => {
                 std::os::unix::fs::symlink(target, under_root(path))
@@ -863,10 +953,15 @@ fn setup_filesystem(plan: &Plan, mut idmapped: IdmappedTrees) -> Result<(), Stri
     // in its parent's tmpfs, or in the root's for a system tree.
     // Their host paths are still in sight (nothing is mounted over a
     // system tree here, only under the new root).
-    for r in &rebuilt {
-        rebuild(r, &rebuilt, system_attrs)?;
+    for r in rebuilt {
+        rebuild(r, rebuilt, system_attrs)?;
     }
 
+    Ok(())
+}
+
+/// The sandbox's own /proc and a minimal /dev.
+fn mount_proc_and_dev(dev: &[(&'static str, OwnedFd)], size: &str) -> Result<(), String> {
     // The sandbox's own /proc, mounted while the host's is still in this
     // namespace (the kernel lets a user namespace mount proc only where a
     // full proc is already visible).
@@ -893,7 +988,7 @@ fn setup_filesystem(plan: &Plan, mut idmapped: IdmappedTrees) -> Result<(), Stri
         libc::MS_NOSUID | libc::MS_NOEXEC,
         &format!("mode=755,{SMALL_TMPFS}"),
     )?;
-    for (n, tree) in &dev {
+    for (n, tree) in dev {
         attach(tree, &dev_at.join(n), true)?;
     }
     for (link, target) in DEV_LINKS {
@@ -910,19 +1005,19 @@ fn setup_filesystem(plan: &Plan, mut idmapped: IdmappedTrees) -> Result<(), Stri
         Some(c"newinstance,ptmxmode=0666,mode=620"),
     )
     .map_err(|e| format!("cannot mount /dev/pts: {e}"))?;
-    let size = plan
-        .tmpfs_size
-        .map(|s| format!(",size={s}"))
-        .unwrap_or_default();
     tmpfs(
         &dev_at.join("shm"),
         libc::MS_NOSUID | libc::MS_NODEV,
         &format!("mode=1777{size}"),
     )?;
 
-    // Fresh scratch, HOME and the binds, shallow to deep.
+    Ok(())
+}
+
+/// Fresh scratch, HOME and the binds, shallow to deep.
+fn mount_layers(plan: &Plan, trees: &[Option<(OwnedFd, bool)>], size: &str) -> Result<(), String> {
     let id = &plan.identity;
-    for (l, tree) in view.layers.iter().zip(&layers) {
+    for (l, tree) in plan.view.layers.iter().zip(trees) {
         let at = under_root(l.path());
         match (l, tree) {
             (
@@ -951,15 +1046,11 @@ fn setup_filesystem(plan: &Plan, mut idmapped: IdmappedTrees) -> Result<(), Stri
         }
     }
 
-    if let Some(target) = &view.resolv_conf {
-        fs::write(RESOLV_STAGING, &plan.resolv_conf_text)
-            .and_then(|()| fs::set_permissions(RESOLV_STAGING, fs::Permissions::from_mode(0o644)))
-            .map_err(|e| format!("cannot write resolv.conf: {e}"))?;
-        let tree = clone_tree(Path::new(RESOLV_STAGING), sys::MOUNT_ATTR_RDONLY)?;
-        attach(&tree, &under_root(target), true).map_err(|e| format!("resolv.conf: {e}"))?;
-    }
+    Ok(())
+}
 
-    // Masks last, over whatever shows a secret (only where it is visible).
+/// Masks last, over whatever shows a secret (only where it is visible).
+fn mount_masks(view: &super::view::View) -> Result<(), String> {
     for m in &view.masks {
         let at = under_root(&m.path);
         match fs::symlink_metadata(&at) {
@@ -985,41 +1076,7 @@ fn setup_filesystem(plan: &Plan, mut idmapped: IdmappedTrees) -> Result<(), Stri
         }
     }
 
-    for (tree, f) in files.iter().zip(&view.files) {
-        attach(tree, &under_root(&f.target), true)?;
-    }
-
-    // Into the new root; the host's tree (and the staging tmpfs) is detached.
-    sys::chdir(&cstr(root)?).map_err(|e| format!("cannot enter the new root: {e}"))?;
-    sys::pivot_root(c".", c".").map_err(|e| format!("pivot_root: {e}"))?;
-    sys::umount_detach(c".").map_err(|e| format!("cannot detach the host's root: {e}"))?;
-    sys::chdir(c"/").map_err(|e| format!("cannot enter the new root: {e}"))?;
-    // Nothing can be created beside what was put there (non-recursive: the
-    // fresh scratch mounts stay writable). A rebuilt directory is never at
-    // or below a layer, so what is mounted at its path is its own tmpfs.
-    let own: Vec<CString> = rebuilt
-        .iter()
-        .map(|r| cstr(&r.path))
-        .collect::<Result<_, _>>()?;
-    for p in [c"/", c"/dev"]
-        .into_iter()
-        .chain(own.iter().map(CString::as_c_str))
-    {
-        sys::mount_setattr(None, p, sys::MOUNT_ATTR_RDONLY, 0, false).map_err(|e| {
-            format!(
-                "cannot make the sandbox's {} read-only: {e}",
-                p.to_string_lossy()
-            )
-        })?;
-    }
-
-    match fs::metadata(&plan.cwd) {
-        Ok(m) if m.is_dir() => Ok(()),
-        _ => Err(format!(
-            "the working directory {} does not exist inside the sandbox",
-            plan.cwd.display()
-        )),
-    }
+    Ok(())
 }
 
 /// The plan's files for HOME (the NSS database), into the fresh tmpfs at

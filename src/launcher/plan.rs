@@ -363,6 +363,85 @@ pub fn build(opts: &Options, host: &HostFacts) -> Result<Plan, PlanError> {
     if opts.command.is_empty() {
         return Err(PlanError::NoCommand);
     }
+    let (egress, transparent, proxy_url) = egress(opts, host)?;
+    let sudo = identity::sudo_ids(
+        host.env
+            .iter()
+            .filter_map(|(k, v)| Some((k.to_str()?, v.to_str()?))),
+    );
+    let identity = Identity::resolve(host.caller, (opts.uid, opts.gid), host.owner.as_ref(), sudo)?;
+    let idmap = identity.bind_idmap().is_some();
+    if !host.has_tmp {
+        return Err(PlanError::NoTmp);
+    }
+    let (mut layers, home) = scratch(host);
+    let shown_cwd = opts.cwd != CwdMode::None;
+    let workdir = if shown_cwd {
+        check_cwd(&host.cwd, host, &home)?;
+        host.cwd.clone()
+    } else {
+        home.clone()
+    };
+    let trust = ca_trust(host);
+    let seen = bind_layers(host, &trust.files, idmap, &mut layers)?;
+    // A --ro/--rw of the working directory itself replaces --cwd.
+    if shown_cwd && !seen.contains(&host.cwd) {
+        let writable = opts.cwd == CwdMode::Rw;
+        layers.push(Layer::Bind {
+            path: host.cwd.clone(),
+            writable,
+            idmapped: writable && idmap,
+            origin: Origin::Cwd,
+        });
+    }
+    if shown_cwd {
+        git_layers(opts, host, &seen, idmap, &mut layers);
+    }
+    guard_check(&host.guarded, &layers)?;
+    let mut view = View {
+        system: host.system.clone(),
+        layers,
+        resolv_conf: host.resolv_conf.clone(),
+        masks: trust.masks,
+        files: trust.files,
+    };
+    view.order();
+    let scrubbed = env::scrub(host.env.iter().cloned(), &opts.env);
+    let env = environment(opts, scrubbed.vars, &home, &workdir, &proxy_url, trust.env)?;
+    let argv = opts
+        .command
+        .iter()
+        .map(|a| CString::new(a.as_bytes()).map_err(|_| PlanError::Nul))
+        .collect::<Result<Vec<_>, _>>()?;
+
+    Ok(Plan {
+        argv,
+        env,
+        dropped_credentials: scrubbed.dropped_credentials,
+        dropped_other: scrubbed.dropped_other,
+        missing_env: scrubbed.missing,
+        identity,
+        cwd: workdir,
+        home,
+        view,
+        tmpfs_size: opts.limits.memory,
+        resolv_conf_text: resolv_conf_text(),
+        limits: opts.limits.clone(),
+        timeout: opts.timeout,
+        egress,
+        proxy_url,
+        transparent,
+        home_files: trust.home_files,
+    })
+}
+
+/// The way out: embedded or `--connect`, `--transparent`'s capture, and
+/// the proxy URL the sandbox's variables name (with `--client`'s
+/// credentials when connecting).
+fn egress(
+    opts: &Options,
+    host: &HostFacts,
+) -> Result<(Egress, Option<Transparent>, String), PlanError> {
     if opts.connect.is_none() && opts.connect_dns.is_some() {
         return Err(PlanError::ClientWithoutConnect);
     }
@@ -400,20 +479,11 @@ pub fn build(opts: &Options, host: &HostFacts) -> Result<Plan, PlanError> {
             Some((id.as_str(), token))
         }
     };
-    let proxy_url = proxy_url(credentials);
+    Ok((egress, transparent, proxy_url(credentials)))
+}
 
-    let sudo = identity::sudo_ids(
-        host.env
-            .iter()
-            .filter_map(|(k, v)| Some((k.to_str()?, v.to_str()?))),
-    );
-    let identity = Identity::resolve(host.caller, (opts.uid, opts.gid), host.owner.as_ref(), sudo)?;
-    let idmap = identity.bind_idmap().is_some();
-    if !host.has_tmp {
-        return Err(PlanError::NoTmp);
-    }
-
-    // Scratch space and HOME.
+/// Scratch space and HOME: the tmpfs layers, and where HOME is.
+fn scratch(host: &HostFacts) -> (Vec<Layer>, PathBuf) {
     let mut layers: Vec<Layer> = SCRATCH
         .iter()
         .map(|(p, mode)| Layer::Tmpfs {
@@ -433,100 +503,119 @@ pub fn build(opts: &Options, host: &HostFacts) -> Result<Plan, PlanError> {
             cmd_owned: true,
         });
     }
+    (layers, home)
+}
 
-    // The working directory: never one that would show what the sandbox
-    // hides.
-    let shown_cwd = opts.cwd != CwdMode::None;
-    if shown_cwd {
-        let cwd = &host.cwd;
-        let mut forbidden: Vec<(PathBuf, String)> = SYSTEM
-            .iter()
-            .chain(CWD_FORBIDDEN)
-            .map(|p| (PathBuf::from(p), (*p).to_string()))
-            .collect();
-        forbidden.push((home.clone(), format!("HOME ({})", home.display())));
-        if let Some(h) = &host.home {
-            forbidden.push((h.clone(), format!("HOME ({})", h.display())));
-        }
-        if cwd.parent().is_none() {
-            return Err(PlanError::CwdTooBroad(
-                cwd.clone(),
-                "the whole host filesystem".into(),
-            ));
-        }
-        // Nor one inside the kernel's own trees (the sandbox has its own).
-        let kernel = ["/proc", "/sys", "/dev"].map(Path::new);
-        let inside_kernel = kernel.iter().find(|k| cwd.starts_with(k));
-        if let Some(k) = inside_kernel {
-            return Err(PlanError::CwdTooBroad(
-                cwd.clone(),
-                format!("the host's {}", k.display()),
-            ));
-        }
-        if let Some((_, what)) = forbidden.iter().find(|(p, _)| covers(cwd, p)) {
-            return Err(PlanError::CwdTooBroad(cwd.clone(), what.clone()));
-        }
+/// The working directory shown: never one that would show what the
+/// sandbox hides.
+fn check_cwd(cwd: &Path, host: &HostFacts, home: &Path) -> Result<(), PlanError> {
+    let mut forbidden: Vec<(PathBuf, String)> = SYSTEM
+        .iter()
+        .chain(CWD_FORBIDDEN)
+        .map(|p| (PathBuf::from(p), (*p).to_string()))
+        .collect();
+    forbidden.push((home.to_path_buf(), format!("HOME ({})", home.display())));
+    if let Some(h) = &host.home {
+        forbidden.push((h.clone(), format!("HOME ({})", h.display())));
     }
-    let workdir = if shown_cwd {
-        host.cwd.clone()
-    } else {
-        home.clone()
-    };
+    if cwd.parent().is_none() {
+        return Err(PlanError::CwdTooBroad(
+            cwd.to_path_buf(),
+            "the whole host filesystem".into(),
+        ));
+    }
+    // Nor one inside the kernel's own trees (the sandbox has its own).
+    let kernel = ["/proc", "/sys", "/dev"].map(Path::new);
+    let inside_kernel = kernel.iter().find(|k| cwd.starts_with(k));
+    if let Some(k) = inside_kernel {
+        return Err(PlanError::CwdTooBroad(
+            cwd.to_path_buf(),
+            format!("the host's {}", k.display()),
+        ));
+    }
+    if let Some((_, what)) = forbidden.iter().find(|(p, _)| covers(cwd, p)) {
+        return Err(PlanError::CwdTooBroad(cwd.to_path_buf(), what.clone()));
+    }
+    Ok(())
+}
 
-    // The interception CA: its bundle over the distribution's, both files
-    // at a fixed place for the variables below, its directory masked.
-    let mut masks: Vec<Mask> = Vec::new();
-    let mut files = Vec::new();
-    let mut ca_env: Vec<(&str, PathBuf)> = Vec::new();
-    let mut home_files = Vec::new();
+/// What the interception CA and egressd's own files put in the view.
+struct Trust {
+    masks: Vec<Mask>,
+    files: Vec<FileBind>,
+    env: Vec<(&'static str, PathBuf)>,
+    home_files: Vec<(PathBuf, Vec<u8>)>,
+}
+
+/// The interception CA: its bundle over the distribution's, both files at
+/// a fixed place for the variables, its directory masked; and the masks
+/// over `/etc` secrets and egressd's own files (wherever a layer shows
+/// them).
+fn ca_trust(host: &HostFacts) -> Trust {
+    let mut t = Trust {
+        masks: Vec::new(),
+        files: Vec::new(),
+        env: Vec::new(),
+        home_files: Vec::new(),
+    };
     if let Some(ca) = &host.ca {
         for (name, bytes) in &ca.nssdb {
-            home_files.push((Path::new(super::nss::NSSDB_DIR).join(name), bytes.clone()));
+            t.home_files
+                .push((Path::new(super::nss::NSSDB_DIR).join(name), bytes.clone()));
         }
         let inside = PathBuf::from(CA_DIR_INSIDE);
         let (bundle, cert) = (inside.join(CA_BUNDLE_NAME), inside.join(CA_CERT_NAME));
-        masks.push(Mask {
+        t.masks.push(Mask {
             path: ca.dir.clone(),
             dir: true,
         });
         if let Some(sys) = &ca.system_bundle {
-            files.push(FileBind {
+            t.files.push(FileBind {
                 contents: ca.bundle.clone(),
                 target: sys.clone(),
             });
         }
-        files.push(FileBind {
+        t.files.push(FileBind {
             contents: ca.bundle.clone(),
             target: bundle.clone(),
         });
-        files.push(FileBind {
+        t.files.push(FileBind {
             contents: ca.cert.clone(),
             target: cert.clone(),
         });
         for n in crate::tls::roots::BUNDLE_ENV {
-            ca_env.push((n, bundle.clone()));
+            t.env.push((n, bundle.clone()));
         }
         for n in crate::tls::roots::CA_ONLY_ENV {
-            ca_env.push((n, cert.clone()));
+            t.env.push((n, cert.clone()));
         }
     }
     for (p, dir) in &host.etc_secrets {
-        masks.push(Mask {
+        t.masks.push(Mask {
             path: p.clone(),
             dir: *dir,
         });
     }
-    // egressd's own files: hidden wherever a layer shows them.
     for g in &host.guarded {
-        if !masks.iter().any(|m| m.path == g.path) {
-            masks.push(Mask {
+        if !t.masks.iter().any(|m| m.path == g.path) {
+            t.masks.push(Mask {
                 path: g.path.clone(),
                 dir: g.dir,
             });
         }
     }
+    t
+}
 
-    // Binds: never over what keeps the sandbox closed.
+/// The `--ro`/`--rw` binds as layers: never over what keeps the sandbox
+/// closed (nor over `files`), never writable over the system, each once.
+/// Returns the paths bound.
+fn bind_layers(
+    host: &HostFacts,
+    files: &[FileBind],
+    idmap: bool,
+    layers: &mut Vec<Layer>,
+) -> Result<Vec<PathBuf>, PlanError> {
     let mut protected: Vec<(PathBuf, &'static str)> = vec![
         (PathBuf::from("/proc"), "/proc"),
         (PathBuf::from("/dev"), "/dev"),
@@ -536,10 +625,10 @@ pub fn build(opts: &Options, host: &HostFacts) -> Result<Plan, PlanError> {
     if let Some(r) = &host.resolv_conf {
         protected.push((r.clone(), "resolv.conf"));
     }
-    for f in &files {
+    for f in files {
         protected.push((f.target.clone(), "CA bundle"));
     }
-    let mut seen: Vec<&Path> = Vec::new();
+    let mut seen: Vec<PathBuf> = Vec::new();
     for (path, writable) in &host.binds {
         for (p, what) in &protected {
             if covers(path, p) || (*what == "/proc" && path.starts_with(p)) {
@@ -549,10 +638,10 @@ pub fn build(opts: &Options, host: &HostFacts) -> Result<Plan, PlanError> {
         if *writable && SYSTEM.iter().any(|s| covers(path, Path::new(s))) {
             return Err(PlanError::WritableSystem(path.clone()));
         }
-        if seen.contains(&path.as_path()) {
+        if seen.contains(path) {
             return Err(PlanError::DuplicateBind(path.clone()));
         }
-        seen.push(path);
+        seen.push(path.clone());
         layers.push(Layer::Bind {
             path: path.clone(),
             writable: *writable,
@@ -560,58 +649,55 @@ pub fn build(opts: &Options, host: &HostFacts) -> Result<Plan, PlanError> {
             origin: Origin::Flag,
         });
     }
-    // A --ro/--rw of the working directory itself replaces --cwd.
-    if shown_cwd && !seen.contains(&host.cwd.as_path()) {
-        let writable = opts.cwd == CwdMode::Rw;
+    Ok(seen)
+}
+
+/// `.git` pinned in place (a mount cannot be renamed away), and what git
+/// runs code from read-only in it: the box plants no hook or
+/// `core.fsmonitor` for the host's next git command.
+fn git_layers(
+    opts: &Options,
+    host: &HostFacts,
+    seen: &[PathBuf],
+    idmap: bool,
+    layers: &mut Vec<Layer>,
+) {
+    let (CwdMode::Rw, false, Some((git, ro))) = (opts.cwd, opts.git_writable, &host.git) else {
+        return;
+    };
+    if seen.contains(git) || git.parent() != Some(host.cwd.as_path()) {
+        return;
+    }
+    layers.push(Layer::Bind {
+        path: git.clone(),
+        writable: true,
+        idmapped: idmap,
+        origin: Origin::Cwd,
+    });
+    for p in ro {
         layers.push(Layer::Bind {
-            path: host.cwd.clone(),
-            writable,
-            idmapped: writable && idmap,
+            path: p.clone(),
+            writable: false,
+            idmapped: false,
             origin: Origin::Cwd,
         });
     }
+}
 
-    // `.git` pinned in place (a mount cannot be renamed away), and what
-    // git runs code from read-only in it: the box plants no hook or
-    // `core.fsmonitor` for the host's next git command.
-    if let (true, CwdMode::Rw, false, Some((git, ro))) =
-        (shown_cwd, opts.cwd, opts.git_writable, &host.git)
-    {
-        if !seen.contains(&git.as_path()) && git.parent() == Some(host.cwd.as_path()) {
-            layers.push(Layer::Bind {
-                path: git.clone(),
-                writable: true,
-                idmapped: idmap,
-                origin: Origin::Cwd,
-            });
-            for p in ro {
-                layers.push(Layer::Bind {
-                    path: p.clone(),
-                    writable: false,
-                    idmapped: false,
-                    origin: Origin::Cwd,
-                });
-            }
-        }
-    }
-    guard_check(&host.guarded, &layers)?;
-
-    let mut view = View {
-        system: host.system.clone(),
-        layers,
-        resolv_conf: host.resolv_conf.clone(),
-        masks,
-        files,
-    };
-    view.order();
-
-    // Environment.
-    let scrubbed = env::scrub(host.env.iter().cloned(), &opts.env);
-    let mut vars = scrubbed.vars;
+/// The sandbox's environment: the scrubbed host variables, then HOME,
+/// PWD, the proxy and CA variables (unless `--env` names them).
+fn environment(
+    opts: &Options,
+    mut vars: Vec<(OsString, OsString)>,
+    home: &Path,
+    workdir: &Path,
+    proxy_url: &str,
+    ca_env: Vec<(&str, PathBuf)>,
+) -> Result<Vec<CString>, PlanError> {
     let named = |n: &str| opts.env.iter().any(|e| e.name() == n);
     let mut fixed: Vec<(&str, OsString)> = vec![
-        ("HOME", home.clone().into_os_string()),
-        ("PWD", workdir.clone().into_os_string()),
+        ("HOME", home.as_os_str().to_os_string()),
+        ("PWD", workdir.as_os_str().to_os_string()),
     ];
     for n in [
         "HTTP_PROXY",
@@ -621,7 +707,7 @@ pub fn build(opts: &Options, host: &HostFacts) -> Result<Plan, PlanError> {
         "https_proxy",
         "all_proxy",
     ] {
-        fixed.push((n, proxy_url.clone().into()));
+        fixed.push((n, proxy_url.into()));
     }
     fixed.push(("NO_PROXY", NO_PROXY.into()));
     fixed.push(("no_proxy", NO_PROXY.into()));
@@ -633,40 +719,14 @@ pub fn build(opts: &Options, host: &HostFacts) -> Result<Plan, PlanError> {
             env::set(&mut vars, n, v);
         }
     }
-    let env = vars
-        .into_iter()
+    vars.into_iter()
         .map(|(k, v)| {
             let mut kv = k.into_vec();
             kv.push(b'=');
             kv.extend_from_slice(v.as_bytes());
             CString::new(kv).map_err(|_| PlanError::Nul)
         })
-        .collect::<Result<Vec<_>, _>>()?;
-    let argv = opts
-        .command
-        .iter()
-        .map(|a| CString::new(a.as_bytes()).map_err(|_| PlanError::Nul))
-        .collect::<Result<Vec<_>, _>>()?;
-
-    Ok(Plan {
-        argv,
-        env,
-        dropped_credentials: scrubbed.dropped_credentials,
-        dropped_other: scrubbed.dropped_other,
-        missing_env: scrubbed.missing,
-        identity,
-        cwd: workdir,
-        home,
-        view,
-        tmpfs_size: opts.limits.memory,
-        resolv_conf_text: resolv_conf_text(),
-        limits: opts.limits.clone(),
-        timeout: opts.timeout,
-        egress,
-        proxy_url,
-        transparent,
-        home_files,
-    })
+        .collect()
 }
 
 /// The nftables ruleset of `--transparent`, for the sandbox's own network

@@ -259,6 +259,36 @@ fn list(items: &[String], more: bool) -> String {
 
 pub fn render(r: &Report, out: &mut dyn Write) -> io::Result<()> {
     let mut h = String::with_capacity(64 << 10);
+    head(r, &mut h);
+    h.push_str("<h2>Decisions per day</h2><div class=\"chart\">");
+    h.push_str(&decisions_chart(r));
+    h.push_str(
+        "<div class=\"legend muted\"><span><i class=\"sw\" style=\"background:#2f8f5b\"></i>allowed</span>\
+         <span><i class=\"sw\" style=\"background:#c2413b\"></i>denied</span></div></div>\n",
+    );
+
+    exceptions(r, &mut h);
+    lists(r, &mut h);
+    h.push_str("<h2>Hottest exceptions</h2><div class=\"chart\">");
+    h.push_str(&hottest_chart(r));
+    h.push_str("</div>\n");
+
+    denied(r, &mut h);
+    if !r.other_denials.is_empty() {
+        h.push_str("<h2>Denials no exception fixes</h2><ul>");
+        for (k, v) in &r.other_denials {
+            let _ = write!(h, "<li>{} — {}</li>", esc(k), thousands(*v));
+        }
+        h.push_str("</ul>\n");
+    }
+    packages(r, &mut h);
+    closing(r, &mut h);
+    let _ = write!(h, "<script>{SCRIPT}</script>\n</body></html>\n");
+    out.write_all(h.as_bytes())
+}
+
+/// The document's head, the title block and the summary cards.
+fn head(r: &Report, h: &mut String) {
     let p = &r.policy;
     let _ = write!(
         h,
@@ -298,14 +328,10 @@ pub fn render(r: &Report, out: &mut dyn Write) -> io::Result<()> {
         let _ = write!(h, "<div class=\"card\"><b>{v}</b>{k}</div>");
     }
     h.push_str("</div>\n");
+}
 
-    h.push_str("<h2>Decisions per day</h2><div class=\"chart\">");
-    h.push_str(&decisions_chart(r));
-    h.push_str(
-        "<div class=\"legend muted\"><span><i class=\"sw\" style=\"background:#2f8f5b\"></i>allowed</span>\
-         <span><i class=\"sw\" style=\"background:#c2413b\"></i>denied</span></div></div>\n",
-    );
-
+/// The exceptions' table, each with its sparkline.
+fn exceptions(r: &Report, h: &mut String) {
     let (start, n) = chart_days(r);
     h.push_str("<h2>Exceptions</h2><input type=\"search\" placeholder=\"filter exceptions\" data-filter=\"exceptions\">");
     h.push_str(
@@ -341,7 +367,11 @@ pub fn render(r: &Report, out: &mut dyn Write) -> io::Result<()> {
         );
     }
     h.push_str("</tbody></table>\n");
+}
 
+/// The stale, unused, expired and expiring lists.
+fn lists(r: &Report, h: &mut String) {
+    let p = &r.policy;
     let by_id = |id: &String| r.exceptions.iter().find(|e| &e.id == id);
     let section = |h: &mut String,
                    title: &str,
@@ -372,7 +402,7 @@ pub fn render(r: &Report, out: &mut dyn Write) -> io::Result<()> {
         None => "never used in these logs".into(),
     };
     section(
-        &mut h,
+        h,
         &format!(
             "Unused for {} days: candidates for removal",
             p.stale_after_days
@@ -383,7 +413,7 @@ pub fn render(r: &Report, out: &mut dyn Write) -> io::Result<()> {
     );
     if !r.unused_recently.is_empty() {
         section(
-            &mut h,
+            h,
             "Unused in these logs (they cover less than stale_after)",
             "unused",
             &r.unused_recently,
@@ -391,19 +421,12 @@ pub fn render(r: &Report, out: &mut dyn Write) -> io::Result<()> {
         );
     }
     let exp = |e: &ExceptionRow| format!("expires {}", esc(e.expires.as_deref().unwrap_or("?")));
-    section(&mut h, "Expired", "expired", &r.expired, &exp);
-    section(
-        &mut h,
-        "Expiring within 14 days",
-        "expiring",
-        &r.expiring,
-        &exp,
-    );
+    section(h, "Expired", "expired", &r.expired, &exp);
+    section(h, "Expiring within 14 days", "expiring", &r.expiring, &exp);
+}
 
-    h.push_str("<h2>Hottest exceptions</h2><div class=\"chart\">");
-    h.push_str(&hottest_chart(r));
-    h.push_str("</div>\n");
-
+/// The most-denied destinations' table, each with its stub.
+fn denied(r: &Report, h: &mut String) {
     let _ = write!(
         h,
         "<h2>Most-denied destinations (top {} of {})</h2>\
@@ -449,15 +472,10 @@ pub fn render(r: &Report, out: &mut dyn Write) -> io::Result<()> {
         );
     }
     h.push_str("</tbody></table>\n");
+}
 
-    if !r.other_denials.is_empty() {
-        h.push_str("<h2>Denials no exception fixes</h2><ul>");
-        for (k, v) in &r.other_denials {
-            let _ = write!(h, "<li>{} — {}</li>", esc(k), thousands(*v));
-        }
-        h.push_str("</ul>\n");
-    }
-    packages(r, &mut h);
+/// Exceptions the logs name and the policy lacks, and the notes.
+fn closing(r: &Report, h: &mut String) {
     if !r.unknown_exceptions.is_empty() {
         h.push_str("<h2>In the logs but not in this policy</h2><ul>");
         for u in r.unknown_exceptions.iter().take(50) {
@@ -478,8 +496,6 @@ pub fn render(r: &Report, out: &mut dyn Write) -> io::Result<()> {
         }
         h.push_str("</ul>\n");
     }
-    let _ = write!(h, "<script>{SCRIPT}</script>\n</body></html>\n");
-    out.write_all(h.as_bytes())
 }
 
 /// The package gate's sections (only when the policy has sets or the

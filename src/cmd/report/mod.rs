@@ -416,12 +416,102 @@ pub fn build(
     let stale_after = policy.settings.stale_after_secs as i64;
     let covered_from = stats.first.unwrap_or(now);
     let covers_stale_window = now - covered_from >= stale_after;
+    let (exceptions, lists) = exception_rows(policy, stats, now, covers_stale_window);
+    let mut hot: Vec<&ExceptionRow> = exceptions.iter().filter(|e| e.hits > 0).collect();
+    hot.sort_by(|a, b| b.hits.cmp(&a.hits).then_with(|| a.id.cmp(&b.id)));
+    let hottest = hot.iter().take(HOTTEST).map(|e| e.id.clone()).collect();
+    let denied = denied_rows(stats, top, now);
+    let other_denials = stats
+        .denied_by_reason
+        .iter()
+        .filter(|(r, _)| !stats::FIXABLE.contains(&&***r) && !r.starts_with("package_"))
+        .map(|(r, n)| (r.to_string(), *n))
+        .collect();
+    let days_covered = ((now - covered_from).max(0) as f64 / 86400.0 * 10.0).round() / 10.0;
+    let clients_cut =
+        exceptions.iter().any(|e| e.clients_more) || denied.iter().any(|d| d.clients_more);
+    let notes = notes(
+        stats,
+        clients_cut,
+        covers_stale_window,
+        days_covered,
+        stale_after,
+    );
+    let Lists {
+        stale,
+        unused_recently,
+        expired,
+        expiring,
+    } = lists;
+    Report {
+        generated_at: ts(now),
+        policy: PolicySummary {
+            path: policy_path.display().to_string(),
+            exceptions: policy.exceptions.len(),
+            mode: policy.settings.mode.as_str(),
+            stale_after_days: policy.settings.stale_after_secs / 86400,
+            contact: policy.settings.contact.clone(),
+        },
+        input: input(read, stats, days_covered),
+        totals: totals(stats),
+        daily: stats
+            .daily
+            .iter()
+            .map(|(d, (a, n))| DayCount {
+                day: day(*d),
+                allowed: *a,
+                denied: *n,
+            })
+            .collect(),
+        exceptions,
+        unknown_exceptions: unknown_exceptions(policy, stats),
+        stale,
+        unused_recently,
+        expired,
+        expiring,
+        hottest,
+        denied,
+        denied_destinations: stats.destinations.len(),
+        other_denials,
+        packages: packages_report(policy, stats, top, now, covers_stale_window),
+        grants: grants_report(policy, stats, top, now),
+        limits: LimitNotes {
+            max_destinations: stats::MAX_DESTINATIONS,
+            max_clients_listed: stats::MAX_CLIENTS,
+            pruned: stats.pruned,
+            untracked_exception_hits: stats.untracked_exception_hits,
+            notes,
+        },
+    }
+}
+
+/// The exceptions' lists by state, as ids.
+#[derive(Default)]
+struct Lists {
+    stale: Vec<String>,
+    unused_recently: Vec<String>,
+    expired: Vec<String>,
+    expiring: Vec<String>,
+}
+
+/// Each exception beside its use, and the lists it falls in.
+fn exception_rows(
+    policy: &Policy,
+    stats: &Stats,
+    now: i64,
+    covers_stale_window: bool,
+) -> (Vec<ExceptionRow>, Lists) {
+    let stale_after = policy.settings.stale_after_secs as i64;
     let mut exceptions = Vec::with_capacity(policy.exceptions.len());
-    let (mut stale, mut unused_recently, mut expired, mut expiring) =
-        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut l = Lists::default();
+    let (stale, unused_recently, expired, expiring) = (
+        &mut l.stale,
+        &mut l.unused_recently,
+        &mut l.expired,
+        &mut l.expiring,
+    );
     for e in &policy.exceptions {
         let u = stats.exceptions.get(&*e.id);
-        let hits = u.map_or(0, |u| u.hits);
         let last = u.and_then(|u| u.last);
         let unused_for_stale = match last {
             Some(t) => now - t >= stale_after,
@@ -451,39 +541,51 @@ pub fn build(
                 s
             }
         };
-        exceptions.push(ExceptionRow {
-            id,
-            owner: e.owner.to_string(),
-            reason: e.reason.to_string(),
-            ticket: e.ticket().map(str::to_string),
-            expires: e.expires().map(format_date),
-            expires_in_days: e.expires().map(|t| (t - now).div_euclid(86400)),
-            file: e.file.display().to_string(),
-            line: e.line,
-            status,
-            hits,
-            first_used: u.and_then(|u| u.first).map(ts),
-            last_used: last.map(ts),
-            days_since_use: last.map(|t| (now - t).div_euclid(86400)),
-            clients: u.map_or(Vec::new(), |u| {
-                u.clients.items.iter().map(|c| c.to_string()).collect()
-            }),
-            clients_more: u.is_some_and(|u| u.clients.more),
-            hosts: u.map_or(Vec::new(), |u| u.hosts.sorted()),
-            near_denials: u.map_or(0, |u| u.near_denials),
-            daily: u.map_or(Vec::new(), |u| {
-                u.daily
-                    .0
-                    .iter()
-                    .map(|(d, n)| (day(*d), *n as u64))
-                    .collect()
-            }),
-        });
+        exceptions.push(exception_row(e, u, id, status, now));
     }
-    let mut hot: Vec<&ExceptionRow> = exceptions.iter().filter(|e| e.hits > 0).collect();
-    hot.sort_by(|a, b| b.hits.cmp(&a.hits).then_with(|| a.id.cmp(&b.id)));
-    let hottest = hot.iter().take(HOTTEST).map(|e| e.id.clone()).collect();
+    (exceptions, l)
+}
 
+fn exception_row(
+    e: &crate::policy::Exception,
+    u: Option<&stats::ExceptionUse>,
+    id: String,
+    status: Status,
+    now: i64,
+) -> ExceptionRow {
+    let last = u.and_then(|u| u.last);
+    ExceptionRow {
+        id,
+        owner: e.owner.to_string(),
+        reason: e.reason.to_string(),
+        ticket: e.ticket().map(str::to_string),
+        expires: e.expires().map(format_date),
+        expires_in_days: e.expires().map(|t| (t - now).div_euclid(86400)),
+        file: e.file.display().to_string(),
+        line: e.line,
+        status,
+        hits: u.map_or(0, |u| u.hits),
+        first_used: u.and_then(|u| u.first).map(ts),
+        last_used: last.map(ts),
+        days_since_use: last.map(|t| (now - t).div_euclid(86400)),
+        clients: u.map_or(Vec::new(), |u| {
+            u.clients.items.iter().map(|c| c.to_string()).collect()
+        }),
+        clients_more: u.is_some_and(|u| u.clients.more),
+        hosts: u.map_or(Vec::new(), |u| u.hosts.sorted()),
+        near_denials: u.map_or(0, |u| u.near_denials),
+        daily: u.map_or(Vec::new(), |u| {
+            u.daily
+                .0
+                .iter()
+                .map(|(d, n)| (day(*d), *n as u64))
+                .collect()
+        }),
+    }
+}
+
+/// Exceptions the logs name and the policy lacks, most hits first.
+fn unknown_exceptions(policy: &Policy, stats: &Stats) -> Vec<UnknownException> {
     let mut unknown: Vec<UnknownException> = stats
         .exceptions
         .iter()
@@ -496,11 +598,15 @@ pub fn build(
         })
         .collect();
     unknown.sort_by(|a, b| b.hits.cmp(&a.hits).then_with(|| a.id.cmp(&b.id)));
+    unknown
+}
 
+/// The `top` most-denied destinations, each with its stub.
+fn denied_rows(stats: &Stats, top: usize, now: i64) -> Vec<DeniedRow> {
     let mut dests: Vec<(&str, &stats::DeniedUse)> =
         stats.destinations.iter().map(|(k, v)| (&**k, v)).collect();
     dests.sort_by(|a, b| b.1.count.cmp(&a.1.count).then_with(|| a.0.cmp(b.0)));
-    let denied: Vec<DeniedRow> = dests
+    dests
         .iter()
         .take(top)
         .map(|(k, d)| DeniedRow {
@@ -523,15 +629,17 @@ pub fn build(
             last_seen: ts(d.last),
             stub: stub::denied_stub(k, d, now),
         })
-        .collect();
+        .collect()
+}
 
-    let other_denials = stats
-        .denied_by_reason
-        .iter()
-        .filter(|(r, _)| !stats::FIXABLE.contains(&&***r) && !r.starts_with("package_"))
-        .map(|(r, n)| (r.to_string(), *n))
-        .collect();
-
+/// What the report could not hold or see, in sentences.
+fn notes(
+    stats: &Stats,
+    clients_cut: bool,
+    covers_stale_window: bool,
+    days_covered: f64,
+    stale_after: i64,
+) -> Vec<String> {
     let mut notes = Vec::new();
     if stats.pruned.destinations > 0 {
         notes.push(format!(
@@ -558,13 +666,12 @@ pub fn build(
             stats.untracked_exception_hits
         ));
     }
-    if exceptions.iter().any(|e| e.clients_more) || denied.iter().any(|d| d.clients_more) {
+    if clients_cut {
         notes.push(format!(
             "client lists stop at {} per exception or destination (marked +more)",
             stats::MAX_CLIENTS
         ));
     }
-    let days_covered = ((now - covered_from).max(0) as f64 / 86400.0 * 10.0).round() / 10.0;
     if !covers_stale_window {
         notes.push(format!(
             "the logs reach back {days_covered} days, less than stale_after ({} days): exceptions \
@@ -572,73 +679,43 @@ pub fn build(
             stale_after / 86400
         ));
     }
+    notes
+}
 
-    Report {
-        generated_at: ts(now),
-        policy: PolicySummary {
-            path: policy_path.display().to_string(),
-            exceptions: policy.exceptions.len(),
-            mode: policy.settings.mode.as_str(),
-            stale_after_days: policy.settings.stale_after_secs / 86400,
-            contact: policy.settings.contact.clone(),
-        },
-        input: Input {
-            files: read.files.iter().map(|f| f.display().to_string()).collect(),
-            lines: read.lines,
-            bytes: read.bytes,
-            unreadable: read.unreadable,
-            first_unreadable: read.first_unreadable.clone(),
-            bad_timestamps: stats.bad_timestamps,
-            since: stats.since.map(ts),
-            before_window: stats.before_window,
-            in_window: stats.in_window,
-            first_seen: stats.first.map(ts),
-            last_seen: stats.last.map(ts),
-            days_covered,
-        },
-        totals: Totals {
-            allowed: stats.allowed,
-            denied: stats.denied,
-            report_only_denied: stats.report_only,
-            by_proto: stats
-                .by_proto
-                .iter()
-                .map(|(p, (a, d))| (p.to_string(), [*a, *d]))
-                .collect(),
-            denied_by_reason: stats
-                .denied_by_reason
-                .iter()
-                .map(|(r, n)| (r.to_string(), *n))
-                .collect(),
-        },
-        daily: stats
-            .daily
+/// What was read.
+fn input(read: &read::ReadStats, stats: &Stats, days_covered: f64) -> Input {
+    Input {
+        files: read.files.iter().map(|f| f.display().to_string()).collect(),
+        lines: read.lines,
+        bytes: read.bytes,
+        unreadable: read.unreadable,
+        first_unreadable: read.first_unreadable.clone(),
+        bad_timestamps: stats.bad_timestamps,
+        since: stats.since.map(ts),
+        before_window: stats.before_window,
+        in_window: stats.in_window,
+        first_seen: stats.first.map(ts),
+        last_seen: stats.last.map(ts),
+        days_covered,
+    }
+}
+
+/// The decisions counted.
+fn totals(stats: &Stats) -> Totals {
+    Totals {
+        allowed: stats.allowed,
+        denied: stats.denied,
+        report_only_denied: stats.report_only,
+        by_proto: stats
+            .by_proto
             .iter()
-            .map(|(d, (a, n))| DayCount {
-                day: day(*d),
-                allowed: *a,
-                denied: *n,
-            })
+            .map(|(p, (a, d))| (p.to_string(), [*a, *d]))
             .collect(),
-        exceptions,
-        unknown_exceptions: unknown,
-        stale,
-        unused_recently,
-        expired,
-        expiring,
-        hottest,
-        denied,
-        denied_destinations: stats.destinations.len(),
-        other_denials,
-        packages: packages_report(policy, stats, top, now, covers_stale_window),
-        grants: grants_report(policy, stats, top, now),
-        limits: LimitNotes {
-            max_destinations: stats::MAX_DESTINATIONS,
-            max_clients_listed: stats::MAX_CLIENTS,
-            pruned: stats.pruned,
-            untracked_exception_hits: stats.untracked_exception_hits,
-            notes,
-        },
+        denied_by_reason: stats
+            .denied_by_reason
+            .iter()
+            .map(|(r, n)| (r.to_string(), *n))
+            .collect(),
     }
 }
 
@@ -715,8 +792,6 @@ fn packages_report(
     now: i64,
     covers_stale_window: bool,
 ) -> PackagesReport {
-    use crate::packages::name::normalize;
-    use crate::packages::Ecosystem;
     let pp = &policy.packages;
     let stale_after = policy.settings.stale_after_secs as i64;
     let (mut approved, mut stale, mut unused_recently) = (Vec::new(), Vec::new(), Vec::new());
@@ -752,12 +827,28 @@ fn packages_report(
             });
         }
     }
+    PackagesReport {
+        sets: pp.sets.len(),
+        enforce: pp.settings.enforce.iter().map(|e| e.as_str()).collect(),
+        approved,
+        stale,
+        unused_recently,
+        denied: denied_packages(policy, stats, top, now),
+        denied_names: stats.package_denials.len(),
+    }
+}
+
+/// The `top` most-denied package names, with "did you mean".
+fn denied_packages(policy: &Policy, stats: &Stats, top: usize, now: i64) -> Vec<DeniedPackageRow> {
+    use crate::packages::name::normalize;
+    use crate::packages::Ecosystem;
+    let pp = &policy.packages;
     let mut denied: Vec<(&stats::PackageKey, &stats::PackageDenied)> =
         stats.package_denials.iter().collect();
     denied.sort_by(|a, b| b.1.count.cmp(&a.1.count).then_with(|| a.0.cmp(b.0)));
     // "did you mean" for any client the policy knows, the anonymous first.
     let clients = std::iter::once(None).chain((0..policy.clients.len() as u32).map(Some));
-    let denied = denied
+    denied
         .into_iter()
         .take(top)
         .map(|((eco, name), d)| {
@@ -787,14 +878,5 @@ fn packages_report(
                 last_seen: ts(d.last),
             }
         })
-        .collect();
-    PackagesReport {
-        sets: pp.sets.len(),
-        enforce: pp.settings.enforce.iter().map(|e| e.as_str()).collect(),
-        approved,
-        stale,
-        unused_recently,
-        denied,
-        denied_names: stats.package_denials.len(),
-    }
+        .collect()
 }

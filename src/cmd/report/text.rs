@@ -64,6 +64,31 @@ fn expiry(e: &ExceptionRow) -> String {
 }
 
 pub fn render(r: &Report, out: &mut dyn Write) -> io::Result<()> {
+    header(r, out)?;
+    exceptions(r, out)?;
+    lifecycle(r, out)?;
+    hottest(r, out)?;
+    grants(r, out)?;
+    denied(r, out)?;
+    if !r.other_denials.is_empty() {
+        writeln!(out)?;
+        let o: Vec<String> = r
+            .other_denials
+            .iter()
+            .map(|(k, v)| format!("{} {}", clean(k), thousands(*v)))
+            .collect();
+        writeln!(
+            out,
+            "== Denials no exception fixes (malformed input, tunnels, overload, log failures): {}",
+            o.join(", ")
+        )?;
+    }
+    packages(r, out)?;
+    closing(r, out)
+}
+
+/// The policy, the logs read and the decisions' totals.
+fn header(r: &Report, out: &mut dyn Write) -> io::Result<()> {
     let p = &r.policy;
     writeln!(
         out,
@@ -122,6 +147,11 @@ pub fn render(r: &Report, out: &mut dyn Write) -> io::Result<()> {
         }
     )?;
 
+    Ok(())
+}
+
+/// Every exception: status, owner, hits, clients, where it is written.
+fn exceptions(r: &Report, out: &mut dyn Write) -> io::Result<()> {
     writeln!(out)?;
     writeln!(out, "== Exceptions ({})", r.exceptions.len())?;
     for e in &r.exceptions {
@@ -152,6 +182,12 @@ pub fn render(r: &Report, out: &mut dyn Write) -> io::Result<()> {
         writeln!(out, "      at {}:{}", e.file, e.line)?;
     }
 
+    Ok(())
+}
+
+/// The stale, expired and expiring lists.
+fn lifecycle(r: &Report, out: &mut dyn Write) -> io::Result<()> {
+    let p = &r.policy;
     let by_id = |id: &String| r.exceptions.iter().find(|e| &e.id == id);
     writeln!(out)?;
     writeln!(
@@ -211,8 +247,14 @@ pub fn render(r: &Report, out: &mut dyn Write) -> io::Result<()> {
         }
     }
 
+    Ok(())
+}
+
+/// The exceptions most used.
+fn hottest(r: &Report, out: &mut dyn Write) -> io::Result<()> {
     writeln!(out)?;
     writeln!(out, "== Hottest")?;
+    let by_id = |id: &String| r.exceptions.iter().find(|e| &e.id == id);
     let total_hits: u64 = r.exceptions.iter().map(|e| e.hits).sum();
     for (n, id) in r.hottest.iter().enumerate() {
         if let Some(e) = by_id(id) {
@@ -235,8 +277,11 @@ pub fn render(r: &Report, out: &mut dyn Write) -> io::Result<()> {
         }
     }
 
-    grants(r, out)?;
+    Ok(())
+}
 
+/// The most-denied destinations, each with a stub that would allow it.
+fn denied(r: &Report, out: &mut dyn Write) -> io::Result<()> {
     writeln!(out)?;
     writeln!(
         out,
@@ -292,20 +337,11 @@ pub fn render(r: &Report, out: &mut dyn Write) -> io::Result<()> {
         }
     }
 
-    if !r.other_denials.is_empty() {
-        writeln!(out)?;
-        let o: Vec<String> = r
-            .other_denials
-            .iter()
-            .map(|(k, v)| format!("{} {}", clean(k), thousands(*v)))
-            .collect();
-        writeln!(
-            out,
-            "== Denials no exception fixes (malformed input, tunnels, overload, log failures): {}",
-            o.join(", ")
-        )?;
-    }
-    packages(r, out)?;
+    Ok(())
+}
+
+/// Exceptions the logs name and the policy lacks, the notes, the summary.
+fn closing(r: &Report, out: &mut dyn Write) -> io::Result<()> {
     if !r.unknown_exceptions.is_empty() {
         writeln!(out)?;
         writeln!(
@@ -398,6 +434,11 @@ fn packages(r: &Report, out: &mut dyn Write) -> io::Result<()> {
             list(&p.unused_recently, false)
         )?;
     }
+    denied_packages(p, out)
+}
+
+/// The most-denied package names, with "did you mean".
+fn denied_packages(p: &super::PackagesReport, out: &mut dyn Write) -> io::Result<()> {
     if p.denied.is_empty() {
         return Ok(());
     }
