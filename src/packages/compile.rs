@@ -309,54 +309,13 @@ impl<'t> Locator<'t> {
 
 /// Validates and compiles the package sets and settings.
 pub fn compile(input: &CompileInput<'_>) -> Result<PackagePolicy, Vec<PackageDiagnostic>> {
-    let mut errors = Vec::new();
-    let mut err = |file: &Path, (line, column): (usize, usize), message: String| {
-        errors.push(PackageDiagnostic {
-            file: file.to_path_buf(),
-            line,
-            column,
-            message,
-        })
+    let mut errs = Errors(Vec::new());
+    let settings = match input.settings {
+        Some(found) => settings(found, input.expand, &mut errs),
+        None => PackageSettings::default(),
     };
-
-    let mut settings = PackageSettings::default();
-    if let Some((file, text, raw)) = input.settings {
-        let loc = Locator::new(text);
-        let at = loc.find_after(1, "packages:");
-        if let Some(e) = &raw.enforce {
-            if e.is_empty() {
-                err(
-                    file,
-                    loc.find_after(at.0, "enforce"),
-                    "settings.packages.enforce: is empty; omit it to gate no ecosystem".into(),
-                );
-            }
-            let mut e = e.clone();
-            e.sort();
-            e.dedup();
-            settings.enforce = e;
-        }
-        if let Some(d) = &raw.min_age {
-            settings.min_age_secs = d.0;
-        }
-        settings.time_unknown = raw.time_unknown.unwrap_or_default();
-        for (&eco, m) in &raw.mirrors {
-            let mat = loc.find_after(at.0, &m.url);
-            match mirror(eco, m, input.expand) {
-                Ok(mi) => settings.mirrors.push(mi),
-                Err(msg) => err(
-                    file,
-                    mat,
-                    format!("settings.packages.mirrors.{}: {msg}", eco.as_str()),
-                ),
-            }
-        }
-    }
-
-    let mut sets = Vec::new();
+    let mut c = Sets::default();
     let mut seen: HashMap<String, PathBuf> = HashMap::new();
-    let mut allows: HashMap<(Ecosystem, PackageName), Vec<EntryRef>> = HashMap::new();
-    let mut denies: HashMap<(Ecosystem, PackageName), Vec<EntryRef>> = HashMap::new();
     for src in input.files {
         let loc = Locator::new(src.text);
         let ids = loc.ids();
@@ -370,198 +329,320 @@ pub fn compile(input: &CompileInput<'_>) -> Result<PackagePolicy, Vec<PackageDia
                 .unwrap_or((1, 1));
             after = after.max(at.0);
             if let Some(prev) = seen.get(id) {
-                err(
-                    src.file,
-                    at,
-                    format!(
-                        "duplicate package set id {id:?} (also in {})",
-                        prev.display()
-                    ),
+                let msg = format!(
+                    "duplicate package set id {id:?} (also in {})",
+                    prev.display()
                 );
+                errs.at(src.file, at, msg);
                 continue;
             }
             if let Some(prev) = (input.exception_id)(id) {
-                err(
-                    src.file,
-                    at,
-                    format!(
-                        "package set id {id:?} is also an exception id (in {}); ids are unique across both",
-                        prev.display()
-                    ),
+                let msg = format!(
+                    "package set id {id:?} is also an exception id (in {}); ids are unique across both",
+                    prev.display()
                 );
+                errs.at(src.file, at, msg);
                 continue;
             }
             seen.insert(id.to_string(), src.file.to_path_buf());
-            let owner = raw.owner.as_deref().map(str::trim).unwrap_or("");
-            if owner.is_empty() {
-                err(src.file, at, format!("package set {id:?} has no owner:"));
-            }
-            let reason = raw.reason.as_deref().map(str::trim).unwrap_or("");
-            if reason.is_empty() {
-                err(src.file, at, format!("package set {id:?} has no reason:"));
-            }
-            let Some(eco) = raw.ecosystem else {
-                err(
-                    src.file,
-                    at,
-                    format!("package set {id:?} has no ecosystem: (pypi, npm, cargo or go)"),
-                );
-                continue;
+            let here = Here {
+                file: src.file,
+                loc: &loc,
+                at,
+                id,
             };
-            if raw.allow.is_empty() && raw.deny.is_empty() {
-                err(
-                    src.file,
-                    at,
-                    format!("package set {id:?} has no allow: and no deny: entries"),
-                );
+            if let Some(set) = c.set(input, &here, raw, &mut errs) {
+                c.sets.push(set);
             }
-            let clients = match &raw.clients {
-                None => None,
-                Some(pats) if pats.is_empty() => {
-                    err(
-                        src.file,
-                        at,
-                        format!("package set {id:?}: clients: is empty; omit it to apply to every client"),
-                    );
-                    None
-                }
-                Some(pats) => {
-                    let mut idx = Vec::new();
-                    for p in pats {
-                        match Glob::new(p) {
-                            Ok(g) => {
-                                let m = g.compile_matcher();
-                                for (i, c) in input.clients.iter().enumerate() {
-                                    if m.is_match(c) && !idx.contains(&(i as u32)) {
-                                        idx.push(i as u32);
-                                    }
-                                }
-                            }
-                            Err(e) => err(
-                                src.file,
-                                loc.find_after(at.0, p),
-                                format!("package set {id:?}: bad client pattern {p:?}: {e}"),
-                            ),
-                        }
-                    }
-                    idx.sort_unstable();
-                    Some(idx)
-                }
-            };
-            let set_idx = sets.len() as u32;
-            let mut allow = Vec::new();
-            for a in &raw.allow {
-                let (name_text, versions_text) = match &a.short {
-                    Some(s) => split_entry(eco, s),
-                    None => (a.name.as_str(), a.versions.as_deref().unwrap_or("")),
-                };
-                let needle = a.short.as_deref().unwrap_or(&a.name);
-                let eat = loc.find_after(at.0, needle);
-                let name = match normalize(eco, name_text) {
-                    Ok(n) => n,
-                    Err(e) => {
-                        err(src.file, eat, format!("package set {id:?}: {e}"));
-                        continue;
-                    }
-                };
-                if a.short.is_none() && a.versions.as_deref().is_some_and(|v| v.trim().is_empty()) {
-                    err(src.file, eat, format!("package set {id:?}: {name_text}: versions: is empty; omit it to allow every version"));
-                    continue;
-                }
-                let versions = match Constraint::parse(eco, versions_text) {
-                    Ok(c) => c,
-                    Err(e) => {
-                        let vat = if versions_text.is_empty() {
-                            eat
-                        } else {
-                            loc.find_after(eat.0, versions_text)
-                        };
-                        err(
-                            src.file,
-                            vat,
-                            format!("package set {id:?}: {name_text}: {e}"),
-                        );
-                        continue;
-                    }
-                };
-                allows
-                    .entry((eco, name.clone()))
-                    .or_default()
-                    .push((set_idx, allow.len() as u32));
-                allow.push(AllowEntry {
-                    name,
-                    written: name_text.to_string(),
-                    versions,
-                    min_age_secs: a.min_age,
-                    sha256: a.sha256.clone(),
-                    line: eat.0,
-                });
-            }
-            let mut deny = Vec::new();
-            for d in &raw.deny {
-                let (name_text, versions_text) = match &d.short {
-                    Some(s) => split_entry(eco, s),
-                    None => (d.name.as_str(), d.versions.as_deref().unwrap_or("")),
-                };
-                let needle = d.short.as_deref().unwrap_or(&d.name);
-                let dat = loc.find_after(at.0, needle);
-                let name = match normalize(eco, name_text) {
-                    Ok(n) => n,
-                    Err(e) => {
-                        err(src.file, dat, format!("package set {id:?}: deny: {e}"));
-                        continue;
-                    }
-                };
-                let versions = match Constraint::parse(eco, versions_text) {
-                    Ok(c) => c,
-                    Err(e) => {
-                        err(
-                            src.file,
-                            dat,
-                            format!("package set {id:?}: deny {name_text}: {e}"),
-                        );
-                        continue;
-                    }
-                };
-                denies
-                    .entry((eco, name.clone()))
-                    .or_default()
-                    .push((set_idx, deny.len() as u32));
-                deny.push(DenyEntry {
-                    name,
-                    written: name_text.to_string(),
-                    versions,
-                    reason: d.reason.clone(),
-                    line: dat.0,
-                });
-            }
-            sets.push(PackageSet {
-                id: id.into(),
-                owner: owner.into(),
-                reason: reason.to_string(),
-                ticket: raw.ticket.clone(),
-                expires: raw.expires.as_ref().map(|d| d.0),
-                ecosystem: eco,
-                clients,
-                client_patterns: raw.clients.clone(),
-                min_age_secs: raw.min_age.as_ref().map(|d| d.0),
-                allow,
-                deny,
-                file: src.file.to_path_buf(),
-                line: at.0,
-            });
         }
     }
-    if !errors.is_empty() {
-        return Err(errors);
+    if !errs.0.is_empty() {
+        return Err(errs.0);
     }
     Ok(PackagePolicy {
         settings,
-        sets,
+        sets: c.sets,
         contact: input.contact.to_string(),
-        allows,
-        denies,
+        allows: c.allows,
+        denies: c.denies,
     })
+}
+
+/// The diagnostics found so far.
+struct Errors(Vec<PackageDiagnostic>);
+
+impl Errors {
+    fn at(&mut self, file: &Path, (line, column): (usize, usize), message: String) {
+        self.0.push(PackageDiagnostic {
+            file: file.to_path_buf(),
+            line,
+            column,
+            message,
+        });
+    }
+}
+
+/// Where a set is written: its file, the file's locator, the set's
+/// `id:` line and column, and its id.
+struct Here<'a> {
+    file: &'a Path,
+    loc: &'a Locator<'a>,
+    at: (usize, usize),
+    id: &'a str,
+}
+
+impl Here<'_> {
+    /// The first occurrence of `needle` at or below the set's line.
+    fn find(&self, needle: &str) -> (usize, usize) {
+        self.loc.find_after(self.at.0, needle)
+    }
+}
+
+/// `settings.packages`, validated.
+fn settings(
+    (file, text, raw): (&Path, &str, &RawPackageSettings),
+    expand: &dyn Fn(&str) -> Result<String, String>,
+    errs: &mut Errors,
+) -> PackageSettings {
+    let mut settings = PackageSettings::default();
+    let loc = Locator::new(text);
+    let at = loc.find_after(1, "packages:");
+    if let Some(e) = &raw.enforce {
+        if e.is_empty() {
+            errs.at(
+                file,
+                loc.find_after(at.0, "enforce"),
+                "settings.packages.enforce: is empty; omit it to gate no ecosystem".into(),
+            );
+        }
+        let mut e = e.clone();
+        e.sort();
+        e.dedup();
+        settings.enforce = e;
+    }
+    if let Some(d) = &raw.min_age {
+        settings.min_age_secs = d.0;
+    }
+    settings.time_unknown = raw.time_unknown.unwrap_or_default();
+    for (&eco, m) in &raw.mirrors {
+        let mat = loc.find_after(at.0, &m.url);
+        match mirror(eco, m, expand) {
+            Ok(mi) => settings.mirrors.push(mi),
+            Err(msg) => errs.at(
+                file,
+                mat,
+                format!("settings.packages.mirrors.{}: {msg}", eco.as_str()),
+            ),
+        }
+    }
+    settings
+}
+
+/// The sets compiled so far, and their entries by name.
+#[derive(Default)]
+struct Sets {
+    sets: Vec<PackageSet>,
+    allows: HashMap<(Ecosystem, PackageName), Vec<EntryRef>>,
+    denies: HashMap<(Ecosystem, PackageName), Vec<EntryRef>>,
+}
+
+impl Sets {
+    /// One set, validated (`None`: it cannot be compiled at all; what is
+    /// wrong is in `errs`).
+    fn set(
+        &mut self,
+        input: &CompileInput<'_>,
+        here: &Here<'_>,
+        raw: &RawPackageSet,
+        errs: &mut Errors,
+    ) -> Option<PackageSet> {
+        let (id, file, at) = (here.id, here.file, here.at);
+        let owner = raw.owner.as_deref().map(str::trim).unwrap_or("");
+        if owner.is_empty() {
+            errs.at(file, at, format!("package set {id:?} has no owner:"));
+        }
+        let reason = raw.reason.as_deref().map(str::trim).unwrap_or("");
+        if reason.is_empty() {
+            errs.at(file, at, format!("package set {id:?} has no reason:"));
+        }
+        let Some(eco) = raw.ecosystem else {
+            errs.at(
+                file,
+                at,
+                format!("package set {id:?} has no ecosystem: (pypi, npm, cargo or go)"),
+            );
+            return None;
+        };
+        if raw.allow.is_empty() && raw.deny.is_empty() {
+            errs.at(
+                file,
+                at,
+                format!("package set {id:?} has no allow: and no deny: entries"),
+            );
+        }
+        let clients = set_clients(raw, input.clients, here, errs);
+        let set_idx = self.sets.len() as u32;
+        let allow = self.allow(eco, set_idx, &raw.allow, here, errs);
+        let deny = self.deny(eco, set_idx, &raw.deny, here, errs);
+        Some(PackageSet {
+            id: id.into(),
+            owner: owner.into(),
+            reason: reason.to_string(),
+            ticket: raw.ticket.clone(),
+            expires: raw.expires.as_ref().map(|d| d.0),
+            ecosystem: eco,
+            clients,
+            client_patterns: raw.clients.clone(),
+            min_age_secs: raw.min_age.as_ref().map(|d| d.0),
+            allow,
+            deny,
+            file: file.to_path_buf(),
+            line: at.0,
+        })
+    }
+
+    /// A set's `allow:` entries, each indexed by name.
+    fn allow(
+        &mut self,
+        eco: Ecosystem,
+        set_idx: u32,
+        raw: &[super::raw::RawAllow],
+        here: &Here<'_>,
+        errs: &mut Errors,
+    ) -> Vec<AllowEntry> {
+        let (id, file) = (here.id, here.file);
+        let mut allow = Vec::new();
+        for a in raw {
+            let (name_text, versions_text) = match &a.short {
+                Some(s) => split_entry(eco, s),
+                None => (a.name.as_str(), a.versions.as_deref().unwrap_or("")),
+            };
+            let eat = here.find(a.short.as_deref().unwrap_or(&a.name));
+            let name = match normalize(eco, name_text) {
+                Ok(n) => n,
+                Err(e) => {
+                    errs.at(file, eat, format!("package set {id:?}: {e}"));
+                    continue;
+                }
+            };
+            if a.short.is_none() && a.versions.as_deref().is_some_and(|v| v.trim().is_empty()) {
+                errs.at(file, eat, format!("package set {id:?}: {name_text}: versions: is empty; omit it to allow every version"));
+                continue;
+            }
+            let versions = match Constraint::parse(eco, versions_text) {
+                Ok(c) => c,
+                Err(e) => {
+                    let vat = if versions_text.is_empty() {
+                        eat
+                    } else {
+                        here.loc.find_after(eat.0, versions_text)
+                    };
+                    errs.at(file, vat, format!("package set {id:?}: {name_text}: {e}"));
+                    continue;
+                }
+            };
+            self.allows
+                .entry((eco, name.clone()))
+                .or_default()
+                .push((set_idx, allow.len() as u32));
+            allow.push(AllowEntry {
+                name,
+                written: name_text.to_string(),
+                versions,
+                min_age_secs: a.min_age,
+                sha256: a.sha256.clone(),
+                line: eat.0,
+            });
+        }
+        allow
+    }
+
+    /// A set's `deny:` entries, each indexed by name.
+    fn deny(
+        &mut self,
+        eco: Ecosystem,
+        set_idx: u32,
+        raw: &[super::raw::RawDeny],
+        here: &Here<'_>,
+        errs: &mut Errors,
+    ) -> Vec<DenyEntry> {
+        let (id, file) = (here.id, here.file);
+        let mut deny = Vec::new();
+        for d in raw {
+            let (name_text, versions_text) = match &d.short {
+                Some(s) => split_entry(eco, s),
+                None => (d.name.as_str(), d.versions.as_deref().unwrap_or("")),
+            };
+            let dat = here.find(d.short.as_deref().unwrap_or(&d.name));
+            let name = match normalize(eco, name_text) {
+                Ok(n) => n,
+                Err(e) => {
+                    errs.at(file, dat, format!("package set {id:?}: deny: {e}"));
+                    continue;
+                }
+            };
+            let versions = match Constraint::parse(eco, versions_text) {
+                Ok(c) => c,
+                Err(e) => {
+                    let msg = format!("package set {id:?}: deny {name_text}: {e}");
+                    errs.at(file, dat, msg);
+                    continue;
+                }
+            };
+            self.denies
+                .entry((eco, name.clone()))
+                .or_default()
+                .push((set_idx, deny.len() as u32));
+            deny.push(DenyEntry {
+                name,
+                written: name_text.to_string(),
+                versions,
+                reason: d.reason.clone(),
+                line: dat.0,
+            });
+        }
+        deny
+    }
+}
+
+/// A set's `clients:` patterns resolved to indexes into `clients`
+/// (`None`: every client).
+fn set_clients(
+    raw: &RawPackageSet,
+    clients: &[&str],
+    here: &Here<'_>,
+    errs: &mut Errors,
+) -> Option<Vec<u32>> {
+    let (id, file, at) = (here.id, here.file, here.at);
+    let pats = raw.clients.as_ref()?;
+    if pats.is_empty() {
+        errs.at(
+            file,
+            at,
+            format!("package set {id:?}: clients: is empty; omit it to apply to every client"),
+        );
+        return None;
+    }
+    let mut idx = Vec::new();
+    for p in pats {
+        match Glob::new(p) {
+            Ok(g) => {
+                let m = g.compile_matcher();
+                for (i, c) in clients.iter().enumerate() {
+                    if m.is_match(c) && !idx.contains(&(i as u32)) {
+                        idx.push(i as u32);
+                    }
+                }
+            }
+            Err(e) => errs.at(
+                file,
+                here.find(p),
+                format!("package set {id:?}: bad client pattern {p:?}: {e}"),
+            ),
+        }
+    }
+    idx.sort_unstable();
+    Some(idx)
 }
 
 fn mirror(

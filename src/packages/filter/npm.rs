@@ -53,52 +53,12 @@ pub fn packument(
     let Some(versions) = versions else {
         return unfilterable("packument without versions");
     };
-    let times_of: HashMap<&str, Option<i64>> = time_obj
-        .map(|t| {
-            t.members
-                .iter()
-                .map(|m| {
-                    (
-                        &*m.key,
-                        json::as_str(m.value).and_then(|s| parse_rfc3339(&s)),
-                    )
-                })
-                .collect()
-        })
-        .unwrap_or_default();
-
-    let bare = rules
-        .name
-        .as_str()
-        .rsplit('/')
-        .next()
-        .unwrap_or(rules.name.as_str());
-    let mut view = IndexView::new(Ecosystem::Npm, rules.name.clone());
-    let mut hidden = Hidden::default();
-    let mut kept: Vec<usize> = Vec::new();
-    let mut held: Vec<(usize, PackageReason)> = Vec::new();
-    for (i, m) in versions.members.iter().enumerate() {
-        let published = match abbreviated {
-            None => times_of.get(&*m.key).copied().flatten(),
-            Some(t) => t.and_then(|t| t.version(&m.key)).and_then(|f| f.published),
-        };
-        view.add_file(
-            &m.key,
-            FileFacts {
-                filename: format!("{bare}-{}.tgz", m.key),
-                published,
-                sha256: None,
-            },
-        );
-        match rules.version(&m.key, published) {
-            Ok(_) => kept.push(i),
-            Err(h) => {
-                hidden.add(h.reason);
-                held.push((i, h.reason));
-            }
-        }
-    }
-
+    let Judged {
+        view,
+        hidden,
+        kept,
+        held,
+    } = judge(rules, versions, abbreviated, time_obj);
     let kept_names: Vec<&str> = kept.iter().map(|&i| &*versions.members[i].key).collect();
     let newest = newest(&kept_names);
     let kept_set: HashSet<&str> = kept_names.iter().copied().collect();
@@ -107,24 +67,8 @@ pub fn packument(
     // dist-tags: drop those pointing at a held version, re-point latest.
     if let Some(tags_m) = top.get("dist-tags") {
         let tags = json::object(doc, tags_m.value).map_err(bad)?;
-        let mut pieces: Vec<Cow<'_, str>> = Vec::new();
-        let mut changed = false;
-        for m in &tags.members {
-            let target = json::as_str(m.value);
-            let ok = target.as_deref().is_some_and(|t| kept_set.contains(t));
-            if ok {
-                pieces.push(Cow::Borrowed(&doc[m.key_start..m.val_end]));
-            } else if m.key == "latest" {
-                changed = true;
-                if let Some(n) = newest {
-                    pieces.push(Cow::Owned(format!("{}:{}", quote("latest"), quote(n))));
-                }
-            } else {
-                changed = true;
-            }
-        }
-        if changed {
-            edits.push((tags.start, tags.end, rebuild(doc, &tags, pieces)));
+        if let Some(pieces) = dist_tags(doc, &tags, &kept_set, newest) {
+            edits.push((tags.start, tags.end, pieces));
         }
     }
 
@@ -159,6 +103,103 @@ pub fn packument(
     }
     let out = (!edits.is_empty()).then(|| json::splice_pieces(doc, edits));
     Ok(done(body, out, hidden, view))
+}
+
+/// Each version judged, and the index view the judging saw.
+struct Judged {
+    view: IndexView,
+    hidden: Hidden,
+    /// Indexes into `versions.members`.
+    kept: Vec<usize>,
+    held: Vec<(usize, PackageReason)>,
+}
+
+/// Judges every version, published at the time the full form's `time`
+/// gives (`abbreviated`: `None`) or the abbreviated form's view has.
+fn judge(
+    rules: &NameRules<'_>,
+    versions: &Object<'_>,
+    abbreviated: Option<Option<&IndexView>>,
+    time_obj: Option<&Object<'_>>,
+) -> Judged {
+    let times_of: HashMap<&str, Option<i64>> = time_obj
+        .map(|t| {
+            t.members
+                .iter()
+                .map(|m| {
+                    (
+                        &*m.key,
+                        json::as_str(m.value).and_then(|s| parse_rfc3339(&s)),
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let bare = rules
+        .name
+        .as_str()
+        .rsplit('/')
+        .next()
+        .unwrap_or(rules.name.as_str());
+    let mut view = IndexView::new(Ecosystem::Npm, rules.name.clone());
+    let mut hidden = Hidden::default();
+    let mut kept: Vec<usize> = Vec::new();
+    let mut held: Vec<(usize, PackageReason)> = Vec::new();
+    for (i, m) in versions.members.iter().enumerate() {
+        let published = match abbreviated {
+            None => times_of.get(&*m.key).copied().flatten(),
+            Some(t) => t.and_then(|t| t.version(&m.key)).and_then(|f| f.published),
+        };
+        view.add_file(
+            &m.key,
+            FileFacts {
+                filename: format!("{bare}-{}.tgz", m.key),
+                published,
+                sha256: None,
+            },
+        );
+        match rules.version(&m.key, published) {
+            Ok(_) => kept.push(i),
+            Err(h) => {
+                hidden.add(h.reason);
+                held.push((i, h.reason));
+            }
+        }
+    }
+
+    Judged {
+        view,
+        hidden,
+        kept,
+        held,
+    }
+}
+
+/// The dist-tags without those pointing at a held version, `latest`
+/// re-pointed to `newest` (`None`: nothing to change).
+fn dist_tags<'d>(
+    doc: &'d str,
+    tags: &Object<'_>,
+    kept: &HashSet<&str>,
+    newest: Option<&str>,
+) -> Option<Vec<Cow<'d, str>>> {
+    let mut pieces: Vec<Cow<'_, str>> = Vec::new();
+    let mut changed = false;
+    for m in &tags.members {
+        let target = json::as_str(m.value);
+        let ok = target.as_deref().is_some_and(|t| kept.contains(t));
+        if ok {
+            pieces.push(Cow::Borrowed(&doc[m.key_start..m.val_end]));
+        } else if m.key == "latest" {
+            changed = true;
+            if let Some(n) = newest {
+                pieces.push(Cow::Owned(format!("{}:{}", quote("latest"), quote(n))));
+            }
+        } else {
+            changed = true;
+        }
+    }
+    changed.then(|| rebuild(doc, tags, pieces))
 }
 
 fn rebuild<'d>(

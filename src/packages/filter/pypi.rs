@@ -142,43 +142,58 @@ pub fn simple_json(rules: &NameRules<'_>, body: &[u8]) -> Result<Filtered, Filte
         ));
     }
     if let Some(vm) = top.get("versions") {
-        let arr = json::array(doc, vm.value).map_err(bad)?;
-        let mut keep = Vec::new();
-        for (i, (raw, _, _)) in arr.elems.iter().enumerate() {
-            let Some(v) = json::as_str(raw) else {
-                return unfilterable("versions entry is not a string");
-            };
-            view.add_version(&v, None);
-            let key = IndexView::key(Ecosystem::Pypi, &v);
-            let ok = match listed.get(&key) {
-                Some(any_kept) => *any_kept,
-                // A version without files: judged on its own (no time).
-                None => match rules.version(&v, None) {
-                    Ok(_) => true,
-                    Err(h) => {
-                        tally.hide(&v, h.reason);
-                        false
-                    }
-                },
-            };
-            if ok {
-                keep.push(i);
-            }
-        }
-        if keep.len() != arr.elems.len() {
-            let items: Vec<(usize, usize)> = arr.elems.iter().map(|e| (e.1, e.2)).collect();
-            let pieces = keep
-                .iter()
-                .map(|&i| doc[items[i].0..items[i].1].to_string());
-            edits.push((
-                arr.start,
-                arr.end,
-                json::rebuild_list(doc, arr.start + 1, arr.end - 1, &items, pieces, "[", "]"),
-            ));
-        }
+        versions_edit(rules, doc, vm, &listed, &mut view, &mut tally, &mut edits)?;
     }
     let out = (!edits.is_empty()).then(|| json::splice(doc, edits));
     Ok(done(body, out, tally.hidden(), view))
+}
+
+/// The simple JSON's `versions` list without the versions none of whose
+/// files is kept (a version without files judged on its own).
+fn versions_edit(
+    rules: &NameRules<'_>,
+    doc: &str,
+    vm: &json::Member<'_>,
+    listed: &HashMap<String, bool>,
+    view: &mut IndexView,
+    tally: &mut VersionTally,
+    edits: &mut Vec<(usize, usize, String)>,
+) -> Result<(), FilterError> {
+    let arr = json::array(doc, vm.value).map_err(bad)?;
+    let mut keep = Vec::new();
+    for (i, (raw, _, _)) in arr.elems.iter().enumerate() {
+        let Some(v) = json::as_str(raw) else {
+            return unfilterable("versions entry is not a string");
+        };
+        view.add_version(&v, None);
+        let key = IndexView::key(Ecosystem::Pypi, &v);
+        let ok = match listed.get(&key) {
+            Some(any_kept) => *any_kept,
+            // A version without files: judged on its own (no time).
+            None => match rules.version(&v, None) {
+                Ok(_) => true,
+                Err(h) => {
+                    tally.hide(&v, h.reason);
+                    false
+                }
+            },
+        };
+        if ok {
+            keep.push(i);
+        }
+    }
+    if keep.len() != arr.elems.len() {
+        let items: Vec<(usize, usize)> = arr.elems.iter().map(|e| (e.1, e.2)).collect();
+        let pieces = keep
+            .iter()
+            .map(|&i| doc[items[i].0..items[i].1].to_string());
+        edits.push((
+            arr.start,
+            arr.end,
+            json::rebuild_list(doc, arr.start + 1, arr.end - 1, &items, pieces, "[", "]"),
+        ));
+    }
+    Ok(())
 }
 
 fn check_name(rules: &NameRules<'_>, name: Option<&str>) -> Result<(), FilterError> {
@@ -206,6 +221,42 @@ fn find_ci(b: &[u8], from: usize, pat: &str) -> Option<usize> {
     (from..b.len().saturating_sub(pat.len() - 1)).find(|&i| lower_starts(b, i, pat))
 }
 
+/// What goes with the anchor from `lt` to the `</a` closed at
+/// `close_end`: a `<br>` right after it, and the whole line when the
+/// anchor is all there is on it.
+fn anchor_cut(b: &[u8], lt: usize, close_end: usize) -> (usize, usize) {
+    let ws = |c: u8| c == b' ' || c == b'\t' || c == b'\r';
+    let mut end = close_end + 1;
+    // `<br>`, `<br/>`, `<br />` right after the anchor goes with it.
+    let mut j = end;
+    while b.get(j).is_some_and(|c| ws(*c)) {
+        j += 1;
+    }
+    if lower_starts(b, j, "<br") {
+        if let Some(e) = tag_end(b, j) {
+            end = e + 1;
+        }
+    }
+    // The whole line goes when the anchor is all there is on it. Only
+    // blanks are scanned, so a page on one long line stays linear.
+    let mut ls = lt;
+    while ls > 0 && ws(b[ls - 1]) {
+        ls -= 1;
+    }
+    let mut le = end;
+    while le < b.len() && ws(b[le]) {
+        le += 1;
+    }
+    let alone_before = ls == 0 || b[ls - 1] == b'\n';
+    if alone_before && le < b.len() && b[le] == b'\n' {
+        (ls, le + 1)
+    } else if alone_before && le == b.len() {
+        (ls, le)
+    } else {
+        (lt, end)
+    }
+}
+
 /// The anchors of an HTML page, read as an HTML parser would: tags are
 /// case-insensitive, attributes quoted or not, comments skipped, a `<` not
 /// followed by a letter, `/`, `!` or `?` is text. A tag or comment that
@@ -214,7 +265,6 @@ fn find_ci(b: &[u8], from: usize, pat: &str) -> Option<usize> {
 /// differently): a client must never see an anchor the gate did not.
 fn anchors(doc: &str) -> Result<Vec<Anchor>, FilterError> {
     let b = doc.as_bytes();
-    let ws = |c: u8| c == b' ' || c == b'\t' || c == b'\r';
     let mut out = Vec::new();
     let mut a_tags = 0;
     let mut i = 0;
@@ -250,35 +300,7 @@ fn anchors(doc: &str) -> Result<Vec<Anchor>, FilterError> {
         let Some(close_end) = tag_end(b, close) else {
             return unfilterable("unterminated </a>");
         };
-        let mut end = close_end + 1;
-        // `<br>`, `<br/>`, `<br />` right after the anchor goes with it.
-        let mut j = end;
-        while b.get(j).is_some_and(|c| ws(*c)) {
-            j += 1;
-        }
-        if lower_starts(b, j, "<br") {
-            if let Some(e) = tag_end(b, j) {
-                end = e + 1;
-            }
-        }
-        // The whole line goes when the anchor is all there is on it. Only
-        // blanks are scanned, so a page on one long line stays linear.
-        let mut ls = lt;
-        while ls > 0 && ws(b[ls - 1]) {
-            ls -= 1;
-        }
-        let mut le = end;
-        while le < b.len() && ws(b[le]) {
-            le += 1;
-        }
-        let alone_before = ls == 0 || b[ls - 1] == b'\n';
-        let cut = if alone_before && le < b.len() && b[le] == b'\n' {
-            (ls, le + 1)
-        } else if alone_before && le == b.len() {
-            (ls, le)
-        } else {
-            (lt, end)
-        };
+        let cut = anchor_cut(b, lt, close_end);
         out.push(Anchor { cut, href });
         i = close_end + 1;
     }
@@ -517,75 +539,9 @@ pub fn project_json(rules: &NameRules<'_>, body: &[u8]) -> Result<Filtered, Filt
     let releases = json::object(doc, rel_m.value).map_err(bad)?;
     let mut view = IndexView::new(Ecosystem::Pypi, rules.name.clone());
     let mut tally = VersionTally::default();
-    let mut rel_pieces = Vec::new();
-    let mut changed = false;
-    // (version, kept file texts, all kept files yanked)
-    let mut allowed: Vec<(String, Vec<String>, bool)> = Vec::new();
-    for m in &releases.members {
-        let v = m.key.to_string();
-        view.add_version(&v, None);
-        let files = json::array(doc, m.value).map_err(bad)?;
-        let mut kept = Vec::new();
-        let mut yanked_all = true;
-        for (raw, s, e) in &files.elems {
-            let f: ProjectFile =
-                serde_json::from_str(raw.get()).map_err(|e| bad(format!("release file: {e}")))?;
-            let published = f
-                .upload_time_iso_8601
-                .as_deref()
-                .and_then(parse_rfc3339)
-                .or_else(|| {
-                    f.upload_time
-                        .as_deref()
-                        .and_then(|t| parse_rfc3339(&format!("{t}Z")))
-                });
-            let facts = FileFacts {
-                filename: f.filename,
-                published,
-                sha256: sha(f.digests.get("sha256")),
-            };
-            view.add_file(&v, facts.clone());
-            match judge(rules, &v, &facts) {
-                Some(r) => tally.hide(&v, r),
-                None => {
-                    yanked_all &= f.yanked;
-                    kept.push((*s, *e));
-                }
-            }
-        }
-        let kept_texts: Vec<String> = kept.iter().map(|&(s, e)| doc[s..e].to_string()).collect();
-        if files.elems.is_empty() {
-            match rules.version(&v, None) {
-                Ok(_) => rel_pieces.push(doc[m.key_start..m.val_end].to_string()),
-                Err(h) => {
-                    tally.hide(&v, h.reason);
-                    changed = true;
-                }
-            }
-            continue;
-        }
-        if kept.len() == files.elems.len() {
-            rel_pieces.push(doc[m.key_start..m.val_end].to_string());
-        } else {
-            changed = true;
-            if kept.is_empty() {
-                continue;
-            }
-            let items: Vec<(usize, usize)> = files.elems.iter().map(|e| (e.1, e.2)).collect();
-            let arr = json::rebuild_list(
-                doc,
-                files.start + 1,
-                files.end - 1,
-                &items,
-                kept_texts.clone(),
-                "[",
-                "]",
-            );
-            rel_pieces.push(format!("{}{arr}", &doc[m.key_start..m.val_start]));
-        }
-        allowed.push((v, kept_texts, yanked_all));
-    }
-    let newest = allowed
+    let kept = releases_kept(rules, doc, &releases, &mut view, &mut tally)?;
+    let newest = kept
+        .allowed
         .iter()
         .filter_map(|(v, files, yanked)| {
             let p = v.parse::<pep440_rs::Version>().ok()?;
@@ -594,7 +550,7 @@ pub fn project_json(rules: &NameRules<'_>, body: &[u8]) -> Result<Filtered, Filt
         .max_by(|a, b| a.0.cmp(&b.0))
         .map(|(_, v, files)| (v.clone(), files.clone()));
     let mut edits = Vec::new();
-    if changed {
+    if kept.changed {
         let items: Vec<(usize, usize)> = releases
             .members
             .iter()
@@ -608,12 +564,130 @@ pub fn project_json(rules: &NameRules<'_>, body: &[u8]) -> Result<Filtered, Filt
                 releases.start + 1,
                 releases.end - 1,
                 &items,
-                rel_pieces,
+                kept.pieces,
                 "{",
                 "}",
             ),
         ));
     }
+    newest_edits(&top, &info, newest, &view, &mut edits);
+    let out = (!edits.is_empty()).then(|| json::splice(doc, edits));
+    Ok(done(body, out, tally.hidden(), view))
+}
+
+/// What of a project's `releases` is kept.
+struct Kept {
+    /// Each release as it is to be written (`"v": [files…]`).
+    pieces: Vec<String>,
+    /// Whether any release lost a file or went.
+    changed: bool,
+    /// (version, kept file texts, all kept files yanked)
+    allowed: Vec<(String, Vec<String>, bool)>,
+}
+
+/// Each release judged, file by file.
+fn releases_kept(
+    rules: &NameRules<'_>,
+    doc: &str,
+    releases: &json::Object<'_>,
+    view: &mut IndexView,
+    tally: &mut VersionTally,
+) -> Result<Kept, FilterError> {
+    let mut k = Kept {
+        pieces: Vec::new(),
+        changed: false,
+        allowed: Vec::new(),
+    };
+    for m in &releases.members {
+        let v = m.key.to_string();
+        view.add_version(&v, None);
+        let files = json::array(doc, m.value).map_err(bad)?;
+        let (kept, yanked_all) = release_files(rules, &v, &files, view, tally)?;
+        let kept_texts: Vec<String> = kept.iter().map(|&(s, e)| doc[s..e].to_string()).collect();
+        if files.elems.is_empty() {
+            match rules.version(&v, None) {
+                Ok(_) => k.pieces.push(doc[m.key_start..m.val_end].to_string()),
+                Err(h) => {
+                    tally.hide(&v, h.reason);
+                    k.changed = true;
+                }
+            }
+            continue;
+        }
+        if kept.len() == files.elems.len() {
+            k.pieces.push(doc[m.key_start..m.val_end].to_string());
+        } else {
+            k.changed = true;
+            if kept.is_empty() {
+                continue;
+            }
+            let items: Vec<(usize, usize)> = files.elems.iter().map(|e| (e.1, e.2)).collect();
+            let arr = json::rebuild_list(
+                doc,
+                files.start + 1,
+                files.end - 1,
+                &items,
+                kept_texts.clone(),
+                "[",
+                "]",
+            );
+            k.pieces
+                .push(format!("{}{arr}", &doc[m.key_start..m.val_start]));
+        }
+        k.allowed.push((v, kept_texts, yanked_all));
+    }
+    Ok(k)
+}
+
+/// A release's files judged: the spans of those kept, and whether every
+/// kept one is yanked.
+fn release_files(
+    rules: &NameRules<'_>,
+    v: &str,
+    files: &json::Array<'_>,
+    view: &mut IndexView,
+    tally: &mut VersionTally,
+) -> Result<(Vec<(usize, usize)>, bool), FilterError> {
+    let mut kept = Vec::new();
+    let mut yanked_all = true;
+    for (raw, s, e) in &files.elems {
+        let f: ProjectFile =
+            serde_json::from_str(raw.get()).map_err(|e| bad(format!("release file: {e}")))?;
+        let published = f
+            .upload_time_iso_8601
+            .as_deref()
+            .and_then(parse_rfc3339)
+            .or_else(|| {
+                f.upload_time
+                    .as_deref()
+                    .and_then(|t| parse_rfc3339(&format!("{t}Z")))
+            });
+        let facts = FileFacts {
+            filename: f.filename,
+            published,
+            sha256: sha(f.digests.get("sha256")),
+        };
+        view.add_file(v, facts.clone());
+        match judge(rules, v, &facts) {
+            Some(r) => tally.hide(v, r),
+            None => {
+                yanked_all &= f.yanked;
+                kept.push((*s, *e));
+            }
+        }
+    }
+    Ok((kept, yanked_all))
+}
+
+/// `info.version` and `urls` rewritten to the newest allowed version's,
+/// unless they are that already.
+fn newest_edits(
+    top: &json::Object<'_>,
+    info: &json::Object<'_>,
+    newest: Option<(String, Vec<String>)>,
+    view: &IndexView,
+    edits: &mut Vec<(usize, usize, String)>,
+) {
     let current = info
         .get("version")
         .and_then(|m| json::as_str(m.value))
@@ -642,8 +716,6 @@ pub fn project_json(rules: &NameRules<'_>, body: &[u8]) -> Result<Filtered, Filt
             edits.push((um.val_start, um.val_end, format!("[{}]", files.join(","))));
         }
     }
-    let out = (!edits.is_empty()).then(|| json::splice(doc, edits));
-    Ok(done(body, out, tally.hidden(), view))
 }
 
 #[cfg(test)]
