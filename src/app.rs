@@ -143,11 +143,17 @@ impl Running {
     }
 }
 
-/// Loads the policy, starts the log, and serves on `listeners`: the proxy,
-/// the resolver, metrics (if given) and the reloader, as tasks.
-pub async fn start(args: &ServeArgs, listeners: Listeners) -> Result<Running> {
-    let metrics = Metrics::new();
-    let stamp = Stamp::of(&args.engine.policy);
+/// The policy as `serve` starts with it: read, compiled, narrowed to
+/// `--client` when the sandbox's own, its grants' use counts shared.
+fn load_policy(
+    args: &ServeArgs,
+    metrics: &Metrics,
+    only_client: Option<&str>,
+) -> Result<(
+    Arc<PolicyHandle>,
+    usize,
+    Arc<crate::reload::grants::GrantStore>,
+)> {
     let grants = policy::grants_dir(&args.engine.policy, args.engine.grants.as_deref());
     let mut pol = policy::read_sources_with(&args.engine.policy, args.engine.grants.as_deref())
         .and_then(|s| policy::compile(&s, &|n| std::env::var(n).ok()))
@@ -157,8 +163,7 @@ pub async fn start(args: &ServeArgs, listeners: Listeners) -> Result<Running> {
                 args.engine.policy.display()
             )
         })?;
-    let only_client = listeners.client.clone();
-    if let Some(id) = &only_client {
+    if let Some(id) = only_client {
         pol.serve_only(id);
     }
     // Grant use counts live beside the grants, so a restart keeps them.
@@ -169,48 +174,12 @@ pub async fn start(args: &ServeArgs, listeners: Listeners) -> Result<Running> {
     metrics.sync_policy(&pol);
     let handle = PolicyHandle::new(pol);
     crate::reload::release_freed_memory();
+    Ok((handle, exceptions, grant_store))
+}
 
-    let chain = args.engine.chain.chain()?;
-    let log = LogSink::start(LogTarget::parse(&args.log), metrics.clone())
-        .with_context(|| format!("cannot open decision log {}", args.log))?;
-    if let Some(c) = chain {
-        log.set_chain(c);
-    }
-    let rate_policy = handle.clone();
-    let recorder = Recorder::new(log.clone(), metrics.clone())
-        .with_format(args.engine.log_format)
-        .with_log_rate(Box::new(move || {
-            rate_policy
-                .snapshot()
-                .settings
-                .limits
-                .log_lines_per_client_per_sec
-        }));
-    let upstreams =
-        dns::parse_upstreams(args.engine.upstream_dns.as_deref()).context("--upstream-dns")?;
-    let resolver = dns::Resolver::new(upstreams.clone(), metrics.clone());
-
-    let Listeners {
-        proxy: proxy_l,
-        dns_udp,
-        dns_tcp,
-        metrics: metrics_l,
-        transparent: transparent_l,
-        client: _,
-    } = listeners;
-    let proxy_addr = proxy_l.local_addr()?;
-    let dns_addr = dns_udp.local_addr()?;
-    let metrics_addr = metrics_l.as_ref().map(|l| l.local_addr()).transpose()?;
-    let mut own_addrs = vec![proxy_addr, dns_addr];
-    own_addrs.extend(metrics_addr);
-    for l in &transparent_l {
-        own_addrs.push(l.local_addr()?);
-    }
-    // Captured connections that carry no name are decided by the name the
-    // client resolved through this egressd for that address.
-    resolver.remember_answers(!transparent_l.is_empty());
-
-    let egress = match &args.engine.upstream_proxy {
+/// The way out: direct, or through `--upstream-proxy`.
+fn egress(args: &ServeArgs) -> Result<Egress> {
+    Ok(match &args.engine.upstream_proxy {
         None => Egress::Direct,
         Some(url) => {
             let p = UpstreamProxy::parse(url, args.engine.upstream_proxy_auth_file.as_deref())
@@ -226,7 +195,11 @@ pub async fn start(args: &ServeArgs, listeners: Listeners) -> Result<Running> {
             );
             Egress::Proxy(Arc::new(p))
         }
-    };
+    })
+}
+
+/// TLS interception with `--ca-dir`.
+fn interceptor(args: &ServeArgs, egress: &Egress) -> Result<Option<Arc<Interceptor>>> {
     let mitm = match &args.engine.ca_dir {
         None => None,
         Some(dir) => {
@@ -249,11 +222,109 @@ pub async fn start(args: &ServeArgs, listeners: Listeners) -> Result<Running> {
     if mitm.is_none() && args.engine.upstream_ca.is_some() {
         eprintln!("egressd: warning: --upstream-ca has no effect without --ca-dir");
     }
+    Ok(mitm)
+}
 
-    let (trigger, shutdown) = Shutdown::new();
-    let connections = Permits::new(proxy::MAX_CONNECTIONS);
-    tokio::spawn(summarise_rate_limited(recorder.clone(), shutdown.clone()));
-    let ctx = Arc::new(ProxyCtx {
+/// The decision log (chained with `--log-key`) and the recorder on it,
+/// rate-limited as the serving policy says.
+fn log_and_recorder(
+    args: &ServeArgs,
+    metrics: &Arc<Metrics>,
+    handle: &Arc<PolicyHandle>,
+) -> Result<(LogSink, Recorder)> {
+    let chain = args.engine.chain.chain()?;
+    let log = LogSink::start(LogTarget::parse(&args.log), metrics.clone())
+        .with_context(|| format!("cannot open decision log {}", args.log))?;
+    if let Some(c) = chain {
+        log.set_chain(c);
+    }
+    let rate_policy = handle.clone();
+    let recorder = Recorder::new(log.clone(), metrics.clone())
+        .with_format(args.engine.log_format)
+        .with_log_rate(Box::new(move || {
+            rate_policy
+                .snapshot()
+                .settings
+                .limits
+                .log_lines_per_client_per_sec
+        }));
+    Ok((log, recorder))
+}
+
+/// Serves DNS on its sockets until `shutdown`.
+fn spawn_dns(
+    (udp, tcp): (UdpSocket, TcpListener),
+    handle: &Arc<PolicyHandle>,
+    resolver: &Arc<dns::Resolver>,
+    recorder: &Recorder,
+    bounds: &dns::Bounds,
+    shutdown: &Shutdown,
+    proxied: Vec<ipnet::IpNet>,
+) {
+    let (h, r, rec, b, s) = (
+        handle.clone(),
+        resolver.clone(),
+        recorder.clone(),
+        bounds.clone(),
+        shutdown.clone(),
+    );
+    tokio::spawn(async move {
+        let proxied = dns::proxied::ProxySources::new(proxied);
+        if let Err(e) = dns::serve_proxied(udp, tcp, h, r, rec, b, proxied, s).await {
+            eprintln!("egressd: DNS resolver stopped: {e:#}");
+        }
+    });
+}
+
+/// egressd's own listening addresses (proxy, DNS, metrics, capture), in
+/// that order: a request to one of them is refused, not looped.
+fn own_addrs(
+    proxy: &TcpListener,
+    dns: &UdpSocket,
+    metrics: Option<&TcpListener>,
+    transparent: &[TcpListener],
+) -> Result<Vec<SocketAddr>> {
+    let mut own = vec![proxy.local_addr()?, dns.local_addr()?];
+    own.extend(metrics.map(|l| l.local_addr()).transpose()?);
+    for l in transparent {
+        own.push(l.local_addr()?);
+    }
+    Ok(own)
+}
+
+/// Serves `/metrics` (and health from the log) until `shutdown`.
+fn spawn_metrics(
+    listener: TcpListener,
+    metrics: &Arc<Metrics>,
+    log: &LogSink,
+    recorder: &Recorder,
+    shutdown: &Shutdown,
+) {
+    let lh = log.clone();
+    let recent = recorder.recent_denials.clone();
+    let mut s = shutdown.clone();
+    tokio::spawn(crate::metrics::serve(
+        listener,
+        metrics.clone(),
+        move || lh.healthy(),
+        move |id| recent.find(id),
+        async move { s.fired().await },
+    ));
+}
+
+/// What the proxy's tasks share: the policy, the recorder, the resolver,
+/// the way out (`--upstream-proxy`), interception (`--ca-dir`), pools.
+fn proxy_ctx(
+    args: &ServeArgs,
+    handle: &Arc<PolicyHandle>,
+    recorder: &Recorder,
+    resolver: &Arc<dns::Resolver>,
+    own_addrs: Vec<SocketAddr>,
+    connections: &Permits,
+) -> Result<Arc<ProxyCtx>> {
+    let egress = egress(args)?;
+    let mitm = interceptor(args, &egress)?;
+    Ok(Arc::new(ProxyCtx {
         policy: handle.clone(),
         recorder: recorder.clone(),
         resolver: resolver.clone(),
@@ -266,39 +337,57 @@ pub async fn start(args: &ServeArgs, listeners: Listeners) -> Result<Running> {
         package_views: proxy::gate::Views::new(),
         index_cache: proxy::gate::index_cache::IndexCache::new(),
         raw_origins: proxy::RawPool::new(),
-    });
+    }))
+}
+
+/// Loads the policy, starts the log, and serves on `listeners`: the proxy,
+/// the resolver, metrics (if given) and the reloader, as tasks.
+pub async fn start(args: &ServeArgs, listeners: Listeners) -> Result<Running> {
+    let metrics = Metrics::new();
+    let stamp = Stamp::of(&args.engine.policy);
+    let only_client = listeners.client.clone();
+    let (handle, exceptions, grant_store) = load_policy(args, &metrics, only_client.as_deref())?;
+
+    let (log, recorder) = log_and_recorder(args, &metrics, &handle)?;
+    let upstreams =
+        dns::parse_upstreams(args.engine.upstream_dns.as_deref()).context("--upstream-dns")?;
+    let resolver = dns::Resolver::new(upstreams.clone(), metrics.clone());
+
+    let Listeners {
+        proxy: proxy_l,
+        dns_udp,
+        dns_tcp,
+        metrics: metrics_l,
+        transparent: transparent_l,
+        client: _,
+    } = listeners;
+    let own_addrs = own_addrs(&proxy_l, &dns_udp, metrics_l.as_ref(), &transparent_l)?;
+    let (proxy_addr, dns_addr) = (own_addrs[0], own_addrs[1]);
+    let metrics_addr = metrics_l.as_ref().map(|_| own_addrs[2]);
+    // Captured connections that carry no name are decided by the name the
+    // client resolved through this egressd for that address.
+    resolver.remember_answers(!transparent_l.is_empty());
+
+    let (trigger, shutdown) = Shutdown::new();
+    let connections = Permits::new(proxy::MAX_CONNECTIONS);
+    tokio::spawn(summarise_rate_limited(recorder.clone(), shutdown.clone()));
+    let ctx = proxy_ctx(args, &handle, &recorder, &resolver, own_addrs, &connections)?;
     for l in transparent_l {
         tokio::spawn(proxy::transparent::serve(l, ctx.clone(), shutdown.clone()));
     }
     tokio::spawn(proxy::serve(proxy_l, ctx, shutdown.clone()));
     let dns_bounds = dns::Bounds::default();
-    {
-        let (h, r, rec, b, s) = (
-            handle.clone(),
-            resolver.clone(),
-            recorder.clone(),
-            dns_bounds.clone(),
-            shutdown.clone(),
-        );
-        let proxied = args.dns_proxy_protocol.clone();
-        tokio::spawn(async move {
-            let proxied = dns::proxied::ProxySources::new(proxied);
-            if let Err(e) = dns::serve_proxied(dns_udp, dns_tcp, h, r, rec, b, proxied, s).await {
-                eprintln!("egressd: DNS resolver stopped: {e:#}");
-            }
-        });
-    }
+    spawn_dns(
+        (dns_udp, dns_tcp),
+        &handle,
+        &resolver,
+        &recorder,
+        &dns_bounds,
+        &shutdown,
+        args.dns_proxy_protocol.clone(),
+    );
     if let Some(ml) = metrics_l {
-        let lh = log.clone();
-        let recent = recorder.recent_denials.clone();
-        let mut s = shutdown.clone();
-        tokio::spawn(crate::metrics::serve(
-            ml,
-            metrics.clone(),
-            move || lh.healthy(),
-            move |id| recent.find(id),
-            async move { s.fired().await },
-        ));
+        spawn_metrics(ml, &metrics, &log, &recorder, &shutdown);
     }
     let (hup_tx, hup_rx) = mpsc::unbounded_channel();
     let reloader = Reloader::new(args.engine.policy.clone(), handle.clone(), metrics.clone())

@@ -251,10 +251,149 @@ pub struct Metrics {
     ready: AtomicBool,
 }
 
+/// The labelled counters, in the order `Metrics::new` takes them: name,
+/// help, labels.
+const COUNTER_VECS: [(&str, &str, &[&str]); 11] = [
+    (
+        "egressd_requests_total",
+        "Requests and queries decided.",
+        &["proto", "decision"],
+    ),
+    (
+        "egressd_denied_total",
+        "Denials by reason.",
+        &["proto", "reason"],
+    ),
+    (
+        "egressd_dns_tunnel_suspected_total",
+        "DNS names judged to carry tunnelled data, by action taken.",
+        &["action"],
+    ),
+    (
+        "egressd_overload_total",
+        "Work refused or reclaimed to keep a bound shared fairly, by what was bounded.",
+        &["what"],
+    ),
+    (
+        "egressd_policy_reloads_total",
+        "Policy reloads by result.",
+        &["result"],
+    ),
+    (
+        "egressd_bytes_total",
+        "Bytes relayed (up: to destinations).",
+        &["direction"],
+    ),
+    (
+        "egressd_upstream_errors_total",
+        "Failures reaching destinations or upstream DNS, by kind.",
+        &["proto", "kind"],
+    ),
+    (
+        "egressd_dns_cache_total",
+        "DNS cache lookups by result.",
+        &["result"],
+    ),
+    (
+        "egressd_git_pushes_total",
+        "git pushes judged under a git: exception, by result (allow or the reason).",
+        &["exception", "result"],
+    ),
+    (
+        "egressd_package_decisions_total",
+        "Package requests decided by the package gate.",
+        &["ecosystem", "set", "decision", "reason"],
+    ),
+    (
+        "egressd_package_versions_hidden_total",
+        "Versions filtered out of index documents, by reason.",
+        &["ecosystem", "set", "reason"],
+    ),
+];
+
+/// The plain counters, in the order `Metrics::new` takes them: name, help.
+const COUNTERS: [(&str, &str); 3] = [
+    ("egressd_log_write_errors_total", "Failed decision-log writes."),
+    (
+        "egressd_log_lines_lost_total",
+        "Decision lines the log did not take, shown on stderr instead (prefixed `egressd: unwritten decision:`).",
+    ),
+    ("egressd_grant_uses_total", "Requests allowed by a grant."),
+];
+
 fn counter_vec(r: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
     let c = IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric");
     r.register(Box::new(c.clone())).expect("unique metric");
     c
+}
+
+/// Registers `c` in `r`, and returns it.
+fn registered<C: prometheus::core::Collector + Clone + 'static>(r: &Registry, c: C) -> C {
+    r.register(Box::new(c.clone())).expect("unique");
+    c
+}
+
+/// Makes the series a scrape should show at 0 before anything happened.
+fn warm(
+    requests: &IntCounterVec,
+    active: &IntGaugeVec,
+    dns_tunnel: &IntCounterVec,
+    overload: &IntCounterVec,
+    reloads: &IntCounterVec,
+    bytes: &IntCounterVec,
+) {
+    for p in ["http", "connect", "tls", "dns"] {
+        for d in ["allow", "deny"] {
+            requests.with_label_values(&[p, d]);
+        }
+        active.with_label_values(&[p]);
+    }
+    for a in ["block", "log"] {
+        dns_tunnel.with_label_values(&[a]);
+    }
+    for w in OVERLOAD_WHAT {
+        overload.with_label_values(&[w]);
+    }
+    for res in ["ok", "error"] {
+        reloads.with_label_values(&[res]);
+    }
+    for d in ["up", "down"] {
+        bytes.with_label_values(&[d]);
+    }
+}
+
+/// The request and denial series the serving path counts in, made once:
+/// `[allow, deny]` by `Proto::index`, and denials by proto and
+/// `Reason::index`.
+#[allow(clippy::type_complexity)]
+fn hot_decisions(
+    requests: &IntCounterVec,
+    denied: &IntCounterVec,
+) -> (Vec<[IntCounter; 2]>, Vec<Vec<Option<IntCounter>>>) {
+    let hot_requests = Proto::ALL
+        .iter()
+        .map(|p| {
+            [
+                requests.with_label_values(&[p.as_str(), "allow"]),
+                requests.with_label_values(&[p.as_str(), "deny"]),
+            ]
+        })
+        .collect();
+    let hot_denied = Proto::ALL
+        .iter()
+        .map(|p| {
+            // By `Reason::index`; an exception never denies, so it has
+            // no series made in advance.
+            Reason::ALL
+                .iter()
+                .map(|r| {
+                    (*r != Reason::Exception)
+                        .then(|| denied.with_label_values(&[p.as_str(), r.as_str()]))
+                })
+                .collect()
+        })
+        .collect();
+    (hot_requests, hot_denied)
 }
 
 impl Metrics {
@@ -272,177 +411,62 @@ impl Metrics {
 
     pub fn new() -> Arc<Metrics> {
         let r = Registry::new();
-        let requests = counter_vec(
+        let [requests, denied, dns_tunnel, overload, reloads, bytes, upstream_errors, dns_cache, git_pushes, package_decisions, package_versions_hidden] =
+            COUNTER_VECS.map(|(name, help, labels)| counter_vec(&r, name, help, labels));
+        let policy_exceptions = registered(
             &r,
-            "egressd_requests_total",
-            "Requests and queries decided.",
-            &["proto", "decision"],
-        );
-        let denied = counter_vec(
-            &r,
-            "egressd_denied_total",
-            "Denials by reason.",
-            &["proto", "reason"],
-        );
-        let dns_tunnel = counter_vec(
-            &r,
-            "egressd_dns_tunnel_suspected_total",
-            "DNS names judged to carry tunnelled data, by action taken.",
-            &["action"],
-        );
-        let overload = counter_vec(
-            &r,
-            "egressd_overload_total",
-            "Work refused or reclaimed to keep a bound shared fairly, by what was bounded.",
-            &["what"],
-        );
-        let reloads = counter_vec(
-            &r,
-            "egressd_policy_reloads_total",
-            "Policy reloads by result.",
-            &["result"],
-        );
-        let policy_exceptions = IntGauge::new(
-            "egressd_policy_exceptions",
-            "Exceptions in the serving policy.",
-        )
-        .expect("valid");
-        r.register(Box::new(policy_exceptions.clone()))
-            .expect("unique");
-        let log_write_errors = IntCounter::new(
-            "egressd_log_write_errors_total",
-            "Failed decision-log writes.",
-        )
-        .expect("valid");
-        r.register(Box::new(log_write_errors.clone()))
-            .expect("unique");
-        let log_lines_lost = IntCounter::new(
-            "egressd_log_lines_lost_total",
-            "Decision lines the log did not take, shown on stderr instead (prefixed `egressd: unwritten decision:`).",
-        )
-        .expect("valid");
-        r.register(Box::new(log_lines_lost.clone()))
-            .expect("unique");
-        let duration = HistogramVec::new(
-            HistogramOpts::new(
-                "egressd_request_duration_seconds",
-                "Time from request to the end of its answer or tunnel.",
+            IntGauge::new(
+                "egressd_policy_exceptions",
+                "Exceptions in the serving policy.",
             )
-            .buckets(vec![
-                0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0,
-                60.0, 300.0,
-            ]),
-            &["proto"],
-        )
-        .expect("valid");
-        r.register(Box::new(duration.clone())).expect("unique");
-        let active = IntGaugeVec::new(
-            Opts::new("egressd_active_connections", "Open client connections."),
-            &["proto"],
-        )
-        .expect("valid");
-        r.register(Box::new(active.clone())).expect("unique");
-        let bytes = counter_vec(
-            &r,
-            "egressd_bytes_total",
-            "Bytes relayed (up: to destinations).",
-            &["direction"],
+            .expect("valid"),
         );
-        let upstream_errors = counter_vec(
+        let [log_write_errors, log_lines_lost, grant_uses] = COUNTERS
+            .map(|(name, help)| registered(&r, IntCounter::new(name, help).expect("valid")));
+        let duration = registered(
             &r,
-            "egressd_upstream_errors_total",
-            "Failures reaching destinations or upstream DNS, by kind.",
-            &["proto", "kind"],
+            HistogramVec::new(
+                HistogramOpts::new(
+                    "egressd_request_duration_seconds",
+                    "Time from request to the end of its answer or tunnel.",
+                )
+                .buckets(vec![
+                    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+                    10.0, 60.0, 300.0,
+                ]),
+                &["proto"],
+            )
+            .expect("valid"),
         );
-        let dns_cache = counter_vec(
+        let active = registered(
             &r,
-            "egressd_dns_cache_total",
-            "DNS cache lookups by result.",
-            &["result"],
+            IntGaugeVec::new(
+                Opts::new("egressd_active_connections", "Open client connections."),
+                &["proto"],
+            )
+            .expect("valid"),
         );
-        let policy_loaded_at = Gauge::new(
-            "egressd_policy_loaded_timestamp_seconds",
-            "When the serving policy was loaded.",
-        )
-        .expect("valid");
-        r.register(Box::new(policy_loaded_at.clone()))
-            .expect("unique");
-        let git_pushes = counter_vec(
+        let policy_loaded_at = registered(
             &r,
-            "egressd_git_pushes_total",
-            "git pushes judged under a git: exception, by result (allow or the reason).",
-            &["exception", "result"],
+            Gauge::new(
+                "egressd_policy_loaded_timestamp_seconds",
+                "When the serving policy was loaded.",
+            )
+            .expect("valid"),
         );
-        let package_decisions = counter_vec(
-            &r,
-            "egressd_package_decisions_total",
-            "Package requests decided by the package gate.",
-            &["ecosystem", "set", "decision", "reason"],
-        );
-        let package_versions_hidden = counter_vec(
-            &r,
-            "egressd_package_versions_hidden_total",
-            "Versions filtered out of index documents, by reason.",
-            &["ecosystem", "set", "reason"],
-        );
-        let grant_uses =
-            IntCounter::new("egressd_grant_uses_total", "Requests allowed by a grant.")
-                .expect("valid");
-        r.register(Box::new(grant_uses.clone())).expect("unique");
-        for p in ["http", "connect", "tls", "dns"] {
-            for d in ["allow", "deny"] {
-                requests.with_label_values(&[p, d]);
-            }
-            active.with_label_values(&[p]);
-        }
-        for a in ["block", "log"] {
-            dns_tunnel.with_label_values(&[a]);
-        }
-        for w in OVERLOAD_WHAT {
-            overload.with_label_values(&[w]);
-        }
-        for res in ["ok", "error"] {
-            reloads.with_label_values(&[res]);
-        }
-        for d in ["up", "down"] {
-            bytes.with_label_values(&[d]);
-        }
-        let hot_requests = Proto::ALL
-            .iter()
-            .map(|p| {
-                [
-                    requests.with_label_values(&[p.as_str(), "allow"]),
-                    requests.with_label_values(&[p.as_str(), "deny"]),
-                ]
-            })
-            .collect();
-        let hot_denied = Proto::ALL
-            .iter()
-            .map(|p| {
-                // By `Reason::index`; an exception never denies, so it has
-                // no series made in advance.
-                Reason::ALL
-                    .iter()
-                    .map(|r| {
-                        (*r != Reason::Exception)
-                            .then(|| denied.with_label_values(&[p.as_str(), r.as_str()]))
-                    })
-                    .collect()
-            })
-            .collect();
-        let hot_duration = Proto::ALL
-            .iter()
-            .map(|p| duration.with_label_values(&[p.as_str()]))
-            .collect();
-        let hot_bytes = [
-            bytes.with_label_values(&["up"]),
-            bytes.with_label_values(&["down"]),
-        ];
+        warm(&requests, &active, &dns_tunnel, &overload, &reloads, &bytes);
+        let (hot_requests, hot_denied) = hot_decisions(&requests, &denied);
         Arc::new(Metrics {
             hot_requests,
             hot_denied,
-            hot_duration,
-            hot_bytes,
+            hot_duration: Proto::ALL
+                .iter()
+                .map(|p| duration.with_label_values(&[p.as_str()]))
+                .collect(),
+            hot_bytes: [
+                bytes.with_label_values(&["up"]),
+                bytes.with_label_values(&["down"]),
+            ],
             registry: r,
             requests,
             denied,

@@ -85,85 +85,9 @@ impl Event {
         // A long-lived connection's open and close lines are Network
         // Activity's Open and Close, whatever its protocol (a WebSocket's
         // request is its `url` and `unmapped.egressd.method`).
-        let (class, class_name) = match (self.event, self.proto) {
-            (Some(_), _) | (None, Proto::Connect) => (CLASS_NETWORK, "Network Activity"),
-            (None, Proto::Http | Proto::Tls) => (CLASS_HTTP, "HTTP Activity"),
-            (None, Proto::Dns) => (CLASS_DNS, "DNS Activity"),
-        };
-        let (action_id, action, disposition_id, disposition) = outcome(self);
-        let (activity, activity_name): (u64, &str) = match (self.event, self.proto) {
-            (Some(Phase::Open), _) => (1, "Open"),
-            (Some(Phase::Close), _) => (2, "Close"),
-            (None, proto) => match proto {
-                Proto::Http | Proto::Tls => match self.method.as_deref() {
-                    None => (0, "Unknown"),
-                    Some(m) => HTTP_ACTIVITIES
-                        .iter()
-                        .find(|(name, _, _)| *name == m)
-                        .map(|(_, id, caption)| (*id, *caption))
-                        .unwrap_or((99, m)),
-                },
-                Proto::Connect if disposition_id == 2 => (5, "Refuse"),
-                Proto::Connect if self.error.is_some() => (4, "Fail"),
-                Proto::Connect | Proto::Dns => (6, "Traffic"),
-            },
-        };
-        let failed = disposition_id == 2 || self.error.is_some();
-
-        out.extend_from_slice(b"{\"activity_id\":");
-        uint(out, activity);
-        out.extend_from_slice(b",\"activity_name\":");
-        json_str(out, activity_name);
-        out.extend_from_slice(b",\"category_uid\":");
-        uint(out, CATEGORY_NETWORK);
-        out.extend_from_slice(b",\"category_name\":\"Network Activity\",\"class_uid\":");
-        uint(out, class);
-        out.extend_from_slice(b",\"class_name\":");
-        json_str(out, class_name);
-        out.extend_from_slice(b",\"type_uid\":");
-        uint(out, class * 100 + activity);
-        out.extend_from_slice(b",\"type_name\":");
-        json_str(out, &format!("{class_name}: {activity_name}"));
-        if disposition_id == 1 {
-            out.extend_from_slice(b",\"severity_id\":1,\"severity\":\"Informational\"");
-        } else {
-            out.extend_from_slice(b",\"severity_id\":2,\"severity\":\"Low\"");
-        }
-        out.extend_from_slice(b",\"time\":");
-        int(out, self.ts_ms);
-        out.extend_from_slice(b",\"duration\":");
-        uint(out, self.duration_ms);
-        if failed {
-            out.extend_from_slice(b",\"status_id\":2,\"status\":\"Failure\"");
-        } else {
-            out.extend_from_slice(b",\"status_id\":1,\"status\":\"Success\"");
-        }
-        out.extend_from_slice(b",\"status_code\":");
-        word(out, self.reason.as_str());
-        if let Some(n) = &self.note {
-            out.extend_from_slice(b",\"status_detail\":");
-            json_str(out, n);
-        }
-        out.extend_from_slice(b",\"action_id\":");
-        uint(out, action_id);
-        out.extend_from_slice(b",\"action\":");
-        word(out, action);
-        out.extend_from_slice(b",\"disposition_id\":");
-        uint(out, disposition_id);
-        out.extend_from_slice(b",\"disposition\":");
-        word(out, disposition);
-        out.extend_from_slice(b",\"message\":");
-        json_str(out, &self.summary(disposition));
-        out.extend_from_slice(b",\"metadata\":{\"version\":\"");
-        out.extend_from_slice(OCSF_VERSION.as_bytes());
-        out.extend_from_slice(
-            b"\",\"product\":{\"name\":\"egressd\",\"vendor_name\":\"egressd\",\"version\":\"",
-        );
-        out.extend_from_slice(env!("CARGO_PKG_VERSION").as_bytes());
-        out.extend_from_slice(
-            b"\"},\"profiles\":[\"security_control\"],\"log_name\":\"decisions\"}",
-        );
-
+        let (class, class_name, activity, activity_name) = self.ocsf_class();
+        let (_, _, disposition_id, _) = outcome(self);
+        self.ocsf_head(out, (class, class_name), (activity, activity_name));
         out.extend_from_slice(b",\"src_endpoint\":{\"ip\":\"");
         ip(out, self.src.ip());
         out.extend_from_slice(b"\",\"port\":");
@@ -227,17 +151,115 @@ impl Event {
             _ => {}
         }
 
+        self.ocsf_policy(out, disposition_id == 1);
+        self.ocsf_unmapped(out, class);
+        out.extend_from_slice(b"}}}\n");
+    }
+
+    /// The OCSF class and activity (`class_uid`, its name, `activity_id`,
+    /// its name).
+    fn ocsf_class(&self) -> (u64, &'static str, u64, &str) {
+        let (class, class_name) = match (self.event, self.proto) {
+            (Some(_), _) | (None, Proto::Connect) => (CLASS_NETWORK, "Network Activity"),
+            (None, Proto::Http | Proto::Tls) => (CLASS_HTTP, "HTTP Activity"),
+            (None, Proto::Dns) => (CLASS_DNS, "DNS Activity"),
+        };
+        let (_, _, disposition_id, _) = outcome(self);
+        let (activity, activity_name): (u64, &str) = match (self.event, self.proto) {
+            (Some(Phase::Open), _) => (1, "Open"),
+            (Some(Phase::Close), _) => (2, "Close"),
+            (None, proto) => match proto {
+                Proto::Http | Proto::Tls => match self.method.as_deref() {
+                    None => (0, "Unknown"),
+                    Some(m) => HTTP_ACTIVITIES
+                        .iter()
+                        .find(|(name, _, _)| *name == m)
+                        .map(|(_, id, caption)| (*id, *caption))
+                        .unwrap_or((99, m)),
+                },
+                Proto::Connect if disposition_id == 2 => (5, "Refuse"),
+                Proto::Connect if self.error.is_some() => (4, "Fail"),
+                Proto::Connect | Proto::Dns => (6, "Traffic"),
+            },
+        };
+        (class, class_name, activity, activity_name)
+    }
+
+    /// From `activity_id` to `metadata`: what the event is, when, its
+    /// outcome and the product.
+    fn ocsf_head(
+        &self,
+        out: &mut Vec<u8>,
+        (class, class_name): (u64, &str),
+        (activity, activity_name): (u64, &str),
+    ) {
+        let (action_id, action, disposition_id, disposition) = outcome(self);
+        let failed = disposition_id == 2 || self.error.is_some();
+
+        out.extend_from_slice(b"{\"activity_id\":");
+        uint(out, activity);
+        out.extend_from_slice(b",\"activity_name\":");
+        json_str(out, activity_name);
+        out.extend_from_slice(b",\"category_uid\":");
+        uint(out, CATEGORY_NETWORK);
+        out.extend_from_slice(b",\"category_name\":\"Network Activity\",\"class_uid\":");
+        uint(out, class);
+        out.extend_from_slice(b",\"class_name\":");
+        json_str(out, class_name);
+        out.extend_from_slice(b",\"type_uid\":");
+        uint(out, class * 100 + activity);
+        out.extend_from_slice(b",\"type_name\":");
+        json_str(out, &format!("{class_name}: {activity_name}"));
+        if disposition_id == 1 {
+            out.extend_from_slice(b",\"severity_id\":1,\"severity\":\"Informational\"");
+        } else {
+            out.extend_from_slice(b",\"severity_id\":2,\"severity\":\"Low\"");
+        }
+        out.extend_from_slice(b",\"time\":");
+        int(out, self.ts_ms);
+        out.extend_from_slice(b",\"duration\":");
+        uint(out, self.duration_ms);
+        if failed {
+            out.extend_from_slice(b",\"status_id\":2,\"status\":\"Failure\"");
+        } else {
+            out.extend_from_slice(b",\"status_id\":1,\"status\":\"Success\"");
+        }
+        out.extend_from_slice(b",\"status_code\":");
+        word(out, self.reason.as_str());
+        if let Some(n) = &self.note {
+            out.extend_from_slice(b",\"status_detail\":");
+            json_str(out, n);
+        }
+        out.extend_from_slice(b",\"action_id\":");
+        uint(out, action_id);
+        out.extend_from_slice(b",\"action\":");
+        word(out, action);
+        out.extend_from_slice(b",\"disposition_id\":");
+        uint(out, disposition_id);
+        out.extend_from_slice(b",\"disposition\":");
+        word(out, disposition);
+        out.extend_from_slice(b",\"message\":");
+        json_str(out, &self.summary(disposition));
+        out.extend_from_slice(b",\"metadata\":{\"version\":\"");
+        out.extend_from_slice(OCSF_VERSION.as_bytes());
+        out.extend_from_slice(
+            b"\",\"product\":{\"name\":\"egressd\",\"vendor_name\":\"egressd\",\"version\":\"",
+        );
+        out.extend_from_slice(env!("CARGO_PKG_VERSION").as_bytes());
+        out.extend_from_slice(
+            b"\"},\"profiles\":[\"security_control\"],\"log_name\":\"decisions\"}",
+        );
+    }
+
+    /// The exception that decided, as OCSF's `policy` object.
+    fn ocsf_policy(&self, out: &mut Vec<u8>, applied: bool) {
         if let Some(id) = &self.exception {
             out.extend_from_slice(b",\"policy\":{\"uid\":");
             json_str(out, id);
             out.extend_from_slice(b",\"name\":");
             json_str(out, id);
             out.extend_from_slice(b",\"type\":\"egressd exception\",\"is_applied\":");
-            out.extend_from_slice(if disposition_id == 1 {
-                b"true"
-            } else {
-                b"false"
-            });
+            out.extend_from_slice(if applied { b"true" } else { b"false" });
             if let Some(owner) = &self.owner {
                 out.extend_from_slice(b",\"group\":{\"name\":");
                 json_str(out, owner);
@@ -245,7 +267,11 @@ impl Event {
             }
             out.push(b'}');
         }
+    }
 
+    /// What OCSF has no field for, under `unmapped.egressd` (left open:
+    /// the caller closes it).
+    fn ocsf_unmapped(&self, out: &mut Vec<u8>, class: u64) {
         out.extend_from_slice(b",\"unmapped\":{\"egressd\":{\"proto\":");
         word(out, self.proto.as_str());
         out.extend_from_slice(b",\"mode\":");
@@ -292,7 +318,6 @@ impl Event {
                 json_str(out, &a.to_string());
             }
         }
-        out.extend_from_slice(b"}}}\n");
     }
 
     fn http_objects(&self, out: &mut Vec<u8>) {
