@@ -338,6 +338,84 @@ pub struct TunnelDetector {
     hasher: RandomState,
 }
 
+/// A name too long, or with a label too long, to be a host name under
+/// `*.suffix`: what the note says.
+fn shape_note(s: &TunnelSettings, name: &str, variable: &str, suffix: &str) -> Option<String> {
+    if name.len() > s.max_name_len {
+        return Some(format!(
+            "dns tunnel: name is {} bytes, over max_name_len {} under *.{suffix}",
+            name.len(),
+            s.max_name_len
+        ));
+    }
+    if let Some(l) = variable.split('.').find(|l| l.len() > s.max_label_len) {
+        return Some(format!(
+            "dns tunnel: a {}-byte label is over max_label_len {} under *.{suffix}",
+            l.len(),
+            s.max_label_len
+        ));
+    }
+
+    None
+}
+
+/// The first domain whose hourly or daily budget `pending` would exceed,
+/// and the note that says so.
+fn over_budget<'a>(
+    s: &TunnelSettings,
+    budgets: &HashMap<Box<str>, Budget>,
+    pending: &[Pending<'a>],
+    now: i64,
+    keep: i64,
+) -> Option<(&'a str, String)> {
+    let block_window = s.block_window_secs.max(1) as i64;
+    for p in pending {
+        let Some(cost) = &p.cost else { continue };
+        let b = budgets.get(p.domain);
+        let hourly = b.map_or(0, |b| b.hourly.bytes);
+        let daily = b.map_or(0, |b| b.daily(now, keep));
+        if hourly + cost.bytes > s.block_bytes {
+            return Some((p.domain, format!(
+                "dns tunnel: new names under {} would exceed block_bytes {} per {block_window}s for this client ({hourly} spent)",
+                p.domain, s.block_bytes
+            )));
+        }
+        if daily + cost.bytes > s.daily_bytes {
+            return Some((p.domain, format!(
+                "dns tunnel: new names under {} would exceed daily_bytes {} per day for this client ({daily} spent)",
+                p.domain, s.daily_bytes
+            )));
+        }
+    }
+    None
+}
+
+/// The alert a domain just charged is over (`alert_bytes` or
+/// `alert_unique_names` in the alert window), if any.
+fn alert(
+    s: &TunnelSettings,
+    budgets: &HashMap<Box<str>, Budget>,
+    domains: &[&str],
+) -> Option<Assessment> {
+    let alert_window = s.alert_window_secs.max(1) as i64;
+    for domain in domains {
+        let Some(b) = budgets.get(*domain) else {
+            continue;
+        };
+        let (bytes, names) = (b.recent.bytes, b.recent.len);
+        if bytes > s.alert_bytes || names > s.alert_unique_names as usize {
+            return Some(Assessment {
+                outcome: TunnelOutcome::Alert,
+                note: Some(format!(
+                    "dns tunnel suspected: {names} new names, {bytes} bytes under {domain} in {alert_window}s for this client (alert at {} names or {} bytes)",
+                    s.alert_unique_names, s.alert_bytes
+                )),
+            });
+        }
+    }
+    None
+}
+
 impl Default for TunnelDetector {
     fn default() -> Self {
         Self::new()
@@ -381,22 +459,9 @@ impl TunnelDetector {
             },
             note: Some(note),
         };
-
-        if name.len() > s.max_name_len {
-            return verdict(format!(
-                "dns tunnel: name is {} bytes, over max_name_len {} under *.{suffix}",
-                name.len(),
-                s.max_name_len
-            ));
+        if let Some(note) = shape_note(s, name, variable, suffix) {
+            return verdict(note);
         }
-        if let Some(l) = variable.split('.').find(|l| l.len() > s.max_label_len) {
-            return verdict(format!(
-                "dns tunnel: a {}-byte label is over max_label_len {} under *.{suffix}",
-                l.len(),
-                s.max_label_len
-            ));
-        }
-
         let block_window = s.block_window_secs.max(1) as i64;
         let alert_window = s.alert_window_secs.max(1) as i64;
         let keep = DAY_SECS.max(block_window).max(alert_window);
@@ -434,29 +499,7 @@ impl TunnelDetector {
         if pending.iter().all(|p| p.cost.is_none()) {
             return Assessment::ok();
         }
-
-        let mut over = None;
-        for p in &pending {
-            let Some(cost) = &p.cost else { continue };
-            let b = budgets.get(p.domain);
-            let hourly = b.map_or(0, |b| b.hourly.bytes);
-            let daily = b.map_or(0, |b| b.daily(now, keep));
-            if hourly + cost.bytes > s.block_bytes {
-                over = Some((p.domain, format!(
-                    "dns tunnel: new names under {} would exceed block_bytes {} per {block_window}s for this client ({hourly} spent)",
-                    p.domain, s.block_bytes
-                )));
-                break;
-            }
-            if daily + cost.bytes > s.daily_bytes {
-                over = Some((p.domain, format!(
-                    "dns tunnel: new names under {} would exceed daily_bytes {} per day for this client ({daily} spent)",
-                    p.domain, s.daily_bytes
-                )));
-                break;
-            }
-        }
-        if let Some((domain, note)) = over {
+        if let Some((domain, note)) = over_budget(s, budgets, &pending, now, keep) {
             if enforce {
                 self.block(client, domain, s, now);
                 return verdict(note);
@@ -467,24 +510,8 @@ impl TunnelDetector {
         }
         let domains: Vec<&str> = pending.iter().map(|p| p.domain).collect();
         self.charge(client, pending, now);
-
         let budgets = self.clients.get(client).expect("charged above");
-        for domain in domains {
-            let Some(b) = budgets.get(domain) else {
-                continue;
-            };
-            let (bytes, names) = (b.recent.bytes, b.recent.len);
-            if bytes > s.alert_bytes || names > s.alert_unique_names as usize {
-                return Assessment {
-                    outcome: TunnelOutcome::Alert,
-                    note: Some(format!(
-                        "dns tunnel suspected: {names} new names, {bytes} bytes under {domain} in {alert_window}s for this client (alert at {} names or {} bytes)",
-                        s.alert_unique_names, s.alert_bytes
-                    )),
-                };
-            }
-        }
-        Assessment::ok()
+        alert(s, budgets, &domains).unwrap_or_else(Assessment::ok)
     }
 
     /// A name below `exception`'s wildcard that is not a host name (its

@@ -252,17 +252,9 @@ fn owner_account(spec: &str) -> Result<Account, String> {
     }
 }
 
-/// Reads what the plan needs to know about the host, and finds egressd's
-/// own files.
-fn gather(args: &RunArgs) -> Result<(HostFacts, guard::Found), String> {
-    let cwd = std::env::current_dir()
-        .and_then(|d| d.canonicalize())
-        .map_err(|e| format!("cannot read the working directory: {e}"))?;
-    let home = std::env::var_os("HOME")
-        .map(PathBuf::from)
-        .filter(|h| h.is_absolute())
-        .and_then(|h| h.canonicalize().ok())
-        .filter(|h| h.is_dir());
+/// The system's top-level trees as the host has them (a merged-/usr
+/// link stays a link).
+fn system_entries() -> Result<Vec<(PathBuf, SystemEntry)>, String> {
     let mut system = Vec::new();
     for s in view::SYSTEM {
         let p = Path::new(s);
@@ -275,6 +267,12 @@ fn gather(args: &RunArgs) -> Result<(HostFacts, guard::Found), String> {
             _ => {}
         }
     }
+    Ok(system)
+}
+
+/// The secrets under `/etc` to mask (each also where its link leads),
+/// with whether each is a directory.
+fn etc_secrets() -> Vec<(PathBuf, bool)> {
     let mut secrets: Vec<PathBuf> = view::ETC_SECRETS.iter().map(PathBuf::from).collect();
     if let Ok(dir) = std::fs::read_dir(view::SSH_DIR) {
         secrets.extend(
@@ -293,6 +291,52 @@ fn gather(args: &RunArgs) -> Result<(HostFacts, guard::Found), String> {
             etc_secrets.push((s, dir));
         }
     }
+    etc_secrets
+}
+
+/// `--ca-dir`'s trust for the sandbox: the CA, the bundle with it, an NSS
+/// database for HOME.
+fn ca_trust(cwd: &Path, d: &Path) -> Result<plan::CaTrust, String> {
+    let at = |e: &dyn std::fmt::Display| format!("--ca-dir {}: {e}", d.display());
+    let dir = cwd.join(d).canonicalize().map_err(|e| at(&e))?;
+    // The system roots plus egressd's CA, rewritten for each run so a
+    // renewed CA or updated roots are picked up.
+    let bundle = crate::tls::sandbox_ca_bundle(&dir).map_err(|e| at(&e))?;
+    let cert = crate::tls::ca_cert_path(&dir);
+    // Read now, once: another launcher may rename a new bundle
+    // over this one at any time (a whole file either way).
+    let read = |p: &Path| std::fs::read(p).map_err(|e| at(&format!("{}: {e}", p.display())));
+    let (bundle_pem, cert_pem) = (read(&bundle)?, read(&cert)?);
+    let nssdb = nss::database(&cert).unwrap_or_else(|e| {
+        eprintln!(
+            "egressd run: no NSS database for the sandbox's HOME ({e}): Chromium and \
+             other NSS programs inside will refuse intercepted sites; programs that \
+             read SSL_CERT_FILE and the other CA variables still trust egressd's CA"
+        );
+        Vec::new()
+    });
+    Ok(plan::CaTrust {
+        nssdb,
+        cert: cert_pem,
+        bundle: bundle_pem,
+        system_bundle: crate::tls::roots::system_bundle().and_then(|p| p.canonicalize().ok()),
+        dir,
+    })
+}
+
+/// Reads what the plan needs to know about the host, and finds egressd's
+/// own files.
+fn gather(args: &RunArgs) -> Result<(HostFacts, guard::Found), String> {
+    let cwd = std::env::current_dir()
+        .and_then(|d| d.canonicalize())
+        .map_err(|e| format!("cannot read the working directory: {e}"))?;
+    let home = std::env::var_os("HOME")
+        .map(PathBuf::from)
+        .filter(|h| h.is_absolute())
+        .and_then(|h| h.canonicalize().ok())
+        .filter(|h| h.is_dir());
+    let system = system_entries()?;
+    let etc_secrets = etc_secrets();
     let mut binds = Vec::new();
     for (paths, writable, flag) in [(&args.ro, false, "--ro"), (&args.rw, true, "--rw")] {
         for p in paths {
@@ -314,35 +358,7 @@ fn gather(args: &RunArgs) -> Result<(HostFacts, guard::Found), String> {
     };
     let ca = match &args.engine.ca_dir {
         None => None,
-        Some(d) => {
-            let at = |e: &dyn std::fmt::Display| format!("--ca-dir {}: {e}", d.display());
-            let dir = cwd.join(d).canonicalize().map_err(|e| at(&e))?;
-            // The system roots plus egressd's CA, rewritten for each run so a
-            // renewed CA or updated roots are picked up.
-            let bundle = crate::tls::sandbox_ca_bundle(&dir).map_err(|e| at(&e))?;
-            let cert = crate::tls::ca_cert_path(&dir);
-            // Read now, once: another launcher may rename a new bundle
-            // over this one at any time (a whole file either way).
-            let read =
-                |p: &Path| std::fs::read(p).map_err(|e| at(&format!("{}: {e}", p.display())));
-            let (bundle_pem, cert_pem) = (read(&bundle)?, read(&cert)?);
-            let nssdb = nss::database(&cert).unwrap_or_else(|e| {
-                eprintln!(
-                    "egressd run: no NSS database for the sandbox's HOME ({e}): Chromium and \
-                     other NSS programs inside will refuse intercepted sites; programs that \
-                     read SSL_CERT_FILE and the other CA variables still trust egressd's CA"
-                );
-                Vec::new()
-            });
-            Some(plan::CaTrust {
-                nssdb,
-                cert: cert_pem,
-                bundle: bundle_pem,
-                system_bundle: crate::tls::roots::system_bundle()
-                    .and_then(|p| p.canonicalize().ok()),
-                dir,
-            })
-        }
+        Some(d) => Some(ca_trust(&cwd, d)?),
     };
     let nft = if args.transparent {
         find_nft(args.nft.as_deref())?
@@ -515,26 +531,10 @@ async fn supervise(
         }
     };
 
-    // Signals a process sends the launcher are passed on to CMD (through
-    // init). The thread blocks in sigwaitinfo for the life of the process.
-    {
-        let s = sandbox.clone();
-        let spawned = std::thread::Builder::new()
-            .name("egressd-run-signals".into())
-            .spawn(move || {
-                while let Ok((sig, code)) = forwarded.wait() {
-                    // A terminal's ^C (SI_KERNEL) already reached CMD, which
-                    // is in the launcher's process group.
-                    if matches!(code, libc::SI_USER | libc::SI_QUEUE | libc::SI_TKILL) {
-                        let _ = s.signal(sig);
-                    }
-                }
-            });
-        if let Err(e) = spawned {
-            eprintln!("egressd run: cannot start the signal thread: {e}");
-            sandbox.kill();
-            return EXIT_SETUP;
-        }
+    if let Err(e) = forward_signals(&sandbox, forwarded) {
+        eprintln!("egressd run: cannot start the signal thread: {e}");
+        sandbox.kill();
+        return EXIT_SETUP;
     }
 
     let oom_event = match cgroups.take_oom_event().map(sys::async_fd) {
@@ -576,6 +576,35 @@ async fn supervise(
         }
     };
 
+    stop(egressd, found).await;
+    say_why_killed(&end, plan, cg);
+    match end {
+        End::Timeout => EXIT_TIMEOUT,
+        End::Cpu => EXIT_CPU,
+        End::Exited(_) | End::Oom => status,
+    }
+}
+
+/// Signals a process sends the launcher are passed on to CMD (through
+/// init). The thread blocks in sigwaitinfo for the life of the process.
+fn forward_signals(sandbox: &Arc<Sandbox>, forwarded: sys::SigSet) -> std::io::Result<()> {
+    let s = sandbox.clone();
+    std::thread::Builder::new()
+        .name("egressd-run-signals".into())
+        .spawn(move || {
+            while let Ok((sig, code)) = forwarded.wait() {
+                // A terminal's ^C (SI_KERNEL) already reached CMD, which
+                // is in the launcher's process group.
+                if matches!(code, libc::SI_USER | libc::SI_QUEUE | libc::SI_TKILL) {
+                    let _ = s.signal(sig);
+                }
+            }
+        })
+        .map(drop)
+}
+
+/// Stops the embedded egressd (draining it) or the relay.
+async fn stop(egressd: Egressd, found: &guard::Found) {
     match egressd {
         Egressd::Embedded(running) => {
             let denials = running.package_denials.clone();
@@ -591,6 +620,10 @@ async fn supervise(
         // The egressd it relays to keeps the decisions (and its log).
         Egressd::Relay(r) => r.stop(),
     }
+}
+
+/// Says why the sandbox was killed, if it was.
+fn say_why_killed(end: &End, plan: &Plan, cg: &Cgroups) {
     if matches!(end, End::Oom) || cg.oom_kills() > 0 {
         eprintln!(
             "egressd run: the sandbox ran out of memory (--memory {} for the whole sandbox); \
@@ -604,7 +637,6 @@ async fn supervise(
                 "egressd run: timed out after {}; the sandbox was killed",
                 humanize(plan.timeout.unwrap_or_default())
             );
-            EXIT_TIMEOUT
         }
         End::Cpu => {
             eprintln!(
@@ -612,9 +644,8 @@ async fn supervise(
                  together); it was killed",
                 plan.limits.cpu_secs.unwrap_or_default()
             );
-            EXIT_CPU
         }
-        End::Exited(_) | End::Oom => status,
+        End::Exited(_) | End::Oom => {}
     }
 }
 

@@ -173,125 +173,167 @@ fn decide(
     }
     let rules = pp.rules(client, eco, &q.name, now);
     let Some(version) = &q.version else {
-        writeln!(
-            out,
-            "  ALLOW  the index, filtered to the versions these entries approve:"
-        )?;
-        for &r in pp.allows_of(eco, &q.name) {
-            let (set, a) = pp.allow_entry(r);
-            if !set.applies_to(client) || set.is_expired(now) {
-                continue;
-            }
-            writeln!(
-                out,
-                "         {} {} — set {}{}",
-                a.written,
-                a.versions,
-                set_location(set),
-                min_age_note(pp.min_age_of(set, a))
-            )?;
-        }
-        for &r in pp.denies_of(eco, &q.name) {
-            let (set, d) = pp.deny_entry(r);
-            writeln!(
-                out,
-                "         minus deny {} {} — set {}",
-                d.written,
-                d.versions,
-                set_location(set)
-            )?;
-        }
-        return Ok(Ok(()));
+        return index_allowed(pp, client, q, now, out).map(Ok);
     };
     let v = Version::parse(eco, version).expect("checked when parsed");
     // Epoch 0: old enough for any min_age; the real time is the registry's.
     match rules.parsed(&v, Some(0)) {
         Err(held) => {
-            deny_line(held.reason, out)?;
-            if let Some(s) = held.set {
-                writeln!(out, "         set      {}", set_location(s))?;
-            }
-            if held.reason == PackageReason::Denied {
-                if let Some(r) = pp
-                    .denies_of(eco, &q.name)
-                    .iter()
-                    .map(|&r| pp.deny_entry(r).1)
-                    .find(|d| d.versions.matches(&v))
-                    .and_then(|d| d.reason.as_deref())
-                {
-                    writeln!(out, "         because  {r}")?;
-                }
-            } else {
-                let approved: Vec<String> = pp
-                    .allows_of(eco, &q.name)
-                    .iter()
-                    .map(|&r| pp.allow_entry(r))
-                    .filter(|(s, _)| s.applies_to(client) && !s.is_expired(now))
-                    .map(|(_, a)| a.versions.to_string())
-                    .collect();
-                if !approved.is_empty() {
-                    writeln!(out, "         approved {}", approved.join(" | "))?;
-                }
-            }
+            version_held(pp, client, q, &v, &held, now, out)?;
             Ok(Err(held.reason))
         }
         Ok(ok) => {
-            writeln!(out, "  ALLOW  by package set {}", set_location(ok.set))?;
-            writeln!(out, "         owner    {}", ok.set.owner)?;
-            writeln!(out, "         reason   {}", ok.set.reason)?;
-            let expires = ok
-                .set
-                .expires
-                .map(|t| {
-                    format!(
-                        "{} (in {} days)",
-                        format_date(t),
-                        (t - now).div_euclid(86400)
-                    )
-                })
-                .unwrap_or_else(|| "never".into());
-            writeln!(out, "         expires  {expires}")?;
-            if let Some(a) = ok
-                .set
-                .allow
-                .iter()
-                .find(|a| a.name == q.name && a.versions.matches(&v))
-            {
-                writeln!(
-                    out,
-                    "         entry    {} {} ({}:{})",
-                    a.written,
-                    a.versions,
-                    ok.set.file.display(),
-                    a.line
-                )?;
-                let min_age = pp.min_age_of(ok.set, a);
-                if min_age > 0 {
-                    writeln!(
-                        out,
-                        "         min_age  {}: checked at request time against the registry's \
-                         publish time (explain has no registry); a younger release is \
-                         package_too_new",
-                        duration(min_age)
-                    )?;
-                }
-            }
-            if !ok.pins.is_empty() {
-                writeln!(
-                    out,
-                    "         sha256   only files with one of {} pinned digest{} download",
-                    ok.pins.len(),
-                    if ok.pins.len() == 1 { "" } else { "s" }
-                )?;
-            }
-            writeln!(
-                out,
-                "         the version must also be listed in the registry's index \
-                 (else package_not_listed)"
-            )?;
+            version_allowed(pp, q, &v, &ok, now, out)?;
             Ok(Ok(()))
         }
     }
+}
+
+/// The index allowed: the entries that filter it.
+fn index_allowed(
+    pp: &PackagePolicy,
+    client: Option<ClientIdx>,
+    q: &PkgQuery,
+    now: i64,
+    out: &mut dyn Write,
+) -> io::Result<()> {
+    let eco = q.ecosystem;
+    writeln!(
+        out,
+        "  ALLOW  the index, filtered to the versions these entries approve:"
+    )?;
+    for &r in pp.allows_of(eco, &q.name) {
+        let (set, a) = pp.allow_entry(r);
+        if !set.applies_to(client) || set.is_expired(now) {
+            continue;
+        }
+        writeln!(
+            out,
+            "         {} {} — set {}{}",
+            a.written,
+            a.versions,
+            set_location(set),
+            min_age_note(pp.min_age_of(set, a))
+        )?;
+    }
+    for &r in pp.denies_of(eco, &q.name) {
+        let (set, d) = pp.deny_entry(r);
+        writeln!(
+            out,
+            "         minus deny {} {} — set {}",
+            d.written,
+            d.versions,
+            set_location(set)
+        )?;
+    }
+    Ok(())
+}
+
+/// A version held: by which set, and why (the deny's reason, or what is
+/// approved instead).
+fn version_held(
+    pp: &PackagePolicy,
+    client: Option<ClientIdx>,
+    q: &PkgQuery,
+    v: &Version,
+    held: &crate::packages::decide::Held<'_>,
+    now: i64,
+    out: &mut dyn Write,
+) -> io::Result<()> {
+    let eco = q.ecosystem;
+    deny_line(held.reason, out)?;
+    if let Some(s) = held.set {
+        writeln!(out, "         set      {}", set_location(s))?;
+    }
+    if held.reason == PackageReason::Denied {
+        if let Some(r) = pp
+            .denies_of(eco, &q.name)
+            .iter()
+            .map(|&r| pp.deny_entry(r).1)
+            .find(|d| d.versions.matches(v))
+            .and_then(|d| d.reason.as_deref())
+        {
+            writeln!(out, "         because  {r}")?;
+        }
+    } else {
+        let approved: Vec<String> = pp
+            .allows_of(eco, &q.name)
+            .iter()
+            .map(|&r| pp.allow_entry(r))
+            .filter(|(s, _)| s.applies_to(client) && !s.is_expired(now))
+            .map(|(_, a)| a.versions.to_string())
+            .collect();
+        if !approved.is_empty() {
+            writeln!(out, "         approved {}", approved.join(" | "))?;
+        }
+    }
+    Ok(())
+}
+
+/// A version allowed: the set, its entry, what is still checked at
+/// request time.
+fn version_allowed(
+    pp: &PackagePolicy,
+    q: &PkgQuery,
+    v: &Version,
+    ok: &crate::packages::decide::VersionOk<'_>,
+    now: i64,
+    out: &mut dyn Write,
+) -> io::Result<()> {
+    writeln!(out, "  ALLOW  by package set {}", set_location(ok.set))?;
+    writeln!(out, "         owner    {}", ok.set.owner)?;
+    writeln!(out, "         reason   {}", ok.set.reason)?;
+    let expires = ok
+        .set
+        .expires
+        .map(|t| {
+            format!(
+                "{} (in {} days)",
+                format_date(t),
+                (t - now).div_euclid(86400)
+            )
+        })
+        .unwrap_or_else(|| "never".into());
+    writeln!(out, "         expires  {expires}")?;
+    if let Some(a) = ok
+        .set
+        .allow
+        .iter()
+        .find(|a| a.name == q.name && a.versions.matches(v))
+    {
+        writeln!(
+            out,
+            "         entry    {} {} ({}:{})",
+            a.written,
+            a.versions,
+            ok.set.file.display(),
+            a.line
+        )?;
+        let min_age = pp.min_age_of(ok.set, a);
+        if min_age > 0 {
+            writeln!(
+                out,
+                "         min_age  {}: checked at request time against the registry's \
+                 publish time (explain has no registry); a younger release is \
+                 package_too_new",
+                duration(min_age)
+            )?;
+        }
+    }
+    if !ok.pins.is_empty() {
+        writeln!(
+            out,
+            "         sha256   only files with one of {} pinned digest{} download",
+            ok.pins.len(),
+            if ok.pins.len() == 1 { "" } else { "s" }
+        )?;
+    }
+    writeln!(
+        out,
+        "         the version must also be listed in the registry's index \
+         (else package_not_listed)"
+    )?;
+    Ok(())
 }
 
 /// Whether the sandbox may reach the registry's index host at all: the
