@@ -319,28 +319,7 @@ fn grant(args: &GrantArgs, dir: &Path, request: &str, out: &mut dyn Write) -> Re
             d.reason
         ));
     }
-    let client = match (&args.client, args.any_client, d.client.as_str()) {
-        (Some(c), _, _) => Some(c.clone()),
-        (None, true, _) | (None, false, "-") => None,
-        (None, false, c) => Some(c.to_string()),
-    };
-    if let Some(c) = &client {
-        if !policy.clients.iter().any(|k| &*k.id == c) {
-            return Err(format!("no client {c:?} in settings.clients"));
-        }
-    }
-    let method = (d.reason == Reason::MethodNotAllowed.as_str())
-        .then(|| d.method.clone())
-        .flatten();
-    let path = match (d.reason == Reason::PathNotAllowed.as_str(), &d.path) {
-        (true, Some(p)) if p.contains(['*', '?', '[', ']', '{', '}', '\\']) => {
-            return Err(format!(
-                "the path {p:?} holds glob characters: write this exception by hand"
-            ))
-        }
-        (true, Some(p)) => Some(p.clone()),
-        _ => None,
-    };
+    let (client, method, path) = scope(args, &policy, &d)?;
     let id = grant_id();
     let g = GrantFile {
         id: &id,
@@ -371,11 +350,51 @@ fn grant(args: &GrantArgs, dir: &Path, request: &str, out: &mut dyn Write) -> Re
     )?;
     write_atomic(&file, text.as_bytes())
         .map_err(|e| format!("cannot write {}: {e}", file.display()))?;
+    say_granted(out, &g, &d, &file);
+    Ok(())
+}
+
+/// Who and what the grant covers: the client (`--client`, every client
+/// with `--any-client`, else the denied request's), and the method or
+/// path when that was what the denial named.
+#[allow(clippy::type_complexity)]
+fn scope(
+    args: &GrantArgs,
+    policy: &Policy,
+    d: &Denied,
+) -> Result<(Option<String>, Option<String>, Option<String>), String> {
+    let client = match (&args.client, args.any_client, d.client.as_str()) {
+        (Some(c), _, _) => Some(c.clone()),
+        (None, true, _) | (None, false, "-") => None,
+        (None, false, c) => Some(c.to_string()),
+    };
+    if let Some(c) = &client {
+        if !policy.clients.iter().any(|k| &*k.id == c) {
+            return Err(format!("no client {c:?} in settings.clients"));
+        }
+    }
+    let method = (d.reason == Reason::MethodNotAllowed.as_str())
+        .then(|| d.method.clone())
+        .flatten();
+    let path = match (d.reason == Reason::PathNotAllowed.as_str(), &d.path) {
+        (true, Some(p)) if p.contains(['*', '?', '[', ']', '{', '}', '\\']) => {
+            return Err(format!(
+                "the path {p:?} holds glob characters: write this exception by hand"
+            ))
+        }
+        (true, Some(p)) => Some(p.clone()),
+        _ => None,
+    };
+    Ok((client, method, path))
+}
+
+/// What was granted, to whom, until when, and where it is written.
+fn say_granted(out: &mut dyn Write, g: &GrantFile<'_>, d: &Denied, file: &Path) {
     let w = |out: &mut dyn Write, s: String| {
         let _ = writeln!(out, "{s}");
     };
-    w(out, format!("granted {id}: {}", g.what()));
-    match &client {
+    w(out, format!("granted {}: {}", g.id, g.what()));
+    match g.client {
         Some(c) => w(out, format!("  to client {c}")),
         None if d.client == "-" => w(
             out,
@@ -388,14 +407,13 @@ fn grant(args: &GrantArgs, dir: &Path, request: &str, out: &mut dyn Write) -> Re
         format!(
             "  until {}{}",
             format_rfc3339_millis(g.expires * 1000),
-            match args.uses {
+            match g.max_uses {
                 Some(n) => format!(", {n} use{}", if n == 1 { "" } else { "s" }),
                 None => String::new(),
             }
         ),
     );
     w(out, format!("  written to {}", file.display()));
-    Ok(())
 }
 
 fn nonempty<'a>(v: Option<&'a str>, flag: &str) -> Result<&'a str, String> {

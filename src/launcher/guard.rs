@@ -59,33 +59,8 @@ const SHARED_STREAMS: &[&str] = &[
 /// token file). Creates the decision log (so that it can be masked).
 pub fn find(args: &RunArgs, cwd: &Path) -> Result<Found, String> {
     let mut found = Found::default();
-    let mut add = |p: &Path, what: &str, policy: bool| -> Result<(), String> {
-        let given = cwd.join(p);
-        let canonical = given
-            .canonicalize()
-            .map_err(|e| format!("{what} {}: {e}", p.display()))?;
-        let meta =
-            std::fs::metadata(&canonical).map_err(|e| format!("{what} {}: {e}", p.display()))?;
-        if meta.is_file() && meta.nlink() > 1 {
-            return Err(format!(
-                "{what} {} has {} hard links: the sandbox could reach it under another name; \
-                 give egressd a copy of its own",
-                canonical.display(),
-                meta.nlink()
-            ));
-        }
-        for path in [canonical.clone(), given.clone()] {
-            if !found.guarded.iter().any(|g| g.path == path) {
-                found.guarded.push(Guarded {
-                    path,
-                    dir: meta.is_dir(),
-                    what: what.to_string(),
-                    policy,
-                });
-            }
-        }
-        Ok(())
-    };
+    let mut add =
+        |p: &Path, what: &str, policy: bool| guard(&mut found.guarded, cwd, p, what, policy);
     if let Some(t) = &args.token_file {
         add(t, "--token-file", false)?;
     }
@@ -136,6 +111,52 @@ pub fn find(args: &RunArgs, cwd: &Path) -> Result<Found, String> {
         add(g, "--grants", true)?;
     }
 
+    let (log, is_default) = open_log(args, cwd)?;
+    add(&log, "--log", false)?;
+    found.policy = policy;
+    found.log = log;
+    found.log_is_default = is_default;
+    Ok(found)
+}
+
+/// Guards `p` (as given, relative to `cwd`, and where it leads): refused
+/// when it has other hard links.
+fn guard(
+    guarded: &mut Vec<Guarded>,
+    cwd: &Path,
+    p: &Path,
+    what: &str,
+    policy: bool,
+) -> Result<(), String> {
+    let given = cwd.join(p);
+    let canonical = given
+        .canonicalize()
+        .map_err(|e| format!("{what} {}: {e}", p.display()))?;
+    let meta = std::fs::metadata(&canonical).map_err(|e| format!("{what} {}: {e}", p.display()))?;
+    if meta.is_file() && meta.nlink() > 1 {
+        return Err(format!(
+            "{what} {} has {} hard links: the sandbox could reach it under another name; \
+             give egressd a copy of its own",
+            canonical.display(),
+            meta.nlink()
+        ));
+    }
+    for path in [canonical.clone(), given.clone()] {
+        if !guarded.iter().any(|g| g.path == path) {
+            guarded.push(Guarded {
+                path,
+                dir: meta.is_dir(),
+                what: what.to_string(),
+                policy,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// The decision log of the run (the default one made for it when `--log`
+/// is not given), created so that it can be masked: never CMD's streams.
+fn open_log(args: &RunArgs, cwd: &Path) -> Result<(PathBuf, bool), String> {
     let (log, is_default) = match args.log.as_str() {
         "" => (default_log()?, true),
         l if SHARED_STREAMS.contains(&l) || l.starts_with("/dev/fd/") => {
@@ -152,11 +173,7 @@ pub fn find(args: &RunArgs, cwd: &Path) -> Result<Found, String> {
         .append(true)
         .open(&log)
         .map_err(|e| format!("--log {}: {e}", log.display()))?;
-    add(&log, "--log", false)?;
-    found.policy = policy;
-    found.log = log;
-    found.log_is_default = is_default;
-    Ok(found)
+    Ok((log, is_default))
 }
 
 /// The paths of every `${file:PATH}` in a policy file's text (whatever key

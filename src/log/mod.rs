@@ -1062,27 +1062,7 @@ impl Writer {
             } else {
                 WRITE_CHUNK
             };
-            // Whole lines up to `chunk` (a longer line alone, whole).
-            let mut off = st.off;
-            for l in &st.lines {
-                let part = &l.bytes[off..];
-                off = 0;
-                let room = chunk.saturating_sub(self.buf.len());
-                if part.len() <= room {
-                    self.buf.extend_from_slice(part);
-                    continue;
-                }
-                let end = match part[..room].iter().rposition(|&b| b == b'\n') {
-                    Some(i) => i + 1,
-                    None if self.buf.is_empty() => part
-                        .iter()
-                        .position(|&b| b == b'\n')
-                        .map_or(part.len(), |i| i + 1),
-                    None => 0,
-                };
-                self.buf.extend_from_slice(&part[..end]);
-                break;
-            }
+            fill(&mut self.buf, &st, chunk);
             self.publish(&st);
             st.in_flight = true;
         }
@@ -1093,13 +1073,25 @@ impl Writer {
             s.settled.notify_all();
             return false;
         }
-        let took = match r {
+        let took = self.took(&s, &mut st, r);
+        self.publish(&st);
+        if s.closed.load(Ordering::SeqCst) {
+            s.settled.notify_all();
+        }
+        drop(st);
+        s.wake_waiters();
+        took
+    }
+
+    /// What one write(2) did, counted: whether it took bytes.
+    fn took(&mut self, s: &Shared, st: &mut State, r: io::Result<usize>) -> bool {
+        match r {
             Ok(0) => {
                 self.fail(&io::Error::new(io::ErrorKind::WriteZero, "wrote 0 bytes"));
                 false
             }
             Ok(n) => {
-                advance(&s, &mut st, n);
+                advance(s, st, n);
                 self.blocked = false;
                 if self.failing {
                     eprintln!("egressd: decision log writable again; serving");
@@ -1117,14 +1109,7 @@ impl Writer {
                 self.fail(&e);
                 false
             }
-        };
-        self.publish(&st);
-        if s.closed.load(Ordering::SeqCst) {
-            s.settled.notify_all();
         }
-        drop(st);
-        s.wake_waiters();
-        took
     }
 
     /// Makes the backlog's age and size visible to the request path.
@@ -1253,6 +1238,31 @@ fn collect(s: &Shared, st: &mut State, wait: &Wait) -> Result<bool, ()> {
 }
 
 /// Drops the `n` bytes the sink took from the front of the backlog.
+/// Whole lines of the backlog (from `st.off` into its first) into `buf`,
+/// up to `chunk` bytes (a longer line alone, whole).
+fn fill(buf: &mut Vec<u8>, st: &State, chunk: usize) {
+    let mut off = st.off;
+    for l in &st.lines {
+        let part = &l.bytes[off..];
+        off = 0;
+        let room = chunk.saturating_sub(buf.len());
+        if part.len() <= room {
+            buf.extend_from_slice(part);
+            continue;
+        }
+        let end = match part[..room].iter().rposition(|&b| b == b'\n') {
+            Some(i) => i + 1,
+            None if buf.is_empty() => part
+                .iter()
+                .position(|&b| b == b'\n')
+                .map_or(part.len(), |i| i + 1),
+            None => 0,
+        };
+        buf.extend_from_slice(&part[..end]);
+        break;
+    }
+}
+
 fn advance(s: &Shared, st: &mut State, mut n: usize) {
     while n > 0 {
         let Some(front) = st.lines.front() else { break };

@@ -111,9 +111,19 @@ pub fn import(files: &[(&Path, &str)], set: &ImportSet<'_>) -> Result<String, Im
             _ => return Err(ImportError::Unknown(file)),
         }
     }
-    // One entry per (ecosystem, normal name, version), hashes merged.
+    let merged = merge(c.pins)?;
+    if merged.is_empty() {
+        return Err(ImportError::Invalid(
+            "the lockfiles pin no registry package".into(),
+        ));
+    }
+    Ok(write(files, set, &merged, &c.skipped))
+}
+
+/// One entry per (ecosystem, normal name, version), hashes merged.
+fn merge(pins: Vec<Pin>) -> Result<BTreeMap<(Ecosystem, String, String), Pin>, ImportError> {
     let mut merged: BTreeMap<(Ecosystem, String, String), Pin> = BTreeMap::new();
-    for p in c.pins {
+    for p in pins {
         let n = normalize(p.eco, &p.name)
             .map_err(|e| ImportError::Invalid(e.to_string()))?
             .to_string();
@@ -128,11 +138,16 @@ pub fn import(files: &[(&Path, &str)], set: &ImportSet<'_>) -> Result<String, Im
             }
         }
     }
-    if merged.is_empty() {
-        return Err(ImportError::Invalid(
-            "the lockfiles pin no registry package".into(),
-        ));
-    }
+    Ok(merged)
+}
+
+/// The `packages:` YAML for the merged pins: one set per ecosystem.
+fn write(
+    files: &[(&Path, &str)],
+    set: &ImportSet<'_>,
+    merged: &BTreeMap<(Ecosystem, String, String), Pin>,
+    skipped: &[String],
+) -> String {
     let ecos: Vec<Ecosystem> = {
         let mut v: Vec<Ecosystem> = merged.keys().map(|k| k.0).collect();
         v.dedup();
@@ -153,7 +168,7 @@ pub fn import(files: &[(&Path, &str)], set: &ImportSet<'_>) -> Result<String, Im
         }
     );
     out.push_str("# settings.packages.min_age still applies to these versions.\n");
-    for s in &c.skipped {
+    for s in skipped {
         out.push_str(&format!("# skipped (not from a registry): {s}\n"));
     }
     out.push_str("packages:\n");
@@ -182,7 +197,7 @@ pub fn import(files: &[(&Path, &str)], set: &ImportSet<'_>) -> Result<String, Im
             out.push_str(" }\n");
         }
     }
-    Ok(out)
+    out
 }
 
 fn normalize_id(id: &str) -> Option<&str> {
@@ -293,7 +308,15 @@ fn uv_lock(file: &str, text: &str, c: &mut Collected) -> Result<(), ImportError>
 }
 
 fn requirements(file: &str, text: &str, c: &mut Collected) -> Result<(), ImportError> {
-    // Logical lines: a trailing backslash continues the line.
+    for (line, l) in logical_lines(text) {
+        requirement(file, line, &l, c)?;
+    }
+    Ok(())
+}
+
+/// A requirements file's logical lines (a trailing backslash continues a
+/// line; comments gone), with the line each starts on.
+fn logical_lines(text: &str) -> Vec<(usize, String)> {
     let mut logical: Vec<(usize, String)> = Vec::new();
     let mut cur = String::new();
     let mut start = 0;
@@ -322,78 +345,82 @@ fn requirements(file: &str, text: &str, c: &mut Collected) -> Result<(), ImportE
     if !cur.is_empty() {
         logical.push((start, cur));
     }
-    for (line, l) in logical {
-        let l = l.trim();
-        if l.is_empty() {
-            continue;
-        }
-        if l.starts_with('-') {
-            if l.starts_with("-r")
-                || l.starts_with("--requirement")
-                || l.starts_with("-e")
-                || l.starts_with("--editable")
-                || l.starts_with("-c")
-            {
-                c.skipped.push(format!("{file}:{line}: {l}"));
-            }
-            continue;
-        }
-        let mut words = l.split_whitespace();
-        let spec_end = l.find(" --").unwrap_or(l.len());
-        let spec = l[..spec_end].split(';').next().unwrap_or("").trim();
-        let mut hashes = Vec::new();
-        let mut expect_hash = false;
-        for w in words.by_ref() {
-            if expect_hash {
-                expect_hash = false;
-                hashes.push(w);
-            } else if let Some(h) = w.strip_prefix("--hash=") {
-                hashes.push(h);
-            } else if w == "--hash" {
-                expect_hash = true;
-            }
-        }
-        if spec.contains(" @ ") || spec.contains("://") {
-            c.skipped.push(format!("{file}:{line}: {spec}"));
-            continue;
-        }
-        let Some(i) = spec.find("===").or_else(|| spec.find("==")) else {
-            return Err(perr(
-                file,
-                line,
-                format!("{spec:?} is not pinned with == (an import approves exact versions)"),
-            ));
-        };
-        let op_len = if spec[i..].starts_with("===") { 3 } else { 2 };
-        let name = spec[..i].split('[').next().unwrap_or("").trim();
-        let version = spec[i + op_len..].trim();
-        if version.contains([',', '<', '>', '!', '~', '*']) {
-            return Err(perr(
-                file,
-                line,
-                format!("{spec:?} is not one exact version"),
-            ));
-        }
-        normalize(Ecosystem::Pypi, name).map_err(|e| perr(file, line, e))?;
-        check_version(file, line, Ecosystem::Pypi, name, version)?;
-        let mut sha256 = Vec::new();
-        for h in hashes {
-            match sha_of(h) {
-                Some(d) => sha256.push(d),
-                None if h.starts_with("sha256:") => {
-                    return Err(perr(file, line, format!("bad hash {h:?}")))
-                }
-                // pip accepts sha384/sha512 too; DESIGN's pins are sha256.
-                None => {}
-            }
-        }
-        c.pins.push(Pin {
-            eco: Ecosystem::Pypi,
-            name: name.to_string(),
-            version: version.to_string(),
-            sha256,
-        });
+    logical
+}
+
+/// One logical line of a requirements file: a pin, a line skipped (and
+/// said), or an error.
+fn requirement(file: &str, line: usize, l: &str, c: &mut Collected) -> Result<(), ImportError> {
+    let l = l.trim();
+    if l.is_empty() {
+        return Ok(());
     }
+    if l.starts_with('-') {
+        if l.starts_with("-r")
+            || l.starts_with("--requirement")
+            || l.starts_with("-e")
+            || l.starts_with("--editable")
+            || l.starts_with("-c")
+        {
+            c.skipped.push(format!("{file}:{line}: {l}"));
+        }
+        return Ok(());
+    }
+    let mut words = l.split_whitespace();
+    let spec_end = l.find(" --").unwrap_or(l.len());
+    let spec = l[..spec_end].split(';').next().unwrap_or("").trim();
+    let mut hashes = Vec::new();
+    let mut expect_hash = false;
+    for w in words.by_ref() {
+        if expect_hash {
+            expect_hash = false;
+            hashes.push(w);
+        } else if let Some(h) = w.strip_prefix("--hash=") {
+            hashes.push(h);
+        } else if w == "--hash" {
+            expect_hash = true;
+        }
+    }
+    if spec.contains(" @ ") || spec.contains("://") {
+        c.skipped.push(format!("{file}:{line}: {spec}"));
+        return Ok(());
+    }
+    let Some(i) = spec.find("===").or_else(|| spec.find("==")) else {
+        return Err(perr(
+            file,
+            line,
+            format!("{spec:?} is not pinned with == (an import approves exact versions)"),
+        ));
+    };
+    let op_len = if spec[i..].starts_with("===") { 3 } else { 2 };
+    let name = spec[..i].split('[').next().unwrap_or("").trim();
+    let version = spec[i + op_len..].trim();
+    if version.contains([',', '<', '>', '!', '~', '*']) {
+        return Err(perr(
+            file,
+            line,
+            format!("{spec:?} is not one exact version"),
+        ));
+    }
+    normalize(Ecosystem::Pypi, name).map_err(|e| perr(file, line, e))?;
+    check_version(file, line, Ecosystem::Pypi, name, version)?;
+    let mut sha256 = Vec::new();
+    for h in hashes {
+        match sha_of(h) {
+            Some(d) => sha256.push(d),
+            None if h.starts_with("sha256:") => {
+                return Err(perr(file, line, format!("bad hash {h:?}")))
+            }
+            // pip accepts sha384/sha512 too; DESIGN's pins are sha256.
+            None => {}
+        }
+    }
+    c.pins.push(Pin {
+        eco: Ecosystem::Pypi,
+        name: name.to_string(),
+        version: version.to_string(),
+        sha256,
+    });
     Ok(())
 }
 

@@ -296,71 +296,13 @@ impl Reloader {
     /// metadata poll, until `shutdown` fires.
     pub async fn run(mut self, mut sighup: mpsc::UnboundedReceiver<()>, mut shutdown: Shutdown) {
         let (tx, mut rx) = mpsc::unbounded_channel::<()>();
-        let tx2 = tx.clone();
-        // The parent directory is watched for renames of the policy path
-        // itself; everything else there (a decision log written beside the
-        // policy, say) must not cost a re-read per event.
-        let policy_path = self.path.clone();
-        let grants_path = self.grants.clone();
-        let watcher = notify::recommended_watcher(move |res: notify::Result<notify::Event>| {
-            use notify::event::{AccessKind, AccessMode, EventKind};
-            let relevant = match &res {
-                // inotify reports opens and read-only closes too: our own
-                // re-read of the policy would trigger the next one, forever
-                // (a read and SHA-256 of the whole policy every DEBOUNCE).
-                Ok(ev)
-                    if matches!(
-                        ev.kind,
-                        EventKind::Access(
-                            AccessKind::Open(_)
-                                | AccessKind::Read
-                                | AccessKind::Close(AccessMode::Read)
-                        )
-                    ) =>
-                {
-                    false
-                }
-                Ok(ev) => {
-                    ev.paths.is_empty()
-                        || ev.paths.iter().any(|p| {
-                            p.starts_with(&policy_path)
-                                || grants_path.as_ref().is_some_and(|g| p.starts_with(g))
-                        })
-                }
-                Err(_) => true,
-            };
-            if relevant {
-                let _ = tx2.send(());
-            }
-        });
-        let mut watcher = match watcher {
-            Ok(w) => Some(w),
-            Err(e) => {
-                eprintln!("egressd: file watcher unavailable ({e}); polling the policy every {POLL_EVERY:?}");
-                None
-            }
-        };
+        let mut watcher = watcher(self.path.clone(), self.grants.clone(), tx.clone());
         let mut watched: Vec<PathBuf> = Vec::new();
         let grants = self.grants.clone();
-        let rewatch = |w: &mut Option<notify::RecommendedWatcher>,
-                       watched: &mut Vec<PathBuf>,
-                       path: &Path| {
-            let Some(w) = w.as_mut() else { return };
-            for p in watched.drain(..) {
-                let _ = w.unwatch(&p);
-            }
-            let parent = path
-                .parent()
-                .filter(|p| !p.as_os_str().is_empty())
-                .unwrap_or(Path::new("."));
-            let own_grants = path.join(policy::GRANTS_DIR);
-            let grants = grants.as_deref().unwrap_or(&own_grants);
-            for p in [parent, path, grants] {
-                if p.is_dir() && w.watch(p, RecursiveMode::NonRecursive).is_ok() {
-                    watched.push(p.to_path_buf());
-                }
-            }
-        };
+        let rewatch =
+            |w: &mut Option<notify::RecommendedWatcher>,
+             watched: &mut Vec<PathBuf>,
+             path: &Path| { rewatch(w, watched, path, grants.as_deref()) };
         rewatch(&mut watcher, &mut watched, &self.path);
         let mut stamp = self.fingerprint();
         // A change made between the first load and this point raised no
@@ -395,6 +337,83 @@ impl Reloader {
                 // The directory itself may have been replaced (a symlink swap).
                 rewatch(&mut watcher, &mut watched, &path);
             }
+        }
+    }
+}
+
+/// A watcher of the policy path and the grants, whose relevant events
+/// send on `tx` (`None`: no watcher; the poll still sees changes).
+fn watcher(
+    policy_path: PathBuf,
+    grants_path: Option<PathBuf>,
+    tx: mpsc::UnboundedSender<()>,
+) -> Option<notify::RecommendedWatcher> {
+    // The parent directory is watched for renames of the policy path
+    // itself; everything else there (a decision log written beside the
+    // policy, say) must not cost a re-read per event.
+    let watcher = notify::recommended_watcher(move |res: notify::Result<notify::Event>| {
+        use notify::event::{AccessKind, AccessMode, EventKind};
+        let relevant = match &res {
+            // inotify reports opens and read-only closes too: our own
+            // re-read of the policy would trigger the next one, forever
+            // (a read and SHA-256 of the whole policy every DEBOUNCE).
+            Ok(ev)
+                if matches!(
+                    ev.kind,
+                    EventKind::Access(
+                        AccessKind::Open(_)
+                            | AccessKind::Read
+                            | AccessKind::Close(AccessMode::Read)
+                    )
+                ) =>
+            {
+                false
+            }
+            Ok(ev) => {
+                ev.paths.is_empty()
+                    || ev.paths.iter().any(|p| {
+                        p.starts_with(&policy_path)
+                            || grants_path.as_ref().is_some_and(|g| p.starts_with(g))
+                    })
+            }
+            Err(_) => true,
+        };
+        if relevant {
+            let _ = tx.send(());
+        }
+    });
+    match watcher {
+        Ok(w) => Some(w),
+        Err(e) => {
+            eprintln!(
+                "egressd: file watcher unavailable ({e}); polling the policy every {POLL_EVERY:?}"
+            );
+            None
+        }
+    }
+}
+
+/// Watches `path`, its parent directory and the grants directory (none
+/// recursively) instead of what `watched` held.
+fn rewatch(
+    w: &mut Option<notify::RecommendedWatcher>,
+    watched: &mut Vec<PathBuf>,
+    path: &Path,
+    grants: Option<&Path>,
+) {
+    let Some(w) = w.as_mut() else { return };
+    for p in watched.drain(..) {
+        let _ = w.unwatch(&p);
+    }
+    let parent = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let own_grants = path.join(policy::GRANTS_DIR);
+    let grants = grants.unwrap_or(&own_grants);
+    for p in [parent, path, grants] {
+        if p.is_dir() && w.watch(p, RecursiveMode::NonRecursive).is_ok() {
+            watched.push(p.to_path_buf());
         }
     }
 }

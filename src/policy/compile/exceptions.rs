@@ -35,20 +35,7 @@ pub(super) fn exceptions(
     env: &dyn Fn(&str) -> Option<String>,
     errs: &mut Errors,
 ) -> (Vec<Exception>, Matcher, Vec<Range<usize>>) {
-    let (mut total, mut hosts) = (0, 0);
-    for f in files {
-        match &f.body {
-            Body::Raw(raw) => {
-                total += raw.exceptions.len();
-                hosts += raw.exceptions.iter().map(|r| r.hosts.len()).sum::<usize>();
-            }
-            Body::Copied(copied) => {
-                total += copied.len();
-                hosts += copied.iter().map(|e| e.hosts.len()).sum::<usize>();
-            }
-            Body::Unparsed => unreachable!("every file is parsed or copied by now"),
-        }
-    }
+    let (total, hosts) = room(files);
     // Exactly the room needed: growing by doubling would leave 100k
     // exceptions in room for 131k (4 MB never used).
     let mut exceptions = Vec::with_capacity(total);
@@ -62,16 +49,6 @@ pub(super) fn exceptions(
         let src = f.src;
         let file: Arc<Path> = src.path.as_path().into();
         let start = exceptions.len();
-        let mut add = |e: Exception, matcher: &mut Matcher| {
-            let idx = exceptions.len() as u32;
-            for h in &e.hosts {
-                matcher.add_host(h, idx);
-            }
-            for c in &e.cidrs {
-                matcher.add_cidr(c, idx);
-            }
-            exceptions.push(e);
-        };
         match &f.body {
             Body::Raw(raw) => {
                 if src.grant {
@@ -98,7 +75,7 @@ pub(super) fn exceptions(
                     };
                     let mut e = exception(r, place, owner, clients, &mut globs, env, errs);
                     grant(r, &mut e, src, at, &settings.grants, errs);
-                    add(e, &mut matcher);
+                    add(&mut exceptions, &mut matcher, e);
                 }
             }
             Body::Copied(copied) => {
@@ -121,7 +98,8 @@ pub(super) fn exceptions(
                         .entry(&*e.owner)
                         .or_insert_with(|| (*e.owner).into())
                         .clone();
-                    add(copy(e, file.clone(), owner, &mut globs), &mut matcher);
+                    let e = copy(e, file.clone(), owner, &mut globs);
+                    add(&mut exceptions, &mut matcher, e);
                 }
             }
             Body::Unparsed => unreachable!("every file is parsed or copied by now"),
@@ -129,6 +107,37 @@ pub(super) fn exceptions(
         ranges.push(start..exceptions.len());
     }
     (exceptions, matcher, ranges)
+}
+
+/// How many exceptions, and host patterns, the files hold.
+fn room(files: &[File<'_, '_>]) -> (usize, usize) {
+    let (mut total, mut hosts) = (0, 0);
+    for f in files {
+        match &f.body {
+            Body::Raw(raw) => {
+                total += raw.exceptions.len();
+                hosts += raw.exceptions.iter().map(|r| r.hosts.len()).sum::<usize>();
+            }
+            Body::Copied(copied) => {
+                total += copied.len();
+                hosts += copied.iter().map(|e| e.hosts.len()).sum::<usize>();
+            }
+            Body::Unparsed => unreachable!("every file is parsed or copied by now"),
+        }
+    }
+    (total, hosts)
+}
+
+/// Appends `e`, its hosts and CIDRs indexed in `matcher`.
+fn add(exceptions: &mut Vec<Exception>, matcher: &mut Matcher, e: Exception) {
+    let idx = exceptions.len() as u32;
+    for h in &e.hosts {
+        matcher.add_host(h, idx);
+    }
+    for c in &e.cidrs {
+        matcher.add_cidr(c, idx);
+    }
+    exceptions.push(e);
 }
 
 /// A file of the grants directory holds one exception and nothing else.
