@@ -324,18 +324,8 @@ impl Handler {
                 if !d.is_allowed() {
                     deny(policy, d.reason, ev.id)
                 } else {
-                    let cached = !self.resolver.remembering_answers() && {
-                        let key = Key::new(&q, d.exception);
-                        let at = std::time::Instant::now();
-                        let out = &mut scratch.out;
-                        match self.cache.answer(policy, &key, &q, max_size, at, out) {
-                            Some(rcode) => {
-                                ev.rcode = Some(rcode_name(ResponseCode::from_low(rcode as u8)));
-                                true
-                            }
-                            None => false,
-                        }
-                    };
+                    let out = &mut scratch.out;
+                    let cached = self.cached(policy, &q, &d, max_size, &mut ev, out);
                     // A miss takes its slot before it spends anything.
                     let slot = match (cached, slots) {
                         (false, Some(s)) => match s.take(&who) {
@@ -383,6 +373,32 @@ impl Handler {
         };
         drop(who);
         self.answer_with(&q, max_size, reply, ev, scratch)
+    }
+
+    /// Whether the answer cache held an answer to `q` as `d` allowed it
+    /// (written into `out`, its code on `ev`). Never while answers are
+    /// remembered for capture: each answer must pass through the resolver.
+    fn cached(
+        &self,
+        policy: &Arc<Policy>,
+        q: &codec::Query<'_>,
+        d: &Decision<'_>,
+        max_size: u16,
+        ev: &mut Event,
+        out: &mut Vec<u8>,
+    ) -> bool {
+        if self.resolver.remembering_answers() {
+            return false;
+        }
+        let key = Key::new(q, d.exception);
+        let at = std::time::Instant::now();
+        match self.cache.answer(policy, &key, q, max_size, at, out) {
+            Some(rcode) => {
+                ev.rcode = Some(rcode_name(ResponseCode::from_low(rcode as u8)));
+                true
+            }
+            None => false,
+        }
     }
 
     /// Writes `reply` to `q` into `scratch.out` and records `ev`.

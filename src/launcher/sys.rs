@@ -829,6 +829,12 @@ pub fn add_default_route_via_lo(src: std::net::IpAddr) -> io::Result<()> {
     msg[6..8].copy_from_slice(&flags.to_ne_bytes());
     msg[8..12].copy_from_slice(&1u32.to_ne_bytes()); // sequence number
 
+    netlink_request(&msg)
+}
+
+/// Sends one rtnetlink request `msg` to the kernel and waits for its
+/// acknowledgement (the error it carries, if any).
+fn netlink_request(msg: &[u8]) -> io::Result<()> {
     // SAFETY: a fresh socket descriptor we own.
     let sock = unsafe {
         OwnedFd::from_raw_fd(check(libc::socket(
@@ -934,6 +940,61 @@ fn keep_across_exec(caps: &[u32]) -> io::Result<()> {
     Ok(())
 }
 
+/// Writes all of `data` to `fd` (retrying an interrupted write).
+fn write_all_fd(fd: BorrowedFd<'_>, data: &[u8]) -> io::Result<()> {
+    let mut written = 0;
+    while written < data.len() {
+        // SAFETY: the slice is valid for its length.
+        let r = unsafe {
+            libc::write(
+                fd.as_raw_fd(),
+                data[written..].as_ptr() as *const libc::c_void,
+                data.len() - written,
+            )
+        };
+        if r < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() != io::ErrorKind::Interrupted {
+                return Err(e);
+            }
+            continue;
+        }
+        written += r as usize;
+    }
+    Ok(())
+}
+
+/// Reads `fd` to its end, keeping the first 16 KiB or so: a program that
+/// prints without end cannot exhaust memory.
+fn read_bounded(fd: BorrowedFd<'_>) -> Vec<u8> {
+    let mut output = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        // SAFETY: `buf` is valid for its length.
+        let r = unsafe {
+            libc::read(
+                fd.as_raw_fd(),
+                buf.as_mut_ptr() as *mut libc::c_void,
+                buf.len(),
+            )
+        };
+        if r < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            break;
+        }
+        if r == 0 {
+            break;
+        }
+        if output.len() < 16 << 10 {
+            output.extend_from_slice(&buf[..r as usize]);
+        }
+    }
+    output
+}
+
 /// Runs `path` with `args` (and an empty environment), `input` as its
 /// standard input, and the capabilities `caps` of the caller's, and returns
 /// its exit status and what it wrote to stdout and stderr. For a
@@ -958,25 +1019,7 @@ pub fn run_program(
     if input.len() >= 64 << 10 {
         return Err(io::Error::other("input too large for a pipe"));
     }
-    let mut written = 0;
-    while written < input.len() {
-        // SAFETY: the slice is valid for its length.
-        let r = unsafe {
-            libc::write(
-                in_w.as_raw_fd(),
-                input[written..].as_ptr() as *const libc::c_void,
-                input.len() - written,
-            )
-        };
-        if r < 0 {
-            let e = io::Error::last_os_error();
-            if e.kind() != io::ErrorKind::Interrupted {
-                return Err(e);
-            }
-            continue;
-        }
-        written += r as usize;
-    }
+    write_all_fd(in_w.as_fd(), input)?;
     drop(in_w);
     let mut argv = vec![path.to_owned()];
     argv.extend(args.iter().cloned());
@@ -1001,32 +1044,7 @@ pub fn run_program(
     }
     drop(in_r);
     drop(out_w);
-    let mut output = Vec::new();
-    let mut buf = [0u8; 4096];
-    loop {
-        // SAFETY: `buf` is valid for its length.
-        let r = unsafe {
-            libc::read(
-                out_r.as_raw_fd(),
-                buf.as_mut_ptr() as *mut libc::c_void,
-                buf.len(),
-            )
-        };
-        if r < 0 {
-            let e = io::Error::last_os_error();
-            if e.kind() == io::ErrorKind::Interrupted {
-                continue;
-            }
-            break;
-        }
-        if r == 0 {
-            break;
-        }
-        // Bounded: a program that prints without end cannot exhaust memory.
-        if output.len() < 16 << 10 {
-            output.extend_from_slice(&buf[..r as usize]);
-        }
-    }
+    let output = read_bounded(out_r.as_fd());
     let (_, status) = wait(pid, false)?;
     Ok((status, String::from_utf8_lossy(&output).into_owned()))
 }

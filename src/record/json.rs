@@ -61,6 +61,13 @@ impl Event {
         uint(out, self.bytes_down);
         out.extend_from_slice(b",\"duration_ms\":");
         uint(out, self.duration_ms);
+        self.write_optional(out);
+        out.extend_from_slice(b"}\n");
+    }
+
+    /// The fields a line has only when they apply: the event and id, the
+    /// grant, package, git and origin objects, the DNS and error texts.
+    fn write_optional(&self, out: &mut Vec<u8>) {
         if let Some(e) = self.event {
             out.extend_from_slice(b",\"event\":");
             word(out, e.as_str());
@@ -99,7 +106,6 @@ impl Event {
                 json_str(out, v);
             }
         }
-        out.extend_from_slice(b"}\n");
     }
 }
 

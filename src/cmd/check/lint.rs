@@ -598,34 +598,7 @@ fn shadows(a: &Exception, b: &Exception, now: i64) -> bool {
 /// the time it takes to load.
 fn shadowed(policy: &Policy, now: i64, out: &mut Vec<Warning>) {
     let ex = &policy.exceptions;
-    let mut exact: HashMap<&str, Vec<usize>> = HashMap::new();
-    let mut subs: HashMap<&str, Vec<usize>> = HashMap::new();
-    let mut globs: HashMap<&str, Vec<usize>> = HashMap::new();
-    let mut nets: HashMap<IpNet, Vec<usize>> = HashMap::new();
-    for (i, e) in ex.iter().enumerate() {
-        for h in &e.hosts {
-            let map = match h {
-                HostPattern::Exact(_) => &mut exact,
-                HostPattern::Subdomains(_) => &mut subs,
-                HostPattern::LabelGlob { .. } => &mut globs,
-            };
-            let v = map.entry(h.fixed_suffix().as_str()).or_default();
-            if v.last() != Some(&i) {
-                v.push(i);
-            }
-        }
-        for n in &e.cidrs {
-            let v = nets.entry(*n).or_default();
-            if v.last() != Some(&i) {
-                v.push(i);
-            }
-        }
-    }
-    let get = |m: &HashMap<&str, Vec<usize>>, k: &str, acc: &mut Vec<usize>| {
-        if let Some(v) = m.get(k) {
-            acc.extend_from_slice(v);
-        }
-    };
+    let index = Named::of(ex);
     let mut cands = Vec::new();
     for (j, b) in ex.iter().enumerate() {
         if b.is_expired(now) || b.clients().is_some_and(|c| c.is_empty()) {
@@ -633,35 +606,7 @@ fn shadowed(policy: &Policy, now: i64, out: &mut Vec<Warning>) {
             continue;
         }
         cands.clear();
-        if let Some(h) = b.hosts.first() {
-            let name = h.fixed_suffix().as_str();
-            if let HostPattern::Exact(_) = h {
-                get(&exact, name, &mut cands);
-                if let Some((_, rest)) = name.split_once('.') {
-                    get(&globs, rest, &mut cands);
-                }
-            } else {
-                get(&subs, name, &mut cands);
-                if let HostPattern::LabelGlob { .. } = h {
-                    get(&globs, name, &mut cands);
-                }
-            }
-            let mut rest = name;
-            while let Some((_, r)) = rest.split_once('.') {
-                get(&subs, r, &mut cands);
-                rest = r;
-            }
-        } else if let Some(n) = b.cidrs.first() {
-            for len in (0..=n.prefix_len()).rev() {
-                let sup = match n {
-                    IpNet::V4(x) => IpNet::V4(Ipv4Net::new(x.network(), len).unwrap().trunc()),
-                    IpNet::V6(x) => IpNet::V6(Ipv6Net::new(x.network(), len).unwrap().trunc()),
-                };
-                if let Some(v) = nets.get(&sup) {
-                    cands.extend_from_slice(v);
-                }
-            }
-        }
+        index.candidates(b, &mut cands);
         cands.sort_unstable();
         cands.dedup();
         if let Some(&i) = cands
@@ -684,6 +629,86 @@ fn shadowed(policy: &Policy, now: i64, out: &mut Vec<Warning>) {
                     a.line
                 ),
             });
+        }
+    }
+}
+
+/// The exceptions by what they name: host patterns by their fixed suffix
+/// (exact names, `*.` subdomains, label globs) and networks.
+struct Named<'p> {
+    exact: HashMap<&'p str, Vec<usize>>,
+    subs: HashMap<&'p str, Vec<usize>>,
+    globs: HashMap<&'p str, Vec<usize>>,
+    nets: HashMap<IpNet, Vec<usize>>,
+}
+
+impl<'p> Named<'p> {
+    fn of(ex: &'p [crate::policy::Exception]) -> Self {
+        let mut n = Named {
+            exact: HashMap::new(),
+            subs: HashMap::new(),
+            globs: HashMap::new(),
+            nets: HashMap::new(),
+        };
+        for (i, e) in ex.iter().enumerate() {
+            for h in &e.hosts {
+                let map = match h {
+                    HostPattern::Exact(_) => &mut n.exact,
+                    HostPattern::Subdomains(_) => &mut n.subs,
+                    HostPattern::LabelGlob { .. } => &mut n.globs,
+                };
+                let v = map.entry(h.fixed_suffix().as_str()).or_default();
+                if v.last() != Some(&i) {
+                    v.push(i);
+                }
+            }
+            for c in &e.cidrs {
+                let v = n.nets.entry(*c).or_default();
+                if v.last() != Some(&i) {
+                    v.push(i);
+                }
+            }
+        }
+        n
+    }
+
+    /// The exceptions that could shadow `b` (any order, repeats): those
+    /// naming its first host or a pattern above it, or a network holding
+    /// its first network.
+    fn candidates(&self, b: &crate::policy::Exception, cands: &mut Vec<usize>) {
+        let get = |m: &HashMap<&str, Vec<usize>>, k: &str, acc: &mut Vec<usize>| {
+            if let Some(v) = m.get(k) {
+                acc.extend_from_slice(v);
+            }
+        };
+        if let Some(h) = b.hosts.first() {
+            let name = h.fixed_suffix().as_str();
+            if let HostPattern::Exact(_) = h {
+                get(&self.exact, name, cands);
+                if let Some((_, rest)) = name.split_once('.') {
+                    get(&self.globs, rest, cands);
+                }
+            } else {
+                get(&self.subs, name, cands);
+                if let HostPattern::LabelGlob { .. } = h {
+                    get(&self.globs, name, cands);
+                }
+            }
+            let mut rest = name;
+            while let Some((_, r)) = rest.split_once('.') {
+                get(&self.subs, r, cands);
+                rest = r;
+            }
+        } else if let Some(n) = b.cidrs.first() {
+            for len in (0..=n.prefix_len()).rev() {
+                let sup = match n {
+                    IpNet::V4(x) => IpNet::V4(Ipv4Net::new(x.network(), len).unwrap().trunc()),
+                    IpNet::V6(x) => IpNet::V6(Ipv6Net::new(x.network(), len).unwrap().trunc()),
+                };
+                if let Some(v) = self.nets.get(&sup) {
+                    cands.extend_from_slice(v);
+                }
+            }
         }
     }
 }

@@ -142,6 +142,12 @@ fn answer(
         return Ok(false);
     }
     writeln!(out, "verdict: allow{named}: {r} may be created or updated")?;
+    push_rules(push, out)?;
+    Ok(true)
+}
+
+/// What a push that may update the ref must still be.
+fn push_rules(push: &crate::policy::git::PushRules, out: &mut dyn Write) -> io::Result<()> {
     writeln!(
         out,
         "rules:   {}; {}; push at most {} bytes",
@@ -164,7 +170,7 @@ fn answer(
             push.deny_path_patterns.join(", ")
         )?;
     }
-    Ok(true)
+    Ok(())
 }
 
 #[cfg(test)]

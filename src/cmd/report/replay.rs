@@ -72,6 +72,39 @@ pub struct Replay {
     pub untracked: u64,
 }
 
+/// What a line asked for, as `decide_target` reads it (the target,
+/// whether inside an intercepted tunnel) and as the report names it;
+/// `Err(why)` when a replay cannot ask it again.
+fn target_of(l: &LogLine<'_>, dest: &str) -> Result<(String, bool, String), String> {
+    let port = l.port.unwrap_or(0);
+    let method = l.method.as_deref().unwrap_or("GET");
+    let path = l.path.as_deref().unwrap_or("/");
+    let host = bracket(dest);
+    match &*l.proto {
+        "dns" => Ok((
+            format!("dns:{dest}/{}", l.qtype.as_deref().unwrap_or("A")),
+            false,
+            format!("dns {dest} {}", l.qtype.as_deref().unwrap_or("A")),
+        )),
+        "connect" => Ok((
+            format!("{host}:{port}"),
+            l.note.as_deref().is_some_and(|n| n.contains("intercept")),
+            format!("CONNECT {host}:{port}"),
+        )),
+        "http" => Ok((
+            format!("{method} http://{host}:{port}{path}"),
+            false,
+            format!("{method} http://{host}:{port}"),
+        )),
+        "tls" => Ok((
+            format!("{method} https://{host}:{port}{path}"),
+            true,
+            format!("{method} https://{host}:{port} (intercepted)"),
+        )),
+        other => Err(format!("proto {other}")),
+    }
+}
+
 impl Replay {
     /// Decides one logged line again under `policy` as of `now`.
     pub fn add(&mut self, policy: &Policy, l: &LogLine<'_>, now: i64) {
@@ -94,32 +127,9 @@ impl Replay {
             // Depends on what the name resolved to; a replay does not resolve.
             return skip(self, "private_address (name)");
         }
-        let port = l.port.unwrap_or(0);
-        let method = l.method.as_deref().unwrap_or("GET");
-        let path = l.path.as_deref().unwrap_or("/");
-        let host = bracket(dest);
-        let (target, intercept, what) = match &*l.proto {
-            "dns" => (
-                format!("dns:{dest}/{}", l.qtype.as_deref().unwrap_or("A")),
-                false,
-                format!("dns {dest} {}", l.qtype.as_deref().unwrap_or("A")),
-            ),
-            "connect" => (
-                format!("{host}:{port}"),
-                l.note.as_deref().is_some_and(|n| n.contains("intercept")),
-                format!("CONNECT {host}:{port}"),
-            ),
-            "http" => (
-                format!("{method} http://{host}:{port}{path}"),
-                false,
-                format!("{method} http://{host}:{port}"),
-            ),
-            "tls" => (
-                format!("{method} https://{host}:{port}{path}"),
-                true,
-                format!("{method} https://{host}:{port} (intercepted)"),
-            ),
-            other => return skip(self, &format!("proto {other}")),
+        let (target, intercept, what) = match target_of(l, dest) {
+            Ok(t) => t,
+            Err(why) => return skip(self, &why),
         };
         let client = client_in(policy, l);
         let d = match decide_target(policy, client, &target, intercept, now) {
