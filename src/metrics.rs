@@ -460,9 +460,8 @@ impl Metrics {
             hot_requests,
             hot_denied,
             hot_duration: Proto::ALL
-                .iter()
                 .map(|p| duration.with_label_values(&[p.as_str()]))
-                .collect(),
+                .into(),
             hot_bytes: [
                 bytes.with_label_values(&["up"]),
                 bytes.with_label_values(&["down"]),

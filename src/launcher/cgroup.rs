@@ -254,6 +254,45 @@ fn make_dir(dir: &Path) -> Result<(), String> {
     .map_err(|e| format!("cannot create {}: {e}", dir.display()))
 }
 
+/// The controllers on for `parent`'s children, after enabling those the
+/// limits want (what cannot be is said in `left`).
+fn enable_controllers(parent: &Path, left: &mut Uncovered) -> Vec<String> {
+    let read = |f: &str| std::fs::read_to_string(parent.join(f)).unwrap_or_default();
+    let mut on: Vec<String> = read("cgroup.subtree_control")
+        .split_whitespace()
+        .map(str::to_string)
+        .collect();
+    let available = read("cgroup.controllers");
+    for (flag, ctrl, wanted) in [
+        ("--memory", "memory", left.limits.memory.is_some()),
+        ("--pids", "pids", left.limits.pids.is_some()),
+    ] {
+        if !wanted || on.iter().any(|c| c == ctrl) {
+            continue;
+        }
+        if !available.split_whitespace().any(|c| c == ctrl) {
+            left.why.push((
+                flag,
+                format!("cgroup v2 has no {ctrl} controller in {}", parent.display()),
+            ));
+            continue;
+        }
+        // The hierarchy's root may hand a controller to children even
+        // while it holds processes; any other group refuses (EBUSY).
+        match std::fs::write(parent.join("cgroup.subtree_control"), format!("+{ctrl}")) {
+            Ok(()) => on.push(ctrl.to_string()),
+            Err(e) => left.why.push((
+                flag,
+                format!(
+                    "cannot enable the {ctrl} controller in {}: {e}",
+                    parent.display()
+                ),
+            )),
+        }
+    }
+    on
+}
+
 impl Cgroups {
     fn add_v2(&mut self, h: &Hierarchy, name: &str, left: &mut Uncovered) {
         let parent = match h.own.parent() {
@@ -261,39 +300,7 @@ impl Cgroups {
             Some(p) => p.to_path_buf(),
             None => return,
         };
-        let read = |f: &str| std::fs::read_to_string(parent.join(f)).unwrap_or_default();
-        let mut on: Vec<String> = read("cgroup.subtree_control")
-            .split_whitespace()
-            .map(str::to_string)
-            .collect();
-        let available = read("cgroup.controllers");
-        for (flag, ctrl, wanted) in [
-            ("--memory", "memory", left.limits.memory.is_some()),
-            ("--pids", "pids", left.limits.pids.is_some()),
-        ] {
-            if !wanted || on.iter().any(|c| c == ctrl) {
-                continue;
-            }
-            if !available.split_whitespace().any(|c| c == ctrl) {
-                left.why.push((
-                    flag,
-                    format!("cgroup v2 has no {ctrl} controller in {}", parent.display()),
-                ));
-                continue;
-            }
-            // The hierarchy's root may hand a controller to children even
-            // while it holds processes; any other group refuses (EBUSY).
-            match std::fs::write(parent.join("cgroup.subtree_control"), format!("+{ctrl}")) {
-                Ok(()) => on.push(ctrl.to_string()),
-                Err(e) => left.why.push((
-                    flag,
-                    format!(
-                        "cannot enable the {ctrl} controller in {}: {e}",
-                        parent.display()
-                    ),
-                )),
-            }
-        }
+        let on = enable_controllers(&parent, left);
         let memory = left
             .limits
             .memory

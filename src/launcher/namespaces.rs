@@ -174,60 +174,21 @@ pub fn create(plan: &Plan, setup: &Setup) -> Result<(Sandbox, InsideSockets), Se
         .map_err(|e| SetupError::io("cannot set a timeout", e))?;
 
     let mut init: Option<(pid_t, OwnedFd)> = None;
-    let mut sockets: Option<Vec<OwnedFd>> = None;
-    let failure = loop {
-        if init.is_some() && sockets.is_some() {
-            break None;
-        }
-        let mut buf = [0u8; 4096];
-        match sys::recv(ours.as_fd(), &mut buf) {
-            Ok((0, _)) => {
-                break Some(SetupError(
-                    "the sandbox ended during setup without saying why".into(),
-                ))
+    let failure = handshake(plan, outer, &ours, &mut init);
+    let sockets = match failure {
+        Ok(sockets) => sockets,
+        Err(e) => {
+            if let Some((_, pidfd)) = &init {
+                let _ = sys::pidfd_send_signal(pidfd.as_fd(), libc::SIGKILL);
+            } else {
+                let _ = sys::kill(outer, libc::SIGKILL);
             }
-            Ok((n, mut fds)) => match buf[0] {
-                b'U' => {
-                    if let Err(e) = write_id_maps(plan, outer) {
-                        break Some(e);
-                    }
-                    if let Err(e) = sys::send(ours.as_fd(), b"M", &[]) {
-                        break Some(SetupError::io("lost contact with the sandbox", e));
-                    }
-                }
-                b'P' if fds.len() == 1 => {
-                    let pid = std::str::from_utf8(&buf[1..n])
-                        .ok()
-                        .and_then(|s| s.parse().ok())
-                        .unwrap_or(0);
-                    init = Some((pid, fds.remove(0)));
-                }
-                b'R' if fds.len() >= 3 + usize::from(plan.transparent.is_some()) => {
-                    sockets = Some(fds)
-                }
-                b'E' => break Some(SetupError(String::from_utf8_lossy(&buf[1..n]).into_owned())),
-                _ => break Some(SetupError("unexpected message from the sandbox".into())),
-            },
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                break Some(SetupError(format!(
-                    "the sandbox was not ready within {}s",
-                    SETUP_DEADLINE.as_secs()
-                )))
-            }
-            Err(e) => break Some(SetupError::io("lost contact with the sandbox", e)),
+            let _ = sys::wait(outer, false);
+            return Err(e);
         }
     };
-    if let Some(e) = failure {
-        if let Some((_, pidfd)) = &init {
-            let _ = sys::pidfd_send_signal(pidfd.as_fd(), libc::SIGKILL);
-        } else {
-            let _ = sys::kill(outer, libc::SIGKILL);
-        }
-        let _ = sys::wait(outer, false);
-        return Err(e);
-    }
     let (init_pid, init) = init.expect("checked above");
-    let mut fds = sockets.expect("checked above").into_iter();
+    let mut fds = sockets.into_iter();
     let (p, u, t) = (fds.next(), fds.next(), fds.next());
     let inside = InsideSockets {
         proxy: TcpListener::from(p.expect("three descriptors")),
@@ -244,6 +205,61 @@ pub fn create(plan: &Plan, setup: &Setup) -> Result<(Sandbox, InsideSockets), Se
         },
         inside,
     ))
+}
+
+/// The setup's messages from the sandbox: the id maps asked for (`U`,
+/// written and answered `M`), init's pid and pidfd (`P`, kept in `init`
+/// as soon as it comes, so that a failure after it can kill init), the
+/// inside sockets (`R`), or an error (`E`).
+fn handshake(
+    plan: &Plan,
+    outer: pid_t,
+    ours: &OwnedFd,
+    init: &mut Option<(pid_t, OwnedFd)>,
+) -> Result<Vec<OwnedFd>, SetupError> {
+    let mut sockets: Option<Vec<OwnedFd>> = None;
+    loop {
+        if init.is_some() {
+            if let Some(s) = sockets.take() {
+                return Ok(s);
+            }
+        }
+        let mut buf = [0u8; 4096];
+        match sys::recv(ours.as_fd(), &mut buf) {
+            Ok((0, _)) => {
+                return Err(SetupError(
+                    "the sandbox ended during setup without saying why".into(),
+                ))
+            }
+            Ok((n, mut fds)) => match buf[0] {
+                b'U' => {
+                    write_id_maps(plan, outer)?;
+                    if let Err(e) = sys::send(ours.as_fd(), b"M", &[]) {
+                        return Err(SetupError::io("lost contact with the sandbox", e));
+                    }
+                }
+                b'P' if fds.len() == 1 => {
+                    let pid = std::str::from_utf8(&buf[1..n])
+                        .ok()
+                        .and_then(|s| s.parse().ok())
+                        .unwrap_or(0);
+                    *init = Some((pid, fds.remove(0)));
+                }
+                b'R' if fds.len() >= 3 + usize::from(plan.transparent.is_some()) => {
+                    sockets = Some(fds)
+                }
+                b'E' => return Err(SetupError(String::from_utf8_lossy(&buf[1..n]).into_owned())),
+                _ => return Err(SetupError("unexpected message from the sandbox".into())),
+            },
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                return Err(SetupError(format!(
+                    "the sandbox was not ready within {}s",
+                    SETUP_DEADLINE.as_secs()
+                )))
+            }
+            Err(e) => return Err(SetupError::io("lost contact with the sandbox", e)),
+        }
+    }
 }
 
 /// The launcher writes the sandbox's id maps, from outside: CMD's non-root

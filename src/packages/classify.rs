@@ -592,27 +592,16 @@ fn is_pep440(s: &str) -> bool {
 
 const NPM_ABBREVIATED: &str = "application/vnd.npm.install-v1+json";
 
-fn npm(segs: &[&str], trailing: bool, accept: Option<&str>) -> R<Classified> {
-    let eco = Ecosystem::Npm;
-    if trailing && !segs.is_empty() {
-        return why("npm paths do not end in /");
-    }
-    let Some(first) = segs.first() else {
-        return why("the registry root is not a package");
-    };
-    if *first == "-" {
-        return match segs {
-            ["-", "ping"] => Ok(Classified::Registry(eco, RegistryResource::NpmPing)),
-            _ => why("npm API endpoint outside the package gate (search, audit, login, …)"),
-        };
-    }
+/// An npm path's package name (scoped or not, its separator and `@`
+/// decoded) and the segments after it.
+fn npm_name<'s>(first: &str, segs: &'s [&'s str]) -> R<(String, &'s [&'s str])> {
     // The scope separator may be a `/` or `%2f`/`%2F` (DESIGN): both name
     // the same package, and `@` may come as `%40`.
     let first = match first.get(..3) {
         Some("%40") => format!("@{}", &first[3..]),
         _ => first.to_string(),
     };
-    let (raw_name, rest) = if let Some(scoped) = first.strip_prefix('@') {
+    Ok(if let Some(scoped) = first.strip_prefix('@') {
         if let Some((s, n)) = split_npm_scope(scoped).filter(|_| !scoped.contains('/')) {
             (format!("@{}/{}", dec(s)?, dec(n)?), &segs[1..])
         } else {
@@ -629,7 +618,24 @@ fn npm(segs: &[&str], trailing: bool, accept: Option<&str>) -> R<Classified> {
             return why("an encoded '-' is the registry's API prefix");
         }
         (n, &segs[1..])
+    })
+}
+
+fn npm(segs: &[&str], trailing: bool, accept: Option<&str>) -> R<Classified> {
+    let eco = Ecosystem::Npm;
+    if trailing && !segs.is_empty() {
+        return why("npm paths do not end in /");
+    }
+    let Some(first) = segs.first() else {
+        return why("the registry root is not a package");
     };
+    if *first == "-" {
+        return match segs {
+            ["-", "ping"] => Ok(Classified::Registry(eco, RegistryResource::NpmPing)),
+            _ => why("npm API endpoint outside the package gate (search, audit, login, …)"),
+        };
+    }
+    let (raw_name, rest) = npm_name(first, segs)?;
     let name = pkg(eco, &raw_name)?;
     match rest {
         [] => {

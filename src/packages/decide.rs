@@ -308,37 +308,13 @@ impl PackagePolicy {
             None => None,
         };
         let published = file.and_then(|f| f.published).or(facts.published);
-        match rules.version(version, published) {
-            Err(h) => {
-                let deny_reason = (h.reason == PackageReason::Denied)
-                    .then(|| rules.deny_reason_for(version))
-                    .flatten();
-                PackageDecision {
-                    deny_reason,
-                    ..PackageDecision::deny(h.reason, h.set)
-                }
-            }
-            Ok(ok) => {
-                if let Some(f) = file {
-                    if !ok.file_allowed(f.sha256.as_ref()) {
-                        return PackageDecision::deny(
-                            PackageReason::IntegrityMismatch,
-                            Some(ok.set),
-                        );
-                    }
-                }
-                let verify = if filename.is_some() && !metadata {
-                    ok.pins.clone()
-                } else {
-                    Vec::new()
-                };
-                PackageDecision {
-                    set: Some(ok.set),
-                    verify_sha256: verify,
-                    ..PackageDecision::new(Verdict::Allow)
-                }
-            }
-        }
+        version_decision(
+            &rules,
+            version,
+            published,
+            file,
+            filename.is_some() && !metadata,
+        )
     }
 
     /// "did you mean": the approved name (for this client, in a live set)
@@ -538,6 +514,46 @@ impl<'p> NameRules<'p> {
             .iter()
             .filter(|_| !self.denies_only)
             .map(|(s, e)| self.policy.min_age_of(s, e))
+    }
+}
+
+/// The decision on `version` (published at `published`, its `file` when
+/// a file is asked for): held, a digest that does not match, or allowed
+/// with the pins a `download` must match.
+fn version_decision<'p>(
+    rules: &NameRules<'p>,
+    version: &str,
+    published: Option<i64>,
+    file: Option<&crate::packages::view::FileFacts>,
+    download: bool,
+) -> PackageDecision<'p> {
+    match rules.version(version, published) {
+        Err(h) => {
+            let deny_reason = (h.reason == PackageReason::Denied)
+                .then(|| rules.deny_reason_for(version))
+                .flatten();
+            PackageDecision {
+                deny_reason,
+                ..PackageDecision::deny(h.reason, h.set)
+            }
+        }
+        Ok(ok) => {
+            if let Some(f) = file {
+                if !ok.file_allowed(f.sha256.as_ref()) {
+                    return PackageDecision::deny(PackageReason::IntegrityMismatch, Some(ok.set));
+                }
+            }
+            let verify = if download {
+                ok.pins.clone()
+            } else {
+                Vec::new()
+            };
+            PackageDecision {
+                set: Some(ok.set),
+                verify_sha256: verify,
+                ..PackageDecision::new(Verdict::Allow)
+            }
+        }
     }
 }
 

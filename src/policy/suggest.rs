@@ -265,7 +265,38 @@ pub fn exception_stub(
             st.key("clients", format!("[{c}]"));
         }
     }
-    match (&name, ip) {
+    destination(&mut st, a, reason, name.as_deref(), ip)?;
+    st.key("ports", format!("[{}]", a.port));
+    // Methods and paths are named only where the closest exception already
+    // restricts them: on HTTPS a restriction needs interception, so adding
+    // one to a new exception would turn an allow into inspection_required.
+    if reason == Reason::MethodNotAllowed {
+        if let Some(m) = a
+            .method
+            .filter(|m| m.bytes().all(|b| b.is_ascii_alphabetic()))
+        {
+            st.key("methods", format!("[{}]", m.to_ascii_uppercase()));
+        }
+    }
+    if reason == Reason::PathNotAllowed {
+        match a.path.filter(|p| literal_path(p)) {
+            Some(p) => st.key("paths", format!("[\"{p}\"]")),
+            None => st.todo("paths", "[]", "TODO: the paths the task needs"),
+        }
+    }
+    Some(st.yaml(now))
+}
+
+/// The destination's keys: the host (and, for a private address, its
+/// network) or the IP's network; `None` when there is neither.
+fn destination(
+    st: &mut Stub,
+    a: &Asked,
+    reason: Reason,
+    name: Option<&str>,
+    ip: Option<IpAddr>,
+) -> Option<()> {
+    match (name, ip) {
         (Some(n), _) => {
             st.key("hosts", format!("[{n}]"));
             if reason == Reason::PrivateAddress {
@@ -294,25 +325,7 @@ pub fn exception_stub(
         }
         (None, None) => return None,
     }
-    st.key("ports", format!("[{}]", a.port));
-    // Methods and paths are named only where the closest exception already
-    // restricts them: on HTTPS a restriction needs interception, so adding
-    // one to a new exception would turn an allow into inspection_required.
-    if reason == Reason::MethodNotAllowed {
-        if let Some(m) = a
-            .method
-            .filter(|m| m.bytes().all(|b| b.is_ascii_alphabetic()))
-        {
-            st.key("methods", format!("[{}]", m.to_ascii_uppercase()));
-        }
-    }
-    if reason == Reason::PathNotAllowed {
-        match a.path.filter(|p| literal_path(p)) {
-            Some(p) => st.key("paths", format!("[\"{p}\"]")),
-            None => st.todo("paths", "[]", "TODO: the paths the task needs"),
-        }
-    }
-    Some(st.yaml(now))
+    Some(())
 }
 
 /// Client ids use the exception id alphabet; anything else stays out of

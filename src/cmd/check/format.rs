@@ -269,6 +269,36 @@ fn sarif_rules() -> Vec<(&'static str, &'static str, Level)> {
     v
 }
 
+/// A replay's summary and changes, as notifications of the invocation.
+fn notifications(r: &Replayed) -> Vec<Value> {
+    let mut notifications = Vec::new();
+    let p = &r.replay;
+    notifications.push(json!({
+        "level": "note",
+        "descriptor": { "id": "replay" },
+        "message": { "text": format!(
+            "replayed {} of {} logged decisions: {} newly denied, {} newly allowed",
+            p.replayed, p.lines, p.newly_denied_total, p.newly_allowed_total
+        ) },
+    }));
+    for (id, level, map) in [
+        ("newly_denied", "warning", &p.newly_denied),
+        ("newly_allowed", "note", &p.newly_allowed),
+    ] {
+        for (k, ch) in largest_first(map) {
+            notifications.push(json!({
+                "level": level,
+                "descriptor": { "id": id },
+                "message": { "text": format!(
+                    "{} × {}: was {}, now {} (e.g. {})",
+                    ch.count, k.what, k.before, k.after, ch.example
+                ) },
+            }));
+        }
+    }
+    notifications
+}
+
 /// SARIF 2.1.0: one run of the `egressd` tool, its rules, a result per
 /// finding at its file:line:col; replayed changes as notifications of the
 /// invocation (they concern traffic, not a line of the policy).
@@ -306,33 +336,7 @@ pub fn sarif(
             })
         })
         .collect();
-    let mut notifications = Vec::new();
-    if let Some(r) = replay {
-        let p = &r.replay;
-        notifications.push(json!({
-            "level": "note",
-            "descriptor": { "id": "replay" },
-            "message": { "text": format!(
-                "replayed {} of {} logged decisions: {} newly denied, {} newly allowed",
-                p.replayed, p.lines, p.newly_denied_total, p.newly_allowed_total
-            ) },
-        }));
-        for (id, level, map) in [
-            ("newly_denied", "warning", &p.newly_denied),
-            ("newly_allowed", "note", &p.newly_allowed),
-        ] {
-            for (k, ch) in largest_first(map) {
-                notifications.push(json!({
-                    "level": level,
-                    "descriptor": { "id": id },
-                    "message": { "text": format!(
-                        "{} × {}: was {}, now {} (e.g. {})",
-                        ch.count, k.what, k.before, k.after, ch.example
-                    ) },
-                }));
-            }
-        }
-    }
+    let notifications = replay.map(notifications).unwrap_or_default();
     let doc = json!({
         "$schema": "https://json.schemastore.org/sarif-2.1.0.json",
         "version": "2.1.0",
