@@ -462,10 +462,7 @@ impl Metrics {
             hot_duration: Proto::ALL
                 .map(|p| duration.with_label_values(&[p.as_str()]))
                 .into(),
-            hot_bytes: [
-                bytes.with_label_values(&["up"]),
-                bytes.with_label_values(&["down"]),
-            ],
+            hot_bytes: ["up", "down"].map(|d| bytes.with_label_values(&[d])),
             registry: r,
             requests,
             denied,

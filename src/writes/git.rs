@@ -204,22 +204,7 @@ pub fn judge(rules: &PushRules, req: &PushRequest<'_>) -> Judgement {
             return finish_without_pack(rules, refs, first);
         };
         if !rules.force {
-            for v in refs.iter_mut() {
-                let c = &v.command;
-                if c.old != ZERO
-                    && c.new != ZERO
-                    && c.old != c.new
-                    && !fast_forward(p, &c.old, &c.new)
-                {
-                    let why = format!(
-                        "{} {}..{} is not a fast-forward egressd can prove from the pushed commits",
-                        c.name,
-                        short(&c.old),
-                        short(&c.new)
-                    );
-                    refuse(v, Reason::GitNotFastForward, why, &mut first);
-                }
-            }
+            fast_forwards(p, &mut refs, &mut first);
         }
         if !rules.deny_path_patterns.is_empty() {
             if let Some(path) = denied_path(p, rules) {
@@ -233,6 +218,22 @@ pub fn judge(rules: &PushRules, req: &PushRequest<'_>) -> Judgement {
     Judgement {
         refs,
         refused: first,
+    }
+}
+
+/// Refuses each update that `p` does not prove a fast-forward.
+fn fast_forwards(p: &Pack, refs: &mut [RefVerdict], first: &mut Option<(Reason, String)>) {
+    for v in refs.iter_mut() {
+        let c = &v.command;
+        if c.old != ZERO && c.new != ZERO && c.old != c.new && !fast_forward(p, &c.old, &c.new) {
+            let why = format!(
+                "{} {}..{} is not a fast-forward egressd can prove from the pushed commits",
+                c.name,
+                short(&c.old),
+                short(&c.new)
+            );
+            refuse(v, Reason::GitNotFastForward, why, first);
+        }
     }
 }
 

@@ -217,27 +217,7 @@ impl Pack {
         if pos != end {
             return Err(PackError::TrailingBytes);
         }
-        // Deltas, in rounds: a REF_DELTA's base may come later in the pack.
-        loop {
-            let mut progress = false;
-            for (i, id) in ids.iter_mut().enumerate() {
-                if id.is_some() {
-                    continue;
-                }
-                if let Some((kind, data)) = r.resolve(i, 0)? {
-                    let oid = object_id(kind, &data);
-                    r.by_id.insert(oid, i);
-                    if matches!(kind, Kind::Commit | Kind::Tree) {
-                        r.kept.insert(i, (kind, data.into()));
-                    }
-                    *id = Some((kind, oid));
-                    progress = true;
-                }
-            }
-            if !progress {
-                break;
-            }
-        }
+        r.resolve_deltas(&mut ids)?;
         let mut objects = HashMap::with_capacity(ids.len());
         let mut unresolved = 0;
         for (i, id) in ids.iter().enumerate() {
@@ -292,6 +272,32 @@ impl Pack {
 }
 
 impl Reading<'_> {
+    /// Deltas, in rounds: a REF_DELTA's base may come later in the pack.
+    /// Each object resolved gets its id in `ids` (commits and trees kept).
+    fn resolve_deltas(&mut self, ids: &mut [Option<(Kind, Oid)>]) -> Result<(), PackError> {
+        loop {
+            let mut progress = false;
+            for (i, id) in ids.iter_mut().enumerate() {
+                if id.is_some() {
+                    continue;
+                }
+                if let Some((kind, data)) = self.resolve(i, 0)? {
+                    let oid = object_id(kind, &data);
+                    self.by_id.insert(oid, i);
+                    if matches!(kind, Kind::Commit | Kind::Tree) {
+                        self.kept.insert(i, (kind, data.into()));
+                    }
+                    *id = Some((kind, oid));
+                    progress = true;
+                }
+            }
+            if !progress {
+                break;
+            }
+        }
+        Ok(())
+    }
+
     /// The entry at `pos`; for a base object, also its id (a blob is
     /// hashed while it inflates and not kept).
     fn read_entry(&mut self, pos: usize) -> Result<(Entry, Option<(Kind, Oid)>), PackError> {
