@@ -9,8 +9,6 @@
 //! Needs root (the registries' port 443); without it a test fails and
 //! says so.
 
-use std::process::Command;
-
 use crate::support::*;
 
 const JSON: &str = "application/vnd.pypi.simple.v1+json";
@@ -69,17 +67,13 @@ fn policy_yaml(extra_sets: &str, extra_settings: &str) -> String {
     )
 }
 
-/// A registry, egressd intercepting in front of it, and what curl needs:
-/// a [`Lab`] with a registry.
-type Gate = Lab;
-
 /// A fresh registry with `publish` done, then egressd with `policy(reg)`;
 /// Needs root (the registry listens on port 443).
 fn start(
     test: &str,
     publish: impl FnOnce(&Registry),
     policy: impl FnOnce(&Registry) -> String,
-) -> Gate {
+) -> Lab {
     start_with(test, publish, policy, "", |b| b)
 }
 
@@ -90,128 +84,12 @@ fn start_with(
     policy: impl FnOnce(&Registry) -> String,
     extra_ca: &str,
     more: impl FnOnce(Builder) -> Builder,
-) -> Gate {
+) -> Lab {
     need_root(test, "the fake registry listens on port 443");
     let l = lab().registry(extra_ca).egressd(more);
     publish(l.reg());
     let yaml = policy(l.reg());
     l.start(|_| yaml)
-}
-
-#[derive(Debug)]
-struct Curl {
-    /// curl's exit code (18/56: the transfer was cut).
-    code: i32,
-    status: u16,
-    /// The status line as received (`HTTP/1.1 403 Forbidden (egressd: …)`).
-    status_line: String,
-    headers: String,
-    body: Vec<u8>,
-}
-
-impl Curl {
-    fn header(&self, name: &str) -> Option<String> {
-        self.headers.lines().find_map(|l| {
-            let (k, v) = l.split_once(':')?;
-            k.trim()
-                .eq_ignore_ascii_case(name)
-                .then(|| v.trim().to_string())
-        })
-    }
-    fn text(&self) -> String {
-        String::from_utf8_lossy(&self.body).into_owned()
-    }
-    fn json(&self) -> serde_json::Value {
-        serde_json::from_slice(&self.body).unwrap_or_else(|e| panic!("{e}: {}", self.text()))
-    }
-}
-
-/// What the gate's tests do with a [`Gate`].
-trait GateClient {
-    fn curl(&self, args: &[&str], url: &str) -> Curl;
-    fn get(&self, url: &str) -> Curl;
-    fn lines_for(&self, path: &str, n: usize) -> Vec<serde_json::Value>;
-    fn line_for(&self, path: &str) -> serde_json::Value;
-    fn metric(&self, name: &str, labels: &[(&str, &str)]) -> f64;
-}
-
-impl GateClient for Gate {
-    /// curl through egressd, HTTP/1.1 (so the reason phrase is on the wire).
-    fn curl(&self, args: &[&str], url: &str) -> Curl {
-        let dir = self.scratch_dir();
-        let (h, b) = (dir.join("h"), dir.join("b"));
-        let _ = std::fs::remove_file(&h);
-        let _ = std::fs::remove_file(&b);
-        let out = Command::new("curl")
-            .args(["-sS", "--http1.1", "--max-time", "30", "--noproxy", ""])
-            .arg("--proxy")
-            .arg(format!("http://{}", self.e.proxy))
-            .arg("--cacert")
-            .arg(self.ca_pem())
-            .arg("-D")
-            .arg(&h)
-            .arg("-o")
-            .arg(&b)
-            .args(["-w", "%{http_code}"])
-            .args(args)
-            .arg(url)
-            .env_clear()
-            .env("PATH", std::env::var("PATH").unwrap_or_default())
-            .output()
-            .expect("run curl");
-        let headers = std::fs::read_to_string(&h).unwrap_or_default();
-        // The last response's head (after a 100 Continue or the CONNECT's).
-        let status_line = headers
-            .lines()
-            .rfind(|l| l.starts_with("HTTP/"))
-            .unwrap_or("")
-            .to_string();
-        Curl {
-            code: out.status.code().unwrap_or(-1),
-            status: String::from_utf8_lossy(&out.stdout).parse().unwrap_or(0),
-            status_line,
-            headers,
-            body: std::fs::read(&b).unwrap_or_default(),
-        }
-    }
-
-    fn get(&self, url: &str) -> Curl {
-        self.curl(&[], url)
-    }
-
-    /// The `tls` lines whose path is `path`, once there are `n` of them.
-    fn lines_for(&self, path: &str, n: usize) -> Vec<serde_json::Value> {
-        eventually(&format!("{n} line(s) for {path}"), || {
-            let l: Vec<_> = self
-                .e
-                .log_lines()
-                .into_iter()
-                .filter(|l| l["proto"] == "tls" && l["path"] == path)
-                .collect();
-            (l.len() >= n).then_some(l)
-        })
-    }
-
-    /// The one line for `path` (and proof there is only one).
-    fn line_for(&self, path: &str) -> serde_json::Value {
-        let l = self.lines_for(path, 1);
-        assert_eq!(l.len(), 1, "one request, one line: {l:?}");
-        l.into_iter().next().unwrap()
-    }
-
-    /// A sample of `name` whose labels include all of `labels`.
-    fn metric(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
-        let text = self.e.metrics_text();
-        text.lines()
-            .filter(|l| l.starts_with(name) && l[name.len()..].starts_with('{'))
-            .find(|l| {
-                labels
-                    .iter()
-                    .all(|(k, v)| l.contains(&format!("{k}=\"{v}\"")))
-            })
-            .and_then(|l| l.rsplit_once(' '))
-            .map_or(0.0, |(_, v)| v.parse().unwrap())
-    }
 }
 
 fn url(host: &str, path: &str) -> String {

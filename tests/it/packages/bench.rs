@@ -53,7 +53,7 @@ fn median(mut v: Vec<u64>) -> f64 {
 }
 
 struct Bench<'a> {
-    l: &'a PkgLab,
+    l: &'a RunLab,
     egressd: PathBuf,
     dir: tempfile::TempDir,
     /// System roots plus the registries' CA, for the direct runs.
@@ -157,7 +157,7 @@ fn system_bundle() -> &'static Path {
 fn install_benchmark() {
     let test = "packages::bench";
     have("npm", test);
-    let l = lab(test);
+    let l = run_lab(test);
     let runs: usize = std::env::var("EGRESSD_BENCH_RUNS")
         .ok()
         .and_then(|v| v.parse().ok())

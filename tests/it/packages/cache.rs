@@ -25,7 +25,7 @@ fn fetch(tag: &str, name: &str, flags: &str) -> String {
 
 /// The registry's requests for `name`'s packument that came from the
 /// sandbox's curl (egressd's own fetches have their own user agent).
-fn client_trips(l: &PkgLab, name: &str) -> usize {
+fn client_trips(l: &RunLab, name: &str) -> usize {
     l.reg
         .hits_for(&format!("/{name}"))
         .iter()
@@ -38,7 +38,7 @@ fn client_trips(l: &PkgLab, name: &str) -> usize {
 
 #[test]
 fn a_fresh_index_is_served_again_filtered_without_a_trip_to_the_registry() {
-    let l = lab("packages::cache::fresh_index");
+    let l = run_lab("packages::cache::fresh_index");
     for (name, cc) in [
         ("ic-kept", "public, max-age=300"),
         ("ic-nostore", "no-store"),

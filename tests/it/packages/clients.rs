@@ -66,7 +66,7 @@ fn all_allowed_inspected(r: &Outcome, host: &str) -> usize {
 #[test]
 fn pip_installs_through_egressd_intercepting() {
     let test = "packages::clients::pip";
-    let l = lab(test);
+    let l = run_lab(test);
     l.reg.publish(Eco::Pypi, "lab-beta", "2.0.0", 30 * DAY, &[]);
     l.reg.publish(
         Eco::Pypi,
@@ -108,7 +108,7 @@ fn pip_installs_through_egressd_intercepting() {
 fn npm_installs_through_egressd_intercepting() {
     let test = "packages::clients::npm";
     have("npm", test);
-    let l = lab(test);
+    let l = run_lab(test);
     l.reg.publish(Eco::Npm, "lab-right", "3.1.0", 30 * DAY, &[]);
     l.reg.publish(
         Eco::Npm,
@@ -140,7 +140,7 @@ fn npm_installs_through_egressd_intercepting() {
 #[test]
 fn cargo_locks_and_fetches_through_egressd_intercepting() {
     let test = "packages::clients::cargo";
-    let l = lab(test);
+    let l = run_lab(test);
     l.reg
         .publish(Eco::Cargo, "lab-leaf", "0.3.1", 30 * DAY, &[]);
     l.reg.publish(
@@ -181,7 +181,7 @@ fn cargo_locks_and_fetches_through_egressd_intercepting() {
 fn go_gets_through_egressd_intercepting() {
     let test = "packages::clients::go";
     have("go", test);
-    let l = lab(test);
+    let l = run_lab(test);
     let left = format!("{GO_PREFIX}/acme/Left");
     l.reg.publish(Eco::Go, &left, "v1.0.0", 30 * DAY, &[]);
     l.reg.publish(Eco::Go, &left, "v1.2.0", 20 * DAY, &[]);
@@ -207,7 +207,7 @@ fn go_gets_through_egressd_intercepting() {
 fn uv_installs_through_egressd_intercepting() {
     let test = "packages::clients::uv";
     have("uv", test);
-    let l = lab(test);
+    let l = run_lab(test);
     l.reg.publish(Eco::Pypi, "uv-dep", "0.9.0", 30 * DAY, &[]);
     l.reg
         .publish(Eco::Pypi, "uv-top", "1.0.0", 30 * DAY, &[("uv-dep", "<1")]);
@@ -228,7 +228,7 @@ fn uv_installs_through_egressd_intercepting() {
 fn pnpm_installs_through_egressd_intercepting() {
     let test = "packages::clients::pnpm";
     have("pnpm", test);
-    let l = lab(test);
+    let l = run_lab(test);
     l.reg.publish(Eco::Npm, "pn-right", "2.0.1", 30 * DAY, &[]);
     l.reg.publish(
         Eco::Npm,

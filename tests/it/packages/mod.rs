@@ -10,7 +10,8 @@
 //! `CARGO_HTTP_CAINFO`, `SSL_CERT_FILE`) and reach it through
 //! `HTTPS_PROXY`: no client is configured for a mirror or a proxy by hand.
 //!
-//! One registry and one fake DNS serve the whole module ([`lab`]); each
+//! One registry and one fake DNS serve the whole module
+//! ([`run_lab`](crate::support::run_lab)); each
 //! test publishes packages under names of its own and runs its own
 //! `egressd run` with its own policy.
 //!
@@ -30,60 +31,8 @@ mod cache;
 mod clients;
 mod scenarios;
 
-use std::path::PathBuf;
-use std::process::Command;
-use std::sync::OnceLock;
-
-use crate::support::sandbox::{run, Outcome};
+use crate::support::sandbox::Outcome;
 use crate::support::*;
-
-/// Go modules in the lab live under this prefix (and `GONOSUMDB` names it).
-pub(crate) const GO_PREFIX: &str = "git.lab.example";
-
-/// What every test of the module shares.
-pub(crate) struct PkgLab {
-    pub(crate) reg: Registry,
-    pub(crate) dns: FakeDns,
-    /// egressd's interception CA (`--ca-dir`).
-    certs: PathBuf,
-    /// The registries' CA (`--upstream-ca`).
-    reg_ca: PathBuf,
-    /// The Rust toolchain, shown read-only inside so cargo runs there.
-    toolchain: PathBuf,
-    _dir: tempfile::TempDir,
-}
-
-static LAB: OnceLock<PkgLab> = OnceLock::new();
-
-/// The module's lab, made on first use; it needs root (port 443,
-/// namespaces).
-pub(crate) fn lab(test: &str) -> &'static PkgLab {
-    need_root(test, "the package lab: port 443, namespaces");
-    LAB.get_or_init(make_lab)
-}
-
-fn make_lab() -> PkgLab {
-    let BehindEgressd {
-        reg,
-        dns,
-        certs,
-        reg_ca,
-        dir,
-    } = behind_egressd("");
-    let sysroot = Command::new("rustc")
-        .args(["--print", "sysroot"])
-        .output()
-        .expect("rustc --print sysroot");
-    let toolchain = PathBuf::from(String::from_utf8(sysroot.stdout).unwrap().trim());
-    PkgLab {
-        reg,
-        dns,
-        certs,
-        reg_ca,
-        toolchain,
-        _dir: dir,
-    }
-}
 
 /// Fails `test` unless `tool` is installed.
 pub(crate) fn have(tool: &str, test: &str) {
@@ -130,40 +79,6 @@ pub(crate) fn set(id: &str, eco: &str, allow: &[&str]) -> String {
          ecosystem: {eco}\n    allow:\n{}",
         items.concat()
     )
-}
-
-impl PkgLab {
-    /// `egressd run` with `policy`, intercepting, running `script` in `sh`.
-    pub(crate) fn run(&self, policy: &str, script: &str) -> Outcome {
-        let cargo_bin = self.toolchain.join("bin");
-        let path = format!("{}:/usr/local/bin:/usr/bin:/bin", cargo_bin.display());
-        let r = run()
-            .policy(policy)
-            .dns(self.dns.addr)
-            .arg("--ca-dir")
-            .arg(&self.certs)
-            .arg("--upstream-ca")
-            .arg(&self.reg_ca)
-            .arg("--ro")
-            .arg(&self.toolchain)
-            .arg("--env")
-            .arg(format!("PATH={path}"))
-            .arg("--env")
-            .arg(format!("GONOSUMDB={GO_PREFIX}"))
-            .arg("--env")
-            .arg("GOFLAGS=-modcacherw")
-            .arg("--timeout")
-            .arg("55s")
-            .cmd(&["sh", "-c", script]);
-        // What each client printed, for the client matrix in docs/packages.md.
-        if std::env::var_os("EGRESSD_LAB_SHOW").is_some() {
-            eprintln!(
-                "=== {script}\n--- stdout\n{}--- stderr\n{}",
-                r.stdout, r.stderr
-            );
-        }
-        r
-    }
 }
 
 /// An outcome's output and its decision log, for a failure message.

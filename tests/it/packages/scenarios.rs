@@ -35,7 +35,7 @@ fn assert_denied(r: &Outcome, name: &str, reason: &str) -> Value {
 
 #[test]
 fn pip_range_resolves_to_the_newest_allowed_and_skips_a_too_new_release() {
-    let l = lab("packages::scenarios::pip_range");
+    let l = run_lab("packages::scenarios::pip_range");
     for (v, age) in [("1.0", OLD), ("1.5", OLD), ("1.6", YOUNG), ("2.0", OLD)] {
         l.reg.publish(Eco::Pypi, "sc-range", v, age, &[]);
     }
@@ -62,7 +62,7 @@ fn pip_range_resolves_to_the_newest_allowed_and_skips_a_too_new_release() {
 fn npm_range_skips_a_too_new_release_and_latest_is_repointed() {
     let test = "packages::scenarios::npm_range";
     have("npm", test);
-    let l = lab(test);
+    let l = run_lab(test);
     for (v, age) in [("1.0.0", OLD), ("1.1.0", OLD), ("1.2.0", YOUNG)] {
         l.reg.publish(Eco::Npm, "sc-npm-young", v, age, &[]);
     }
@@ -84,7 +84,7 @@ fn npm_range_skips_a_too_new_release_and_latest_is_repointed() {
 
 #[test]
 fn cargo_fresh_lock_skips_a_version_held_by_policy() {
-    let l = lab("packages::scenarios::cargo_fresh_lock");
+    let l = run_lab("packages::scenarios::cargo_fresh_lock");
     for (v, age) in [("1.0.0", OLD), ("1.1.0", OLD), ("1.2.0", YOUNG)] {
         l.reg.publish(Eco::Cargo, "sc-crate", v, age, &[]);
     }
@@ -109,7 +109,7 @@ fn cargo_fresh_lock_skips_a_version_held_by_policy() {
 fn go_latest_skips_a_too_new_version() {
     let test = "packages::scenarios::go_latest";
     have("go", test);
-    let l = lab(test);
+    let l = run_lab(test);
     let m = format!("{GO_PREFIX}/acme/young");
     for (v, age) in [("v1.0.0", OLD), ("v1.1.0", OLD), ("v1.2.0", YOUNG)] {
         l.reg.publish(Eco::Go, &m, v, age, &[]);
@@ -131,7 +131,7 @@ fn go_latest_skips_a_too_new_version() {
 
 #[test]
 fn pip_pinned_url_of_a_too_new_wheel_fails_with_the_reason_phrase() {
-    let l = lab("packages::scenarios::pip_pin");
+    let l = run_lab("packages::scenarios::pip_pin");
     l.reg.publish(Eco::Pypi, "sc-pin", "1.0", OLD, &[]);
     l.reg.publish(Eco::Pypi, "sc-pin", "1.1", YOUNG, &[]);
     let url = l.reg.pypi_url("sc-pin", &wheel_name("sc-pin", "1.1"));
@@ -165,7 +165,7 @@ fn pip_pinned_url_of_a_too_new_wheel_fails_with_the_reason_phrase() {
 fn npm_ci_of_a_lockfile_pinning_an_unapproved_version_fails_with_the_json_error() {
     let test = "packages::scenarios::npm_pin";
     have("npm", test);
-    let l = lab(test);
+    let l = run_lab(test);
     l.reg.publish(Eco::Npm, "sc-npm-pin", "1.0.0", OLD, &[]);
     l.reg.publish(Eco::Npm, "sc-npm-pin", "2.0.0", OLD, &[]);
     let policy = gated(&set("npm-lab", "npm", &["sc-npm-pin ^1.0.0"]));
@@ -211,7 +211,7 @@ fn npm_ci_of_a_lockfile_pinning_an_unapproved_version_fails_with_the_json_error(
 
 #[test]
 fn cargo_locked_fetch_of_a_held_version_fails_with_the_text_body() {
-    let l = lab("packages::scenarios::cargo_pin");
+    let l = run_lab("packages::scenarios::cargo_pin");
     l.reg.publish(Eco::Cargo, "sc-crate-pin", "1.0.0", OLD, &[]);
     l.reg
         .publish(Eco::Cargo, "sc-crate-pin", "1.1.0", YOUNG, &[]);
@@ -249,7 +249,7 @@ fn cargo_locked_fetch_of_a_held_version_fails_with_the_text_body() {
 fn go_download_of_a_held_version_fails_with_the_text_body() {
     let test = "packages::scenarios::go_pin";
     have("go", test);
-    let l = lab(test);
+    let l = run_lab(test);
     let m = format!("{GO_PREFIX}/acme/pinned");
     l.reg.publish(Eco::Go, &m, "v1.0.0", OLD, &[]);
     l.reg.publish(Eco::Go, &m, "v1.1.0", YOUNG, &[]);
@@ -271,7 +271,7 @@ fn go_download_of_a_held_version_fails_with_the_text_body() {
 
 #[test]
 fn pip_typo_is_denied_and_its_download_says_did_you_mean() {
-    let l = lab("packages::scenarios::pip_typo");
+    let l = run_lab("packages::scenarios::pip_typo");
     l.reg.publish(Eco::Pypi, "requests", "2.32.3", OLD, &[]);
     l.reg.publish(Eco::Pypi, "reqeusts", "0.0.1", OLD, &[]);
     let url = l.reg.pypi_url("reqeusts", &wheel_name("reqeusts", "0.0.1"));
@@ -317,7 +317,7 @@ fn pip_typo_is_denied_and_its_download_says_did_you_mean() {
 fn npm_typo_is_denied_with_did_you_mean_in_the_json_error() {
     let test = "packages::scenarios::npm_typo";
     have("npm", test);
-    let l = lab(test);
+    let l = run_lab(test);
     l.reg.publish(Eco::Npm, "lodash", "4.17.21", OLD, &[]);
     let policy = gated(&set("npm-lab", "npm", &["lodash"]));
     let r = l.run(
@@ -336,7 +336,7 @@ fn npm_typo_is_denied_with_did_you_mean_in_the_json_error() {
 fn go_gets_403_for_an_unapproved_module_and_does_not_fall_back_to_direct() {
     let test = "packages::scenarios::go_no_direct";
     have("go", test);
-    let l = lab(test);
+    let l = run_lab(test);
     let m = format!("{GO_PREFIX}/acme/unlisted");
     let policy = gated(&set("go-lab", "go", &[&format!("{GO_PREFIX}/acme/other")]));
     let r = l.run(&policy, &format!("{}go get {m}@latest", go_project()));
@@ -363,7 +363,7 @@ fn curl_each(urls: &[String]) -> String {
 
 #[test]
 fn pypi_name_variants_metadata_and_legacy_paths_meet_the_same_rule() {
-    let l = lab("packages::scenarios::pypi_variants");
+    let l = run_lab("packages::scenarios::pypi_variants");
     l.reg.publish(Eco::Pypi, "Sc.Variant", "1.0", OLD, &[]);
     l.reg.publish(Eco::Pypi, "Sc.Variant", "1.1", YOUNG, &[]);
     l.reg.publish(Eco::Pypi, "sc-unlisted", "1.0", OLD, &[]);
@@ -449,7 +449,7 @@ fn pypi_name_variants_metadata_and_legacy_paths_meet_the_same_rule() {
 fn npm_scope_encodings_and_both_packument_forms_agree() {
     let test = "packages::scenarios::npm_forms";
     have("npm", test);
-    let l = lab(test);
+    let l = run_lab(test);
     for (v, age) in [
         ("1.0.0", OLD),
         ("1.1.0", OLD),
@@ -497,7 +497,7 @@ fn npm_scope_encodings_and_both_packument_forms_agree() {
 /// too-new release held back. Prints what pip and `egressd run` said.
 #[test]
 fn worked_example_three_approved_pypi_packages() {
-    let l = lab("packages::scenarios::worked_example");
+    let l = run_lab("packages::scenarios::worked_example");
     l.reg.publish(Eco::Pypi, "urllib3", "2.2.3", OLD, &[]);
     l.reg.publish(Eco::Pypi, "certifi", "2024.8.30", OLD, &[]);
     let deps = [("urllib3", ">=1.21.1,<3"), ("certifi", ">=2017.4.17")];
@@ -559,7 +559,7 @@ fn worked_example_three_approved_pypi_packages() {
 fn uv_pin_of_a_too_new_release_and_typo_are_denied() {
     let test = "packages::scenarios::uv_deny";
     have("uv", test);
-    let l = lab(test);
+    let l = run_lab(test);
     l.reg.publish(Eco::Pypi, "sc-uv", "1.0", OLD, &[]);
     l.reg.publish(Eco::Pypi, "sc-uv", "1.1", YOUNG, &[]);
     let url = l.reg.pypi_url("sc-uv", &wheel_name("sc-uv", "1.1"));
@@ -585,7 +585,7 @@ fn uv_pin_of_a_too_new_release_and_typo_are_denied() {
 fn pnpm_typo_is_denied_with_did_you_mean() {
     let test = "packages::scenarios::pnpm_typo";
     have("pnpm", test);
-    let l = lab(test);
+    let l = run_lab(test);
     l.reg.publish(Eco::Npm, "chalk", "5.3.0", OLD, &[]);
     let policy = gated(&set("npm-lab", "npm", &["chalk"]));
     let r = l.run(
@@ -608,7 +608,7 @@ fn pnpm_typo_is_denied_with_did_you_mean() {
 /// 403 below -vv).
 #[test]
 fn egressd_run_prints_its_commands_package_denials_at_exit() {
-    let l = lab("packages::scenarios::exit_summary");
+    let l = run_lab("packages::scenarios::exit_summary");
     l.reg.publish(Eco::Pypi, "requests", "2.32.3", OLD, &[]);
     let policy = gated(&set("py-lab", "pypi", &["requests"]));
     let r = l.run(&policy, &pip_install("reqeusts"));

@@ -27,7 +27,7 @@
 mod dns;
 mod git_server;
 mod http;
-mod lab;
+pub mod lab;
 mod log;
 mod origin;
 mod policy;

@@ -1,5 +1,5 @@
 //! DNS tunnels through an allowed wildcard (issue 14): real tools in a lab
-//! of network namespaces (`lab.rs`), and generated tunnels and the benign
+//! of network namespaces (`support/lab/netns.rs`), and generated tunnels and the benign
 //! corpus against the budget with simulated time (`eval.rs`, shared with
 //! `examples/tunnel_eval.rs`).
 //!
@@ -13,14 +13,15 @@
 //! does not stop it, so a pass means egressd stopped it.
 
 mod eval;
-mod lab;
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream, UdpSocket};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use lab::{in_netns, new_name_bytes, Lab, Server, PASSWORD, TUN_PORT, ZONE};
+use crate::support::lab::netns::{
+    self as lab, in_netns, new_name_bytes, NetnsLab as Lab, Server, PASSWORD, TUN_PORT, ZONE,
+};
 
 /// The exception under test: the attacker's zone behind a wildcard, every
 /// query type iodine uses that a policy can allow (NULL never can).

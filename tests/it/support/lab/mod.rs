@@ -16,6 +16,23 @@
 //! Owns the wiring between the fixtures; not the fixtures themselves (see
 //! `origin.rs`, `dns.rs`, `process.rs`, `registry.rs`) nor what a test
 //! asserts about them, beyond [`Lab::assert_clean`].
+//!
+//! The labs of the suite, all here, each a builder for what its tests
+//! need:
+//! - [`lab`] / [`lab_with`]: `egressd serve` and its fixtures;
+//!   [`LabBuilder::registry`] adds the fake package registries, and
+//!   `curl.rs` drives such a lab as the package gate's tests do
+//!   ([`Lab::curl`], [`Lab::line_for`], [`Lab::metric`]);
+//! - [`run_lab`] (`run.rs`): the same registries and DNS for `egressd run`,
+//!   one per test binary, for the real package clients;
+//! - [`netns::NetnsLab`] (`netns.rs`): network namespaces the test makes,
+//!   for real DNS tunnel tools that must have no way out but egressd.
+
+mod curl;
+pub mod netns;
+mod run;
+
+pub use run::{run_lab, RunLab, GO_PREFIX};
 
 use std::fmt::Display;
 use std::net::{Ipv4Addr, SocketAddr};

@@ -1,5 +1,5 @@
-//! A hermetic lab for real DNS tunnel tools: three network namespaces the
-//! test makes, joined by veth pairs, nothing else reachable.
+//! A hermetic lab for real DNS tunnel tools ([`NetnsLab`]): three network
+//! namespaces the test makes, joined by veth pairs, nothing else reachable.
 //!
 //! ```text
 //!  agent (client tool) ── 10.77.N.0/30 ── gate (egressd) ── 10.78.N.0/30 ── auth (tunnel server)
@@ -329,7 +329,7 @@ pub enum Server {
 
 /// One lab: namespaces, egressd in the gate, the tunnel server behind its
 /// relay in auth, counters for what leaves through the tunnel.
-pub struct Lab {
+pub struct NetnsLab {
     pub n: u8,
     names: [String; 3],
     pub dir: tempfile::TempDir,
@@ -342,7 +342,7 @@ pub struct Lab {
     pub auth_dns: SocketAddr,
 }
 
-impl Lab {
+impl NetnsLab {
     pub fn agent(&self) -> &str {
         &self.names[0]
     }
@@ -354,10 +354,10 @@ impl Lab {
     }
 
     /// Namespaces and links for lab `n` (1..=250), unique to this process.
-    pub fn new(n: u8) -> Lab {
+    pub fn new(n: u8) -> NetnsLab {
         let pid = std::process::id();
         // The lab exists (and its Drop cleans up) before anything is made.
-        let lab = Lab {
+        let lab = NetnsLab {
             n,
             egressd_dns: format!("10.77.{n}.1:53").parse().unwrap(),
             auth_dns: format!("10.78.{n}.2:53").parse().unwrap(),
@@ -458,7 +458,7 @@ impl Lab {
     }
 
     /// Starts egressd in the gate with `policy` (YAML), its DNS on
-    /// [`Lab::egressd_dns`], its upstream the relay.
+    /// [`NetnsLab::egressd_dns`], its upstream the relay.
     pub fn egressd(&mut self, policy: &str) {
         let path = self.dir.path().join("policy.yaml");
         std::fs::write(&path, policy).unwrap();
@@ -530,7 +530,7 @@ impl Lab {
     }
 }
 
-impl Drop for Lab {
+impl Drop for NetnsLab {
     fn drop(&mut self) {
         self.relay.take();
         self.udp.take();
