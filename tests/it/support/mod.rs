@@ -3,7 +3,7 @@
 //!
 //! | file | owns |
 //! |---|---|
-//! | `lab.rs` | [`Lab`]: origin + canary + echo + fake DNS + egressd with a policy, in one call; with [`LabBuilder::registry`] the fake package registry behind an intercepting egressd too |
+//! | `lab/` | every lab of the suite: [`Lab`] (origin + canary + echo + fake DNS + egressd with a policy, in one call; with [`LabBuilder::registry`] the fake package registry behind an intercepting egressd too, driven by [`Lab::curl`]); [`run_lab()`], the registries and DNS for `egressd run`; [`lab::netns::NetnsLab`], network namespaces for real DNS tunnel tools |
 //! | `policy.rs` | [`policy()`]: a policy built in code, rendered as YAML (owner/reason defaults) |
 //! | `process.rs` | [`egressd()`]: `egressd serve` as a real process, its log and metrics |
 //! | `dns.rs` | [`fake_dns()`]: the one fake upstream DNS (UDP+TCP, a table or a script, counts what it is asked); a DNS client |
