@@ -95,23 +95,7 @@ pub fn main(args: RunArgs) -> u8 {
     let (mut cgroups, uncovered) =
         cgroup::create(&plan.limits, &format!("egressd-run-{}", sys::getpid()));
     fallback_note(&plan, &uncovered);
-    let setup = Setup {
-        cgroups: cgroups.procs(),
-        rlimits: Limits {
-            file_size: plan.limits.file_size,
-            // RLIMIT_NPROC counts the sandbox uid's processes in its user
-            // namespace; started unprivileged, egressd's own two there
-            // (outer, init) have that uid too.
-            pids: uncovered
-                .limits
-                .pids
-                .map(|n| match plan.identity.privileged {
-                    true => n,
-                    false => n.saturating_add(cgroup::OWN_TASKS),
-                }),
-            ..uncovered.limits.clone()
-        },
-    };
+    let setup = setup(&plan, &cgroups, &uncovered);
 
     // Blocked before the fork so that every process of the tree starts with
     // them blocked (init waits for them; CMD unblocks them).
@@ -163,16 +147,41 @@ pub fn main(args: RunArgs) -> u8 {
     rt.shutdown_timeout(Duration::from_secs(1));
     drop(cgroups);
     if let Some(w) = git_watch {
-        let moved = w.sweep();
-        if !moved.is_empty() {
-            eprintln!(
-                "egressd run: {} file(s) the sandbox planted in .git were moved aside (named \
-                 *.egressd-quarantined-*): review them, then delete them",
-                moved.len()
-            );
-        }
+        say_quarantined(w.sweep().len());
     }
     code
+}
+
+/// Says how many files planted in `.git` were moved aside, if any.
+fn say_quarantined(moved: usize) {
+    if moved > 0 {
+        eprintln!(
+            "egressd run: {moved} file(s) the sandbox planted in .git were moved aside (named \
+             *.egressd-quarantined-*): review them, then delete them"
+        );
+    }
+}
+
+/// What the sandbox's processes are set up with: the cgroups they join,
+/// and as rlimits the limits no cgroup covers.
+fn setup(plan: &Plan, cgroups: &Cgroups, uncovered: &cgroup::Uncovered) -> Setup {
+    Setup {
+        cgroups: cgroups.procs(),
+        rlimits: Limits {
+            file_size: plan.limits.file_size,
+            // RLIMIT_NPROC counts the sandbox uid's processes in its user
+            // namespace; started unprivileged, egressd's own two there
+            // (outer, init) have that uid too.
+            pids: uncovered
+                .limits
+                .pids
+                .map(|n| match plan.identity.privileged {
+                    true => n,
+                    false => n.saturating_add(cgroup::OWN_TASKS),
+                }),
+            ..uncovered.limits.clone()
+        },
+    }
 }
 
 /// Everything checked and decided before a namespace exists; the exit
