@@ -185,7 +185,6 @@ fn default_from() -> String {
 /// of denied request `id` it keeps: `Ok(None)` when it keeps none.
 fn ask_running(from: &str, id: &str) -> Result<Option<Denied>, String> {
     use std::io::Read;
-    use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpStream, ToSocketAddrs};
     let hostport = from
         .strip_prefix("http://")
         .unwrap_or(from)
@@ -200,40 +199,7 @@ fn ask_running(from: &str, id: &str) -> Result<Option<Denied>, String> {
     if !crate::record::RequestId::looks_like(id) {
         return Err(format!("{id:?} is not a request id (12 characters)"));
     }
-    let addrs: Vec<SocketAddr> = hostport
-        .to_socket_addrs()
-        .map_err(|e| format!("--from {from:?}: {e}"))?
-        .collect();
-    let timeout = std::time::Duration::from_secs(5);
-    let mut last = None;
-    let mut stream = None;
-    for a in addrs {
-        // A listener on every address (0.0.0.0) is reached on loopback.
-        let a = match a.ip() {
-            IpAddr::V4(ip) if ip.is_unspecified() => {
-                SocketAddr::new(Ipv4Addr::LOCALHOST.into(), a.port())
-            }
-            IpAddr::V6(ip) if ip.is_unspecified() => {
-                SocketAddr::new(Ipv6Addr::LOCALHOST.into(), a.port())
-            }
-            _ => a,
-        };
-        match TcpStream::connect_timeout(&a, timeout) {
-            Ok(s) => {
-                stream = Some(s);
-                break;
-            }
-            Err(e) => last = Some(e),
-        }
-    }
-    let mut stream = stream.ok_or_else(|| {
-        format!(
-            "cannot reach the running egressd at {hostport}: {}",
-            last.map_or("no address".into(), |e| e.to_string())
-        )
-    })?;
-    let _ = stream.set_read_timeout(Some(timeout));
-    let _ = stream.set_write_timeout(Some(timeout));
+    let mut stream = connect_running(from, hostport)?;
     write!(
         stream,
         "GET /denials?id={id} HTTP/1.1\r\nHost: {hostport}\r\nConnection: close\r\n\r\n"
@@ -268,6 +234,42 @@ fn ask_running(from: &str, id: &str) -> Result<Option<Denied>, String> {
             String::from_utf8_lossy(body).trim()
         )),
     }
+}
+
+/// A connection to the metrics listener at `hostport` (an unspecified
+/// address, a listener on every address, is reached on loopback), with
+/// read and write timeouts set.
+fn connect_running(from: &str, hostport: &str) -> Result<std::net::TcpStream, String> {
+    use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpStream, ToSocketAddrs};
+    let addrs: Vec<SocketAddr> = hostport
+        .to_socket_addrs()
+        .map_err(|e| format!("--from {from:?}: {e}"))?
+        .collect();
+    let timeout = std::time::Duration::from_secs(5);
+    let mut last = None;
+    for a in addrs {
+        let a = match a.ip() {
+            IpAddr::V4(ip) if ip.is_unspecified() => {
+                SocketAddr::new(Ipv4Addr::LOCALHOST.into(), a.port())
+            }
+            IpAddr::V6(ip) if ip.is_unspecified() => {
+                SocketAddr::new(Ipv6Addr::LOCALHOST.into(), a.port())
+            }
+            _ => a,
+        };
+        match TcpStream::connect_timeout(&a, timeout) {
+            Ok(s) => {
+                let _ = s.set_read_timeout(Some(timeout));
+                let _ = s.set_write_timeout(Some(timeout));
+                return Ok(s);
+            }
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(format!(
+        "cannot reach the running egressd at {hostport}: {}",
+        last.map_or("no address".into(), |e| e.to_string())
+    ))
 }
 
 /// The denied request `id`: from the log file when one is given and holds
