@@ -158,6 +158,12 @@ pub struct Artifact {
     pub filename: String,
     /// PyPI's `<file>.metadata` (PEP 658): authorised as its file.
     pub metadata: bool,
+    /// Where the request asks for it (`host/path` as
+    /// [`crate::packages::view::request_at`] spells it): a file the index
+    /// lists at a place is downloaded from that place only. `None`: by
+    /// name (the caller did not say where, or the path is an alias the
+    /// registry itself maps to the listed one).
+    pub at: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -315,7 +321,34 @@ pub fn classify(
         (None, Some(r)) => role_ecosystem(r),
         (None, None) => return Classified::NotRegistry,
     };
-    match classify_inner(eco, known, method, path, accept) {
+    classified(eco, classify_inner(eco, known, method, path, accept, false))
+}
+
+/// [`classify`] for a registry served by a mirror
+/// (`settings.packages.mirrors`), whose file paths follow the mirror's
+/// layout (Artifactory's `/packages/packages/<h2>/…`, Nexus's
+/// `/packages/<name>/<version>/<file>`, devpi's `/+f/…`), not the public
+/// file host's: a PyPI path that is no index path is read as a file by its
+/// last segment (a wheel or sdist name, or its `.metadata`). The path
+/// rules of [`classify`] (no dot or empty segments in any encoding, no
+/// query) hold all the same, and such a file is authorised only where the
+/// filtered index lists it ([`Artifact::at`]).
+pub fn classify_mirrored(
+    ecosystem: Ecosystem,
+    host: &str,
+    method: &str,
+    path: &str,
+    accept: Option<&str>,
+) -> Classified {
+    let known = known_role(host);
+    classified(
+        ecosystem,
+        classify_inner(ecosystem, known, method, path, accept, true),
+    )
+}
+
+fn classified(eco: Ecosystem, r: R<Classified>) -> Classified {
+    match r {
         Ok(c) => c,
         Err(Why(why)) => Classified::Unparseable {
             ecosystem: eco,
@@ -330,6 +363,7 @@ fn classify_inner(
     method: &str,
     path: &str,
     accept: Option<&str>,
+    mirrored: bool,
 ) -> R<Classified> {
     if !(method.eq_ignore_ascii_case("GET") || method.eq_ignore_ascii_case("HEAD")) {
         return why(format!(
@@ -373,6 +407,13 @@ fn classify_inner(
         .filter(|r| role_ecosystem(*r) == eco)
         .unwrap_or_else(|| role_by_path(eco, segs));
     match role {
+        Role::PypiIndex | Role::PypiFiles if mirrored => {
+            let strict = match role {
+                Role::PypiIndex => pypi_index(segs, trailing, accept),
+                _ => pypi_files(segs, trailing),
+            };
+            strict.or_else(|e| pypi_mirror_file(segs, trailing).map_err(|_| e))
+        }
         Role::PypiIndex => pypi_index(segs, trailing, accept),
         Role::PypiFiles => pypi_files(segs, trailing),
         Role::Npm => npm(segs, trailing, accept),
@@ -544,7 +585,38 @@ fn pypi_files(segs: &[&str], trailing: bool) -> R<Classified> {
         eco,
         name,
         Some(version),
-        Kind::Artifact(Artifact { filename, metadata }),
+        Kind::Artifact(Artifact {
+            filename,
+            metadata,
+            at: None,
+        }),
+    ))
+}
+
+/// A file on a PyPI mirror, by its last segment (see [`classify_mirrored`]).
+fn pypi_mirror_file(segs: &[&str], trailing: bool) -> R<Classified> {
+    let (Some(last), false) = (segs.last(), trailing) else {
+        return why("not a file path");
+    };
+    if segs.first() == Some(&"simple") {
+        return why("an index path");
+    }
+    let file = dec(last)?;
+    let (filename, metadata) = match file.strip_suffix(".metadata") {
+        Some(f) => (f.to_string(), true),
+        None => (file, false),
+    };
+    let (name, version) = pypi_filename(&filename)
+        .ok_or_else(|| Why(format!("{filename:?} is not a wheel or sdist file name")))?;
+    Ok(package(
+        Ecosystem::Pypi,
+        pkg(Ecosystem::Pypi, &name)?,
+        Some(version),
+        Kind::Artifact(Artifact {
+            filename,
+            metadata,
+            at: None,
+        }),
     ))
 }
 
@@ -663,6 +735,7 @@ fn npm(segs: &[&str], trailing: bool, accept: Option<&str>) -> R<Classified> {
                 Kind::Artifact(Artifact {
                     filename: file,
                     metadata: false,
+                    at: None,
                 }),
             ))
         }
@@ -742,6 +815,7 @@ fn crate_ref(name: &str, version: &str) -> R<Classified> {
         Kind::Artifact(Artifact {
             filename,
             metadata: false,
+            at: None,
         }),
     ))
 }
@@ -822,6 +896,7 @@ fn go_proxy(segs: &[&str], trailing: bool) -> R<Classified> {
                         Kind::Artifact(Artifact {
                             filename: format!("{}.zip", go_version(v)?),
                             metadata: false,
+                            at: None,
                         }),
                     )
                 } else {

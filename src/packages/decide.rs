@@ -33,7 +33,7 @@ use super::compile::{AllowEntry, DenyEntry, PackagePolicy, PackageSet};
 use super::name::PackageName;
 use super::raw::TimeUnknown;
 use super::version::Version;
-use super::view::IndexView;
+use super::view::{FileFacts, IndexView};
 use super::Ecosystem;
 
 /// Largest edit distance "did you mean" suggests across.
@@ -216,6 +216,23 @@ pub struct NameRules<'p> {
     denies_only: bool,
 }
 
+/// Whether a download asked for at `at` (`None`: by name only) is where
+/// the index lists `file` (its `.metadata` beside it). A file the index
+/// lists without a place cannot be asked for at one.
+fn listed_here(file: &FileFacts, at: Option<&str>, metadata: bool) -> bool {
+    let Some(at) = at else {
+        return true;
+    };
+    let Some(listed) = file.at.as_deref() else {
+        return false;
+    };
+    if metadata {
+        at.strip_suffix(".metadata") == Some(listed)
+    } else {
+        at == listed
+    }
+}
+
 impl PackagePolicy {
     /// The rules that apply to `name` for `client` (an index into the
     /// policy's clients, `None` for an unnamed client) at `now`.
@@ -271,7 +288,7 @@ impl PackagePolicy {
             return d;
         }
         let first_set = rules.allows.first().map(|(s, _)| *s);
-        let (filename, metadata) = match &r.kind {
+        let (filename, metadata, at) = match &r.kind {
             Kind::Index(form) => {
                 return PackageDecision {
                     set: first_set,
@@ -285,8 +302,8 @@ impl PackagePolicy {
                     ..PackageDecision::new(Verdict::Allow)
                 }
             }
-            Kind::Meta(_) => (None, false),
-            Kind::Artifact(a) => (Some(a.filename.as_str()), a.metadata),
+            Kind::Meta(_) => (None, false, None),
+            Kind::Artifact(a) => (Some(a.filename.as_str()), a.metadata, a.at.as_deref()),
         };
         let Some(version) = r.version.as_deref() else {
             return PackageDecision::deny(PackageReason::NotListed, first_set);
@@ -302,8 +319,8 @@ impl PackagePolicy {
         };
         let file = match filename {
             Some(f) => match facts.file(f) {
-                Some(file) => Some(file),
-                None => return PackageDecision::deny(PackageReason::NotListed, first_set),
+                Some(file) if listed_here(file, at, metadata) => Some(file),
+                _ => return PackageDecision::deny(PackageReason::NotListed, first_set),
             },
             None => None,
         };
@@ -633,6 +650,7 @@ settings:
             filename: name.into(),
             published: t,
             sha256: sha.map(|b| [b; 32]),
+            at: None,
         }
     }
 

@@ -20,6 +20,11 @@ pub struct FileFacts {
     /// to an old release later is as new as its upload).
     pub published: Option<i64>,
     pub sha256: Option<[u8; 32]>,
+    /// Where the index says the file is, as [`listed_at`] spells it
+    /// (`files.pythonhosted.org/packages/…/x.whl`); a download is of this
+    /// file only at this place. `None` where the index names files by
+    /// name only (cargo, Go: their download paths are fixed by the name).
+    pub at: Option<String>,
 }
 
 /// One version as the index lists it.
@@ -122,6 +127,108 @@ impl IndexView {
     }
 }
 
+/// Where a file an index lists is: its reference (`href`, `url`,
+/// `tarball`) resolved against the public URL the document is read at
+/// (`base_host`, `base_path`), as `host/path` with the host in lower case,
+/// dot segments resolved, the path percent-decoded and without query or
+/// fragment. `None` for a reference that is not HTTP(S).
+pub fn listed_at(base_host: &str, base_path: &str, reference: &str) -> Option<String> {
+    let r = reference.trim();
+    let r = r.split('#').next().unwrap_or(r);
+    let r = r.split('?').next().unwrap_or(r);
+    let lower = r.get(..8).unwrap_or(r).to_ascii_lowercase();
+    let (host, path) = if let Some(rest) = lower
+        .starts_with("https://")
+        .then(|| &r[8..])
+        .or_else(|| lower.starts_with("http://").then(|| &r[7..]))
+        .or_else(|| r.strip_prefix("//"))
+    {
+        let (authority, path) = match rest.find('/') {
+            Some(i) => (&rest[..i], &rest[i..]),
+            None => (rest, "/"),
+        };
+        (authority_host(authority)?, path.to_string())
+    } else if !r.starts_with('/') && r.split('/').next().is_some_and(|s| s.contains(':')) {
+        // Another scheme (`file:`, `git+ssh:`): not a registry download.
+        return None;
+    } else if r.starts_with('/') {
+        (base_host.to_ascii_lowercase(), r.to_string())
+    } else {
+        let dir = &base_path[..=base_path.rfind('/').unwrap_or(0)];
+        (base_host.to_ascii_lowercase(), format!("{dir}{r}"))
+    };
+    Some(format!("{host}{}", decode_path(&remove_dots(&path))))
+}
+
+/// A download request as [`listed_at`] spells places: `host/path`, the
+/// path percent-decoded, without query.
+pub fn request_at(host: &str, path: &str) -> String {
+    let path = path.split('?').next().unwrap_or(path);
+    format!(
+        "{}{}",
+        host.trim_end_matches('.').to_ascii_lowercase(),
+        decode_path(path)
+    )
+}
+
+/// The host of a URL's authority (`user@host:port`), lower case.
+fn authority_host(authority: &str) -> Option<String> {
+    let a = authority.rsplit('@').next().unwrap_or(authority);
+    let host = if a.starts_with('[') {
+        &a[..=a.find(']')?]
+    } else {
+        a.split(':').next().unwrap_or(a)
+    };
+    (!host.is_empty()).then(|| host.trim_end_matches('.').to_ascii_lowercase())
+}
+
+/// RFC 3986's remove_dot_segments, on a path starting with `/`.
+fn remove_dots(path: &str) -> String {
+    let mut out: Vec<&str> = Vec::new();
+    let segs: Vec<&str> = path.split('/').skip(1).collect();
+    let last = segs.len().saturating_sub(1);
+    for (i, s) in segs.iter().enumerate() {
+        match *s {
+            "." => {
+                if i == last {
+                    out.push("");
+                }
+            }
+            ".." => {
+                out.pop();
+                if i == last {
+                    out.push("");
+                }
+            }
+            s => out.push(s),
+        }
+    }
+    format!("/{}", out.join("/"))
+}
+
+/// Every `%XX` decoded (lossy UTF-8): `+` and `%2B` are one file name.
+fn decode_path(path: &str) -> String {
+    let b = path.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let hex = b
+            .get(i + 1..i + 3)
+            .and_then(|h| std::str::from_utf8(h).ok());
+        match hex.and_then(|h| u8::from_str_radix(h, 16).ok()) {
+            Some(v) if b[i] == b'%' => {
+                out.push(v);
+                i += 3;
+            }
+            _ => {
+                out.push(b[i]);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -137,6 +244,7 @@ mod tests {
             filename: n.into(),
             published: Some(t),
             sha256: None,
+            at: None,
         };
         v.add_file("2024.08.30", f("certifi-2024.8.30.tar.gz", 200));
         v.add_file("2024.8.30", f("certifi-2024.8.30-py3-none-any.whl", 100));
@@ -145,5 +253,34 @@ mod tests {
         assert_eq!(facts.files.len(), 2);
         assert!(v.file("certifi-2024.8.30.tar.gz").is_some());
         assert!(v.version("2024.8.31").is_none());
+    }
+
+    #[test]
+    fn listed_places_resolve_like_a_client_does() {
+        let base = ("pypi.org", "/simple/requests/");
+        let at = |r: &str| listed_at(base.0, base.1, r);
+        assert_eq!(
+            at("https://Files.PythonHosted.org:443/packages/aa/bb/x.whl#sha256=00").as_deref(),
+            Some("files.pythonhosted.org/packages/aa/bb/x.whl")
+        );
+        assert_eq!(
+            at("../../packages/packages/aa/x-1.0%2Bcpu.whl#sha256=00").as_deref(),
+            Some("pypi.org/packages/packages/aa/x-1.0+cpu.whl")
+        );
+        assert_eq!(
+            at("x.whl").as_deref(),
+            Some("pypi.org/simple/requests/x.whl")
+        );
+        assert_eq!(at("/f/x.whl?t=1").as_deref(), Some("pypi.org/f/x.whl"));
+        assert_eq!(
+            at("//mirror.corp/a/./b/../x.whl").as_deref(),
+            Some("mirror.corp/a/x.whl")
+        );
+        assert_eq!(at("../../../../x.whl").as_deref(), Some("pypi.org/x.whl"));
+        assert_eq!(at("file:///etc/passwd"), None);
+        assert_eq!(
+            request_at("PyPI.org.", "/packages/packages/aa/x-1.0%2bcpu.whl"),
+            "pypi.org/packages/packages/aa/x-1.0+cpu.whl"
+        );
     }
 }

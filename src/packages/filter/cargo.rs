@@ -52,6 +52,7 @@ pub fn sparse(rules: &NameRules<'_>, body: &[u8]) -> Result<Filtered, FilterErro
             filename: format!("{}-{}.crate", rules.name, l.vers),
             published: l.pubtime.as_deref().and_then(parse_rfc3339),
             sha256: l.cksum.as_deref().and_then(|c| parse_sha256_hex(c).ok()),
+            at: None,
         };
         view.add_file(&l.vers, facts.clone());
         if l.yanked {

@@ -45,6 +45,7 @@ pub fn list(
                 filename: format!("{v}.zip"),
                 published,
                 sha256: None,
+                at: None,
             },
         );
         match rules.version(v, published) {

@@ -15,7 +15,7 @@ use super::json::{self, quote, Object};
 use super::{done, text, unfilterable, FilterError, Filtered, Hidden};
 use crate::packages::decide::{NameRules, PackageReason};
 use crate::packages::stamp::parse_rfc3339;
-use crate::packages::view::{FileFacts, IndexView};
+use crate::packages::view::{listed_at, FileFacts, IndexView};
 use crate::packages::Ecosystem;
 
 /// Held versions the message names (the newest ones); the rest are counted.
@@ -23,6 +23,23 @@ pub const MESSAGE_VERSIONS: usize = 3;
 
 fn bad(e: String) -> FilterError {
     FilterError::Unfilterable(e)
+}
+
+/// A version's `dist.tarball`, only that read.
+#[derive(serde::Deserialize)]
+struct VersionDist {
+    dist: Option<Dist>,
+}
+
+#[derive(serde::Deserialize)]
+struct Dist {
+    tarball: Option<String>,
+}
+
+/// Where a version's `dist.tarball` is (npm takes it as an absolute URL).
+fn tarball_at(version: &serde_json::value::RawValue) -> Option<String> {
+    let v: VersionDist = serde_json::from_str(version.get()).ok()?;
+    listed_at("registry.npmjs.org", "/", &v.dist?.tarball?)
 }
 
 /// Filters a packument. `abbreviated`: `None` for the full form (times
@@ -156,6 +173,7 @@ fn judge(
                 filename: format!("{bare}-{}.tgz", m.key),
                 published,
                 sha256: None,
+                at: tarball_at(m.value),
             },
         );
         match rules.version(&m.key, published) {

@@ -17,7 +17,7 @@ use crate::packages::decide::{NameRules, PackageReason};
 use crate::packages::name::normalize;
 use crate::packages::raw::parse_sha256_hex;
 use crate::packages::stamp::parse_rfc3339;
-use crate::packages::view::{FileFacts, IndexView};
+use crate::packages::view::{listed_at, FileFacts, IndexView};
 use crate::packages::Ecosystem;
 
 fn bad(e: String) -> FilterError {
@@ -37,6 +37,12 @@ fn judge(rules: &NameRules<'_>, version: &str, f: &FileFacts) -> Option<PackageR
 fn file_version(rules: &NameRules<'_>, filename: &str) -> Option<String> {
     let (n, v) = pypi_filename(filename)?;
     (normalize(Ecosystem::Pypi, &n).ok()? == rules.name).then_some(v)
+}
+
+/// Where a simple index (read at `pypi.org/simple/<p>/`, the URL the
+/// client resolves its references against) lists a file.
+fn simple_at(rules: &NameRules<'_>, reference: &str) -> Option<String> {
+    listed_at("pypi.org", &format!("/simple/{}/", rules.name), reference)
 }
 
 /// Counts each version once, with the first reason that hid part of it.
@@ -61,6 +67,7 @@ impl VersionTally {
 #[derive(Deserialize)]
 struct SimpleFile {
     filename: String,
+    url: Option<String>,
     #[serde(default)]
     hashes: HashMap<String, String>,
     #[serde(rename = "upload-time")]
@@ -93,6 +100,7 @@ pub fn simple_json(rules: &NameRules<'_>, body: &[u8]) -> Result<Filtered, Filte
         let facts = FileFacts {
             published: f.upload_time.as_deref().and_then(parse_rfc3339),
             sha256: sha(f.hashes.get("sha256")),
+            at: f.url.as_deref().and_then(|u| simple_at(rules, u)),
             filename: f.filename,
         };
         let version = file_version(rules, &facts.filename);
@@ -489,6 +497,7 @@ pub fn simple_html(
         let facts = FileFacts {
             published: timed.and_then(|f| f.published),
             sha256: sha.or(timed.and_then(|f| f.sha256)),
+            at: simple_at(rules, &a.href),
             filename,
         };
         let Some(v) = file_version(rules, &facts.filename) else {
@@ -509,6 +518,7 @@ pub fn simple_html(
 #[derive(Deserialize)]
 struct ProjectFile {
     filename: String,
+    url: Option<String>,
     #[serde(default)]
     digests: HashMap<String, String>,
     upload_time_iso_8601: Option<String>,
@@ -666,6 +676,10 @@ fn release_files(
             filename: f.filename,
             published,
             sha256: sha(f.digests.get("sha256")),
+            at: f
+                .url
+                .as_deref()
+                .and_then(|u| listed_at("pypi.org", &format!("/pypi/{}/json", rules.name), u)),
         };
         view.add_file(v, facts.clone());
         match judge(rules, v, &facts) {

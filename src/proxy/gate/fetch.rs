@@ -134,6 +134,11 @@ pub(super) async fn own_index(
         got = own_fetch(by, eco, (loc.host, &path, loc.accept), serves, mirror, true).await;
     }
     let (head, doc) = got?;
+    // A mirror's URLs, as the client's copy of the index has them.
+    let doc = match mirror {
+        Some(m) => rewrite_mirror_urls(m, &doc),
+        None => doc,
+    };
     let ct = head.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok());
     let form = IndexForm::from_content_type(loc.form, ct)
         .ok_or_else(|| FetchError::ContentType(ct.map(str::to_string)))?;

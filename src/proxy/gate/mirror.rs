@@ -3,7 +3,9 @@
 
 use std::net::SocketAddr;
 
+use crate::packages::classify::{self, classify, Classified, Kind, PackageRef};
 use crate::packages::compile::Mirror;
+use crate::packages::view::request_at;
 use crate::packages::Ecosystem;
 use crate::policy::host::{parse_target, Target};
 use crate::policy::Policy;
@@ -70,8 +72,57 @@ pub(crate) fn mirror_path(m: &Mirror, eco: Ecosystem, host: &str, path: &str) ->
     };
     match index_root.and_then(|r| path.strip_prefix(r)) {
         Some(rest) => format!("{}{rest}", m.path),
+        // Any other path on pypi.org is one the client resolved against
+        // the index's URL from a relative reference in the mirror's
+        // document (`../../packages/…` from `/simple/<p>/`): it is under
+        // the mirror's base as the index is under its URL.
+        None if (eco, host) == (Ecosystem::Pypi, "pypi.org") => {
+            format!("{base}{}", path.strip_prefix('/').unwrap_or(path))
+        }
         None => path.to_string(),
     }
+}
+
+/// Classifies a request to `eco`'s registry `host` as the gate reads it:
+/// through the mirror's paths when there is one
+/// ([`classify::classify_mirrored`]), and, for a download from the
+/// ecosystems whose indexes list files by URL (PyPI, npm), with the place
+/// it is asked for, so that it is authorised only where the filtered index
+/// lists it. PyPI's legacy `/packages/<py>/<l>/<project>/<file>` paths on
+/// the public file host are an alias PyPI itself redirects to the listed
+/// path: those are authorised by name.
+pub(super) fn classify_request(
+    m: Option<&Mirror>,
+    eco: Ecosystem,
+    host: &str,
+    method: &str,
+    path: &str,
+    accept: Option<&str>,
+) -> Classified {
+    let read_as = public_path(m, path);
+    let mut c = match m {
+        Some(_) => classify::classify_mirrored(eco, host, method, &read_as, accept),
+        None => classify(Some(eco), host, method, &read_as, accept),
+    };
+    if let Classified::Package(PackageRef {
+        kind: Kind::Artifact(a),
+        ..
+    }) = &mut c
+    {
+        let listed_by_url = matches!(eco, Ecosystem::Pypi | Ecosystem::Npm);
+        if listed_by_url && !(m.is_none() && pypi_legacy_path(host, path)) {
+            a.at = Some(request_at(host, path));
+        }
+    }
+    c
+}
+
+/// A path of PyPI's legacy layout on its public file host.
+fn pypi_legacy_path(host: &str, path: &str) -> bool {
+    let hex = |s: &str| s.len() == 2 && s.bytes().all(|b| b.is_ascii_hexdigit());
+    let segs: Vec<&str> = path.split('/').collect();
+    host.eq_ignore_ascii_case("files.pythonhosted.org")
+        && matches!(segs.as_slice(), ["", "packages", a, b, _, _] if !(hex(a) && hex(b)))
 }
 
 /// Where a mirror keeps its documents and files: its URL's path, without

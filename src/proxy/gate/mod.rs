@@ -44,7 +44,7 @@ use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::Request;
 
 use super::dest::Dest;
-use crate::packages::classify::{self, classify, Classified, IndexForm, Kind, PackageRef};
+use crate::packages::classify::{self, Classified, IndexForm, Kind, PackageRef};
 use crate::packages::compile::{Mirror, PackagePolicy};
 use crate::packages::decide::{PackageDecision, PackageReason, Verdict};
 use crate::packages::name::PackageName;
@@ -263,8 +263,14 @@ fn classified<B>(
         .headers()
         .get(header::ACCEPT)
         .and_then(|v| v.to_str().ok());
-    let read_as = public_path(pkgs.settings.mirror(eco), path);
-    classify(Some(eco), &host, req.method().as_str(), &read_as, accept)
+    classify_request(
+        pkgs.settings.mirror(eco),
+        eco,
+        &host,
+        req.method().as_str(),
+        path,
+        accept,
+    )
 }
 
 /// The package decision for `r`, egressd reading the package's index

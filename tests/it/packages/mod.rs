@@ -29,6 +29,8 @@
 mod bench;
 mod cache;
 mod clients;
+mod listed;
+mod mirrors;
 mod scenarios;
 
 use crate::support::sandbox::Outcome;
