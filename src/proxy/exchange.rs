@@ -426,7 +426,9 @@ async fn reach_mirror(
         .parse()
         .map_err(|_| Stop::Deny(Reason::Malformed, Some("unparsable mirror path".into())))?;
     ev.add_note(Some(format!("via the {} mirror", eco.as_str())));
-    origin::reach(at.ctx, req, ev, to.way(m), None).await
+    let mut sent = origin::reach(at.ctx, req, ev, to.way(m), None).await?;
+    gate::rewrite_mirror_location(m, sent.resp.headers_mut());
+    Ok(sent)
 }
 
 /// The origin's response, on its way to the client: hop-by-hop headers

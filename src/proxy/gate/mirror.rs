@@ -160,37 +160,102 @@ pub(super) fn public_file_host(eco: Ecosystem) -> &'static str {
     }
 }
 
-/// A mirror document with its absolute URLs into the mirror
-/// (`https://mirror.corp[:port]/…`) pointing at the public file host with
-/// the same path, which egressd routes back to the mirror.
+/// A mirror document with its absolute URLs into the mirror pointing at
+/// the public file host with the same path, which egressd routes back to
+/// the mirror. A URL is into the mirror when its host is the mirror's
+/// (in any case) and its port the mirror's or none, in either scheme (a
+/// mirror behind a TLS-terminating proxy often names itself `http://`),
+/// also with JSON's escaped slashes (`https:\/\/mirror.corp\/…`).
 pub(crate) fn rewrite_mirror_urls(m: &Mirror, doc: &[u8]) -> Vec<u8> {
-    let scheme = m.scheme.as_str();
-    let default = if scheme == "https" { 443 } else { 80 };
-    let mut prefixes = vec![format!("{scheme}://{}:{}/", m.host, m.port)];
-    if m.port == default {
-        prefixes.push(format!("{scheme}://{}/", m.host));
-    }
-    let to = format!("https://{}/", public_file_host(m.ecosystem));
-    let mut out = doc.to_vec();
-    for p in prefixes {
-        out = replace_all(&out, p.as_bytes(), to.as_bytes());
+    let to = public_file_host(m.ecosystem);
+    let mut out = Vec::with_capacity(doc.len());
+    let mut i = 0;
+    while i < doc.len() {
+        match mirror_url_at(m, &doc[i..]) {
+            Some((len, slash)) => {
+                out.extend_from_slice(b"https:");
+                out.extend_from_slice(slash);
+                out.extend_from_slice(slash);
+                out.extend_from_slice(to.as_bytes());
+                out.extend_from_slice(slash);
+                i += len;
+            }
+            None => {
+                out.push(doc[i]);
+                i += 1;
+            }
+        }
     }
     out
 }
 
-pub(super) fn replace_all(hay: &[u8], from: &[u8], to: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(hay.len());
-    let mut i = 0;
-    while i < hay.len() {
-        if hay[i..].starts_with(from) {
-            out.extend_from_slice(to);
-            i += from.len();
-        } else {
-            out.push(hay[i]);
-            i += 1;
+/// At the start of `b`, a URL prefix into the mirror
+/// (`scheme://host[:port]/`): its length and the slash it is spelled with
+/// (`/` or `\/`).
+fn mirror_url_at(m: &Mirror, b: &[u8]) -> Option<(usize, &'static [u8])> {
+    if !matches!(b.first(), Some(b'h' | b'H')) {
+        return None;
+    }
+    let lower = |n: usize| b.get(..n).map(<[u8]>::to_ascii_lowercase);
+    let mut i = if lower(5)? == b"https" {
+        5
+    } else if lower(4)? == b"http" {
+        4
+    } else {
+        return None;
+    };
+    if b.get(i) != Some(&b':') {
+        return None;
+    }
+    i += 1;
+    let slash: &'static [u8] = if b[i..].starts_with(b"//") {
+        b"/"
+    } else if b[i..].starts_with(b"\\/\\/") {
+        b"\\/"
+    } else {
+        return None;
+    };
+    i += 2 * slash.len();
+    let host = m.host.as_bytes();
+    if !b.get(i..i + host.len())?.eq_ignore_ascii_case(host) {
+        return None;
+    }
+    i += host.len();
+    if b.get(i) == Some(&b':') {
+        let digits = b[i + 1..].iter().take_while(|c| c.is_ascii_digit()).count();
+        let port = std::str::from_utf8(&b[i + 1..i + 1 + digits]).ok()?;
+        if port.parse::<u16>().ok()? != m.port {
+            return None;
+        }
+        i += 1 + digits;
+    }
+    b[i..]
+        .starts_with(slash)
+        .then_some((i + slash.len(), slash))
+}
+
+/// A mirror's answer as the client gets it: a `Location` into the mirror
+/// named as the public registry, like the URLs in its documents (PyPI's
+/// index pages on `pypi.org`, everything else on the file host), so a
+/// client that follows it comes back through egressd to the mirror.
+pub(crate) fn rewrite_mirror_location(m: &Mirror, headers: &mut http::HeaderMap) {
+    let Some(loc) = headers.get(http::header::LOCATION) else {
+        return;
+    };
+    let rewritten = rewrite_mirror_urls(m, loc.as_bytes());
+    if rewritten == loc.as_bytes() {
+        return;
+    }
+    let mut s = String::from_utf8_lossy(&rewritten).into_owned();
+    if m.ecosystem == Ecosystem::Pypi {
+        let index = format!("https://{}{}", public_file_host(m.ecosystem), m.path);
+        if let Some(rest) = s.strip_prefix(&index) {
+            s = format!("https://pypi.org/simple/{rest}");
         }
     }
-    out
+    if let Ok(v) = http::HeaderValue::from_str(&s) {
+        headers.insert(http::header::LOCATION, v);
+    }
 }
 
 // ---------------------------------------------------------------- downloads

@@ -158,6 +158,41 @@ settings:
             String::from_utf8(rewrite_mirror_urls(m, doc)).unwrap(),
             r#"<a href="https://files.pythonhosted.org/api/pypi/packages/x.whl#sha256=00">x</a> https://mirror.corporate/ https://mirror.corp:8443"#
         );
+        // Any case, either scheme, JSON's escaped slashes; not another
+        // port, host or a look-alike.
+        let doc = br#"HTTPS://Mirror.Corp:8443/a http://mirror.corp/b "https:\/\/mirror.corp:8443\/c" https://mirror.corp:8444/d https://mirror.corp.evil/e https://xmirror.corp/f http:/mirror.corp/g"#;
+        assert_eq!(
+            String::from_utf8(rewrite_mirror_urls(m, doc)).unwrap(),
+            r#"https://files.pythonhosted.org/a https://files.pythonhosted.org/b "https:\/\/files.pythonhosted.org\/c" https://mirror.corp:8444/d https://mirror.corp.evil/e https://xmirror.corp/f http:/mirror.corp/g"#
+        );
+        // Relative references from pypi.org's index pages land under the
+        // mirror's path as the index does.
+        assert_eq!(
+            mirror_path(
+                m,
+                Ecosystem::Pypi,
+                "pypi.org",
+                "/packages/packages/ab/x.whl"
+            ),
+            "/api/pypi/packages/packages/ab/x.whl"
+        );
+        // A redirect into the mirror is named as the public registry.
+        let mut h = http::HeaderMap::new();
+        for (from, to) in [
+            (
+                "https://mirror.corp:8443/api/pypi/simple/requests/",
+                "https://pypi.org/simple/requests/",
+            ),
+            (
+                "https://mirror.corp:8443/api/pypi/packages/x.whl",
+                "https://files.pythonhosted.org/api/pypi/packages/x.whl",
+            ),
+            ("https://blobs.example/x.whl", "https://blobs.example/x.whl"),
+        ] {
+            h.insert(http::header::LOCATION, from.parse().unwrap());
+            rewrite_mirror_location(m, &mut h);
+            assert_eq!(h[http::header::LOCATION], to);
+        }
     }
 
     #[test]

@@ -49,8 +49,9 @@ fn mirror_lab(test: &str) -> &'static PkgLab {
 /// How a mirror's PyPI index names its files.
 #[derive(Clone, Copy)]
 enum Names {
-    /// `https://mirror.test/api/pypi/pypi/packages/<h2>/<h2>/<h60>/<file>`.
-    Absolute,
+    /// `<origin>/api/pypi/pypi/packages/<h2>/<h2>/<h60>/<file>`, `origin`
+    /// naming the mirror's host (`https://mirror.test`).
+    Absolute(&'static str),
     /// `../../packages/packages/<h2>/<h2>/<h60>/<file>`, served as PEP 691
     /// JSON or (`html`) PEP 503 HTML.
     Relative { html: bool },
@@ -68,7 +69,7 @@ fn pypi_on_mirror(l: &PkgLab, name: &str, names: Names) -> Vec<String> {
     )
     .unwrap();
     let (refer, html) = match names {
-        Names::Absolute => (format!("https://{MIRROR_HOST}{MIRROR_PYPI}"), false),
+        Names::Absolute(origin) => (format!("{origin}{MIRROR_PYPI}"), false),
         Names::Relative { html } => ("../../packages/".to_string(), html),
     };
     let mut on_mirror = Vec::new();
@@ -76,7 +77,7 @@ fn pypi_on_mirror(l: &PkgLab, name: &str, names: Names) -> Vec<String> {
         let url = f["url"].as_str().unwrap();
         let path = &url[public.len() - 1..];
         let mirror_path = match names {
-            Names::Absolute => format!("{MIRROR_PYPI}{}", &path[1..]),
+            Names::Absolute(_) => format!("{MIRROR_PYPI}{}", &path[1..]),
             Names::Relative { .. } => format!("{MIRROR_PYPI}packages{path}"),
         };
         for suffix in ["", ".metadata"] {
@@ -161,15 +162,21 @@ fn each_fetched_from_mirror(l: &PkgLab, r: &Outcome, paths: &[String]) {
 fn pip_downloads_through_a_mirror_whose_index_names_files_by_absolute_url() {
     let l = mirror_lab("packages::mirrors::pip_absolute");
     l.reg.publish(Eco::Pypi, "mi-abs", "1.0", OLD, &[]);
-    let files = pypi_on_mirror(l, "mi-abs", Names::Absolute);
-    let policy = mirrored(&set("py-lab", "pypi", &["mi-abs"]));
-    let r = l.run(&policy, &pip_download("mi-abs"));
+    l.reg.publish(Eco::Pypi, "mi-abs-lb", "1.0", OLD, &[]);
+    let mut files = pypi_on_mirror(l, "mi-abs", Names::Absolute("https://mirror.test"));
+    // A mirror behind a TLS-terminating proxy names itself `http://`, in
+    // whatever case its configuration spells its name.
+    files.extend(pypi_on_mirror(
+        l,
+        "mi-abs-lb",
+        Names::Absolute("http://Mirror.Test"),
+    ));
+    let policy = mirrored(&set("py-lab", "pypi", &["mi-abs", "mi-abs-lb"]));
+    let r = l.run(&policy, &pip_download("mi-abs mi-abs-lb"));
     assert_eq!(r.code, 0, "{}", ctx(&r));
-    assert!(
-        r.stdout.contains(&wheel_name("mi-abs", "1.0")),
-        "{}",
-        ctx(&r)
-    );
+    for w in [wheel_name("mi-abs", "1.0"), wheel_name("mi-abs-lb", "1.0")] {
+        assert!(r.stdout.contains(&w), "{w}\n{}", ctx(&r));
+    }
     each_fetched_from_mirror(l, &r, &files);
     assert_eq!(public_hits(l, "mi-abs"), Vec::<String>::new());
     assert_eq!(public_hits(l, "mi_abs"), Vec::<String>::new());
