@@ -193,7 +193,7 @@ pub(super) async fn own_fetch(
 /// [`own_fetch`]'s request, its line in `ev`: the way out (the mirror,
 /// or the registry as the policy decides it for the client), then the
 /// one upstream path, then the answer read (bounded).
-async fn own_fetch_inner(
+pub(super) async fn own_fetch_inner(
     by: OnBehalf<'_>,
     eco: Ecosystem,
     (host, path, accept): (&str, &str, &'static str),

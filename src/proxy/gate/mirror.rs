@@ -5,7 +5,14 @@ use std::net::SocketAddr;
 
 use crate::packages::classify::{self, classify, Classified, Kind, PackageRef};
 use crate::packages::compile::Mirror;
+use crate::packages::decide::PackageReason;
 use crate::packages::view::request_at;
+use crate::policy::Proto;
+use crate::proxy::respond;
+use http::Response;
+
+use super::fetch::{own_fetch_inner, OnBehalf};
+use super::{enforced_deny, Allowed, Denied, Gate};
 use crate::packages::Ecosystem;
 use crate::policy::host::{parse_target, Target};
 use crate::policy::Policy;
@@ -232,6 +239,67 @@ fn mirror_url_at(m: &Mirror, b: &[u8]) -> Option<(usize, &'static [u8])> {
     b[i..]
         .starts_with(slash)
         .then_some((i + slash.len(), slash))
+}
+
+/// cargo's `config.json` when cargo's registry has a mirror: the mirror's
+/// own, read by egressd (its own line), with its URLs into the mirror
+/// (`dl`, `api`) named as the public hosts like every mirror document's,
+/// so cargo's downloads come back through egressd to the mirror. The line
+/// of the client's request is recorded here.
+pub(super) async fn cargo_config(at: &Allowed<'_>, m: &Mirror, mut ev: Event) -> Gate {
+    const PATH: &str = "/config.json";
+    let got = {
+        let mut own = Event::new(Proto::Tls, ev.src);
+        own.client = ev.client.clone();
+        own.origin = Some("egressd");
+        own.method = Some("GET".into());
+        own.path = Some(PATH.into());
+        let host = at.dest.target.to_string();
+        let got = own_fetch_inner(
+            OnBehalf::of(at, &ev),
+            Ecosystem::Cargo,
+            (&host, PATH, "application/json"),
+            &mut own,
+            Some(m),
+            true,
+        )
+        .await;
+        if let Err(why) = &got {
+            own.error.get_or_insert_with(|| why.to_string());
+        }
+        at.ctx.recorder.record(own);
+        got
+    };
+    match got {
+        Ok((_, body)) => {
+            let body = rewrite_mirror_urls(m, &body);
+            ev.status = Some(200);
+            ev.bytes_down = body.len() as u64;
+            ev.add_note(Some(
+                "the cargo mirror's config.json, its URLs named as the public hosts".into(),
+            ));
+            let resp = Response::builder()
+                .header(http::header::CONTENT_TYPE, "application/json")
+                .body(respond::full(body))
+                .expect("a static header");
+            at.ctx.recorder.record(ev);
+            Gate::Answered(resp)
+        }
+        Err(why) => {
+            let answer = Denied {
+                eco: Ecosystem::Cargo,
+                reason: PackageReason::IndexUnfilterable,
+                name: None,
+                version: None,
+                did_you_mean: None,
+                set: None,
+                detail: Some(format!(
+                    "egressd could not read the mirror's config.json: {why}"
+                )),
+            };
+            Gate::Answered(enforced_deny(ev, answer, at.decision, at.responder))
+        }
+    }
 }
 
 /// A mirror's answer as the client gets it: a `Location` into the mirror

@@ -205,8 +205,12 @@ pub(crate) async fn gate<B>(
     let pkgs = &at.policy.packages;
     let r = match classified(pkgs, eco, at.dest, req) {
         Classified::Package(r) => r,
-        Classified::Registry(..) => {
-            let mirror = pkgs.settings.mirror(eco).map(|m| (eco, m.clone()));
+        Classified::Registry(_, res) => {
+            let mirror = pkgs.settings.mirror(eco);
+            if let (Some(m), classify::RegistryResource::CargoConfig) = (mirror, res) {
+                return cargo_config(at, m, ev).await;
+            }
+            let mirror = mirror.map(|m| (eco, m.clone()));
             return Gate::Go(Route { mirror, plan: None }, ev);
         }
         Classified::NotRegistry => return Gate::Go(Route::default(), ev),

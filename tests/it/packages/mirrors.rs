@@ -14,7 +14,8 @@
 //!   `pypi.org/simple/<p>/`, and egressd maps them under the mirror's path
 //!   as it maps the index;
 //! - (npm, which takes tarball URLs only absolute) by the public registry's
-//!   own URL, as a mirror that keeps its upstream's documents does.
+//!   own URL, as a mirror that keeps its upstream's documents does;
+//! - (cargo) in its `config.json`'s `dl`, on its own host.
 //!
 //! Every file is fetched from the mirror, none from the public registry,
 //! and each download is authorised where the filtered index lists it.
@@ -25,6 +26,7 @@ use super::*;
 
 const MIRROR_PYPI: &str = "/api/pypi/pypi/";
 const MIRROR_NPM: &str = "/api/npm/npm/";
+const MIRROR_CARGO: &str = "/api/cargo/";
 const PEP691: &str = "application/vnd.pypi.simple.v1+json";
 const OLD: std::time::Duration = DAY.saturating_mul(30);
 
@@ -34,7 +36,8 @@ fn mirrored(sets: &str) -> String {
         "settings:\n  contact: \"#pkg-help\"\n  packages:\n    enforce: [pypi, npm, cargo, go]\n    \
          min_age: 3d\n    mirrors:\n      \
          pypi: {{ url: \"https://{MIRROR_HOST}{MIRROR_PYPI}simple/\" }}\n      \
-         npm: {{ url: \"https://{MIRROR_HOST}{MIRROR_NPM}\" }}\n{}packages:\n{sets}",
+         npm: {{ url: \"https://{MIRROR_HOST}{MIRROR_NPM}\" }}\n      \
+         cargo: {{ url: \"https://{MIRROR_HOST}{MIRROR_CARGO}\" }}\n{}packages:\n{sets}",
         registry_exceptions()
     )
 }
@@ -317,4 +320,56 @@ fn npm_installs_through_a_mirror_naming_tarballs_on_its_own_host_or_the_public_o
         .unwrap_or_else(|| panic!("no tarball line\n{}", ctx(&r)));
     assert_eq!(tarball["host"], "registry.npmjs.org", "{tarball}");
     assert_eq!(tarball["decision"], "allow", "{tarball}");
+}
+
+#[test]
+fn cargo_fetches_through_a_mirror_whose_config_names_its_own_host() {
+    let l = mirror_lab("packages::mirrors::cargo");
+    l.reg.publish(Eco::Cargo, "mi-crate", "1.2.0", OLD, &[]);
+    let index = cargo_index_path("mi-crate");
+    let lines = l.reg.doc_body("index.crates.io", &index, None).unwrap();
+    l.reg.put_raw(
+        MIRROR_HOST,
+        &format!("{MIRROR_CARGO}{}", &index[1..]),
+        "text/plain",
+        lines,
+    );
+    let krate = l
+        .reg
+        .doc_body("static.crates.io", "/crates/mi-crate/1.2.0/download", None)
+        .unwrap();
+    let on_mirror = format!("{MIRROR_CARGO}crates/mi-crate/1.2.0/download");
+    l.reg
+        .put_raw(MIRROR_HOST, &on_mirror, "application/octet-stream", krate);
+    l.reg.put_raw(
+        MIRROR_HOST,
+        &format!("{MIRROR_CARGO}config.json"),
+        "application/json",
+        format!(
+            "{{\"dl\":\"https://{MIRROR_HOST}{MIRROR_CARGO}crates\",\"api\":\"https://{MIRROR_HOST}{MIRROR_CARGO}\"}}"
+        )
+        .into_bytes(),
+    );
+    let policy = mirrored(&set("crates-lab", "cargo", &["mi-crate"]));
+    let r = l.run(
+        &policy,
+        &format!(
+            "{}cargo generate-lockfile\ncargo fetch\nls $CARGO_HOME/registry/cache/*/\n",
+            clients::cargo_project("mi-crate = \"1\"")
+        ),
+    );
+    assert_eq!(r.code, 0, "{}", ctx(&r));
+    assert!(r.stdout.contains("mi-crate-1.2.0.crate"), "{}", ctx(&r));
+    each_fetched_from_mirror(l, &r, &[on_mirror.clone()]);
+    assert_eq!(public_hits(l, "mi-crate"), Vec::<String>::new());
+    assert_eq!(public_hits(l, "mi/-c"), Vec::<String>::new());
+    // cargo asked the public file host for the mirror's path.
+    let dl = r
+        .log_lines()
+        .into_iter()
+        .find(|l| l["path"] == on_mirror.as_str())
+        .unwrap_or_else(|| panic!("no download line\n{}", ctx(&r)));
+    assert_eq!(dl["host"], "static.crates.io", "{dl}");
+    assert_eq!(dl["decision"], "allow", "{dl}");
+    assert_eq!(dl["package"]["version"], "1.2.0", "{dl}");
 }
