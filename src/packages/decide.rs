@@ -830,6 +830,60 @@ settings:
     }
 
     #[test]
+    fn a_file_the_index_lists_at_a_place_is_listed_there_only() {
+        let p = policy();
+        let wheel = "requests-2.32.3-py3-none-any.whl";
+        let listed = format!("files.pythonhosted.org{H}/{wheel}");
+        let mut f = file(wheel, Some(NOW - 30 * DAY), None);
+        f.at = Some(listed.clone());
+        let v = view(Ecosystem::Pypi, "requests", &[("2.32.3", f)]);
+        let asked = |at: Option<&str>, metadata: bool| {
+            let mut r = pref("files.pythonhosted.org", &format!("{H}/{wheel}"));
+            if let Kind::Artifact(a) = &mut r.kind {
+                a.at = at.map(str::to_string);
+                a.metadata = metadata;
+            }
+            p.decide(None, &r, NOW, Some(&v))
+        };
+        assert_eq!(asked(Some(&listed), false).verdict, Verdict::Allow);
+        assert_eq!(
+            asked(Some(&format!("{listed}.metadata")), true).verdict,
+            Verdict::Allow
+        );
+        assert_eq!(asked(None, false).verdict, Verdict::Allow, "by name");
+        let elsewhere = format!(
+            "files.pythonhosted.org/packages/00/00/{}/{wheel}",
+            "0".repeat(60)
+        );
+        for (at, metadata) in [
+            (elsewhere.as_str(), false),
+            (&*format!("{elsewhere}.metadata"), true),
+            (&*format!("pypi.org{H}/{wheel}"), false),
+            (&*listed, true),
+        ] {
+            assert_eq!(
+                reason(&asked(Some(at), metadata)),
+                Some("package_not_listed"),
+                "{at}"
+            );
+        }
+        // A file listed without a place cannot be asked for at one.
+        let v = view(
+            Ecosystem::Pypi,
+            "requests",
+            &[("2.32.3", file(wheel, Some(NOW - 30 * DAY), None))],
+        );
+        let mut r = pref("files.pythonhosted.org", &format!("{H}/{wheel}"));
+        if let Kind::Artifact(a) = &mut r.kind {
+            a.at = Some(listed.clone());
+        }
+        assert_eq!(
+            reason(&p.decide(None, &r, NOW, Some(&v))),
+            Some("package_not_listed")
+        );
+    }
+
+    #[test]
     fn versions_are_held_by_constraint_age_and_time() {
         let p = policy();
         let wheel = |v: &str| format!("requests-{v}-py3-none-any.whl");

@@ -207,6 +207,9 @@ fn remove_dots(path: &str) -> String {
 }
 
 /// Every `%XX` decoded (lossy UTF-8): `+` and `%2B` are one file name.
+/// Except `%2F` and `%25`, kept (upper case): an encoded `/` is not a
+/// separator, and an encoded `%` not an escape, to a server that does not
+/// decode twice.
 fn decode_path(path: &str) -> String {
     let b = path.as_bytes();
     let mut out = Vec::with_capacity(b.len());
@@ -216,6 +219,10 @@ fn decode_path(path: &str) -> String {
             .get(i + 1..i + 3)
             .and_then(|h| std::str::from_utf8(h).ok());
         match hex.and_then(|h| u8::from_str_radix(h, 16).ok()) {
+            Some(v @ (b'/' | b'%')) if b[i] == b'%' => {
+                out.extend_from_slice(format!("%{v:02X}").as_bytes());
+                i += 3;
+            }
             Some(v) if b[i] == b'%' => {
                 out.push(v);
                 i += 3;
@@ -281,6 +288,15 @@ mod tests {
         assert_eq!(
             request_at("PyPI.org.", "/packages/packages/aa/x-1.0%2bcpu.whl"),
             "pypi.org/packages/packages/aa/x-1.0+cpu.whl"
+        );
+        // An encoded separator or escape is not the listed path.
+        assert_eq!(
+            request_at("pypi.org", "/packages/aa%2fbb/x%2525.whl"),
+            "pypi.org/packages/aa%2Fbb/x%2525.whl"
+        );
+        assert_ne!(
+            request_at("pypi.org", "/packages/aa%2fbb/x.whl"),
+            at("/packages/aa/bb/x.whl").unwrap()
         );
     }
 }

@@ -118,7 +118,15 @@ pub(super) fn classify_request(
     {
         let listed_by_url = matches!(eco, Ecosystem::Pypi | Ecosystem::Npm);
         if listed_by_url && !(m.is_none() && pypi_legacy_path(host, path)) {
-            a.at = Some(request_at(host, path));
+            // npm reads `%2f` in a registry path as the scope separator
+            // (`/@s%2fn/-/n-1.0.0.tgz` is `/@s/n/-/n-1.0.0.tgz`).
+            let path = match eco {
+                Ecosystem::Npm => {
+                    std::borrow::Cow::Owned(path.replace("%2f", "/").replace("%2F", "/"))
+                }
+                _ => std::borrow::Cow::Borrowed(path),
+            };
+            a.at = Some(request_at(host, &path));
         }
     }
     c
