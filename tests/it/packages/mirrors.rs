@@ -360,7 +360,7 @@ fn cargo_fetches_through_a_mirror_whose_config_names_its_own_host() {
     );
     assert_eq!(r.code, 0, "{}", ctx(&r));
     assert!(r.stdout.contains("mi-crate-1.2.0.crate"), "{}", ctx(&r));
-    each_fetched_from_mirror(l, &r, &[on_mirror.clone()]);
+    each_fetched_from_mirror(l, &r, std::slice::from_ref(&on_mirror));
     assert_eq!(public_hits(l, "mi-crate"), Vec::<String>::new());
     assert_eq!(public_hits(l, "mi/-c"), Vec::<String>::new());
     // cargo asked the public file host for the mirror's path.
