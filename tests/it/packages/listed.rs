@@ -9,7 +9,7 @@ const OLD: std::time::Duration = DAY.saturating_mul(30);
 
 #[test]
 fn an_approved_file_name_under_another_path_is_not_listed() {
-    let l = lab("packages::listed::pypi");
+    let l = run_lab("packages::listed::pypi");
     l.reg.publish(Eco::Pypi, "ls-pkg", "1.0", OLD, &[]);
     let wheel = wheel_name("ls-pkg", "1.0");
     let listed = l.reg.pypi_url("ls-pkg", &wheel);

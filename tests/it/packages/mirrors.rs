@@ -43,8 +43,8 @@ fn mirrored(sets: &str) -> String {
 }
 
 /// The lab with `mirror.test` resolving to its registry.
-fn mirror_lab(test: &str) -> &'static PkgLab {
-    let l = lab(test);
+fn mirror_lab(test: &str) -> &'static RunLab {
+    let l = run_lab(test);
     l.dns.set(MIRROR_HOST, &[&l.reg.ip()]);
     l
 }
@@ -63,7 +63,7 @@ enum Names {
 /// Puts `name`'s public PyPI index and files (published to the lab
 /// registry) on the mirror, its files named as `names` says. Returns the
 /// paths of its files on the mirror.
-fn pypi_on_mirror(l: &PkgLab, name: &str, names: Names) -> Vec<String> {
+fn pypi_on_mirror(l: &RunLab, name: &str, names: Names) -> Vec<String> {
     let public = "https://files.pythonhosted.org/";
     let json: Value = serde_json::from_slice(
         &l.reg
@@ -126,7 +126,7 @@ fn pypi_on_mirror(l: &PkgLab, name: &str, names: Names) -> Vec<String> {
 
 /// Requests for `part` that reached the public registry's names (not the
 /// mirror's).
-fn public_hits(l: &PkgLab, part: &str) -> Vec<String> {
+fn public_hits(l: &RunLab, part: &str) -> Vec<String> {
     l.reg
         .hits_for(part)
         .into_iter()
@@ -145,7 +145,7 @@ fn pip_download(names: &str) -> String {
 
 /// Every wheel or tarball of `paths` was fetched from the mirror, through
 /// egressd (pip takes the wheel, not the sdist).
-fn each_fetched_from_mirror(l: &PkgLab, r: &Outcome, paths: &[String]) {
+fn each_fetched_from_mirror(l: &RunLab, r: &Outcome, paths: &[String]) {
     for p in paths.iter().filter(|p| !p.ends_with(".tar.gz")) {
         let hits: Vec<_> = l
             .reg
@@ -249,7 +249,7 @@ fn pip_downloads_through_a_mirror_whose_index_names_files_by_relative_url() {
 /// Puts `name`'s public packument and tarball on the mirror, the
 /// tarball URL on the mirror's host (`own_host`) or left on the public
 /// registry's. Returns the tarball's path on the mirror.
-fn npm_on_mirror(l: &PkgLab, name: &str, version: &str, own_host: bool) -> String {
+fn npm_on_mirror(l: &RunLab, name: &str, version: &str, own_host: bool) -> String {
     let public = "https://registry.npmjs.org/";
     let doc = l
         .reg
