@@ -164,7 +164,6 @@ struct Reading<'a> {
     buf: &'a [u8],
     entries: Vec<Entry>,
     by_offset: HashMap<usize, usize>,
-    by_id: HashMap<Oid, usize>,
     kept: HashMap<usize, (Kind, Arc<[u8]>)>,
     limits: Limits,
     inflated: u64,
@@ -196,7 +195,6 @@ impl Pack {
             buf: &buf[..end],
             entries: Vec::with_capacity(count as usize),
             by_offset: HashMap::new(),
-            by_id: HashMap::new(),
             kept: HashMap::new(),
             limits,
             inflated: 0,
@@ -208,9 +206,6 @@ impl Pack {
             pos = entry.data.end;
             let idx = r.entries.len();
             r.by_offset.insert(entry.offset, idx);
-            if let Some((_, oid)) = id {
-                r.by_id.insert(oid, idx);
-            }
             ids.push(id);
             r.entries.push(entry);
         }
@@ -443,38 +438,98 @@ impl Reading<'_> {
         Ok(())
     }
 
-    /// Entry `i`'s type and content; `None` when a delta base is not in
-    /// the pack (yet: its id may be found in a later round).
-    fn resolve(&mut self, i: usize, depth: usize) -> Result<Option<(Kind, Vec<u8>)>, PackError> {
-        let at = self.entries[i].offset;
-        if depth > self.limits.max_depth {
-            return Err(PackError::DeltaTooDeep(at));
-        }
-        if let Some((k, d)) = self.kept.get(&i) {
-            let (k, d) = (*k, d.to_vec());
-            self.charge(at, d.len() as u64)?;
-            return Ok(Some((k, d)));
-        }
-        let base = match self.entries[i].header {
-            Header::Base(kind) => {
-                let (from, size) = (self.entries[i].data.start, self.entries[i].size);
-                let (_, d) = self.inflate(at, from, size, true, None)?;
-                return Ok(Some((kind, d.expect("kept"))));
+    /// Every delta whose base is in the pack, resolved from the bases
+    /// outward as `git index-pack` does: each base object is inflated once
+    /// more, and each delta inflated and applied once, onto its base's
+    /// content held while its children are worked (a chain of N deltas
+    /// costs N applications, not the N²/2 of rebuilding each delta's chain
+    /// from its root; issue #38's pack walk measured 1.7–2.6 MiB/s that
+    /// way). A REF_DELTA's base may lie anywhere in the pack, as a base
+    /// object or itself a delta: its children are found by id as soon as
+    /// that id is known. What no base reaches (a thin pack's deltas, deltas
+    /// naming each other) stays `None` in `ids`.
+    fn resolve_deltas(&mut self, ids: &mut [Option<(Kind, Oid)>]) -> Result<(), PackError> {
+        let mut by_ofs: HashMap<usize, Vec<usize>> = HashMap::new();
+        let mut by_ref: HashMap<Oid, Vec<usize>> = HashMap::new();
+        for (i, e) in self.entries.iter().enumerate() {
+            match e.header {
+                Header::Ofs(b) => by_ofs.entry(b).or_default().push(i),
+                Header::Ref(id) => by_ref.entry(id).or_default().push(i),
+                Header::Base(_) => {}
             }
-            Header::Ofs(b) => b,
-            Header::Ref(id) => match self.by_id.get(&id) {
-                Some(&b) if b != i => b,
-                _ => return Ok(None),
-            },
+        }
+        if by_ofs.is_empty() && by_ref.is_empty() {
+            return Ok(());
+        }
+        // Children are taken once: a base that appears twice (the same
+        // object stored twice) hands its REF_DELTAs to the first.
+        let mut children = |i: usize, id: &Oid| -> Vec<usize> {
+            let mut c = by_ofs.remove(&i).unwrap_or_default();
+            c.extend(by_ref.remove(id).unwrap_or_default());
+            c
         };
-        let Some((kind, base)) = self.resolve(base, depth + 1)? else {
-            return Ok(None);
-        };
-        let (from, size) = (self.entries[i].data.start, self.entries[i].size);
-        let (_, delta) = self.inflate(at, from, size, true, None)?;
-        let delta = delta.expect("kept");
-        let out = self.apply(at, &base, &delta)?;
-        Ok(Some((kind, out)))
+        /// A resolved object whose deltas are being worked.
+        struct Frame {
+            kind: Kind,
+            data: Arc<[u8]>,
+            children: Vec<usize>,
+            depth: usize,
+        }
+        for root in 0..ids.len() {
+            let (kind, id) = match (&self.entries[root].header, ids[root]) {
+                (Header::Base(_), Some(known)) => known,
+                _ => continue,
+            };
+            let kids = children(root, &id);
+            if kids.is_empty() {
+                continue;
+            }
+            let data: Arc<[u8]> = match self.kept.get(&root) {
+                Some((_, d)) => d.clone(),
+                None => {
+                    let e = &self.entries[root];
+                    let (at, from, size) = (e.offset, e.data.start, e.size);
+                    let (_, d) = self.inflate(at, from, size, true, None)?;
+                    d.expect("kept").into()
+                }
+            };
+            let mut stack = vec![Frame {
+                kind,
+                data,
+                children: kids,
+                depth: 0,
+            }];
+            while let Some(top) = stack.last_mut() {
+                let Some(child) = top.children.pop() else {
+                    stack.pop();
+                    continue;
+                };
+                let (kind, depth) = (top.kind, top.depth + 1);
+                let e = &self.entries[child];
+                let (at, from, size) = (e.offset, e.data.start, e.size);
+                if depth > self.limits.max_depth {
+                    return Err(PackError::DeltaTooDeep(at));
+                }
+                let (_, delta) = self.inflate(at, from, size, true, None)?;
+                let base = stack.last().expect("the frame popped from").data.clone();
+                let out: Arc<[u8]> = self.apply(at, &base, &delta.expect("kept"))?.into();
+                let oid = object_id(kind, &out);
+                ids[child] = Some((kind, oid));
+                if matches!(kind, Kind::Commit | Kind::Tree) {
+                    self.kept.insert(child, (kind, out.clone()));
+                }
+                let kids = children(child, &oid);
+                if !kids.is_empty() {
+                    stack.push(Frame {
+                        kind,
+                        data: out,
+                        children: kids,
+                        depth,
+                    });
+                }
+            }
+        }
+        Ok(())
     }
 
     /// A delta (gitformat-pack(5) "Deltified representation") applied to
@@ -832,6 +887,57 @@ mod tests {
         assert_eq!(
             Pack::parse(&pack_of(&objs), small).err(),
             Some(PackError::Budget)
+        );
+    }
+
+    /// A varint as deltas write their sizes.
+    fn varint(mut v: usize, out: &mut Vec<u8>) {
+        loop {
+            let c = (v & 0x7f) as u8;
+            v >>= 7;
+            if v == 0 {
+                out.push(c);
+                return;
+            }
+            out.push(c | 0x80);
+        }
+    }
+
+    /// A chain of 60 REF_DELTAs, each on the one before and stored before
+    /// it (children first): every link resolves, and each is rebuilt once,
+    /// so what is inflated grows with the chain, not with its square.
+    #[test]
+    fn a_long_chain_resolves_in_any_order_with_each_delta_applied_once() {
+        let base: Vec<u8> = (0..4096u32).map(|i| (i % 251) as u8).collect();
+        let mut contents = vec![base.clone()];
+        let mut deltas = Vec::new();
+        for k in 0..60u8 {
+            let prev = contents.last().unwrap().clone();
+            // Copy the whole base (offset 0, a three-byte length), add one byte.
+            let mut d = Vec::new();
+            varint(prev.len(), &mut d);
+            varint(prev.len() + 1, &mut d);
+            let n = prev.len();
+            d.extend([0x80 | 0x70, n as u8, (n >> 8) as u8, (n >> 16) as u8]);
+            d.extend([1, k]);
+            deltas.push(ref_delta(&object_id(Kind::Blob, &prev), &d));
+            contents.push([prev.as_slice(), &[k]].concat());
+        }
+        let mut entries: Vec<Vec<u8>> = deltas.into_iter().rev().collect();
+        entries.push(object(Kind::Blob, &base));
+        let pack = Pack::parse(&pack_of(&entries), limits()).unwrap();
+        assert_eq!(pack.unresolved, 0);
+        for c in &contents {
+            assert!(pack.contains(&object_id(Kind::Blob, c)));
+        }
+        // Read once, the base again as a root, each delta and its result
+        // once: about 62 objects of 4 KiB. Rebuilding each link's chain
+        // from the root would inflate about 61·62/2 of them.
+        let once: u64 = contents.iter().map(|c| c.len() as u64 + 16).sum::<u64>() + 2 * 4096;
+        assert!(
+            pack.inflated <= once,
+            "inflated {} bytes, more than once each ({once})",
+            pack.inflated
         );
     }
 
