@@ -6,7 +6,7 @@
 //!
 //! ```text
 //! loadgen latency --to ADDR --url http://host/path [--proxy] --rate R --secs S
-//! loadgen bulk    --to ADDR --host H --path /big [--connect H:P] --secs S
+//! loadgen bulk    --to ADDR --host H --path /big [--connect H:P] [--ca PEM] --secs S
 //! loadgen tls     --to ADDR --sni H --ca ca.pem [--connect H:P] --conns N --secs S
 //!                 [--keepalive [--h2]] [--resume] [--path /p] [--requests N]
 //! loadgen idle    --to ADDR --connect H:P --n N --hold S
@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, ServerName};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 /// Longest wait for any one response head or connect.
@@ -281,6 +281,26 @@ async fn bulk(args: &Args) -> io::Result<String> {
     if let Some(auth) = args.get("connect") {
         tunnel(&mut s, auth).await?;
     }
+    // With --ca, the download runs over TLS to `host` (through the tunnel
+    // when there is one): bytes a tunnel cannot read, as most are.
+    if let Some(ca) = args.get("ca") {
+        let mut cfg = (*tls_config(ca)).clone();
+        cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
+        let name = ServerName::try_from(host.to_string())
+            .map_err(|e| io::Error::other(format!("--host: {e}")))?;
+        let tls = tokio_rustls::TlsConnector::from(Arc::new(cfg))
+            .connect(name, s)
+            .await?;
+        return bulk_on(tls, &req, secs).await;
+    }
+    bulk_on(s, &req, secs).await
+}
+
+async fn bulk_on<S: AsyncRead + AsyncWrite + Unpin>(
+    mut s: S,
+    req: &str,
+    secs: f64,
+) -> io::Result<String> {
     let mut buf = Vec::new();
     // One warm-up transfer (page cache, TCP windows).
     s.write_all(req.as_bytes()).await?;
