@@ -8,14 +8,14 @@
 //! runtime, no lease: whatever egressd's relay spends above this is its
 //! own (`benches/load/run --only bulk --floor`).
 //!
-//!     cargo run --release --example splice_floor -- LISTEN ORIGIN
+//!     cargo run --release --example splice_floor -- LISTEN ORIGIN_IP
 //!
-//! `CONNECT anything HTTP/1.1` on LISTEN is answered `200` and relayed to
-//! ORIGIN (an `IP:PORT`; the authority is not looked at). Anything else
+//! `CONNECT name:port HTTP/1.1` on LISTEN is answered `200` and relayed to
+//! ORIGIN_IP at that port (the name is not looked at). Anything else
 //! closes the connection.
 
 use std::io::{self, Read, Write};
-use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::thread;
 
@@ -25,11 +25,11 @@ const PIPE_SIZE: libc::c_int = 1 << 20;
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let [listen, origin] = args.as_slice() else {
-        eprintln!("usage: splice_floor LISTEN ORIGIN");
+        eprintln!("usage: splice_floor LISTEN ORIGIN_IP");
         std::process::exit(2);
     };
     let listen: SocketAddr = listen.parse().expect("LISTEN is IP:PORT");
-    let origin: SocketAddr = origin.parse().expect("ORIGIN is IP:PORT");
+    let origin: IpAddr = origin.parse().expect("ORIGIN_IP is an IP address");
     let l = TcpListener::bind(listen).expect("bind");
     for c in l.incoming() {
         let Ok(c) = c else { continue };
@@ -39,7 +39,7 @@ fn main() {
     }
 }
 
-fn serve(mut client: TcpStream, origin: SocketAddr) -> io::Result<()> {
+fn serve(mut client: TcpStream, origin: IpAddr) -> io::Result<()> {
     client.set_nodelay(true)?;
     // The head, byte by byte up to its blank line: nothing after it may be
     // read into user space, it belongs to the tunnel.
@@ -51,10 +51,17 @@ fn serve(mut client: TcpStream, origin: SocketAddr) -> io::Result<()> {
         }
         head.push(b[0]);
     }
-    if !head.starts_with(b"CONNECT ") {
+    // `CONNECT name:port HTTP/1.1`: the port after the target's last colon.
+    let Some(port) = head
+        .strip_prefix(b"CONNECT ")
+        .and_then(|rest| rest.split(|&b| b == b' ').next())
+        .and_then(|target| std::str::from_utf8(target).ok())
+        .and_then(|target| target.rsplit_once(':'))
+        .and_then(|(_, port)| port.parse::<u16>().ok())
+    else {
         return Ok(());
-    }
-    let up = TcpStream::connect(origin)?;
+    };
+    let up = TcpStream::connect((origin, port))?;
     up.set_nodelay(true)?;
     client.write_all(b"HTTP/1.1 200 Connection established\r\n\r\n")?;
     let (c2, u2) = (client.try_clone()?, up.try_clone()?);
