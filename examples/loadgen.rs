@@ -302,14 +302,18 @@ async fn bulk_on<S: AsyncRead + AsyncWrite + Unpin>(
     secs: f64,
 ) -> io::Result<String> {
     let mut buf = Vec::new();
-    // One warm-up transfer (page cache, TCP windows).
+    // One warm-up transfer (page cache, TCP windows). Each request is
+    // flushed: over TLS a write may stay in the session's buffer until
+    // then, and the download would wait for a request never sent.
     s.write_all(req.as_bytes()).await?;
+    s.flush().await?;
     read_response(&mut s, &mut buf, true).await?;
     let start = Instant::now();
     let mut bytes = 0u64;
     let mut n = 0u64;
     while start.elapsed().as_secs_f64() < secs {
         s.write_all(req.as_bytes()).await?;
+        s.flush().await?;
         let (status, len) = read_response(&mut s, &mut buf, true).await?;
         if status != 200 {
             return Err(io::Error::other(format!("status {status}")));
