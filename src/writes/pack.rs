@@ -267,32 +267,6 @@ impl Pack {
 }
 
 impl Reading<'_> {
-    /// Deltas, in rounds: a REF_DELTA's base may come later in the pack.
-    /// Each object resolved gets its id in `ids` (commits and trees kept).
-    fn resolve_deltas(&mut self, ids: &mut [Option<(Kind, Oid)>]) -> Result<(), PackError> {
-        loop {
-            let mut progress = false;
-            for (i, id) in ids.iter_mut().enumerate() {
-                if id.is_some() {
-                    continue;
-                }
-                if let Some((kind, data)) = self.resolve(i, 0)? {
-                    let oid = object_id(kind, &data);
-                    self.by_id.insert(oid, i);
-                    if matches!(kind, Kind::Commit | Kind::Tree) {
-                        self.kept.insert(i, (kind, data.into()));
-                    }
-                    *id = Some((kind, oid));
-                    progress = true;
-                }
-            }
-            if !progress {
-                break;
-            }
-        }
-        Ok(())
-    }
-
     /// The entry at `pos`; for a base object, also its id (a blob is
     /// hashed while it inflates and not kept).
     fn read_entry(&mut self, pos: usize) -> Result<(Entry, Option<(Kind, Oid)>), PackError> {
@@ -484,15 +458,7 @@ impl Reading<'_> {
             if kids.is_empty() {
                 continue;
             }
-            let data: Arc<[u8]> = match self.kept.get(&root) {
-                Some((_, d)) => d.clone(),
-                None => {
-                    let e = &self.entries[root];
-                    let (at, from, size) = (e.offset, e.data.start, e.size);
-                    let (_, d) = self.inflate(at, from, size, true, None)?;
-                    d.expect("kept").into()
-                }
-            };
+            let data = self.base_content(root)?;
             let mut stack = vec![Frame {
                 kind,
                 data,
@@ -530,6 +496,18 @@ impl Reading<'_> {
             }
         }
         Ok(())
+    }
+
+    /// A base object's content: kept (commits, trees), else inflated once
+    /// more (a blob, hashed but not kept when first read).
+    fn base_content(&mut self, root: usize) -> Result<Arc<[u8]>, PackError> {
+        if let Some((_, d)) = self.kept.get(&root) {
+            return Ok(d.clone());
+        }
+        let e = &self.entries[root];
+        let (at, from, size) = (e.offset, e.data.start, e.size);
+        let (_, d) = self.inflate(at, from, size, true, None)?;
+        Ok(d.expect("kept").into())
     }
 
     /// A delta (gitformat-pack(5) "Deltified representation") applied to
