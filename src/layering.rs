@@ -68,6 +68,7 @@ const PROXY: &[&str] = &[
     "streams",
     "sni",
     "relay",
+    "upload",
     "upstream",
     "pool",
     "tls_origins",

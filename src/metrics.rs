@@ -232,6 +232,8 @@ pub struct Metrics {
     /// (`exception` when allowed). No package label: names are unbounded.
     pub package_decisions: IntCounterVec,
     pub git_pushes: IntCounterVec,
+    /// Bytes charged to `upload:` budgets, by exception.
+    pub upload_bytes: IntCounterVec,
     pub package_versions_hidden: IntCounterVec,
     /// Requests allowed by a grant (each took one of its uses). No label:
     /// which grant is in the log.
@@ -253,7 +255,7 @@ pub struct Metrics {
 
 /// The labelled counters, in the order `Metrics::new` takes them: name,
 /// help, labels.
-const COUNTER_VECS: [(&str, &str, &[&str]); 11] = [
+const COUNTER_VECS: [(&str, &str, &[&str]); 12] = [
     (
         "egressd_requests_total",
         "Requests and queries decided.",
@@ -308,6 +310,11 @@ const COUNTER_VECS: [(&str, &str, &[&str]); 11] = [
         "egressd_package_versions_hidden_total",
         "Versions filtered out of index documents, by reason.",
         &["ecosystem", "set", "reason"],
+    ),
+    (
+        "egressd_upload_bytes_total",
+        "Bytes clients sent upstream under an exception's upload: budget (request bodies, tunnel bytes).",
+        &["exception"],
     ),
 ];
 
@@ -411,7 +418,7 @@ impl Metrics {
 
     pub fn new() -> Arc<Metrics> {
         let r = Registry::new();
-        let [requests, denied, dns_tunnel, overload, reloads, bytes, upstream_errors, dns_cache, git_pushes, package_decisions, package_versions_hidden] =
+        let [requests, denied, dns_tunnel, overload, reloads, bytes, upstream_errors, dns_cache, git_pushes, package_decisions, package_versions_hidden, upload_bytes] =
             COUNTER_VECS.map(|(name, help, labels)| counter_vec(&r, name, help, labels));
         let policy_exceptions = registered(
             &r,
@@ -480,6 +487,7 @@ impl Metrics {
             policy_loaded_at,
             package_decisions,
             git_pushes,
+            upload_bytes,
             package_versions_hidden,
             grant_uses,
             live: ArcSwap::from_pointee(ExceptionTable::default()),
@@ -573,6 +581,12 @@ impl Metrics {
         self.git_pushes
             .with_label_values(&[exception, result])
             .inc();
+    }
+
+    /// Counts `n` bytes charged to an exception's upload budget (called
+    /// by `Recorder::record` only).
+    pub fn count_upload(&self, exception: &str, n: u64) {
+        self.upload_bytes.with_label_values(&[exception]).inc_by(n);
     }
 
     pub fn count_package(&self, eco: Ecosystem, set: &str, decision: &str, reason: &str) {

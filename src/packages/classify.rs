@@ -32,6 +32,14 @@
 //! | sum.golang.org | `/lookup/<module>@<v>` | per-version metadata |
 //! | | `/latest`, `/tile/…` | registry |
 //!
+//! Publishing is told apart from the unreadable (DESIGN "Writes on allowed
+//! hosts"): npm `PUT`/`DELETE` on a registry path (`npm publish`,
+//! `unpublish`, `deprecate`, `dist-tag`), a `POST` to PyPI's upload
+//! endpoint (`upload.pypi.org`, or `/legacy/` on an index host), and
+//! `cargo publish` (`PUT /api/v1/crates/new`) and `yank`/`unyank`/`owner`
+//! on the crates.io API are [`Classified::Publish`]: denied
+//! `package_publish` unless the exception names them.
+//!
 //! Go module paths and versions are in Go's `!` case encoding; npm scopes in
 //! any of their encodings; PyPI and cargo names in any spelling their
 //! normalisation folds. Owns: URL shapes and filename parsing. Does not own:
@@ -206,6 +214,12 @@ pub enum Classified {
     NotRegistry,
     Registry(Ecosystem, RegistryResource),
     Package(PackageRef),
+    /// A write to the registry (a publish and its kin): denied
+    /// `package_publish` unless an exception names it. `what` says which.
+    Publish {
+        ecosystem: Ecosystem,
+        what: &'static str,
+    },
     /// A registry host, a path the gate cannot read: deny.
     Unparseable {
         ecosystem: Ecosystem,
@@ -218,6 +232,8 @@ pub enum Classified {
 enum Role {
     PypiIndex,
     PypiFiles,
+    /// `upload.pypi.org`: uploads only.
+    PypiUpload,
     Npm,
     CargoIndex,
     CargoStatic,
@@ -231,6 +247,7 @@ enum Role {
 pub const REGISTRY_HOSTS: &[(&str, Ecosystem)] = &[
     ("pypi.org", Ecosystem::Pypi),
     ("files.pythonhosted.org", Ecosystem::Pypi),
+    ("upload.pypi.org", Ecosystem::Pypi),
     ("registry.npmjs.org", Ecosystem::Npm),
     ("registry.yarnpkg.com", Ecosystem::Npm),
     ("index.crates.io", Ecosystem::Cargo),
@@ -254,6 +271,7 @@ fn known_role(host: &str) -> Option<Role> {
     Some(match h.as_str() {
         "pypi.org" => Role::PypiIndex,
         "files.pythonhosted.org" => Role::PypiFiles,
+        "upload.pypi.org" => Role::PypiUpload,
         "registry.npmjs.org" | "registry.yarnpkg.com" => Role::Npm,
         "index.crates.io" => Role::CargoIndex,
         "static.crates.io" => Role::CargoStatic,
@@ -282,7 +300,7 @@ fn role_by_path(eco: Ecosystem, segs: &[&str]) -> Role {
 
 fn role_ecosystem(r: Role) -> Ecosystem {
     match r {
-        Role::PypiIndex | Role::PypiFiles => Ecosystem::Pypi,
+        Role::PypiIndex | Role::PypiFiles | Role::PypiUpload => Ecosystem::Pypi,
         Role::Npm => Ecosystem::Npm,
         Role::CargoIndex | Role::CargoStatic | Role::CargoApi => Ecosystem::Cargo,
         Role::GoProxy | Role::GoSum => Ecosystem::Go,
@@ -365,6 +383,12 @@ fn classify_inner(
     accept: Option<&str>,
     mirrored: bool,
 ) -> R<Classified> {
+    if let Some(what) = publish(eco, known, method, path) {
+        return Ok(Classified::Publish {
+            ecosystem: eco,
+            what,
+        });
+    }
     if !(method.eq_ignore_ascii_case("GET") || method.eq_ignore_ascii_case("HEAD")) {
         return why(format!(
             "{method} is not a registry read (only GET and HEAD are)"
@@ -416,12 +440,52 @@ fn classify_inner(
         }
         Role::PypiIndex => pypi_index(segs, trailing, accept),
         Role::PypiFiles => pypi_files(segs, trailing),
+        Role::PypiUpload => why("upload.pypi.org takes uploads only"),
         Role::Npm => npm(segs, trailing, accept),
         Role::CargoIndex => cargo_index(segs, trailing),
         Role::CargoStatic => cargo_static(segs, trailing),
         Role::CargoApi => cargo_api(segs, trailing),
         Role::GoProxy => go_proxy(segs, trailing),
         Role::GoSum => go_sum(segs, trailing),
+    }
+}
+
+/// What kind of publish `method` on `path` is, if it is one. Judged on
+/// the path's shape only (before any other check): a write is refused as
+/// a publish whether or not the rest of its path would read.
+fn publish(eco: Ecosystem, known: Option<Role>, method: &str, path: &str) -> Option<&'static str> {
+    let m = method.to_ascii_uppercase();
+    if matches!(m.as_str(), "GET" | "HEAD") {
+        return None;
+    }
+    let p = path.split(['?', '#']).next().unwrap_or("");
+    let segs: Vec<&str> = p.split('/').filter(|s| !s.is_empty()).collect();
+    let role = known
+        .filter(|r| role_ecosystem(*r) == eco)
+        .unwrap_or_else(|| role_by_path(eco, &segs));
+    let lower: Vec<String> = segs.iter().map(|s| s.to_ascii_lowercase()).collect();
+    let lower: Vec<&str> = lower.iter().map(String::as_str).collect();
+    match (role, m.as_str(), lower.as_slice()) {
+        (Role::Npm, "PUT", [s, ..]) if *s != "-" || lower.get(1) == Some(&"package") => {
+            Some("npm publish (a PUT on the registry)")
+        }
+        (Role::Npm, "DELETE", [s, ..]) if *s != "-" || lower.get(1) == Some(&"package") => {
+            Some("npm unpublish (a DELETE on the registry)")
+        }
+        (Role::PypiUpload, "POST", _) => Some("a PyPI upload (a POST to the upload endpoint)"),
+        (Role::PypiIndex, "POST", ["legacy"]) => {
+            Some("a PyPI upload (a POST to the legacy upload endpoint)")
+        }
+        (Role::CargoApi, "PUT", ["api", "v1", "crates", "new"]) => {
+            Some("cargo publish (PUT /api/v1/crates/new)")
+        }
+        (Role::CargoApi, "PUT" | "DELETE", ["api", "v1", "crates", _, _, "yank" | "unyank"]) => {
+            Some("cargo yank (a write to the crates API)")
+        }
+        (Role::CargoApi, "PUT" | "DELETE", ["api", "v1", "crates", _, "owners"]) => {
+            Some("cargo owner (a write to the crates API)")
+        }
+        _ => None,
     }
 }
 

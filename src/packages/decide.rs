@@ -53,10 +53,13 @@ pub enum PackageReason {
     IntegrityMismatch,
     IndexUnfilterable,
     Unparseable,
+    /// A publish (npm `PUT`, a PyPI upload, `cargo publish`) no exception
+    /// names.
+    Publish,
 }
 
 impl PackageReason {
-    pub const ALL: [PackageReason; 10] = [
+    pub const ALL: [PackageReason; 11] = [
         PackageReason::NotApproved,
         PackageReason::VersionNotApproved,
         PackageReason::TooNew,
@@ -67,6 +70,7 @@ impl PackageReason {
         PackageReason::IntegrityMismatch,
         PackageReason::IndexUnfilterable,
         PackageReason::Unparseable,
+        PackageReason::Publish,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -81,6 +85,7 @@ impl PackageReason {
             PackageReason::IntegrityMismatch => "package_integrity_mismatch",
             PackageReason::IndexUnfilterable => "package_index_unfilterable",
             PackageReason::Unparseable => "package_unparseable",
+            PackageReason::Publish => "package_publish",
         }
     }
 

@@ -132,12 +132,14 @@ pub enum Reason {
     GitDeleteNotAllowed,
     GitPathDenied,
     GitTooLarge,
+    UploadBudget,
+    PackagePublish,
 }
 
 impl Reason {
     /// Every reason, for pre-creating metric series, in declaration order
     /// (so that `ALL[r.index()] == r`).
-    pub const ALL: [Reason; 36] = [
+    pub const ALL: [Reason; 38] = [
         Reason::Exception,
         Reason::NoException,
         Reason::Expired,
@@ -174,6 +176,8 @@ impl Reason {
         Reason::GitDeleteNotAllowed,
         Reason::GitPathDenied,
         Reason::GitTooLarge,
+        Reason::UploadBudget,
+        Reason::PackagePublish,
     ];
 
     /// Position in [`Reason::ALL`]: metrics find a reason's series by it.
@@ -211,7 +215,8 @@ impl Reason {
             | Reason::PackageNotListed
             | Reason::PackageIntegrityMismatch
             | Reason::PackageIndexUnfilterable
-            | Reason::PackageUnparseable => self.package().expect("a package reason").as_str(),
+            | Reason::PackageUnparseable
+            | Reason::PackagePublish => self.package().expect("a package reason").as_str(),
             Reason::GitRepoNotAllowed => "git_repo_not_allowed",
             Reason::GitPushNotAllowed => "git_push_not_allowed",
             Reason::GitRefNotAllowed => "git_ref_not_allowed",
@@ -219,6 +224,7 @@ impl Reason {
             Reason::GitDeleteNotAllowed => "git_delete_not_allowed",
             Reason::GitPathDenied => "git_path_denied",
             Reason::GitTooLarge => "git_too_large",
+            Reason::UploadBudget => "upload_budget",
         }
     }
 
@@ -235,6 +241,7 @@ impl Reason {
             Reason::PackageIntegrityMismatch => PackageReason::IntegrityMismatch,
             Reason::PackageIndexUnfilterable => PackageReason::IndexUnfilterable,
             Reason::PackageUnparseable => PackageReason::Unparseable,
+            Reason::PackagePublish => PackageReason::Publish,
             _ => return None,
         })
     }
@@ -251,6 +258,7 @@ impl Reason {
             Reason::UpstreamError => 502,
             Reason::Overloaded | Reason::LogUnavailable => 503,
             Reason::Malformed => 400,
+            Reason::UploadBudget => 429,
             _ => 403,
         }
     }
@@ -268,7 +276,8 @@ impl Reason {
             | Reason::PackageTooNew
             | Reason::PackageTimeUnknown
             | Reason::PackageSetExpired
-            | Reason::PackageNotListed => true,
+            | Reason::PackageNotListed
+            | Reason::PackagePublish => true,
             Reason::PackageDenied
             | Reason::PackageIntegrityMismatch
             | Reason::PackageIndexUnfilterable
@@ -289,6 +298,7 @@ impl Reason {
             Reason::GitDeleteNotAllowed => true,
             Reason::GitPathDenied => true,
             Reason::GitTooLarge => true,
+            Reason::UploadBudget => true,
 
             Reason::Exception
             | Reason::PrivateAddress
@@ -342,6 +352,8 @@ impl Reason {
             Reason::GitDeleteNotAllowed => "the push deletes a ref and delete is not allowed",
             Reason::GitPathDenied => "a pushed commit adds or changes a path the exception's git: push.deny_paths denies",
             Reason::GitTooLarge => "the push is larger than the exception's git: push.max_bytes",
+            Reason::UploadBudget => "this client has sent what the exception's upload: budget allows in its window",
+            Reason::PackagePublish => "publishing to a package registry is not allowed unless an exception names the method and the registry path",
         }
     }
 }
@@ -359,6 +371,7 @@ impl From<PackageReason> for Reason {
             PackageReason::IntegrityMismatch => Reason::PackageIntegrityMismatch,
             PackageReason::IndexUnfilterable => Reason::PackageIndexUnfilterable,
             PackageReason::Unparseable => Reason::PackageUnparseable,
+            PackageReason::Publish => Reason::PackagePublish,
         }
     }
 }

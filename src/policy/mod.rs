@@ -23,6 +23,7 @@ pub mod path;
 pub mod qtype;
 pub mod raw;
 pub mod suggest;
+pub mod upload;
 pub mod yaml;
 
 use std::fmt;
@@ -365,6 +366,8 @@ pub struct Rules {
     pub grant: Option<grant::Grant>,
     /// `git:`: the smart-HTTP endpoints of these repositories only.
     pub git: Option<Arc<git::GitRules>>,
+    /// `upload:`: the budget, and the ledger it is charged to.
+    pub upload: Option<upload::UploadRule>,
 }
 
 impl Rules {
@@ -380,6 +383,7 @@ impl Rules {
             && self.inject.is_empty()
             && self.grant.is_none()
             && self.git.is_none()
+            && self.upload.is_none()
     }
 }
 
@@ -465,6 +469,11 @@ impl Exception {
     /// `git:`, when set.
     pub fn git(&self) -> Option<&git::GitRules> {
         self.rules()?.git.as_deref()
+    }
+
+    /// `upload:`, when set.
+    pub fn upload(&self) -> Option<&upload::UploadRule> {
+        self.rules()?.upload.as_ref()
     }
 
     /// Whether an opaque tunnel cannot enforce this exception (it restricts
@@ -705,6 +714,25 @@ impl Policy {
             if let Some(uses) = share(e) {
                 if let Some(g) = e.rules.as_mut().and_then(|r| r.grant.as_mut()) {
                     g.share(uses);
+                }
+            }
+        }
+    }
+
+    /// Hands every exception with `upload:` its ledger: `share` gives the
+    /// one an earlier policy charged under the same id, or `None` to keep
+    /// the fresh one (then returned by `Exception::upload`).
+    pub fn share_upload_ledgers(
+        &mut self,
+        mut share: impl FnMut(&Exception) -> Option<Arc<upload::UploadLedger>>,
+    ) {
+        for e in &mut self.exceptions {
+            if e.upload().is_none() {
+                continue;
+            }
+            if let Some(ledger) = share(e) {
+                if let Some(u) = e.rules.as_mut().and_then(|r| r.upload.as_mut()) {
+                    u.share(ledger);
                 }
             }
         }

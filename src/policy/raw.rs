@@ -412,6 +412,19 @@ pub struct RawException {
     /// (needs interception). The exception then allows only those
     /// repositories' git endpoints on its hosts.
     pub git: Option<RawGit>,
+    /// Upload budget: bytes a client may send through this exception per
+    /// sliding window (request bodies, and what it sends into tunnels).
+    pub upload: Option<RawUpload>,
+}
+
+/// `upload:` on an exception.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RawUpload {
+    /// Bytes per window, per client (`10MiB`).
+    pub bytes: SizeField,
+    /// The sliding window (`1h`), at most 30d.
+    pub per: DurationField,
 }
 
 /// `git:` on an exception.

@@ -43,6 +43,7 @@ use super::relay;
 use super::respond::{self, BoxError, ProxyBody, Responder, Stop};
 use super::scrub;
 use super::tls_origins::UpstreamAddr;
+use super::upload;
 use super::upstream;
 use super::writes::{self, Judged};
 use super::ProxyCtx;
@@ -107,6 +108,10 @@ pub(crate) async fn decide_and_forward(
             Judged::Advertise(req, ev) => (req, ev, true),
             Judged::Answered(resp) => return resp,
         };
+    let req = match upload::meter(req, &mut ev, &d, mode) {
+        Ok(req) => req,
+        Err(stop) => return responder.stop(ev, stop),
+    };
     let mirror = route.mirror.as_ref().map(|(e, m)| (*e, m));
     match reach_origin(&at, inbound.scheme, req, &mut ev, mirror).await {
         Ok(sent) => answer_route(&at, sent, ev, route, advert).await,

@@ -49,6 +49,7 @@ pub(crate) mod streams;
 mod tls_origins;
 pub mod transparent;
 pub mod tunnel;
+mod upload;
 pub mod upstream;
 mod writes;
 

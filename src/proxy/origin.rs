@@ -319,10 +319,14 @@ async fn send(
         // The client's own body broke the exchange (hyper's chunk
         // extension bound, a bad chunk size): its request was malformed.
         Ok(Err(e)) if body_failed.load(Ordering::Relaxed) => {
+            // Cut at its upload budget: refused as that, not as malformed.
+            if let Some(cut) = super::upload::cut(ev) {
+                return Err(cut);
+            }
             return Err(Stop::BadMessage {
                 status: StatusCode::BAD_REQUEST,
                 detail: format!("the request body: {e}"),
-            })
+            });
         }
         Ok(Err(e)) => return Err(unreachable(UpstreamFailure::Connect, e, false)),
         Err(_) => {

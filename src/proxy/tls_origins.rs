@@ -44,7 +44,7 @@ pub struct UpstreamAddr(pub SocketAddr);
 
 /// What an HTTPS request to an origin carries: a client's body (counted)
 /// or egressd's own empty one (an index the package gate reads).
-pub type OutBody = http_body_util::combinators::BoxBody<bytes::Bytes, hyper::Error>;
+pub type OutBody = http_body_util::combinators::BoxBody<bytes::Bytes, super::held::BodyError>;
 
 /// An HTTPS client bound to one origin name and its checked addresses.
 /// Cloning it is one reference count (a request takes one from the map).

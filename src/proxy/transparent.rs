@@ -69,6 +69,7 @@ use super::relay;
 use super::respond::{self, record_stop, ProxyBody, Responder, Stop};
 use super::rewind::Rewind;
 use super::sni::{self, Hello, SniRule, HELLO_TIMEOUT};
+use super::upload;
 use super::upstream::{self, Reach};
 use super::{forward, mitm, tunnel, ProxyCtx};
 use crate::dns::inside;
@@ -514,6 +515,7 @@ async fn carry(
         Ok(c) => c,
         Err(stop) => return record_stop(rec, ev, stop),
     };
+    let cap = upload::tunnel(&d, &mut ev, policy.settings.mode);
     drop(policy);
     if !rec.open_settled(&mut ev).await {
         return rec.record(ev);
@@ -527,6 +529,7 @@ async fn carry(
         Box::new(ev),
         rec.clone(),
         &ctx.pipes,
+        cap,
     )
     .await;
 }

@@ -28,12 +28,14 @@ use tokio::net::TcpStream;
 use super::admit::{admit, identify, request_token, Draft};
 use super::chunks::ChunkGuard;
 use super::dest::{check_host_headers, parse_authority, Dest};
+use super::held::Charge;
 use super::mitm;
 use super::origin::Scheme;
 use super::relay::{self, IDLE_TIMEOUT};
 use super::respond::{self, record_stop, ProxyBody, Responder, Stop};
 use super::rewind::Rewind;
 use super::sni::{self, Hello, SniRule, HELLO_TIMEOUT};
+use super::upload;
 use super::upstream;
 use super::ProxyCtx;
 use crate::metrics::ActiveGuard;
@@ -85,6 +87,7 @@ pub async fn handle(
         Err(stop) => return responder.stop(ev, stop),
     };
     ev.status = Some(200);
+    let cap = upload::tunnel(&d, &mut ev, policy.settings.mode);
     // What the task holds lives as long as the tunnel, idle or not: it is
     // most of an idle tunnel's memory (docs/performance.md). The upgrade
     // is taken out of the request here so the request itself is not kept,
@@ -106,6 +109,7 @@ pub async fn handle(
         // The tunnel outlives hyper's connection: it keeps the
         // connection's permit until it closes.
         permit: req.extensions().get::<Permit>().cloned(),
+        cap,
     };
     tokio::spawn(carry(opened));
     established()
@@ -120,6 +124,8 @@ struct Opened {
     sni: SniRule,
     plain: Box<PlainInside>,
     permit: Option<Permit>,
+    /// The `upload:` budget the client's bytes are charged to, if any.
+    cap: Option<Arc<dyn Charge>>,
 }
 
 /// The tunnel's task: the client's first bytes judged, then relayed
@@ -133,6 +139,7 @@ fn carry(opened: Opened) -> impl std::future::Future<Output = ()> + Send {
         sni,
         plain,
         permit,
+        cap,
     } = opened;
     let (rec, pipes) = (plain.ctx.recorder.clone(), plain.ctx.pipes.clone());
     async move {
@@ -153,7 +160,7 @@ fn carry(opened: Opened) -> impl std::future::Future<Output = ()> + Send {
                 if !rec.open_settled(&mut ev).await {
                     return rec.record(*ev);
                 }
-                relay::tcp(client, upstream_conn, sent, ev, rec, &pipes).await
+                relay::tcp(client, upstream_conn, sent, ev, rec, &pipes, cap).await
             }
             Ok(Judged::Http(client, first)) => {
                 drop(upstream_conn);
@@ -377,9 +384,9 @@ async fn by_first_bytes(
             return Err(Stop::Decided);
         }
         let conn = connect(&ctx, &policy, &mut ev, who, &tunnel.dest, &d, now).await?;
-        Ok(conn)
+        Ok((conn, upload::tunnel(&d, &mut ev, policy.settings.mode)))
     };
-    let mut upstream_conn = match opaque.await {
+    let (mut upstream_conn, cap) = match opaque.await {
         Ok(c) => c,
         Err(stop) => return record_stop(rec, ev, stop),
     };
@@ -398,6 +405,7 @@ async fn by_first_bytes(
         Box::new(ev),
         rec.clone(),
         &ctx.pipes,
+        cap,
     )
     .await;
 }

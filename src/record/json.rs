@@ -90,6 +90,20 @@ impl Event {
             out.extend_from_slice(b",\"git\":");
             git(out, g);
         }
+        if let Some(u) = &self.upload {
+            use std::sync::atomic::Ordering::Relaxed;
+            out.extend_from_slice(b",\"upload\":{\"budget\":");
+            uint(out, u.budget);
+            out.extend_from_slice(b",\"used\":");
+            uint(out, u.used.load(Relaxed));
+            out.extend_from_slice(b",\"crossed\":");
+            out.extend_from_slice(if u.crossed.load(Relaxed) {
+                b"true"
+            } else {
+                b"false"
+            });
+            out.push(b'}');
+        }
         if let Some(o) = self.origin {
             out.extend_from_slice(b",\"origin\":");
             json_str(out, o);

@@ -16,6 +16,7 @@ pub mod recent;
 
 use std::borrow::Cow;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{Arc, LazyLock};
 use std::time::Instant;
 
@@ -80,6 +81,9 @@ pub struct Event {
     /// A smart-HTTP git request under a `git:` exception; written only
     /// when set, and a push counted in `egressd_git_pushes_total`.
     pub git: Option<Box<GitLine>>,
+    /// A request or connection under an `upload:` budget; written only
+    /// when set, its bytes counted in `egressd_upload_bytes_total`.
+    pub upload: Option<Arc<UploadLine>>,
     /// `"egressd"` for a request egressd made for itself (an index the
     /// gate fetched to authorise a download); written only when set.
     pub origin: Option<&'static str>,
@@ -211,6 +215,22 @@ pub struct GitLine {
     pub pack_bytes: Option<u64>,
 }
 
+/// The line's `upload` object: what a request or connection under an
+/// `upload:` budget charged to it. Shared with the body or relay doing the
+/// charging, so the line says what had been charged when it is written.
+#[derive(Debug, Default)]
+pub struct UploadLine {
+    /// The exception's budget, bytes per window.
+    pub budget: u64,
+    /// What the client's window held after this request's last charge.
+    pub used: AtomicU64,
+    /// The budget was crossed: the request refused or cut, or in report
+    /// mode let through past it.
+    pub crossed: AtomicBool,
+    /// Bytes charged and not yet counted in the metric.
+    pub uncounted: AtomicU64,
+}
+
 /// One ref update of a push.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GitRefLine {
@@ -262,6 +282,7 @@ impl Event {
             note: None,
             package: None,
             git: None,
+            upload: None,
             origin: None,
             event: None,
             quiet_close: false,
@@ -632,6 +653,13 @@ impl Recorder {
             };
             self.metrics
                 .count_git_push(ev.exception.as_deref().unwrap_or("-"), result);
+        }
+        if let Some(u) = &ev.upload {
+            let n = u.uncounted.swap(0, std::sync::atomic::Ordering::Relaxed);
+            if n > 0 {
+                self.metrics
+                    .count_upload(ev.exception.as_deref().unwrap_or("-"), n);
+            }
         }
         if let Some(p) = &ev.package {
             let set = p.set.as_deref().unwrap_or("-");

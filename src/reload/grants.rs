@@ -1,4 +1,5 @@
-//! Grant use counts that outlive a policy: one counter per grant id,
+//! Grant use counts that outlive a policy (and, in memory, the `upload:`
+//! budgets' ledgers, by exception id): one counter per grant id,
 //! handed to every policy that holds the grant ([`GrantStore::share`]), and
 //! kept on disk beside the grant (`<grants>/.state/<id>.uses`, written
 //! atomically at each use) so a restart of egressd starts where it stopped.
@@ -16,6 +17,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use crate::policy::grant::{GrantUses, UseSink};
+use crate::policy::upload::UploadLedger;
 use crate::policy::Policy;
 
 /// The directory, inside the grants directory, that holds use counts.
@@ -51,6 +53,9 @@ pub struct GrantStore {
     /// Whether `dir/.state/` can be written, found once, when the first
     /// grant is served (a policy without grants never makes the directory).
     writable: std::sync::OnceLock<bool>,
+    /// The `upload:` ledgers, by exception id: in memory only (a restart
+    /// starts every budget afresh).
+    uploads: Mutex<HashMap<Arc<str>, Arc<UploadLedger>>>,
 }
 
 impl GrantStore {
@@ -59,6 +64,7 @@ impl GrantStore {
             dir,
             counters: Mutex::default(),
             writable: std::sync::OnceLock::new(),
+            uploads: Mutex::default(),
         })
     }
 
@@ -77,6 +83,20 @@ impl GrantStore {
             Some(uses)
         });
         *counters = kept;
+        drop(counters);
+        // Upload budgets likewise, by exception id: a reload that keeps
+        // the exception keeps what its clients have sent.
+        let mut uploads = self.uploads.lock().unwrap_or_else(|e| e.into_inner());
+        let mut kept: HashMap<Arc<str>, Arc<UploadLedger>> = HashMap::new();
+        policy.share_upload_ledgers(|e| {
+            let ledger = uploads
+                .get(&e.id)
+                .cloned()
+                .or_else(|| e.upload().map(|u| u.ledger().clone()))?;
+            kept.insert(e.id.clone(), ledger.clone());
+            Some(ledger)
+        });
+        *uploads = kept;
     }
 
     fn counter(&self, id: &str) -> GrantUses {

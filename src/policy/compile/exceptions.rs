@@ -19,7 +19,8 @@ use super::{Body, Errors, File};
 use crate::policy::grant::{check_ceiling, Candidate, Grant, GrantSettings};
 use crate::policy::host::HostPattern;
 use crate::policy::matcher::Matcher;
-use crate::policy::raw::{RawException, RawFile, RawGit};
+use crate::policy::raw::{RawException, RawFile, RawGit, RawUpload};
+use crate::policy::upload::{UploadRule, MAX_PER_SECS};
 use crate::policy::{
     git, path, qtype, Client, ClientIdx, Exception, InjectedHeader, Rules, Settings, Source,
     DEFAULT_PORTS,
@@ -364,6 +365,7 @@ fn exception(
         .git
         .as_ref()
         .map(|g| Arc::new(git_rules(g, id, &mut report)));
+    let upload = r.upload.as_ref().map(|u| upload_rule(u, id, &mut report));
     empty_lists(r, &mut report);
     let mut ports: Vec<u16> = match &r.ports {
         Some(p) => p.iter().map(|p| p.0).collect(),
@@ -388,6 +390,7 @@ fn exception(
         inject: inject.into(),
         grant: None,
         git,
+        upload,
     };
     Exception::new(
         id.into(),
@@ -555,6 +558,22 @@ fn injected(
         }
     }
     inject
+}
+
+/// `upload:` compiled; a budget of nothing or a window out of range is
+/// reported.
+fn upload_rule(u: &RawUpload, id: &str, report: &mut dyn FnMut(String)) -> UploadRule {
+    if u.bytes.0 == 0 {
+        report(format!(
+            "exception {id:?}: upload: bytes must be at least 1B (to allow no upload, narrow methods: instead)"
+        ));
+    }
+    if u.per.0 == 0 || u.per.0 > MAX_PER_SECS {
+        report(format!(
+            "exception {id:?}: upload: per must be between 1s and 30d"
+        ));
+    }
+    UploadRule::new(u.bytes.0, u.per.0)
 }
 
 /// `git:` compiled; every bad glob or bound is reported.

@@ -62,6 +62,9 @@ impl Denied<'_> {
             PackageReason::Unparseable => {
                 "egressd cannot read this registry request as a package".to_string()
             }
+            PackageReason::Publish => {
+                "publishing to this registry is not allowed: no exception names this method and registry path".to_string()
+            }
         };
         if let Some(d) = &self.detail {
             s.push_str(": ");
@@ -98,12 +101,29 @@ impl Denied<'_> {
         if let Some((id, owner)) = self.set {
             body.push_str(&format!("Package set: {id} (owner {owner}).\n"));
         }
-        if self.reason.status() == 403 {
+        if self.reason == PackageReason::Publish {
+            body.push_str(&format!(
+                "If this task needs to publish, ask {contact} for an exception naming the method and the registry path.\n"
+            ));
+        } else if self.reason.status() == 403 {
             body.push_str(&format!(
                 "If this task needs it, ask {contact} to approve it in a package set, saying which package and why.\n"
             ));
         }
         body
+    }
+
+    /// The crates.io API's error document: cargo prints each `detail`
+    /// ("the remote server responded with an error").
+    pub(super) fn cargo_api_json(&self, what: &str, contact: &str) -> String {
+        let detail = format!(
+            "egressd denied {what} ({}): {}; ask {contact} for an exception naming it",
+            self.reason.as_str(),
+            self.why()
+        );
+        let mut v = serde_json::json!({ "errors": [{ "detail": detail }] }).to_string();
+        v.push('\n');
+        v
     }
 
     /// The npm registry's error document: npm prints its `error`.
@@ -165,8 +185,12 @@ pub(super) fn deny(
         return Err(Box::new(ev));
     }
     let what = (responder.what)();
-    let (body, ctype) = match d.eco {
-        Ecosystem::Npm => (d.npm_json(&what, responder.contact), "application/json"),
+    let (body, ctype) = match (d.eco, d.reason) {
+        (Ecosystem::Npm, _) => (d.npm_json(&what, responder.contact), "application/json"),
+        (Ecosystem::Cargo, PackageReason::Publish) => (
+            d.cargo_api_json(&what, responder.contact),
+            "application/json",
+        ),
         _ => (
             d.text(&what, responder.contact),
             "text/plain; charset=utf-8",
@@ -193,4 +217,46 @@ pub(super) fn deny(
     ev.add_note(d.detail);
     responder.rec.record(ev);
     Ok(resp)
+}
+
+/// A write to the registry (`Classified::Publish`): passed on when the
+/// exception that allowed the request names both its method (`methods:`)
+/// and its path (`paths:`), which no exception for reading a registry
+/// does; refused `package_publish` in the client's channel otherwise.
+pub(super) fn publish(
+    at: &Allowed<'_>,
+    eco: Ecosystem,
+    what: &'static str,
+    path: &str,
+    mut ev: Event,
+) -> Gate {
+    let reason = PackageReason::Publish;
+    let mut line = package_line(eco, None, None);
+    let named = at
+        .decision
+        .exception
+        .is_some_and(|e| e.methods().is_some() && e.paths().is_some());
+    if named {
+        ev.package = Some(line);
+        ev.add_note(Some(format!(
+            "{what}, allowed: the exception names the method and the path"
+        )));
+        return Gate::Go(Route::default(), ev);
+    }
+    line.reason = Some(reason);
+    ev.package = Some(line);
+    let answer = Denied {
+        eco,
+        reason,
+        name: Some(path),
+        version: None,
+        did_you_mean: None,
+        set: None,
+        detail: Some(what.to_string()),
+    };
+    let mode = at.policy.settings.mode;
+    match deny(ev, answer, at.decision, mode, at.responder) {
+        Ok(resp) => Gate::Answered(resp),
+        Err(ev) => Gate::Go(Route::default(), *ev),
+    }
 }

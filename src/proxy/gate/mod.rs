@@ -214,6 +214,9 @@ pub(crate) async fn gate<B>(
             return Gate::Go(Route { mirror, plan: None }, ev);
         }
         Classified::NotRegistry => return Gate::Go(Route::default(), ev),
+        Classified::Publish { ecosystem, what } => {
+            return deny::publish(at, ecosystem, what, req.uri().path(), ev);
+        }
         Classified::Unparseable { ecosystem, why } => {
             return unparseable(at, ecosystem, why, ev);
         }

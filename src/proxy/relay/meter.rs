@@ -14,6 +14,8 @@ use hyper::body::{Body, Frame, SizeHint};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::Instant;
 
+pub(crate) use crate::proxy::held::{Charge, CUT};
+
 /// When bytes last moved on a connection, in either direction. Tokio's
 /// clock, so that idle timeouts are testable with paused time.
 pub(crate) struct Activity {
@@ -52,6 +54,8 @@ pub(crate) struct Metered<S> {
     read: Arc<AtomicU64>,
     written: Arc<AtomicU64>,
     activity: Arc<Activity>,
+    /// Bytes read are charged here first; refused ones are not passed on.
+    cap: Option<Arc<dyn Charge>>,
 }
 
 impl<S> Metered<S> {
@@ -67,7 +71,15 @@ impl<S> Metered<S> {
             read,
             written,
             activity,
+            cap: None,
         }
+    }
+
+    /// Charges every byte read to `cap`; a read it refuses ends the stream
+    /// with an error ([`CUT`]) and its bytes are dropped.
+    pub(crate) fn capped(mut self, cap: Option<Arc<dyn Charge>>) -> Metered<S> {
+        self.cap = cap;
+        self
     }
 
     fn touch(&self) {
@@ -84,6 +96,10 @@ impl<S: AsyncRead + Unpin> AsyncRead for Metered<S> {
         let before = buf.filled().len();
         let r = Pin::new(&mut self.inner).poll_read(cx, buf);
         let n = buf.filled().len() - before;
+        if n > 0 && self.cap.as_ref().is_some_and(|c| !c.take(n as u64)) {
+            buf.set_filled(before);
+            return Poll::Ready(Err(io::Error::other(CUT)));
+        }
         if n > 0 {
             self.read.fetch_add(n as u64, Ordering::Relaxed);
             self.touch();

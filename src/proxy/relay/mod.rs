@@ -33,7 +33,7 @@ use tokio::net::tcp::{ReadHalf, WriteHalf};
 use tokio::net::TcpStream;
 
 use crate::record::{Event, Recorder};
-use meter::{Activity, Metered};
+use meter::{Activity, Charge, Metered};
 use pipe::{Lease, PipePool};
 
 /// A connection with no byte in either direction for this long is closed.
@@ -105,7 +105,9 @@ impl Drop for RelayLine {
 
 /// Relays two TCP sockets ([`splice_or_copy`]) and records `ev` with the
 /// bytes each way when the connection ends, however it ends. `already_up`:
-/// bytes the client sent that were written to `b` before.
+/// bytes the client sent that were written to `b` before. With `cap` (an
+/// `upload:` budget) what the client sends is copied in user space and
+/// charged to it, and the tunnel is cut at the first read it refuses.
 pub(crate) async fn tcp(
     a: TcpStream,
     b: TcpStream,
@@ -113,6 +115,7 @@ pub(crate) async fn tcp(
     ev: Box<Event>,
     rec: Recorder,
     pipes: &PipePool,
+    cap: Option<Arc<dyn Charge>>,
 ) {
     let mut line = RelayLine {
         ev: Some(ev),
@@ -120,7 +123,19 @@ pub(crate) async fn tcp(
         up: AtomicU64::new(already_up),
         down: AtomicU64::new(0),
     };
-    let result = splice_or_copy(a, b, &line.up, &line.down, pipes).await;
+    let result = match cap {
+        None => splice_or_copy(a, b, &line.up, &line.down, pipes).await,
+        // The first bytes (a ClientHello) went upstream when the tunnel was
+        // judged: charged first, and the tunnel cut if they cross already.
+        Some(cap) if already_up > 0 && !cap.take(already_up) => Err(io::Error::other(meter::CUT)),
+        Some(cap) => {
+            // Bytes cannot be charged as they pass inside the kernel.
+            let (up, down, r) = capped_streams(a, b, already_up, Some(cap)).await;
+            line.up.store(up, Ordering::Relaxed);
+            line.down.store(down, Ordering::Relaxed);
+            r
+        }
+    };
     line.finish(result.err().map(|e| format!("tunnel: {e}")));
 }
 
@@ -387,12 +402,28 @@ where
     A: AsyncRead + AsyncWrite + Unpin,
     B: AsyncRead + AsyncWrite + Unpin,
 {
+    capped_streams(a, b, already_up, None).await
+}
+
+/// [`streams`], charging what `a` sends to `cap` (cut at the first read it
+/// refuses, the refused bytes not passed on).
+pub(crate) async fn capped_streams<A, B>(
+    a: A,
+    b: B,
+    already_up: u64,
+    cap: Option<Arc<dyn Charge>>,
+) -> (u64, u64, io::Result<()>)
+where
+    A: AsyncRead + AsyncWrite + Unpin,
+    B: AsyncRead + AsyncWrite + Unpin,
+{
     let activity = Arc::new(Activity::new());
     let up = Arc::new(AtomicU64::new(already_up));
     let down = Arc::new(AtomicU64::new(0));
     // Bytes read from each side are the counts; what is written to one
     // side was read from the other, so the written counters go unused.
-    let mut c = Metered::new(a, up.clone(), Arc::new(AtomicU64::new(0)), activity.clone());
+    let mut c =
+        Metered::new(a, up.clone(), Arc::new(AtomicU64::new(0)), activity.clone()).capped(cap);
     let mut u = Metered::new(
         b,
         down.clone(),
