@@ -550,6 +550,18 @@ impl Recorder {
         ticket.unwrap_or_default()
     }
 
+    /// Bytes charged to an upload budget since its line (or its
+    /// connection's open line) was last counted.
+    fn count_upload(&self, ev: &Event) {
+        if let Some(u) = &ev.upload {
+            let n = u.uncounted.swap(0, std::sync::atomic::Ordering::Relaxed);
+            if n > 0 {
+                self.metrics
+                    .count_upload(ev.exception.as_deref().unwrap_or("-"), n);
+            }
+        }
+    }
+
     /// The close line: its duration observed, its bytes and any upstream
     /// failure counted, the request itself not (its open line was), and
     /// written past the per-client rate limit, which its open line met.
@@ -561,6 +573,7 @@ impl Recorder {
                 .observe_duration(ev.proto, elapsed.as_secs_f64());
         }
         self.metrics.count_bytes(ev.bytes_up, ev.bytes_down);
+        self.count_upload(ev);
         if let Some(kind) = ev.upstream {
             self.metrics
                 .count_upstream_error(ev.proto, kind.as_str(), 1);
@@ -654,13 +667,7 @@ impl Recorder {
             self.metrics
                 .count_git_push(ev.exception.as_deref().unwrap_or("-"), result);
         }
-        if let Some(u) = &ev.upload {
-            let n = u.uncounted.swap(0, std::sync::atomic::Ordering::Relaxed);
-            if n > 0 {
-                self.metrics
-                    .count_upload(ev.exception.as_deref().unwrap_or("-"), n);
-            }
-        }
+        self.count_upload(ev);
         if let Some(p) = &ev.package {
             let set = p.set.as_deref().unwrap_or("-");
             let reason = p.reason.map_or("exception", PackageReason::as_str);

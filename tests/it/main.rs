@@ -35,5 +35,6 @@ mod tls;
 mod tls_reuse;
 mod transparent;
 mod tunnel;
+mod upload;
 mod upstream_proxy;
 mod validators;
