@@ -31,6 +31,7 @@ mod cache;
 mod clients;
 mod listed;
 mod mirrors;
+mod publish;
 mod scenarios;
 
 use crate::support::sandbox::Outcome;
