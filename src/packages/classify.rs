@@ -1329,10 +1329,56 @@ mod tests {
         ] {
             unparseable("registry.npmjs.org", bad);
         }
+        // A write is a publish, not an unreadable path.
         assert!(matches!(
             classify(None, "registry.npmjs.org", "PUT", "/lodash", None),
-            Classified::Unparseable { .. }
+            Classified::Publish { .. }
         ));
+    }
+
+    #[test]
+    fn publishes_are_told_apart_from_unreadable_writes() {
+        let publish = |eco: Option<Ecosystem>, host: &str, method: &str, path: &str| {
+            matches!(
+                classify(eco, host, method, path, None),
+                Classified::Publish { .. }
+            )
+        };
+        for (host, method, path) in [
+            ("registry.npmjs.org", "PUT", "/left-pad"),
+            ("registry.npmjs.org", "put", "/@acme%2fwidget"),
+            ("registry.npmjs.org", "DELETE", "/left-pad/-rev/3-abc"),
+            ("registry.npmjs.org", "PUT", "/-/package/left-pad/dist-tags/latest"),
+            ("upload.pypi.org", "POST", "/legacy/"),
+            ("upload.pypi.org", "POST", "/"),
+            ("pypi.org", "POST", "/legacy/"),
+            ("crates.io", "PUT", "/api/v1/crates/new"),
+            ("crates.io", "DELETE", "/api/v1/crates/serde/1.0.0/yank"),
+            ("crates.io", "PUT", "/api/v1/crates/serde/owners"),
+        ] {
+            assert!(publish(None, host, method, path), "{method} {host}{path}");
+        }
+        // A private registry's host, by the ecosystem the caller names.
+        assert!(publish(Some(Ecosystem::Npm), "npm.corp.example", "PUT", "/x"));
+        assert!(publish(Some(Ecosystem::Cargo), "cargo.corp", "PUT", "/api/v1/crates/new"));
+        for (host, method, path) in [
+            // Reads, and writes that publish nothing (npm audit, login).
+            ("registry.npmjs.org", "GET", "/left-pad"),
+            ("registry.npmjs.org", "POST", "/-/npm/v1/security/advisories/bulk"),
+            ("registry.npmjs.org", "PUT", "/-/user/org.couchdb.user:me"),
+            ("pypi.org", "POST", "/simple/"),
+            ("crates.io", "POST", "/api/v1/crates/new"),
+            ("static.crates.io", "PUT", "/crates/serde/serde-1.0.0.crate"),
+            ("proxy.golang.org", "PUT", "/x/@v/v1.0.0.zip"),
+        ] {
+            assert!(!publish(None, host, method, path), "{method} {host}{path}");
+            assert!(matches!(
+                classify(None, host, method, path, None),
+                Classified::Unparseable { .. } | Classified::Package(_)
+            ));
+        }
+        // upload.pypi.org serves nothing to read.
+        unparseable("upload.pypi.org", "/legacy/");
     }
 
     #[test]

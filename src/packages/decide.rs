@@ -1054,7 +1054,7 @@ settings:
                 .iter()
                 .filter(|r| r.status() == 403)
                 .count(),
-            9
+            10
         );
     }
 

@@ -130,6 +130,27 @@ impl UploadLedger {
     }
 }
 
+/// A size as a policy writes it (`10MiB`), when it is a whole number of
+/// a unit; bytes (`1500B`) otherwise.
+pub fn size_text(n: u64) -> String {
+    for (unit, size) in [("GiB", 1u64 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)] {
+        if n >= size && n % size == 0 {
+            return format!("{}{unit}", n / size);
+        }
+    }
+    format!("{n}B")
+}
+
+/// A window as a policy writes it (`1h`).
+pub fn window_text(s: u64) -> String {
+    for (unit, size) in [("d", 86_400u64), ("h", 3600), ("m", 60)] {
+        if s >= size && s % size == 0 {
+            return format!("{}{unit}", s / size);
+        }
+    }
+    format!("{s}s")
+}
+
 /// One client's window: (step start, bytes) oldest first, and their sum.
 #[derive(Debug, Default)]
 struct Window {
@@ -173,6 +194,14 @@ impl Window {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sizes_and_windows_read_as_written() {
+        assert_eq!(size_text(10 << 20), "10MiB");
+        assert_eq!(size_text(1500), "1500B");
+        assert_eq!(window_text(3600), "1h");
+        assert_eq!(window_text(90), "90s");
+    }
 
     #[test]
     fn a_budget_holds_per_client_and_slides() {

@@ -36,7 +36,7 @@ use super::admit::Draft;
 use super::dest::Dest;
 use super::gate::index_cache::{self, Use};
 use super::gate::{self, Allowed, Gate, Plan, PlanKind, Route};
-use super::held::ReqBody;
+use super::held::{Cap, ReqBody};
 use super::origin::{self, content_length, strip_hop_by_hop, Scheme, Sent, Way, VIA};
 use super::pool;
 use super::relay;
@@ -466,14 +466,15 @@ fn answer(
     if let Some(s) = &secrets {
         s.scrub_headers(resp.headers_mut());
     }
-    if let (true, Some((client_up, permit)), Some(p)) = (switching, client_upgrade, resp_upgrade) {
+    if let (true, Some((client_up, permit, cap)), Some(p)) = (switching, client_upgrade, resp_upgrade)
+    {
         let origin_up = hyper::upgrade::on(&mut resp);
         let h = resp.headers_mut();
         h.insert(header::UPGRADE, p);
         h.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
         // The WebSocket's open line, on record before a byte is relayed.
         let opened = rec.open(&mut ev);
-        let relay = relay_upgraded(client_up, origin_up, lent, ev, opened, rec.clone());
+        let relay = relay_upgraded(client_up, origin_up, lent, ev, opened, rec.clone(), cap);
         tokio::spawn(async move {
             let _permit = permit;
             relay.await
@@ -525,6 +526,7 @@ async fn relay_upgraded(
     mut ev: Event,
     opened: crate::log::Ticket,
     rec: Recorder,
+    cap: Option<Cap>,
 ) {
     let _lent = lent;
     if !rec.settle(opened).await {
@@ -533,7 +535,9 @@ async fn relay_upgraded(
     }
     match tokio::try_join!(client_up, origin_up) {
         Ok((c, o)) => {
-            let (up, down, result) = relay::streams(TokioIo::new(c), TokioIo::new(o), 0).await;
+            let (c, o) = (TokioIo::new(c), TokioIo::new(o));
+            // Under an upload budget, what the client sends is charged.
+            let (up, down, result) = relay::streams(c, o, 0, cap.map(|c| c.0)).await;
             ev.bytes_up = up;
             ev.bytes_down = down;
             if let Err(e) = result {

@@ -19,6 +19,11 @@ pub trait Charge: Send + Sync {
     fn take(&self, n: u64) -> bool;
 }
 
+/// A request's budget, carried in its extensions to the connection it
+/// may upgrade to (a WebSocket's bytes are charged too).
+#[derive(Clone)]
+pub(crate) struct Cap(pub Arc<dyn Charge>);
+
 /// The error a stream or body gives when its bytes would cross their
 /// budget: the connection or request is cut there.
 pub const CUT: &str = "the upload budget is spent";

@@ -23,7 +23,7 @@ use hyper::body::Incoming;
 use hyper::upgrade::OnUpgrade;
 
 use super::dest::Dest;
-use super::held::ReqBody;
+use super::held::{Cap, ReqBody};
 use super::pool;
 use super::relay::meter::Counted;
 use super::respond::Stop;
@@ -59,7 +59,10 @@ pub(crate) async fn reach(
 ) -> Result<Sent, Stop> {
     let origin = Origin::choose(ctx, &req, ev, &way, upgrade.is_some())?;
     let client_upgrade = rewrite(&mut req, ctx, &origin, upgrade, way.exception, way.scheme)
-        .map(|up| (up, req.extensions().get::<Permit>().cloned()));
+        .map(|up| {
+            let x = req.extensions();
+            (up, x.get::<Permit>().cloned(), x.get::<Cap>().cloned())
+        });
     for h in way.inject {
         req.headers_mut().insert(h.name.clone(), h.value.clone());
     }
@@ -276,9 +279,10 @@ pub(crate) struct Sent {
     /// The pooled plain-HTTP connection, given back when the body ends.
     pub lent: Option<pool::Lent>,
     pub up_bytes: Arc<AtomicU64>,
-    /// The client side of a WebSocket upgrade, and the client connection's
-    /// permit, which the upgraded connection keeps until it closes.
-    pub client_upgrade: Option<(OnUpgrade, Option<Permit>)>,
+    /// The client side of a WebSocket upgrade, the client connection's
+    /// permit, which the upgraded connection keeps until it closes, and
+    /// the request's upload budget, which its bytes are charged to.
+    pub client_upgrade: Option<(OnUpgrade, Option<Permit>, Option<Cap>)>,
 }
 
 /// Sends `req` to `origin` and waits (bounded) for the response head.
@@ -286,7 +290,7 @@ async fn send(
     ctx: &ProxyCtx,
     req: Request<ReqBody>,
     origin: Origin,
-    client_upgrade: Option<(OnUpgrade, Option<Permit>)>,
+    client_upgrade: Option<(OnUpgrade, Option<Permit>, Option<Cap>)>,
     ev: &mut Event,
 ) -> Result<Sent, Stop> {
     let up_bytes = Arc::new(AtomicU64::new(0));

@@ -443,6 +443,7 @@ mod tests {
         for r in Reason::ALL {
             let want = match r {
                 Reason::Malformed => StatusCode::BAD_REQUEST,
+                Reason::UploadBudget => StatusCode::TOO_MANY_REQUESTS,
                 Reason::LogUnavailable | Reason::Overloaded => StatusCode::SERVICE_UNAVAILABLE,
                 Reason::UpstreamError | Reason::PackageIndexUnfilterable => StatusCode::BAD_GATEWAY,
                 _ => StatusCode::FORBIDDEN,

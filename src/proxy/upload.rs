@@ -25,9 +25,9 @@ use std::sync::Arc;
 
 use http::{header, Request};
 
-use super::held::{Charge, ReqBody};
+use super::held::{Cap, Charge, ReqBody};
 use super::respond::Stop;
-use crate::policy::upload::{Refused, UploadRule};
+use crate::policy::upload::{size_text as bytes, window_text as per, Refused, UploadRule};
 use crate::policy::{Decision, Mode, Reason};
 use crate::record::{Event, UploadLine};
 use crate::time::unix_now;
@@ -147,6 +147,8 @@ pub(crate) fn meter(
             ev.add_note(Some(format!("report mode: {detail}")));
         }
     }
+    let mut req = req;
+    req.extensions_mut().insert(Cap(b.clone()));
     Ok(req.map(|body| ReqBody::Charged(Box::new(body), b)))
 }
 
@@ -169,37 +171,4 @@ pub(crate) fn cut(ev: &Event) -> Option<Stop> {
 /// relay charges it.
 pub(crate) fn tunnel(d: &Decision<'_>, ev: &mut Event, mode: Mode) -> Option<Arc<dyn Charge>> {
     Budget::of(d, ev, mode).map(|b| b as Arc<dyn Charge>)
-}
-
-/// A size as a policy writes it, when it is a whole number of a unit.
-fn bytes(n: u64) -> String {
-    for (unit, size) in [("GiB", 1u64 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)] {
-        if n >= size && n % size == 0 {
-            return format!("{}{unit}", n / size);
-        }
-    }
-    format!("{n}B")
-}
-
-/// A window as a policy writes it.
-fn per(s: u64) -> String {
-    for (unit, size) in [("d", 86_400u64), ("h", 3600), ("m", 60)] {
-        if s >= size && s % size == 0 {
-            return format!("{}{unit}", s / size);
-        }
-    }
-    format!("{s}s")
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn sizes_and_windows_read_as_written() {
-        assert_eq!(bytes(10 << 20), "10MiB");
-        assert_eq!(bytes(1500), "1500B");
-        assert_eq!(per(3600), "1h");
-        assert_eq!(per(90), "90s");
-    }
 }

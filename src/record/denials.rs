@@ -108,7 +108,13 @@ impl PackageDenials {
 fn key(p: &PackageLine, reason: &'static str) -> Key {
     Key {
         ecosystem: p.ecosystem.as_str(),
-        name: p.name.clone().unwrap_or_else(|| "(unreadable path)".into()),
+        name: p.name.clone().unwrap_or_else(|| {
+            if reason == "package_publish" {
+                "(a publish)".into()
+            } else {
+                "(unreadable path)".into()
+            }
+        }),
         version: p.version.clone(),
         reason,
         did_you_mean: p.did_you_mean.clone(),

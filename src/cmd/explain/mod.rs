@@ -436,6 +436,14 @@ impl<'p> Ctx<'p> {
         if let Some(by) = by {
             writeln!(out, "         matched  {by}")?;
         }
+        if let Some(u) = e.upload() {
+            writeln!(
+                out,
+                "         upload   {} per {} per client (request bodies and tunnel bytes; past it 429 upload_budget, or the tunnel is cut)",
+                crate::policy::upload::size_text(u.bytes),
+                crate::policy::upload::window_text(u.per_secs)
+            )?;
+        }
         Ok(())
     }
 

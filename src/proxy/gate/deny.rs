@@ -132,7 +132,9 @@ impl Denied<'_> {
         if let Some((id, _)) = self.set {
             msg.push_str(&format!(" (package set {id})"));
         }
-        if self.reason.status() == 403 {
+        if self.reason == PackageReason::Publish {
+            msg.push_str(&format!("; ask {contact} for an exception naming it"));
+        } else if self.reason.status() == 403 {
             msg.push_str(&format!("; ask {contact} to approve it"));
         }
         let mut v = serde_json::json!({

@@ -130,7 +130,7 @@ pub(crate) async fn tcp(
         Some(cap) if already_up > 0 && !cap.take(already_up) => Err(io::Error::other(meter::CUT)),
         Some(cap) => {
             // Bytes cannot be charged as they pass inside the kernel.
-            let (up, down, r) = capped_streams(a, b, already_up, Some(cap)).await;
+            let (up, down, r) = streams(a, b, already_up, Some(cap)).await;
             line.up.store(up, Ordering::Relaxed);
             line.down.store(down, Ordering::Relaxed);
             r
@@ -396,18 +396,10 @@ fn normal_end(r: io::Result<()>) -> io::Result<()> {
 /// space until both directions end (half-close passes through) or nothing
 /// moves for [`IDLE_TIMEOUT`]. Returns bytes read from `a` (plus
 /// `already_up`), bytes read from `b`, and the error that ended it; a reset
-/// or broken pipe is a normal end, not an error.
-pub(crate) async fn streams<A, B>(a: A, b: B, already_up: u64) -> (u64, u64, io::Result<()>)
-where
-    A: AsyncRead + AsyncWrite + Unpin,
-    B: AsyncRead + AsyncWrite + Unpin,
-{
-    capped_streams(a, b, already_up, None).await
-}
-
-/// [`streams`], charging what `a` sends to `cap` (cut at the first read it
-/// refuses, the refused bytes not passed on).
-pub(crate) async fn capped_streams<A, B>(
+/// or broken pipe is a normal end, not an error. With `cap` (an `upload:`
+/// budget) what `a` sends is charged to it, and the copy is cut at the
+/// first read it refuses (those bytes not passed on).
+pub(crate) async fn streams<A, B>(
     a: A,
     b: B,
     already_up: u64,
