@@ -1348,7 +1348,11 @@ mod tests {
             ("registry.npmjs.org", "PUT", "/left-pad"),
             ("registry.npmjs.org", "put", "/@acme%2fwidget"),
             ("registry.npmjs.org", "DELETE", "/left-pad/-rev/3-abc"),
-            ("registry.npmjs.org", "PUT", "/-/package/left-pad/dist-tags/latest"),
+            (
+                "registry.npmjs.org",
+                "PUT",
+                "/-/package/left-pad/dist-tags/latest",
+            ),
             ("upload.pypi.org", "POST", "/legacy/"),
             ("upload.pypi.org", "POST", "/"),
             ("pypi.org", "POST", "/legacy/"),
@@ -1359,12 +1363,26 @@ mod tests {
             assert!(publish(None, host, method, path), "{method} {host}{path}");
         }
         // A private registry's host, by the ecosystem the caller names.
-        assert!(publish(Some(Ecosystem::Npm), "npm.corp.example", "PUT", "/x"));
-        assert!(publish(Some(Ecosystem::Cargo), "cargo.corp", "PUT", "/api/v1/crates/new"));
+        assert!(publish(
+            Some(Ecosystem::Npm),
+            "npm.corp.example",
+            "PUT",
+            "/x"
+        ));
+        assert!(publish(
+            Some(Ecosystem::Cargo),
+            "cargo.corp",
+            "PUT",
+            "/api/v1/crates/new"
+        ));
         for (host, method, path) in [
             // Reads, and writes that publish nothing (npm audit, login).
             ("registry.npmjs.org", "GET", "/left-pad"),
-            ("registry.npmjs.org", "POST", "/-/npm/v1/security/advisories/bulk"),
+            (
+                "registry.npmjs.org",
+                "POST",
+                "/-/npm/v1/security/advisories/bulk",
+            ),
             ("registry.npmjs.org", "PUT", "/-/user/org.couchdb.user:me"),
             ("pypi.org", "POST", "/simple/"),
             ("crates.io", "POST", "/api/v1/crates/new"),

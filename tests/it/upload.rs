@@ -121,8 +121,10 @@ fn received(o: &Origin) -> usize {
 }
 
 fn uploaded_metric(e: &Egressd, exception: &str) -> f64 {
-    e.metric(&format!("egressd_upload_bytes_total{{exception=\"{exception}\"}}"))
-        .unwrap_or(0.0)
+    e.metric(&format!(
+        "egressd_upload_bytes_total{{exception=\"{exception}\"}}"
+    ))
+    .unwrap_or(0.0)
 }
 
 /// The 429 answer: its reason header, and its JSON body naming the reason
@@ -158,7 +160,11 @@ fn a_declared_length_that_would_cross_is_refused_before_forwarding_per_client() 
 
     let second = post(e.proxy, A_TOKEN, &url(&l, "/up2"), 600, &[]);
     assert_budget_refusal(&second, e);
-    assert_eq!(l.origin.count(), 1, "the refused upload never reached the origin");
+    assert_eq!(
+        l.origin.count(),
+        1,
+        "the refused upload never reached the origin"
+    );
     // Small enough to fit what is left: still allowed.
     let small = post(e.proxy, A_TOKEN, &url(&l, "/small"), 400, &[]);
     assert_eq!(small.status, 200, "{small:?}");
@@ -240,7 +246,11 @@ fn a_connect_tunnel_is_cut_when_the_client_crosses_its_budget() {
     let _ = s.shutdown(Shutdown::Write);
     let mut rest = Vec::new();
     let _ = r.read_to_end(&mut rest);
-    assert!(rest.is_empty(), "bytes past the budget came back: {}", rest.len());
+    assert!(
+        rest.is_empty(),
+        "bytes past the budget came back: {}",
+        rest.len()
+    );
     let line = e.wait_line("the tunnel's close line", |l| {
         l["proto"] == "connect" && l["event"] == "close"
     });
@@ -249,7 +259,10 @@ fn a_connect_tunnel_is_cut_when_the_client_crosses_its_budget() {
     assert_eq!(line["upload"]["crossed"], true);
     assert_eq!(line["upload"]["used"], 600);
     assert!(
-        line["error"].as_str().unwrap_or("").contains("upload budget"),
+        line["error"]
+            .as_str()
+            .unwrap_or("")
+            .contains("upload budget"),
         "{line}"
     );
     eventually("the metric counts the tunnel's bytes", || {
@@ -397,12 +410,20 @@ fn fleet_an_upload_budget_holds_across_haproxy_balance_source() {
     let statuses: Vec<u16> = (0..4)
         .map(|_| post(front_addr, A_TOKEN, &u, 400, &[]).status)
         .collect();
-    assert_eq!(statuses, [200, 200, 429, 429], "one budget across the balancer");
+    assert_eq!(
+        statuses,
+        [200, 200, 429, 429],
+        "one budget across the balancer"
+    );
     assert_eq!(received(&origin), 800);
     let counted: Vec<f64> = replicas.iter().map(|r| uploaded_metric(r, "api")).collect();
     let mut sorted = counted.clone();
     sorted.sort_by(f64::total_cmp);
-    assert_eq!(sorted, [0.0, 800.0], "one replica counted it all: {counted:?}");
+    assert_eq!(
+        sorted,
+        [0.0, 800.0],
+        "one replica counted it all: {counted:?}"
+    );
     let _ = haproxy.kill();
     let _ = haproxy.wait();
 }

@@ -51,7 +51,10 @@ fn npm_publish_is_refused_package_publish_in_npm_s_channel() {
     // npm prints the registry's JSON `error`: egressd's reason and rule.
     assert!(r.stderr.contains("E403"), "{}", ctx(&r));
     assert!(r.stderr.contains("package_publish"), "{}", ctx(&r));
-    assert!(writes(l, "lab-pub-npm").is_empty(), "the registry got a write");
+    assert!(
+        writes(l, "lab-pub-npm").is_empty(),
+        "the registry got a write"
+    );
     let lines = publish_lines(&r);
     assert_eq!(lines.len(), 1, "{}", ctx(&r));
     assert_eq!(lines[0]["method"], "PUT");
@@ -92,7 +95,8 @@ fn a_pypi_upload_is_refused_package_publish_in_the_reason_phrase() {
     let test = "packages::publish::pypi";
     let l = run_lab(test);
     l.dns.set("upload.pypi.org", &[&l.reg.ip()]);
-    let upload_host = "  - id: pypi-upload\n    owner: platform\n    reason: the upload host, for the test\n    \
+    let upload_host =
+        "  - id: pypi-upload\n    owner: platform\n    reason: the upload host, for the test\n    \
                        hosts: [upload.pypi.org]\n    cidrs: [127.0.0.0/8]\n    ports: [443]\n";
     // A PyPI-upload-shaped multipart POST (what twine sends).
     let r = l.run(
@@ -107,7 +111,8 @@ fn a_pypi_upload_is_refused_package_publish_in_the_reason_phrase() {
     assert!(r.stdout.starts_with("403\n"), "{}", ctx(&r));
     // twine shows the status line's reason phrase.
     assert!(
-        r.stdout.contains("Forbidden (egressd: package_publish /legacy/)"),
+        r.stdout
+            .contains("Forbidden (egressd: package_publish /legacy/)"),
         "{}",
         ctx(&r)
     );
@@ -123,10 +128,14 @@ fn an_exception_naming_the_method_and_path_allows_that_publish() {
     let test = "packages::publish::allowed";
     have("npm", test);
     let l = run_lab(test);
-    let publish = "  - id: npm-publish-ok\n    owner: platform\n    reason: publishing lab-pub-ok\n    \
+    let publish =
+        "  - id: npm-publish-ok\n    owner: platform\n    reason: publishing lab-pub-ok\n    \
                    hosts: [registry.npmjs.org]\n    cidrs: [127.0.0.0/8]\n    ports: [443]\n    \
                    methods: [PUT]\n    paths: [\"/lab-pub-ok\"]\n";
-    let policy = gated_with_first(publish, &set("npm-any", "npm", &["lab-pub-ok", "lab-pub-no"]));
+    let policy = gated_with_first(
+        publish,
+        &set("npm-any", "npm", &["lab-pub-ok", "lab-pub-no"]),
+    );
     let script = |name: &str| {
         format!(
             "mkdir -p /tmp/{name} && cd /tmp/{name}\n\
