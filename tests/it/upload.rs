@@ -457,3 +457,61 @@ fn start_haproxy(
     });
     child
 }
+
+/// `mode: report`: nothing is refused; the line says the budget was crossed.
+#[test]
+fn report_mode_lets_the_upload_through_and_says_it_crossed() {
+    let l = lab()
+        .names(&["api.test"])
+        .start(|p| budget_policy(&[p.origin]).mode("report"));
+    let e = &l.e;
+    assert_eq!(post(e.proxy, A_TOKEN, &url(&l, "/a"), 700, &[]).status, 200);
+    let second = post(e.proxy, A_TOKEN, &url(&l, "/b"), 700, &[]);
+    assert_eq!(second.status, 200, "{second:?}");
+    assert_eq!(received(&l.origin), 1400);
+    let line = e.wait_line("the second upload's line", |l| l["path"] == "/b");
+    assert_eq!(line["upload"]["crossed"], true, "{line}");
+    assert_eq!(line["upload"]["used"], 1400);
+}
+
+/// `egressd check` names the file and line of a bad `upload:`.
+#[test]
+fn check_refuses_a_bad_upload_with_file_and_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("p.yaml");
+    let check = |yaml: &str| {
+        std::fs::write(&p, yaml).unwrap();
+        let out = Command::new(env!("CARGO_BIN_EXE_egressd"))
+            .arg("check")
+            .arg(&p)
+            .output()
+            .unwrap();
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        (out.status.code(), text)
+    };
+    let head =
+        "exceptions:\n  - id: api\n    owner: o\n    reason: r\n    hosts: [api.example.com]\n";
+    let (code, text) = check(&format!("{head}    upload: {{ bytes: 0B, per: 40d }}\n"));
+    assert_eq!(code, Some(1), "{text}");
+    assert!(text.contains("p.yaml:2:5"), "{text}");
+    assert!(text.contains("upload: bytes must be at least 1B"), "{text}");
+    assert!(
+        text.contains("upload: per must be between 1s and 30d"),
+        "{text}"
+    );
+    let (code, text) = check(&format!(
+        "{head}    upload: {{ bytes: 1MiB, per: 1h, burst: 2 }}\n"
+    ));
+    assert_eq!(code, Some(1), "{text}");
+    assert!(text.contains("p.yaml:6:"), "{text}");
+    assert!(text.contains("unknown field `burst`"), "{text}");
+    let (code, text) = check(&format!("{head}    upload: {{ bytes: 1MiB }}\n"));
+    assert_eq!(code, Some(1), "{text}");
+    assert!(text.contains("per"), "{text}");
+    let (code, text) = check(&format!("{head}    upload: {{ bytes: 10MiB, per: 1h }}\n"));
+    assert_eq!(code, Some(0), "{text}");
+}
