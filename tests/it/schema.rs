@@ -274,6 +274,11 @@ exceptions:
         delete: true
         deny_paths: [".github/workflows/**"]
         max_bytes: 64MiB
+  - id: uploads
+    owner: platform
+    reason: agents post to an API, metered
+    hosts: [api.example.com]
+    upload: { bytes: 10MiB, per: 1h }
 "##,
     ),
     (
