@@ -515,3 +515,68 @@ fn check_refuses_a_bad_upload_with_file_and_line() {
     let (code, text) = check(&format!("{head}    upload: {{ bytes: 10MiB, per: 1h }}\n"));
     assert_eq!(code, Some(0), "{text}");
 }
+
+/// A WebSocket origin: switches every request, then echoes.
+fn websocket_origin() -> std::net::SocketAddr {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for s in l.incoming() {
+            let Ok(mut s) = s else { continue };
+            std::thread::spawn(move || {
+                let mut head = Vec::new();
+                let mut byte = [0u8; 1];
+                while !head.ends_with(b"\r\n\r\n") {
+                    if s.read(&mut byte).unwrap_or(0) == 0 {
+                        return;
+                    }
+                    head.push(byte[0]);
+                }
+                let switch = "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n";
+                if s.write_all(switch.as_bytes()).is_ok() {
+                    let mut r = s.try_clone().unwrap();
+                    let _ = std::io::copy(&mut r, &mut s);
+                }
+            });
+        }
+    });
+    addr
+}
+
+/// What a client sends on a WebSocket is charged too: the upgraded
+/// connection is cut where it crosses the budget.
+#[test]
+fn a_websocket_is_cut_when_the_client_crosses_its_budget() {
+    let ws = websocket_origin();
+    let l = lab()
+        .names(&["api.test"])
+        .start(|_| budget_policy(&[ws.port()]));
+    let e = &l.e;
+    let mut s = connect(e.proxy);
+    write!(
+        s,
+        "GET http://api.test:{p}/ws HTTP/1.1\r\nHost: api.test:{p}\r\nProxy-Authorization: Basic {A_BASIC}\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n",
+        p = ws.port()
+    )
+    .unwrap();
+    let mut r = BufReader::new(s.try_clone().unwrap());
+    let head = read_head(&mut r).expect("an answer");
+    assert!(head[0].starts_with("HTTP/1.1 101"), "{head:?}");
+    s.write_all(&[b'w'; 600]).unwrap();
+    let mut back = vec![0u8; 600];
+    r.read_exact(&mut back).unwrap();
+    let _ = s.write_all(&[b'w'; 600]);
+    let _ = s.shutdown(Shutdown::Write);
+    let mut rest = Vec::new();
+    let _ = r.read_to_end(&mut rest);
+    assert!(
+        rest.is_empty(),
+        "bytes past the budget came back: {}",
+        rest.len()
+    );
+    let line = e.wait_line("the WebSocket's close line", |l| {
+        l["path"] == "/ws" && l["event"] == "close"
+    });
+    assert_eq!(line["bytes_up"], 600, "{line}");
+    assert_eq!(line["upload"]["crossed"], true, "{line}");
+}
