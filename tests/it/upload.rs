@@ -444,7 +444,7 @@ fn start_haproxy(
         ),
     )
     .unwrap();
-    let child = Command::new("haproxy")
+    let child = Command::new(tool("haproxy"))
         .arg("-db")
         .arg("-f")
         .arg(&cfg)
