@@ -91,18 +91,8 @@ impl Event {
             git(out, g);
         }
         if let Some(u) = &self.upload {
-            use std::sync::atomic::Ordering::Relaxed;
-            out.extend_from_slice(b",\"upload\":{\"budget\":");
-            uint(out, u.budget);
-            out.extend_from_slice(b",\"used\":");
-            uint(out, u.used.load(Relaxed));
-            out.extend_from_slice(b",\"crossed\":");
-            out.extend_from_slice(if u.crossed.load(Relaxed) {
-                b"true"
-            } else {
-                b"false"
-            });
-            out.push(b'}');
+            out.extend_from_slice(b",\"upload\":");
+            upload(out, u);
         }
         if let Some(o) = self.origin {
             out.extend_from_slice(b",\"origin\":");
@@ -121,6 +111,22 @@ impl Event {
             }
         }
     }
+}
+
+/// The `upload` object: `{budget, used, crossed}`, as charged so far.
+pub(super) fn upload(out: &mut Vec<u8>, u: &super::UploadLine) {
+    use std::sync::atomic::Ordering::Relaxed;
+    out.extend_from_slice(b"{\"budget\":");
+    uint(out, u.budget);
+    out.extend_from_slice(b",\"used\":");
+    uint(out, u.used.load(Relaxed));
+    out.extend_from_slice(b",\"crossed\":");
+    out.extend_from_slice(if u.crossed.load(Relaxed) {
+        b"true"
+    } else {
+        b"false"
+    });
+    out.push(b'}');
 }
 
 /// The `package` object: `{ecosystem, name, version, set}` and, for a
@@ -594,5 +600,24 @@ mod tests {
         assert_eq!(v["rcode"], "REFUSED");
         assert_eq!(v["error"], "upstream: \"timed out\"");
         assert_eq!(v["note"], "line\nbreak");
+    }
+
+    /// The `upload` object says what was charged when the line is written.
+    #[test]
+    fn the_upload_object_is_read_when_written() {
+        use std::sync::atomic::Ordering::Relaxed;
+        let mut ev = Event::new(Proto::Http, "127.0.0.1:1".parse().unwrap());
+        assert!(line(&ev).get("upload").is_none());
+        let u = std::sync::Arc::new(crate::record::UploadLine {
+            budget: 10 << 20,
+            ..Default::default()
+        });
+        ev.upload = Some(u.clone());
+        u.used.store(600, Relaxed);
+        u.crossed.store(true, Relaxed);
+        assert_eq!(
+            line(&ev)["upload"],
+            serde_json::json!({"budget": 10485760, "used": 600, "crossed": true})
+        );
     }
 }

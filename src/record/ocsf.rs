@@ -13,7 +13,7 @@
 //! `time` is the arrival in epoch milliseconds and `duration` milliseconds.
 //! What OCSF has no attribute for (`proto`, `mode`, an upstream `error`,
 //! a CONNECT's method, a dialled port that differs from the requested one,
-//! the package gate's `package` and egressd's own fetches' `origin`) is under `unmapped.egressd`. `report::read` reads these events back into the same
+//! the package gate's `package`, an upload budget's `upload` and egressd's own fetches' `origin`) is under `unmapped.egressd`. `report::read` reads these events back into the same
 //! fields as an egressd line.
 //!
 //! Written by hand with the egressd line's helpers (one JSON object and a
@@ -22,7 +22,7 @@
 
 use std::net::IpAddr;
 
-use super::json::{ip, json_str, package, uint, word};
+use super::json::{ip, json_str, package, uint, upload, word};
 use super::{Event, Phase};
 use crate::policy::decision::enforced;
 use crate::policy::{Logged, Proto};
@@ -307,6 +307,10 @@ impl Event {
         if let Some(p) = &self.package {
             out.extend_from_slice(b",\"package\":");
             package(out, p);
+        }
+        if let Some(u) = &self.upload {
+            out.extend_from_slice(b",\"upload\":");
+            upload(out, u);
         }
         if let Some(o) = self.origin {
             out.extend_from_slice(b",\"origin\":");
