@@ -12,7 +12,8 @@
 //!               │                  origin (the one upstream path) ─► pool / tls_origins
 //!               │                  upstream (resolve → check → connect) beneath
 //!               └─ dest (host:port), sni (ClientHello), respond (answers + lines),
-//!                  relay (bytes both ways, meters) below them all
+//!                  relay (bytes both ways, meters), upload (`upload:` budgets
+//!                  charged on bodies and relays) below them all
 //! ```
 //!
 //! In front of hyper on the proxy port sits `fast`: allowed, bodiless,
