@@ -516,6 +516,10 @@ impl Metrics {
         drop(old);
         self.policy_exceptions.set(policy.exceptions.len() as i64);
         self.policy_loaded_at.set(unix_now() as f64);
+        // Budgets are on the dashboard from the start, at 0.
+        for e in policy.exceptions.iter().filter(|e| e.upload().is_some()) {
+            self.upload_bytes.with_label_values(&[&*e.id]);
+        }
     }
 
     pub fn observe_duration(&self, proto: Proto, secs: f64) {

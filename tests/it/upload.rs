@@ -149,6 +149,11 @@ fn assert_budget_refusal(p: &Posted, e: &Egressd) -> Value {
 fn a_declared_length_that_would_cross_is_refused_before_forwarding_per_client() {
     let l = budget_lab();
     let e = &l.e;
+    assert_eq!(
+        e.metric("egressd_upload_bytes_total{exception=\"api\"}"),
+        Some(0.0),
+        "a budget's series exists from the start"
+    );
     let first = post(e.proxy, A_TOKEN, &url(&l, "/up"), 600, &[]);
     assert_eq!(first.status, 200, "{first:?}");
     assert_eq!(received(&l.origin), 600);
