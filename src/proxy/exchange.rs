@@ -466,7 +466,8 @@ fn answer(
     if let Some(s) = &secrets {
         s.scrub_headers(resp.headers_mut());
     }
-    if let (true, Some((client_up, permit, cap)), Some(p)) = (switching, client_upgrade, resp_upgrade)
+    if let (true, Some((client_up, permit, cap)), Some(p)) =
+        (switching, client_upgrade, resp_upgrade)
     {
         let origin_up = hyper::upgrade::on(&mut resp);
         let h = resp.headers_mut();

@@ -58,8 +58,8 @@ pub(crate) async fn reach(
     upgrade: Option<HeaderValue>,
 ) -> Result<Sent, Stop> {
     let origin = Origin::choose(ctx, &req, ev, &way, upgrade.is_some())?;
-    let client_upgrade = rewrite(&mut req, ctx, &origin, upgrade, way.exception, way.scheme)
-        .map(|up| {
+    let client_upgrade =
+        rewrite(&mut req, ctx, &origin, upgrade, way.exception, way.scheme).map(|up| {
             let x = req.extensions();
             (up, x.get::<Permit>().cloned(), x.get::<Cap>().cloned())
         });
