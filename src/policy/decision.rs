@@ -134,12 +134,14 @@ pub enum Reason {
     GitTooLarge,
     UploadBudget,
     PackagePublish,
+    BodyNotAllowed,
+    BodyTooLarge,
 }
 
 impl Reason {
     /// Every reason, for pre-creating metric series, in declaration order
     /// (so that `ALL[r.index()] == r`).
-    pub const ALL: [Reason; 38] = [
+    pub const ALL: [Reason; 40] = [
         Reason::Exception,
         Reason::NoException,
         Reason::Expired,
@@ -178,6 +180,8 @@ impl Reason {
         Reason::GitTooLarge,
         Reason::UploadBudget,
         Reason::PackagePublish,
+        Reason::BodyNotAllowed,
+        Reason::BodyTooLarge,
     ];
 
     /// Position in [`Reason::ALL`]: metrics find a reason's series by it.
@@ -225,6 +229,8 @@ impl Reason {
             Reason::GitPathDenied => "git_path_denied",
             Reason::GitTooLarge => "git_too_large",
             Reason::UploadBudget => "upload_budget",
+            Reason::BodyNotAllowed => "body_not_allowed",
+            Reason::BodyTooLarge => "body_too_large",
         }
     }
 
@@ -259,6 +265,7 @@ impl Reason {
             Reason::Overloaded | Reason::LogUnavailable => 503,
             Reason::Malformed => 400,
             Reason::UploadBudget => 429,
+            Reason::BodyTooLarge => 413,
             _ => 403,
         }
     }
@@ -299,6 +306,8 @@ impl Reason {
             Reason::GitPathDenied => true,
             Reason::GitTooLarge => true,
             Reason::UploadBudget => true,
+            Reason::BodyNotAllowed => true,
+            Reason::BodyTooLarge => true,
 
             Reason::Exception
             | Reason::PrivateAddress
@@ -354,6 +363,8 @@ impl Reason {
             Reason::GitTooLarge => "the push is larger than the exception's git: push.max_bytes",
             Reason::UploadBudget => "this client has sent what the exception's upload: budget allows in its window",
             Reason::PackagePublish => "publishing to a package registry is not allowed unless an exception names the method and the registry path",
+            Reason::BodyNotAllowed => "the request body is not one the exception's body: rules allow",
+            Reason::BodyTooLarge => "the request body is larger than the exception's body: max_bytes",
         }
     }
 }

@@ -11,6 +11,7 @@
 //! network I/O.
 
 pub mod addr;
+pub mod body;
 mod compile;
 pub mod decision;
 pub mod field;
@@ -368,6 +369,8 @@ pub struct Rules {
     pub git: Option<Arc<git::GitRules>>,
     /// `upload:`: the budget, and the ledger it is charged to.
     pub upload: Option<upload::UploadRule>,
+    /// `body:`: the request body is read and judged before forwarding.
+    pub body: Option<Arc<body::BodyRules>>,
 }
 
 impl Rules {
@@ -384,6 +387,7 @@ impl Rules {
             && self.grant.is_none()
             && self.git.is_none()
             && self.upload.is_none()
+            && self.body.is_none()
     }
 }
 
@@ -476,6 +480,11 @@ impl Exception {
         self.rules()?.upload.as_ref()
     }
 
+    /// `body:`, when set.
+    pub fn body(&self) -> Option<&body::BodyRules> {
+        self.rules()?.body.as_deref()
+    }
+
     /// Whether an opaque tunnel cannot enforce this exception (it restricts
     /// what happens inside HTTP, or adds credentials to it).
     pub fn needs_inspection(&self) -> bool {
@@ -483,6 +492,7 @@ impl Exception {
             || self.paths().is_some()
             || !self.inject().is_empty()
             || self.git().is_some()
+            || self.body().is_some()
     }
 
     pub fn is_expired(&self, now: i64) -> bool {
@@ -698,6 +708,28 @@ impl Policy {
                 _ => return d,
             }
         }
+    }
+
+    /// Every exception that allows `req` (HTTP, or a request inside an
+    /// intercepted tunnel), in load order: a rule the decision cannot see
+    /// (`body:`) is judged over them, the first that allows deciding
+    /// (DESIGN "Precise semantics of writes", several exceptions).
+    pub fn allowing(&self, req: &Request<'_>, now: i64) -> Vec<&Exception> {
+        let mut found: Vec<u32> = Vec::new();
+        self.matcher.for_each_candidate(req.target, |i| {
+            if self
+                .evaluate(&self.exceptions[i as usize], req, now)
+                .is_ok()
+            {
+                found.push(i);
+            }
+        });
+        found.sort_unstable();
+        found.dedup();
+        found
+            .into_iter()
+            .map(|i| &self.exceptions[i as usize])
+            .collect()
     }
 
     /// Lets `share` hand each grant the counter it counts in (the one

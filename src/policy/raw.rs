@@ -415,6 +415,9 @@ pub struct RawException {
     /// Upload budget: bytes a client may send through this exception per
     /// sliding window (request bodies, and what it sends into tunnels).
     pub upload: Option<RawUpload>,
+    /// Request-body rules (needs interception): the body is read whole,
+    /// bounded, and judged before anything is forwarded.
+    pub body: Option<RawBody>,
 }
 
 /// `upload:` on an exception.
@@ -425,6 +428,42 @@ pub struct RawUpload {
     pub bytes: SizeField,
     /// The sliding window (`1h`), at most 30d.
     pub per: DurationField,
+}
+
+/// `body:` on an exception.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RawBody {
+    /// The largest body read and judged; default 1MiB, at most 16MiB.
+    pub max_bytes: Option<SizeField>,
+    /// RFC 6901 pointer -> value: every pointer must exist; strings match
+    /// by glob (as `paths:`), numbers, booleans and null by equality.
+    #[schemars(schema_with = "json_rules_schema")]
+    pub json: Option<std::collections::BTreeMap<String, serde_json::Value>>,
+    /// The GraphQL operations allowed (the body is a GraphQL request).
+    pub graphql: Option<RawGraphql>,
+}
+
+fn json_rules_schema(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({
+        "description": "RFC 6901 JSON pointer -> the value it must hold: a string (a glob, as paths:), a number, a boolean or null.",
+        "type": "object",
+        "minProperties": 1,
+        "propertyNames": {"pattern": "^(/([^~]|~[01])*)*$"},
+        "additionalProperties": {"type": ["string", "number", "boolean", "null"]}
+    })
+}
+
+/// `body.graphql`.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RawGraphql {
+    /// Query operations are allowed; default false.
+    #[serde(default)]
+    pub queries: bool,
+    /// Top-level mutation fields allowed, by name (`createPullRequest`).
+    #[serde(default)]
+    pub mutations: Vec<String>,
 }
 
 /// `git:` on an exception.

@@ -19,10 +19,10 @@ use super::{Body, Errors, File};
 use crate::policy::grant::{check_ceiling, Candidate, Grant, GrantSettings};
 use crate::policy::host::HostPattern;
 use crate::policy::matcher::Matcher;
-use crate::policy::raw::{RawException, RawFile, RawGit, RawUpload};
+use crate::policy::raw::{RawBody, RawException, RawFile, RawGit, RawUpload};
 use crate::policy::upload::{UploadRule, MAX_PER_SECS};
 use crate::policy::{
-    git, path, qtype, Client, ClientIdx, Exception, InjectedHeader, Rules, Settings, Source,
+    body, git, path, qtype, Client, ClientIdx, Exception, InjectedHeader, Rules, Settings, Source,
     DEFAULT_PORTS,
 };
 
@@ -366,6 +366,10 @@ fn exception(
         .as_ref()
         .map(|g| Arc::new(git_rules(g, id, &mut report)));
     let upload = r.upload.as_ref().map(|u| upload_rule(u, id, &mut report));
+    let body = r
+        .body
+        .as_ref()
+        .map(|b| Arc::new(body_rules(b, id, &mut report)));
     empty_lists(r, &mut report);
     let mut ports: Vec<u16> = match &r.ports {
         Some(p) => p.iter().map(|p| p.0).collect(),
@@ -391,6 +395,7 @@ fn exception(
         grant: None,
         git,
         upload,
+        body,
     };
     Exception::new(
         id.into(),
@@ -642,6 +647,82 @@ fn git_rules(g: &RawGit, id: &str, report: &mut dyn FnMut(String)) -> git::GitRu
         repos,
         push,
     )
+}
+
+/// `body:` compiled; every bad pointer, value, name or bound is reported.
+fn body_rules(b: &RawBody, id: &str, report: &mut dyn FnMut(String)) -> body::BodyRules {
+    let max_bytes = b
+        .max_bytes
+        .as_ref()
+        .map_or(body::DEFAULT_MAX_BYTES, |m| m.0);
+    if max_bytes == 0 || max_bytes > body::MAX_MAX_BYTES {
+        report(format!(
+            "exception {id:?}: body: max_bytes must be between 1B and 16MiB"
+        ));
+    }
+    let mut json = Vec::new();
+    if let Some(map) = &b.json {
+        if map.is_empty() {
+            report(format!("exception {id:?}: body: json: is empty"));
+        }
+        for (pointer, v) in map {
+            if let Err(e) = body::valid_pointer(pointer) {
+                report(format!("exception {id:?}: body: json: {pointer:?}: {e}"));
+                continue;
+            }
+            let expect = match v {
+                serde_json::Value::String(p) => match git::glob(p) {
+                    Ok(g) => body::Expect::Glob {
+                        pattern: p.clone(),
+                        glob: g.compile_matcher(),
+                    },
+                    Err(e) => {
+                        report(format!(
+                            "exception {id:?}: body: json: {pointer:?}: bad pattern {p:?}: {e}"
+                        ));
+                        continue;
+                    }
+                },
+                serde_json::Value::Number(n) => body::Expect::Number(n.clone()),
+                serde_json::Value::Bool(b) => body::Expect::Bool(*b),
+                serde_json::Value::Null => body::Expect::Null,
+                serde_json::Value::Array(_) | serde_json::Value::Object(_) => {
+                    report(format!(
+                        "exception {id:?}: body: json: {pointer:?}: a value must be a string, \
+                         number, boolean or null (point at each member instead)"
+                    ));
+                    continue;
+                }
+            };
+            json.push(body::JsonRule {
+                pointer: pointer.clone(),
+                expect,
+            });
+        }
+    }
+    let graphql = b.graphql.as_ref().map(|g| {
+        if !g.queries && g.mutations.is_empty() {
+            report(format!(
+                "exception {id:?}: body: graphql: allows nothing (set queries: true or list mutations:)"
+            ));
+        }
+        for m in &g.mutations {
+            if !body::valid_graphql_name(m) {
+                report(format!(
+                    "exception {id:?}: body: graphql: mutations: {m:?} is not a GraphQL field name"
+                ));
+            }
+        }
+        body::GraphqlRules {
+            queries: g.queries,
+            mutations: g.mutations.clone().into(),
+        }
+    });
+    body::BodyRules {
+        max_bytes,
+        json: json.into(),
+        graphql,
+    }
 }
 
 /// An empty list would silently match nothing (or, for ports, leave the
