@@ -101,17 +101,20 @@ pub(crate) async fn decide_and_forward(
         Gate::Go(route, ev) => (route, ev),
         Gate::Answered(resp) => return resp,
     };
-    let mode = policy.settings.mode;
-    let (req, mut ev, advert) =
-        match Box::pin(writes::judge(req, ev, inbound.path, &d, mode, responder)).await {
-            Judged::Forward(req, ev) => (req, ev, false),
-            Judged::Advertise(req, ev) => (req, ev, true),
-            Judged::Answered(resp) => return resp,
-        };
-    let req = match upload::meter(req, &mut ev, &d, mode) {
+    // `body:` may hand the request to a later exception that allows its
+    // body: the steps after it see that exception's decision.
+    let mut d = d;
+    let judged = writes::judge(req, ev, &inbound, policy, &mut d, now, responder);
+    let (req, mut ev, advert) = match Box::pin(judged).await {
+        Judged::Forward(req, ev) => (req, ev, false),
+        Judged::Advertise(req, ev) => (req, ev, true),
+        Judged::Answered(resp) => return resp,
+    };
+    let req = match upload::meter(req, &mut ev, &d, policy.settings.mode) {
         Ok(req) => req,
         Err(stop) => return responder.stop(ev, stop),
     };
+    let at = inbound.allowed(ctx, policy, &d, now, responder);
     let mirror = route.mirror.as_ref().map(|(e, m)| (*e, m));
     match reach_origin(&at, inbound.scheme, req, &mut ev, mirror).await {
         Ok(sent) => answer_route(&at, sent, ev, route, advert).await,
@@ -329,7 +332,7 @@ fn decide<'p>(
 /// The methods a request's override headers name, as spelled: every line
 /// of each, every element of a list. An empty value names none; bytes
 /// that are not text name a method no exception lists.
-fn method_overrides(h: &HeaderMap) -> Vec<String> {
+pub(super) fn method_overrides(h: &HeaderMap) -> Vec<String> {
     METHOD_OVERRIDES
         .iter()
         .flat_map(|n| h.get_all(n))

@@ -38,6 +38,10 @@ pub enum ReqBody {
     Held(Option<Bytes>),
     /// Charged to an upload budget as it goes.
     Charged(Box<ReqBody>, Arc<dyn Charge>),
+    /// The bytes read to judge it (`None` once sent), then the rest as it
+    /// arrives: a body past `body:`'s bound that a later exception without
+    /// `body:` allows.
+    Prefixed(Option<Bytes>, Incoming),
 }
 
 impl std::fmt::Debug for ReqBody {
@@ -46,6 +50,7 @@ impl std::fmt::Debug for ReqBody {
             ReqBody::Stream(b) => f.debug_tuple("Stream").field(b).finish(),
             ReqBody::Held(b) => f.debug_tuple("Held").field(b).finish(),
             ReqBody::Charged(b, _) => f.debug_tuple("Charged").field(b).finish(),
+            ReqBody::Prefixed(h, r) => f.debug_tuple("Prefixed").field(h).field(r).finish(),
         }
     }
 }
@@ -85,6 +90,12 @@ impl Body for ReqBody {
                 }
                 r
             }
+            ReqBody::Prefixed(head, rest) => match head.take() {
+                Some(h) => Poll::Ready(Some(Ok(Frame::data(h)))),
+                None => Pin::new(rest)
+                    .poll_frame(cx)
+                    .map(|f| f.map(|r| r.map_err(BodyError::from))),
+            },
         }
     }
 
@@ -93,6 +104,7 @@ impl Body for ReqBody {
             ReqBody::Stream(b) => b.is_end_stream(),
             ReqBody::Held(b) => b.is_none(),
             ReqBody::Charged(b, _) => b.is_end_stream(),
+            ReqBody::Prefixed(head, rest) => head.is_none() && rest.is_end_stream(),
         }
     }
 
@@ -102,6 +114,16 @@ impl Body for ReqBody {
             ReqBody::Held(Some(b)) => SizeHint::with_exact(b.len() as u64),
             ReqBody::Held(None) => SizeHint::with_exact(0),
             ReqBody::Charged(b, _) => b.size_hint(),
+            ReqBody::Prefixed(head, rest) => {
+                let n = head.as_ref().map_or(0, |h| h.len() as u64);
+                let r = rest.size_hint();
+                let mut s = SizeHint::new();
+                s.set_lower(r.lower() + n);
+                if let Some(u) = r.upper() {
+                    s.set_upper(u + n);
+                }
+                s
+            }
         }
     }
 }

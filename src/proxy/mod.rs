@@ -28,6 +28,7 @@
 
 mod accept;
 mod admit;
+mod body_rules;
 pub(crate) mod chunks;
 pub mod dest;
 mod exchange;

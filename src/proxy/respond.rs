@@ -356,6 +356,13 @@ impl Responder<'_> {
         self.answer_denial(ev, reason, None)
     }
 
+    /// The refusal the policy decided, already in `ev` (its exception
+    /// kept), with a sentence saying what was refused.
+    pub fn refuse_with(&self, ev: Event, detail: String) -> Response<ProxyBody> {
+        let reason = ev.reason;
+        self.answer_denial(ev, reason, Some(detail))
+    }
+
     fn answer_denial(
         &self,
         ev: Event,

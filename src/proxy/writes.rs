@@ -17,10 +17,11 @@ use http::{Request, Response, StatusCode};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
 
+use super::exchange::{method_overrides, Inbound};
 use super::held::ReqBody;
 use super::respond::{self, ProxyBody, Responder};
 use crate::policy::git::{self as git_rules, Endpoint, PushRules};
-use crate::policy::{Decision, Exception, Mode, Reason};
+use crate::policy::{self, Decision, Exception, Mode, Policy, Reason};
 use crate::record::{Event, GitLine, GitRefLine};
 use crate::writes::git::{self, Judgement};
 use crate::writes::pack;
@@ -45,9 +46,55 @@ pub(crate) enum Judged {
     Answered(Response<ProxyBody>),
 }
 
-/// Applies the allowing exception's `git:` rules to `req`, an allowed
-/// request for `path`; any other request passes untouched.
-pub(crate) async fn judge(
+/// Applies the allowing exception's `git:` or `body:` rules to `req`, an
+/// allowed request; any other request passes untouched. `body:` may hand
+/// the request to a later exception that allows its body: `d` becomes
+/// that exception's decision.
+pub(crate) async fn judge<'p>(
+    req: Request<Incoming>,
+    ev: Event,
+    inbound: &Inbound<'_>,
+    policy: &'p Policy,
+    d: &mut Decision<'p>,
+    now: i64,
+    responder: &Responder<'_>,
+) -> Judged {
+    let mode = policy.settings.mode;
+    if d.exception.is_some_and(|e| e.body().is_some()) {
+        let cands = allowing(policy, &req, ev.proto, inbound, now);
+        return Box::pin(super::body_rules::step(req, ev, d, cands, mode, responder)).await;
+    }
+    git_step(req, ev, inbound.path, d, mode, responder).await
+}
+
+/// Every exception that allows `req` as the decision saw it, in load
+/// order.
+fn allowing<'p>(
+    policy: &'p Policy,
+    req: &Request<Incoming>,
+    proto: policy::Proto,
+    inbound: &Inbound<'_>,
+    now: i64,
+) -> Vec<&'p Exception> {
+    let overrides = method_overrides(req.headers());
+    let preq = policy::Request {
+        proto,
+        client: inbound.client,
+        target: &inbound.dest.target,
+        port: inbound.dest.port,
+        method: Some(policy::Method {
+            name: req.method().as_str(),
+            overrides: &overrides,
+        }),
+        path: Some(inbound.path),
+        qtype: None,
+        can_intercept: false,
+    };
+    policy.allowing(&preq, now)
+}
+
+/// `git:` rules.
+async fn git_step(
     req: Request<Incoming>,
     mut ev: Event,
     path: &str,

@@ -370,6 +370,12 @@ fn exception(
         .body
         .as_ref()
         .map(|b| Arc::new(body_rules(b, id, &mut report)));
+    if git.is_some() && body.is_some() {
+        report(format!(
+            "exception {id:?}: git: and body: on one exception (a push's body is judged by git:); \
+             put the body: rules on an exception of their own"
+        ));
+    }
     empty_lists(r, &mut report);
     let mut ports: Vec<u16> = match &r.ports {
         Some(p) => p.iter().map(|p| p.0).collect(),
