@@ -57,8 +57,17 @@ pub(crate) async fn step<'p>(
         .and_then(|v| v.trim().parse::<u64>().ok());
     let (parts, incoming) = req.into_parts();
     if declared.is_some_and(|n| n > bound) && !fallback {
-        // Refused before a byte of it is read: with `Expect:
-        // 100-continue` the client never sends it.
+        // Refused before a byte of it is kept: with `Expect:
+        // 100-continue` the client never sends it; otherwise what it sends
+        // is read and dropped (bounded), so that it reads the answer
+        // rather than a reset.
+        let expects = parts
+            .headers
+            .get(header::EXPECT)
+            .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
+        if !expects {
+            drain(incoming).await;
+        }
         return refuse(ev, d, &cands, mode, responder);
     }
     let read = match tokio::time::timeout(READ_TIME, read_upto(incoming, bound)).await {

@@ -54,16 +54,28 @@ impl Refusal {
 
 /// Judges `body` (whole, as the origin will read it) against `rules`.
 pub fn judge(rules: &BodyRules, body: &[u8]) -> Result<(), Refusal> {
+    judge_scored(rules, body).map_err(|(r, _)| r)
+}
+
+/// [`judge`], with how far a refused body got (the rules it passed): of
+/// several exceptions that refuse, the one that came closest answers.
+fn judge_scored(rules: &BodyRules, body: &[u8]) -> Result<(), (Refusal, usize)> {
     if body.len() as u64 > rules.max_bytes {
-        return Err(Refusal::too_large(rules.max_bytes));
+        return Err((Refusal::too_large(rules.max_bytes), 0));
     }
     if rules.json.is_empty() && rules.graphql.is_none() {
         return Ok(());
     }
-    let v =
-        read_json(body).map_err(|e| Refusal::not_allowed(format!("the body is not JSON: {e}")))?;
+    let v = read_json(body).map_err(|e| {
+        (
+            Refusal::not_allowed(format!("the body is not JSON: {e}")),
+            0,
+        )
+    })?;
+    let mut passed = 1;
     if let Some(g) = &rules.graphql {
-        judge_graphql(g, &v)?;
+        judge_graphql(g, &v).map_err(|r| (r, passed))?;
+        passed += 1;
     }
     for r in rules.json.iter() {
         let label = if r.pointer.is_empty() {
@@ -73,17 +85,15 @@ pub fn judge(rules: &BodyRules, body: &[u8]) -> Result<(), Refusal> {
         };
         match v.pointer(&r.pointer) {
             None => {
-                return Err(Refusal::not_allowed(format!(
-                    "body: json: {label} is missing"
-                )))
+                let r = Refusal::not_allowed(format!("body: json: {label} is missing"));
+                return Err((r, passed));
             }
             Some(got) if !r.expect.matches(got) => {
-                return Err(Refusal::not_allowed(format!(
-                    "body: json: {label} is not {}",
-                    r.expect.show()
-                )))
+                let r =
+                    Refusal::not_allowed(format!("body: json: {label} is not {}", r.expect.show()));
+                return Err((r, passed));
             }
-            Some(_) => {}
+            Some(_) => passed += 1,
         }
     }
     Ok(())
@@ -109,25 +119,28 @@ pub fn read_bound(cands: &[&Exception]) -> Option<u64> {
 }
 
 /// The first of `cands` (in load order) that allows `body` decides; when
-/// none does, the first one's refusal (every one of them reached the body,
-/// the furthest stage). `body` is `None` when it was longer than
-/// [`read_bound`]: then only an exception without `body:` allows it.
+/// none does, the refusal of the one that came closest (passed the most
+/// of its rules; the first of equals). `body` is `None` when it was
+/// longer than [`read_bound`]: then only an exception without `body:`
+/// allows it.
 pub fn choose<'p>(cands: &[&'p Exception], body: Option<&[u8]>) -> Option<Choice<'p>> {
-    let mut refused: Option<(&Exception, Refusal)> = None;
+    let mut refused: Option<(&Exception, Refusal, usize)> = None;
     for &e in cands {
         let verdict = match (e.body(), body) {
             (None, _) => Ok(()),
-            (Some(r), Some(b)) => judge(r, b),
-            (Some(r), None) => Err(Refusal::too_large(r.max_bytes)),
+            (Some(r), Some(b)) => judge_scored(r, b),
+            (Some(r), None) => Err((Refusal::too_large(r.max_bytes), 0)),
         };
         match verdict {
             Ok(()) => return Some(Choice::Allow(e)),
-            Err(r) => {
-                refused.get_or_insert((e, r));
+            Err((r, score)) => {
+                if refused.as_ref().is_none_or(|(_, _, s)| score > *s) {
+                    refused = Some((e, r, score));
+                }
             }
         }
     }
-    refused.map(|(e, r)| Choice::Refuse(e, r))
+    refused.map(|(e, r, _)| Choice::Refuse(e, r))
 }
 
 /// A GraphQL request (`{"query": …, "operationName": …, "variables": …}`)
@@ -714,7 +727,7 @@ mod tests {
         let merge = req("mutation { mergePullRequest(input: {}) { x } }", None);
         match choose(&cands, Some(&merge)) {
             Some(Choice::Refuse(e, r)) => {
-                assert_eq!(&*e.id, "read");
+                assert_eq!(&*e.id, "read", "equals: the first answers");
                 assert_eq!(r.reason, Reason::BodyNotAllowed);
             }
             other => panic!("{other:?}"),

@@ -13,6 +13,7 @@ mod examples;
 mod explain_packages;
 mod fast_path;
 mod fleet;
+mod forge_api;
 mod forward;
 mod fuzz_regressions;
 mod git_gate;

@@ -18,6 +18,7 @@
 //! | `smuggling.rs` | CL.TE, TE.CL, framing tricks, pipelining (origin bytes checked) |
 //! | `framing.rs` | strict framing past hyper: transfer codings, canonical lengths, ambiguous answers, head and extension bounds, `Host` lists, method overrides |
 //! | `upgrades.rs` | h2c, HTTP/2 prior knowledge, WebSocket |
+//! | `body.rs` | hostile bodies against `body:` rules: GraphQL nested 10,000 deep, duplicate JSON keys, huge bodies |
 //! | `git_push.rs` | malformed pushes at the git gate: pkt-lines, lying packs, delta loops, zip bombs |
 //! | `dns.rs` | the resolver: packet abuse, floods, hostile upstream answers |
 //! | `dns_tools/` | DNS tunnels: real iodine and dns2tcp in a namespace lab, generated tunnels, the benign corpus |
@@ -36,6 +37,7 @@
 
 pub use crate::support::*;
 
+mod body;
 mod connect;
 mod dns;
 mod dns_tools;

@@ -25,6 +25,7 @@
 #![allow(dead_code)]
 
 mod dns;
+mod forge;
 mod git_server;
 mod http;
 pub mod lab;
@@ -44,6 +45,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 pub use dns::*;
+pub use forge::*;
 pub use git_server::*;
 pub use http::*;
 pub use lab::*;

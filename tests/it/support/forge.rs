@@ -1,0 +1,141 @@
+//! A fake forge API over TLS (h2 and http/1.1 by ALPN): REST
+//! `POST /repos/{owner}/{repo}/pulls` and `POST /graphql`, answering only
+//! requests that carry [`FORGE_AUTH`] (a credential only egressd holds),
+//! and recording every request with its whole body — so a test can say
+//! exactly what reached the origin, and that a refused one did not.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::thread;
+
+use bytes::Bytes;
+use http::{Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+
+use super::tls::provider;
+use super::Listener;
+
+pub const FORGE_HOST: &str = "api.git.example.test";
+pub const FORGE_AUTH: &str = "Bearer forge-token-only-egressd-holds";
+
+/// One request as the forge received it.
+#[derive(Debug, Clone)]
+pub struct ForgeSeen {
+    pub method: String,
+    pub path: String,
+    pub version: String,
+    pub authorized: bool,
+    pub body: Vec<u8>,
+}
+
+pub struct Forge {
+    pub addr: SocketAddr,
+    /// The forge's CA (give it to egressd as its upstream CA).
+    pub ca_pem: String,
+    seen: Arc<Mutex<Vec<ForgeSeen>>>,
+}
+
+impl Listener for Forge {
+    fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+}
+
+impl Forge {
+    pub fn requests(&self) -> Vec<ForgeSeen> {
+        self.seen.lock().unwrap().clone()
+    }
+    pub fn count(&self) -> usize {
+        self.seen.lock().unwrap().len()
+    }
+}
+
+pub fn forge() -> Forge {
+    let pki = super::tls::test_pki();
+    let (cert, key) = pki.leaf(&[FORGE_HOST]);
+    let mut config = rustls::ServerConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(vec![cert], key)
+        .unwrap();
+    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.set_nonblocking(true).unwrap();
+    let addr = l.local_addr().unwrap();
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let s2 = seen.clone();
+    thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async move {
+            let l = tokio::net::TcpListener::from_std(l).unwrap();
+            loop {
+                let Ok((tcp, _)) = l.accept().await else {
+                    continue;
+                };
+                let (acceptor, seen) = (acceptor.clone(), s2.clone());
+                tokio::spawn(async move {
+                    let Ok(tls) = acceptor.accept(tcp).await else {
+                        return;
+                    };
+                    let svc = hyper::service::service_fn(move |req| handle(req, seen.clone()));
+                    let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                        .serve_connection(TokioIo::new(tls), svc)
+                        .await;
+                });
+            }
+        });
+    });
+    Forge {
+        addr,
+        ca_pem: pki.ca_pem,
+        seen,
+    }
+}
+
+async fn handle(
+    req: Request<Incoming>,
+    seen: Arc<Mutex<Vec<ForgeSeen>>>,
+) -> Result<Response<Full<Bytes>>, Infallible> {
+    let method = req.method().to_string();
+    let path = req.uri().path().to_string();
+    let version = format!("{:?}", req.version());
+    let authorized = req
+        .headers()
+        .get("authorization")
+        .is_some_and(|v| v.as_bytes() == FORGE_AUTH.as_bytes());
+    let body = req
+        .into_body()
+        .collect()
+        .await
+        .map(|b| b.to_bytes().to_vec())
+        .unwrap_or_default();
+    seen.lock().unwrap().push(ForgeSeen {
+        method: method.clone(),
+        path: path.clone(),
+        version,
+        authorized,
+        body,
+    });
+    let (status, text) = if !authorized {
+        (StatusCode::UNAUTHORIZED, r#"{"message":"Bad credentials"}"#)
+    } else if method == "POST" && path.ends_with("/pulls") {
+        (StatusCode::CREATED, r#"{"number":7,"draft":true}"#)
+    } else if method == "POST" && path == "/graphql" {
+        (StatusCode::OK, r#"{"data":{}}"#)
+    } else {
+        (StatusCode::NOT_FOUND, r#"{"message":"Not Found"}"#)
+    };
+    Ok(Response::builder()
+        .status(status)
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(text)))
+        .unwrap())
+}
