@@ -11,6 +11,7 @@
 pub mod decide_model;
 pub mod dns_packet;
 pub mod git_push;
+pub mod graphql_op;
 pub mod host_parse;
 pub mod http1_fast;
 pub mod package_classify;

@@ -179,3 +179,24 @@ for head in [
     b"GET http://a.test/ HTTP/1.1\r\nHost: a.test\r\nX-T: caf\xc3\xa9 \x80\t ok\r\n\r\n",
 ]:
     write("http1_fast", head)
+
+
+# ---------------------------------------------------------------- graphql_op
+
+GRAPHQL = [
+    "query { viewer { login } }",
+    "{ repository(owner: \"acme\", name: \"widgets\") { pullRequest(number: 7) { title } } }",
+    "mutation CreatePR($input: CreatePullRequestInput!) { createPullRequest(input: $input) { pullRequest { number } } }",
+    "mutation { createPullRequest: mergePullRequest(input: {pullRequestId: \"x\"}) { clientMutationId } }",
+    "mutation { ...F } fragment F on Mutation { addComment(input: {}) { x } ... on Mutation { mergePullRequest(input: {}) { x } } }",
+    "#op A\nquery A { a } mutation B { mergePullRequest(input: {}) { x } }",
+    "query A { a } mutation B { createPullRequest(input: {}) { x } }",
+    "subscription { events { id } }",
+    "query { a(x: [[[1]]], y: {a: {b: \"\"\"block { [ (\"\"\"}}) # { [\n }",
+    "query { " + "a { " * 70 + "}" * 70 + " }",
+    '{"query":"query { a }","query":"mutation { b }"}',
+    '[{"query":"{ a }"},{"query":"{ b }"}]',
+    '{"head":"agent/x","HEAD":"main","draft":true}',
+]
+for g in GRAPHQL:
+    write("graphql_op", g)

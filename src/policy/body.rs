@@ -155,4 +155,47 @@ mod tests {
         assert!(!valid_graphql_name("merge-pr"));
         assert!(!valid_graphql_name(""));
     }
+
+    /// Each bad `body:` is an error at its exception's line.
+    #[test]
+    fn bad_body_rules_are_load_errors_at_their_line() {
+        let head = "exceptions:\n  - id: ok\n    owner: o\n    reason: r\n    hosts: [a.test]\n  - id: bad\n    owner: o\n    reason: r\n    hosts: [b.test]\n";
+        let cases = [
+            (
+                "    methods: [GET, HEAD]\n    body: { json: { /a: 1 } }\n",
+                "send no body",
+            ),
+            ("    body: { json: { a: 1 } }\n", "starts with '/'"),
+            ("    body: { json: { /a~2: 1 } }\n", "'~0' or '~1'"),
+            (
+                "    body: { json: { /a: [1] } }\n",
+                "a value must be a string",
+            ),
+            ("    body: { json: { /a: \"[\" } }\n", "bad pattern"),
+            ("    body: { max_bytes: 17MiB }\n", "between 1B and 16MiB"),
+            ("    body: { graphql: {} }\n", "allows nothing"),
+            (
+                "    body: { graphql: { mutations: [merge-pr] } }\n",
+                "not a GraphQL field name",
+            ),
+            ("    body: { jsn: {} }\n", "unknown field"),
+            (
+                "    git: { repos: [a/b] }\n    body: { json: { /a: 1 } }\n",
+                "git: and body:",
+            ),
+        ];
+        for (rule, want) in cases {
+            let err = super::super::from_yaml(&format!("{head}{rule}")).unwrap_err();
+            assert!(err.to_string().contains(want), "{rule}: {err}");
+            assert!(err.0[0].line >= 6, "{rule}: {err}");
+        }
+        let ok = format!(
+            "{head}    methods: [POST]\n    body: {{ max_bytes: 16MiB, json: {{ /head: agent/*, /n: 1.5, /d: true, /z: null }}, graphql: {{ queries: true }} }}\n"
+        );
+        let p = super::super::from_yaml(&ok).unwrap();
+        let b = p.exception("bad").unwrap().body().unwrap();
+        assert_eq!(b.max_bytes, MAX_MAX_BYTES);
+        assert_eq!(b.json.len(), 4);
+        assert!(p.exception("bad").unwrap().needs_inspection());
+    }
 }

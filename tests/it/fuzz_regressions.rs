@@ -59,6 +59,11 @@ fn decide_model() {
 }
 
 #[test]
+fn graphql_op() {
+    assert!(replay("graphql_op", DIRS, harness::graphql_op::run) >= 10);
+}
+
+#[test]
 fn git_push() {
     assert!(replay("git_push", DIRS, harness::git_push::run) >= 5);
 }

@@ -279,6 +279,16 @@ exceptions:
     reason: agents post to an API, metered
     hosts: [api.example.com]
     upload: { bytes: 10MiB, per: 1h }
+  - id: widgets-draft-pr
+    owner: platform
+    reason: agents open draft pull requests
+    hosts: [api.git.example.com]
+    methods: [POST]
+    paths: ["/repos/acme/widgets/pulls", "/graphql"]
+    body:
+      max_bytes: 1MiB
+      json: { "/head": "agent/*", "/draft": true, "/n": 1, "/x": null }
+      graphql: { queries: true, mutations: [createPullRequest] }
 "##,
     ),
     (
@@ -340,6 +350,9 @@ packages:
 
 /// Mistakes the parser refuses; the schema must refuse each as well.
 const INVALID: &[(&str, &str)] = &[
+    ("unknown-body-key", "exceptions:\n  - id: x\n    owner: o\n    reason: r\n    hosts: [a.example.com]\n    body: { jsn: { /a: 1 } }\n"),
+    ("body-json-list-value", "exceptions:\n  - id: x\n    owner: o\n    reason: r\n    hosts: [a.example.com]\n    body: { json: { /a: [1] } }\n"),
+    ("body-json-pointer-no-slash", "exceptions:\n  - id: x\n    owner: o\n    reason: r\n    hosts: [a.example.com]\n    body: { json: { head: main } }\n"),
     ("unknown-top-key", "exception:\n  - id: x\n"),
     ("unknown-exception-key", "exceptions:\n  - id: x\n    owner: o\n    reason: r\n    host: [a.example.com]\n"),
     ("unknown-settings-key", "settings:\n  moed: enforce\n"),

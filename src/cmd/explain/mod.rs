@@ -6,6 +6,7 @@
 //! resolves names, so for a name it states the private-address rule rather
 //! than applying it. IP-literal targets get the full address check.
 
+mod body;
 mod git;
 mod package;
 
@@ -45,13 +46,34 @@ pub struct Args {
     /// `pkg:cargo/serde`, `pkg:go/golang.org/x/text@v0.14.0`; no version: the index).
     #[arg(required = true, num_args = 1..=2)]
     pub target: Vec<String>,
+    /// A request body (a file) to judge against the `body:` rules of the
+    /// exceptions that allow the request: `explain 'POST https://host/path' --body FILE`.
+    #[arg(long, value_name = "FILE")]
+    pub body: Option<std::path::PathBuf>,
 }
 
 /// `egressd explain`: the command's entry (its answer, errors included,
 /// goes to `out`).
 pub fn main(args: Args, out: &mut dyn Write, _err: &mut dyn Write) -> super::Exit {
     let target = args.target.join(" ");
-    run_explain(&args.policy, args.client.as_deref(), &target, out).into()
+    let body = match &args.body {
+        None => None,
+        Some(f) => match std::fs::read(f) {
+            Ok(b) => Some(b),
+            Err(e) => {
+                let _ = writeln!(out, "error: --body {}: {e}", f.display());
+                return USAGE.into();
+            }
+        },
+    };
+    run_explain_with(
+        &args.policy,
+        args.client.as_deref(),
+        &target,
+        body.as_deref(),
+        out,
+    )
+    .into()
 }
 
 /// `egressd explain [--policy P] [--client ID] TARGET`. Returns the exit
@@ -62,6 +84,17 @@ pub fn run_explain(
     policy_path: &Path,
     client: Option<&str>,
     target: &str,
+    out: &mut dyn Write,
+) -> i32 {
+    run_explain_with(policy_path, client, target, None, out)
+}
+
+/// [`run_explain`], and with `body` what the `body:` rules make of it.
+pub fn run_explain_with(
+    policy_path: &Path,
+    client: Option<&str>,
+    target: &str,
+    body: Option<&[u8]>,
     out: &mut dyn Write,
 ) -> i32 {
     let policy = match crate::policy::load(policy_path) {
@@ -96,7 +129,10 @@ pub fn run_explain(
         if policy.files.len() == 1 { "" } else { "s" },
         policy.settings.mode.as_str()
     );
-    explain(&policy, client, target, unix_now(), out)
+    match body {
+        Some(b) => body::explain(&policy, client, target, b, unix_now(), out),
+        None => explain(&policy, client, target, unix_now(), out),
+    }
 }
 
 /// Explains `target` against an already loaded policy as of `now` (Unix
@@ -641,6 +677,9 @@ fn inspection_needs(e: &Exception) -> String {
     if !e.inject().is_empty() {
         let names: Vec<&str> = e.inject().iter().map(|h| h.name.as_str()).collect();
         parts.push(format!("injects {}", names.join(", ")));
+    }
+    if e.body().is_some() {
+        parts.push("judges request bodies (body:)".into());
     }
     parts.join(" and ")
 }

@@ -370,6 +370,19 @@ fn exception(
         .body
         .as_ref()
         .map(|b| Arc::new(body_rules(b, id, &mut report)));
+    if let (Some(_), Some(methods)) = (&body, &r.methods) {
+        if methods.iter().all(|m| m.0 == "GET" || m.0 == "HEAD") {
+            report(format!(
+                "exception {id:?}: body: on an exception whose methods ({}) send no body; \
+                 list the methods that carry one (POST, PUT, PATCH)",
+                methods
+                    .iter()
+                    .map(|m| m.0.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ));
+        }
+    }
     if git.is_some() && body.is_some() {
         report(format!(
             "exception {id:?}: git: and body: on one exception (a push's body is judged by git:); \
