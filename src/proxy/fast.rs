@@ -404,8 +404,11 @@ fn admit_and_decide<'p>(
     );
     let plain = d.verdict == Verdict::Allow
         && !d.report_only
-        && d.exception
-            .is_some_and(|e| e.inject().is_empty() && e.grant().is_none() && e.git().is_none());
+        && d.exception.is_some_and(|e| {
+            // `body:` judges what a request carries, a GET's body too:
+            // the exchange path reads it.
+            e.inject().is_empty() && e.grant().is_none() && e.git().is_none() && e.body().is_none()
+        });
     if !plain {
         return None;
     }

@@ -384,3 +384,39 @@ fn without_body_rules_every_write_reaches_the_forge() {
         assert_eq!(s.lab.origin.requests().pop().unwrap().body, body);
     }
 }
+
+/// Plain HTTP (no TLS): the body is judged as inside interception, and an
+/// exception without `methods:` judges a GET's body too (the GET fast
+/// path leaves such requests to the exchange path).
+#[test]
+fn plain_http_bodies_are_judged_too_and_a_get_cannot_carry_one_past() {
+    let lab = lab().names(&["api.plain.test"]).start(|ports| {
+        format!(
+            "exceptions:\n  - id: plain-pr\n    owner: platform\n    reason: r\n    hosts: [api.plain.test]\n    cidrs: [127.0.0.0/8]\n    ports: [{}]\n    paths: [\"{PR_PATH}\"]\n    body: {{ json: {{ /head: agent/*, /draft: true }} }}\n",
+            ports.origin
+        )
+    });
+    let port = lab.origin.addr.port();
+    let send = |method: &str, body: &str| {
+        lab.e.request(&format!(
+            "{method} http://api.plain.test:{port}{PR_PATH} HTTP/1.1\r\nHost: api.plain.test:{port}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        ))
+    };
+    let ok = r#"{"head":"agent/x","draft":true}"#;
+    let r = send("POST", ok);
+    assert_eq!(r.status, 200, "{r:?}");
+    assert_eq!(lab.origin.last().unwrap().body, ok.as_bytes());
+    let before = lab.origin.count();
+    for (method, body) in [
+        ("POST", r#"{"head":"main","draft":true}"#),
+        ("POST", r#"{"head":"agent/x","draft":true,"draft":false}"#),
+        ("GET", r#"{"head":"main","draft":true}"#),
+        ("GET", ""),
+    ] {
+        let r = send(method, body);
+        assert_eq!(r.status, 403, "{method} {body}: {r:?}");
+        assert_eq!(r.reason(), Some("body_not_allowed"), "{r:?}");
+    }
+    assert_eq!(lab.origin.count(), before, "nothing reached the origin");
+}
