@@ -438,6 +438,7 @@ pub struct RawBody {
     pub max_bytes: Option<SizeField>,
     /// RFC 6901 pointer -> value: every pointer must exist; strings match
     /// by glob (as `paths:`), numbers, booleans and null by equality.
+    #[serde(default)]
     #[schemars(schema_with = "json_rules_schema")]
     pub json: Option<std::collections::BTreeMap<String, serde_json::Value>>,
     /// The GraphQL operations allowed (the body is a GraphQL request).
