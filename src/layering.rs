@@ -74,6 +74,7 @@ const PROXY: &[&str] = &[
     "tls_origins",
     "origin",
     "gate",
+    "body_rules",
     "writes",
     "exchange",
     "mitm",

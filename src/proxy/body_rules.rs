@@ -14,13 +14,12 @@ use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use http::header;
-use http::Request;
+use http::{Request, Response};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
 
 use super::held::ReqBody;
-use super::respond::Responder;
-use super::writes::Judged;
+use super::respond::{ProxyBody, Responder};
 use crate::policy::{Decision, Exception, Mode, Reason};
 use crate::record::Event;
 use crate::writes::body::{self, Choice, Refusal};
@@ -35,6 +34,10 @@ const DRAIN_MAX: u64 = 16 << 20;
 /// How long that drain may take.
 const DRAIN_TIME: Duration = Duration::from_secs(5);
 
+/// What the step decided: forward this request (its body held, or the
+/// client's stream), or the answer already recorded.
+pub(crate) type Stepped = Result<(Request<ReqBody>, Event), Response<ProxyBody>>;
+
 /// Reads and judges `req`'s body over `cands` (the exceptions that allow
 /// it, in load order; the first has `body:`), setting `d` to the one that
 /// allows it.
@@ -45,9 +48,9 @@ pub(crate) async fn step<'p>(
     cands: Vec<&'p Exception>,
     mode: Mode,
     responder: &Responder<'_>,
-) -> Judged {
+) -> Stepped {
     let Some(bound) = body::read_bound(&cands) else {
-        return Judged::Forward(req.map(ReqBody::Stream), ev);
+        return Ok((req.map(ReqBody::Stream), ev));
     };
     let fallback = cands.iter().any(|e| e.body().is_none());
     let declared = req
@@ -81,14 +84,14 @@ pub(crate) async fn step<'p>(
                 if let Some(Choice::Allow(e)) = body::choose(&cands, None) {
                     set(d, e, &mut ev, mode);
                     let req = Request::from_parts(parts, ReqBody::Prefixed(Some(head), rest));
-                    return Judged::Forward(req, ev);
+                    return Ok((req, ev));
                 }
             }
             drain(rest).await;
             return refuse(ev, d, &cands, mode, responder);
         }
         Read::Failed(why) => {
-            return Judged::Answered(responder.deny(ev, Reason::Malformed, Some(why)));
+            return Err(responder.deny(ev, Reason::Malformed, Some(why)));
         }
     };
     let plain = match decoded(&parts.headers, &raw, bound) {
@@ -112,10 +115,10 @@ pub(crate) async fn step<'p>(
                 return refused(parts, raw, ev, d, e, r, mode, responder);
             }
             set(d, e, &mut ev, mode);
-            Judged::Forward(Request::from_parts(parts, ReqBody::held(raw)), ev)
+            Ok((Request::from_parts(parts, ReqBody::held(raw)), ev))
         }
         Some(Choice::Refuse(e, r)) => refused(parts, raw, ev, d, e, r, mode, responder),
-        None => Judged::Forward(Request::from_parts(parts, ReqBody::held(raw)), ev),
+        None => Ok((Request::from_parts(parts, ReqBody::held(raw)), ev)),
     }
 }
 
@@ -142,7 +145,7 @@ fn refuse<'p>(
     cands: &[&'p Exception],
     mode: Mode,
     responder: &Responder<'_>,
-) -> Judged {
+) -> Stepped {
     let e = cands
         .iter()
         .copied()
@@ -153,7 +156,7 @@ fn refuse<'p>(
     let dd = Decision::deny(r.reason, Some(e));
     ev.set_decision(&dd, mode);
     *d = dd;
-    Judged::Answered(responder.refuse_with(ev, r.detail))
+    Err(responder.refuse_with(ev, r.detail))
 }
 
 /// A body the rules refuse; in report mode logged and forwarded.
@@ -167,16 +170,16 @@ fn refused<'p>(
     r: Refusal,
     mode: Mode,
     responder: &Responder<'_>,
-) -> Judged {
+) -> Stepped {
     let dd = Decision::deny(r.reason, Some(e)).under(mode);
     ev.set_decision(&dd, mode);
     if dd.is_allowed() {
         ev.add_note(Some(r.detail));
         *d = dd;
-        return Judged::Forward(Request::from_parts(parts, ReqBody::held(raw)), ev);
+        return Ok((Request::from_parts(parts, ReqBody::held(raw)), ev));
     }
     *d = dd;
-    Judged::Answered(responder.refuse_with(ev, r.detail))
+    Err(responder.refuse_with(ev, r.detail))
 }
 
 /// The body as the origin reads it: `gzip` inflated (at most `max`

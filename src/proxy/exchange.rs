@@ -49,7 +49,7 @@ use super::writes::{self, Judged};
 use super::ProxyCtx;
 use crate::packages::compile::Mirror;
 use crate::packages::Ecosystem;
-use crate::policy::{self, ClientIdx, Decision, Policy, Proto, Reason};
+use crate::policy::{self, ClientIdx, Decision, Exception, Policy, Proto, Reason};
 use crate::record::{Event, Recorder};
 use crate::time::unix_now;
 
@@ -104,7 +104,12 @@ pub(crate) async fn decide_and_forward(
     // `body:` may hand the request to a later exception that allows its
     // body: the steps after it see that exception's decision.
     let mut d = d;
-    let judged = writes::judge(req, ev, &inbound, policy, &mut d, now, responder);
+    let cands = match d.exception {
+        Some(e) if e.body().is_some() => allowing(policy, &req, ev.proto, &inbound, now),
+        _ => Vec::new(),
+    };
+    let mode = policy.settings.mode;
+    let judged = writes::judge(req, ev, inbound.path, cands, &mut d, mode, responder);
     let (req, mut ev, advert) = match Box::pin(judged).await {
         Judged::Forward(req, ev) => (req, ev, false),
         Judged::Advertise(req, ev) => (req, ev, true),
@@ -329,10 +334,36 @@ fn decide<'p>(
     d
 }
 
+/// Every exception that allows `req` as the decision saw it, in load
+/// order: `body:` rules are judged over them.
+fn allowing<'p>(
+    policy: &'p Policy,
+    req: &Request<Incoming>,
+    proto: policy::Proto,
+    inbound: &Inbound<'_>,
+    now: i64,
+) -> Vec<&'p Exception> {
+    let overrides = method_overrides(req.headers());
+    let preq = policy::Request {
+        proto,
+        client: inbound.client,
+        target: &inbound.dest.target,
+        port: inbound.dest.port,
+        method: Some(policy::Method {
+            name: req.method().as_str(),
+            overrides: &overrides,
+        }),
+        path: Some(inbound.path),
+        qtype: None,
+        can_intercept: false,
+    };
+    policy.allowing(&preq, now)
+}
+
 /// The methods a request's override headers name, as spelled: every line
 /// of each, every element of a list. An empty value names none; bytes
 /// that are not text name a method no exception lists.
-pub(super) fn method_overrides(h: &HeaderMap) -> Vec<String> {
+fn method_overrides(h: &HeaderMap) -> Vec<String> {
     METHOD_OVERRIDES
         .iter()
         .flat_map(|n| h.get_all(n))

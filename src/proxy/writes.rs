@@ -17,11 +17,10 @@ use http::{Request, Response, StatusCode};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
 
-use super::exchange::{method_overrides, Inbound};
 use super::held::ReqBody;
 use super::respond::{self, ProxyBody, Responder};
 use crate::policy::git::{self as git_rules, Endpoint, PushRules};
-use crate::policy::{self, Decision, Exception, Mode, Policy, Reason};
+use crate::policy::{Decision, Exception, Mode, Reason};
 use crate::record::{Event, GitLine, GitRefLine};
 use crate::writes::git::{self, Judgement};
 use crate::writes::pack;
@@ -47,50 +46,27 @@ pub(crate) enum Judged {
 }
 
 /// Applies the allowing exception's `git:` or `body:` rules to `req`, an
-/// allowed request; any other request passes untouched. `body:` may hand
-/// the request to a later exception that allows its body: `d` becomes
-/// that exception's decision.
+/// allowed request for `path`; any other request passes untouched.
+/// `body_cands` are the exceptions that allow the request when the first
+/// has `body:` (else empty): the body may hand the request to a later
+/// one, and `d` becomes that exception's decision.
 pub(crate) async fn judge<'p>(
     req: Request<Incoming>,
     ev: Event,
-    inbound: &Inbound<'_>,
-    policy: &'p Policy,
+    path: &str,
+    body_cands: Vec<&'p Exception>,
     d: &mut Decision<'p>,
-    now: i64,
+    mode: Mode,
     responder: &Responder<'_>,
 ) -> Judged {
-    let mode = policy.settings.mode;
-    if d.exception.is_some_and(|e| e.body().is_some()) {
-        let cands = allowing(policy, &req, ev.proto, inbound, now);
-        return Box::pin(super::body_rules::step(req, ev, d, cands, mode, responder)).await;
+    if !body_cands.is_empty() {
+        let step = super::body_rules::step(req, ev, d, body_cands, mode, responder);
+        return match Box::pin(step).await {
+            Ok((req, ev)) => Judged::Forward(req, ev),
+            Err(resp) => Judged::Answered(resp),
+        };
     }
-    git_step(req, ev, inbound.path, d, mode, responder).await
-}
-
-/// Every exception that allows `req` as the decision saw it, in load
-/// order.
-fn allowing<'p>(
-    policy: &'p Policy,
-    req: &Request<Incoming>,
-    proto: policy::Proto,
-    inbound: &Inbound<'_>,
-    now: i64,
-) -> Vec<&'p Exception> {
-    let overrides = method_overrides(req.headers());
-    let preq = policy::Request {
-        proto,
-        client: inbound.client,
-        target: &inbound.dest.target,
-        port: inbound.dest.port,
-        method: Some(policy::Method {
-            name: req.method().as_str(),
-            overrides: &overrides,
-        }),
-        path: Some(inbound.path),
-        qtype: None,
-        can_intercept: false,
-    };
-    policy.allowing(&preq, now)
+    git_step(req, ev, path, d, mode, responder).await
 }
 
 /// `git:` rules.
