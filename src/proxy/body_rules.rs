@@ -36,7 +36,13 @@ const DRAIN_TIME: Duration = Duration::from_secs(5);
 
 /// What the step decided: forward this request (its body held, or the
 /// client's stream), or the answer already recorded.
-pub(crate) type Stepped = Result<(Request<ReqBody>, Event), Response<ProxyBody>>;
+// Returned once per request and taken apart at once, as `writes::Judged`
+// (whose two forwarding variants keep clippy quiet) is.
+#[allow(clippy::large_enum_variant)]
+pub(crate) enum Stepped {
+    Forward(Request<ReqBody>, Event),
+    Answered(Response<ProxyBody>),
+}
 
 /// Reads and judges `req`'s body over `cands` (the exceptions that allow
 /// it, in load order; the first has `body:`), setting `d` to the one that
@@ -50,7 +56,7 @@ pub(crate) async fn step<'p>(
     responder: &Responder<'_>,
 ) -> Stepped {
     let Some(bound) = body::read_bound(&cands) else {
-        return Ok((req.map(ReqBody::Stream), ev));
+        return Stepped::Forward(req.map(ReqBody::Stream), ev);
     };
     let fallback = cands.iter().any(|e| e.body().is_none());
     let declared = req
@@ -84,14 +90,14 @@ pub(crate) async fn step<'p>(
                 if let Some(Choice::Allow(e)) = body::choose(&cands, None) {
                     set(d, e, &mut ev, mode);
                     let req = Request::from_parts(parts, ReqBody::Prefixed(Some(head), rest));
-                    return Ok((req, ev));
+                    return Stepped::Forward(req, ev);
                 }
             }
             drain(rest).await;
             return refuse(ev, d, &cands, mode, responder);
         }
         Read::Failed(why) => {
-            return Err(responder.deny(ev, Reason::Malformed, Some(why)));
+            return Stepped::Answered(responder.deny(ev, Reason::Malformed, Some(why)));
         }
     };
     let plain = match decoded(&parts.headers, &raw, bound) {
@@ -115,10 +121,10 @@ pub(crate) async fn step<'p>(
                 return refused(parts, raw, ev, d, e, r, mode, responder);
             }
             set(d, e, &mut ev, mode);
-            Ok((Request::from_parts(parts, ReqBody::held(raw)), ev))
+            Stepped::Forward(Request::from_parts(parts, ReqBody::held(raw)), ev)
         }
         Some(Choice::Refuse(e, r)) => refused(parts, raw, ev, d, e, r, mode, responder),
-        None => Ok((Request::from_parts(parts, ReqBody::held(raw)), ev)),
+        None => Stepped::Forward(Request::from_parts(parts, ReqBody::held(raw)), ev),
     }
 }
 
@@ -156,7 +162,7 @@ fn refuse<'p>(
     let dd = Decision::deny(r.reason, Some(e));
     ev.set_decision(&dd, mode);
     *d = dd;
-    Err(responder.refuse_with(ev, r.detail))
+    Stepped::Answered(responder.refuse_with(ev, r.detail))
 }
 
 /// A body the rules refuse; in report mode logged and forwarded.
@@ -176,10 +182,10 @@ fn refused<'p>(
     if dd.is_allowed() {
         ev.add_note(Some(r.detail));
         *d = dd;
-        return Ok((Request::from_parts(parts, ReqBody::held(raw)), ev));
+        return Stepped::Forward(Request::from_parts(parts, ReqBody::held(raw)), ev);
     }
     *d = dd;
-    Err(responder.refuse_with(ev, r.detail))
+    Stepped::Answered(responder.refuse_with(ev, r.detail))
 }
 
 /// The body as the origin reads it: `gzip` inflated (at most `max`

@@ -62,8 +62,8 @@ pub(crate) async fn judge<'p>(
     if !body_cands.is_empty() {
         let step = super::body_rules::step(req, ev, d, body_cands, mode, responder);
         return match Box::pin(step).await {
-            Ok((req, ev)) => Judged::Forward(req, ev),
-            Err(resp) => Judged::Answered(resp),
+            super::body_rules::Stepped::Forward(req, ev) => Judged::Forward(req, ev),
+            super::body_rules::Stepped::Answered(resp) => Judged::Answered(resp),
         };
     }
     git_step(req, ev, path, d, mode, responder).await
