@@ -238,7 +238,8 @@ impl<'a> Reader<'a> {
     /// `key:` at `off`: the key's end (where the colon is).
     fn key_end(&self, off: usize, end: usize) -> Option<usize> {
         let b = self.b;
-        if off >= end || !(b[off].is_ascii_alphanumeric() || b[off] == b'_') {
+        // A leading `/`: JSON pointers (`body: json:`) are keys too.
+        if off >= end || !(b[off].is_ascii_alphanumeric() || b[off] == b'_' || b[off] == b'/') {
             return None;
         }
         let mut i = off;
@@ -708,6 +709,14 @@ impl<'de, 'd> Deserializer<'de> for &mut De<'d, 'de> {
                 }
                 if let Some(n) = plain_u64(&s) {
                     return v.visit_u64(n);
+                }
+                // The YAML 1.2 core schema's booleans and nulls, as
+                // serde_yaml_ng reads them (`body: json:` values).
+                match &*s {
+                    "true" | "True" | "TRUE" => return v.visit_bool(true),
+                    "false" | "False" | "FALSE" => return v.visit_bool(false),
+                    "~" | "null" | "Null" | "NULL" => return v.visit_unit(),
+                    _ => {}
                 }
                 if maybe_not_str(&s) {
                     return Err(GiveUp);

@@ -552,6 +552,11 @@ fn shadows(a: &Exception, b: &Exception, now: i64) -> bool {
     if a.git().is_some() {
         return false;
     }
+    // `body:` on `a` refuses some bodies a later exception may allow: the
+    // body is judged over both (not compared here, unsure → false).
+    if a.body().is_some() {
+        return false;
+    }
     match (a.clients(), b.clients()) {
         (None, _) => {}
         (Some(ca), Some(cb)) if subset(cb, ca) => {}
