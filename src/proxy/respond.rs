@@ -451,6 +451,7 @@ mod tests {
             let want = match r {
                 Reason::Malformed => StatusCode::BAD_REQUEST,
                 Reason::UploadBudget => StatusCode::TOO_MANY_REQUESTS,
+                Reason::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
                 Reason::LogUnavailable | Reason::Overloaded => StatusCode::SERVICE_UNAVAILABLE,
                 Reason::UpstreamError | Reason::PackageIndexUnfilterable => StatusCode::BAD_GATEWAY,
                 _ => StatusCode::FORBIDDEN,

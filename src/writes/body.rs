@@ -229,33 +229,7 @@ pub fn operation(doc: &str, name: Option<&str>) -> Result<Operation, String> {
             e.index()
         ));
     }
-    let document = tree.document();
-    let mut ops = Vec::new();
-    let mut fragments: Vec<(String, cst::SelectionSet)> = Vec::new();
-    for d in document.definitions() {
-        match d {
-            cst::Definition::OperationDefinition(o) => ops.push(o),
-            cst::Definition::FragmentDefinition(f) => {
-                let n = f
-                    .fragment_name()
-                    .and_then(|n| n.name())
-                    .map(|n| n.text().to_string());
-                let (Some(n), Some(s)) = (n, f.selection_set()) else {
-                    return Err("a GraphQL fragment without a name or selection".into());
-                };
-                if fragments.iter().any(|(m, _)| *m == n) {
-                    return Err(format!("the GraphQL fragment {n} is defined twice"));
-                }
-                fragments.push((n, s));
-            }
-            _ => {
-                return Err(
-                    "the GraphQL document holds a type-system definition, not only operations"
-                        .into(),
-                )
-            }
-        }
-    }
+    let (ops, fragments) = definitions(&tree.document())?;
     let op_name = |o: &cst::OperationDefinition| o.name().map(|n| n.text().to_string());
     if ops.len() > 1 && ops.iter().any(|o| o.name().is_none()) {
         return Err("the GraphQL document holds an anonymous operation beside others".into());
@@ -299,6 +273,47 @@ pub fn operation(doc: &str, name: Option<&str>) -> Result<Operation, String> {
         name: op_name(op),
         fields,
     })
+}
+
+/// The document's operations and its named fragments; a type-system
+/// definition or a fragment defined twice refuses it.
+#[allow(clippy::type_complexity)]
+fn definitions(
+    document: &cst::Document,
+) -> Result<
+    (
+        Vec<cst::OperationDefinition>,
+        Vec<(String, cst::SelectionSet)>,
+    ),
+    String,
+> {
+    let mut ops = Vec::new();
+    let mut fragments: Vec<(String, cst::SelectionSet)> = Vec::new();
+    for d in document.definitions() {
+        match d {
+            cst::Definition::OperationDefinition(o) => ops.push(o),
+            cst::Definition::FragmentDefinition(f) => {
+                let n = f
+                    .fragment_name()
+                    .and_then(|n| n.name())
+                    .map(|n| n.text().to_string());
+                let (Some(n), Some(s)) = (n, f.selection_set()) else {
+                    return Err("a GraphQL fragment without a name or selection".into());
+                };
+                if fragments.iter().any(|(m, _)| *m == n) {
+                    return Err(format!("the GraphQL fragment {n} is defined twice"));
+                }
+                fragments.push((n, s));
+            }
+            _ => {
+                return Err(
+                    "the GraphQL document holds a type-system definition, not only operations"
+                        .into(),
+                )
+            }
+        }
+    }
+    Ok((ops, fragments))
 }
 
 /// The field names of `set`, fragment spreads and inline fragments

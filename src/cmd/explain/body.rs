@@ -97,8 +97,20 @@ fn judge(
             None => writeln!(out, "         - {}: no body: rules", e.id)?,
         }
     }
+    verdict(&cands, data, bound, ruled, out)
+}
+
+/// The first exception that allows the body, or the closest refusal, and
+/// the result line; `None` when no rule judged it.
+fn verdict(
+    cands: &[&crate::policy::Exception],
+    data: &[u8],
+    bound: u64,
+    ruled: usize,
+    out: &mut dyn Write,
+) -> io::Result<Option<bool>> {
     let whole = (data.len() as u64 <= bound).then_some(data);
-    let allowed = match body::choose(&cands, whole) {
+    let allowed = match body::choose(cands, whole) {
         Some(Choice::Allow(e)) => {
             writeln!(out, "  ALLOW  by exception {}", location(e))?;
             if ruled > 1 || !std::ptr::eq(e, cands[0]) {

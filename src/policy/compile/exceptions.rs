@@ -370,25 +370,7 @@ fn exception(
         .body
         .as_ref()
         .map(|b| Arc::new(body_rules(b, id, &mut report)));
-    if let (Some(_), Some(methods)) = (&body, &r.methods) {
-        if methods.iter().all(|m| m.0 == "GET" || m.0 == "HEAD") {
-            report(format!(
-                "exception {id:?}: body: on an exception whose methods ({}) send no body; \
-                 list the methods that carry one (POST, PUT, PATCH)",
-                methods
-                    .iter()
-                    .map(|m| m.0.as_str())
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ));
-        }
-    }
-    if git.is_some() && body.is_some() {
-        report(format!(
-            "exception {id:?}: git: and body: on one exception (a push's body is judged by git:); \
-             put the body: rules on an exception of their own"
-        ));
-    }
+    body_fits(r, body.is_some(), git.is_some(), &mut report);
     empty_lists(r, &mut report);
     let mut ports: Vec<u16> = match &r.ports {
         Some(p) => p.iter().map(|p| p.0).collect(),
@@ -426,6 +408,31 @@ fn exception(
         (file, at.0),
         rules,
     )
+}
+
+/// `body:` where a body can be judged: not on an exception whose methods
+/// send none, nor beside `git:` (a push's body is git's to judge).
+fn body_fits(r: &RawException, body: bool, git: bool, report: &mut impl FnMut(String)) {
+    let id = r.id.0.as_str();
+    if let (true, Some(methods)) = (body, &r.methods) {
+        if methods.iter().all(|m| m.0 == "GET" || m.0 == "HEAD") {
+            report(format!(
+                "exception {id:?}: body: on an exception whose methods ({}) send no body; \
+                 list the methods that carry one (POST, PUT, PATCH)",
+                methods
+                    .iter()
+                    .map(|m| m.0.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ));
+        }
+    }
+    if git && body {
+        report(format!(
+            "exception {id:?}: git: and body: on one exception (a push's body is judged by git:); \
+             put the body: rules on an exception of their own"
+        ));
+    }
 }
 
 /// Compiled pattern lists, by the list as written, and port lists, so
