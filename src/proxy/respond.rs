@@ -115,7 +115,15 @@ impl Denial<'_> {
             Some(d) => format!("{}. {}", self.reason.describe(), sentence(d)),
             None => format!("{}.", self.reason.describe()),
         };
+        // `message` is the field API clients print from an error body
+        // (GitHub's and GitLab's APIs put it there; `gh` shows it after
+        // the status): the reason and the request to grant, in one line.
+        let message = match &self.request {
+            Some(id) => format!("egressd: {} ({detail}) request {id}", self.reason.as_str()),
+            None => format!("egressd: {} ({detail})", self.reason.as_str()),
+        };
         let mut v = serde_json::json!({
+            "message": message,
             "denied": self.what,
             "status": status_for(self.reason).as_u16(),
             "reason": self.reason.as_str(),

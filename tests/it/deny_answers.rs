@@ -162,6 +162,13 @@ fn json_is_answered_to_clients_that_ask_for_it() {
     assert_eq!(v["reason"], "method_not_allowed");
     assert_eq!(v["status"], 403);
     assert_eq!(v["contact"], "#sec-test");
+    // The one line API clients print: the reason and the request to grant.
+    let message = v["message"].as_str().unwrap();
+    assert!(message.starts_with("egressd: method_not_allowed ("), "{v}");
+    assert!(
+        message.ends_with(&format!("request {}", v["request"].as_str().unwrap())),
+        "{v}"
+    );
     assert!(
         v["detail"]
             .as_str()

@@ -45,7 +45,7 @@ exceptions:
     cidrs: [127.0.0.0/8]
     ports: [{port}]
     methods: [POST]
-    paths: ["/graphql"]
+    paths: ["/graphql", "/api/graphql"]
 {read}    inject: {{ headers: {{ Authorization: "{FORGE_AUTH}" }} }}
   - id: widgets-graphql-pr
     owner: platform
@@ -54,7 +54,7 @@ exceptions:
     cidrs: [127.0.0.0/8]
     ports: [{port}]
     methods: [POST]
-    paths: ["/graphql"]
+    paths: ["/graphql", "/api/graphql"]
 {gpr}    inject: {{ headers: {{ Authorization: "{FORGE_AUTH}" }} }}
 "#,
         pr = rule(
@@ -419,4 +419,92 @@ fn plain_http_bodies_are_judged_too_and_a_get_cannot_carry_one_past() {
         assert_eq!(r.reason(), Some("body_not_allowed"), "{r:?}");
     }
     assert_eq!(lab.origin.count(), before, "nothing reached the origin");
+}
+
+/// `gh pr create`, GitHub's own CLI (Debian's `gh`), through egressd
+/// against the fake forge as a GitHub Enterprise host (`GH_HOST`, its
+/// GraphQL at `/api/graphql`), holding only a token of its own: egressd
+/// injects the one the forge accepts. gh's three requests pass for a draft
+/// from an `agent/` branch; a ready pull request is refused at the
+/// mutation, gh exits non-zero saying so, and the forge never sees it.
+#[test]
+fn gh_pr_create_opens_a_draft_and_is_refused_a_ready_one() {
+    let gh = tool("gh");
+    let s = start(true);
+    let home = s.dir.path().join("gh-home");
+    std::fs::create_dir_all(&home).unwrap();
+    let host = format!("{FORGE_HOST}:{}", s.lab.origin.addr.port());
+    let create = |head: &str, draft: bool| {
+        let mut cmd = Command::new(&gh);
+        cmd.args(["pr", "create", "--repo"])
+            .arg(format!("{host}/acme/widgets"))
+            .args([
+                "--head", head, "--base", "main", "--title", "fix", "--body", "agent",
+            ]);
+        if draft {
+            cmd.arg("--draft");
+        }
+        let out = cmd
+            .current_dir(&home)
+            .env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .env("HOME", &home)
+            .env("HTTPS_PROXY", format!("http://{}", s.lab.e.proxy))
+            .env("SSL_CERT_FILE", &s.ca)
+            .env("GH_HOST", &host)
+            .env("GH_ENTERPRISE_TOKEN", "a-token-of-the-box")
+            .env("GH_PROMPT_DISABLED", "1")
+            .env("GH_NO_UPDATE_NOTIFIER", "1")
+            .output()
+            .expect("run gh");
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).to_string(),
+            String::from_utf8_lossy(&out.stderr).to_string(),
+        )
+    };
+    let (ok, stdout, stderr) = create("agent/fix-typo", true);
+    assert!(ok, "gh pr create --draft: {stdout}\n{stderr}");
+    assert!(
+        stdout.contains("/acme/widgets/pull/7"),
+        "{stdout}\n{stderr}"
+    );
+    let seen = s.lab.origin.requests();
+    let created: Vec<_> = seen
+        .iter()
+        .filter(|r| String::from_utf8_lossy(&r.body).contains("createPullRequest"))
+        .collect();
+    assert_eq!(created.len(), 1, "{seen:?}");
+    assert!(
+        seen.iter().all(|r| r.authorized),
+        "egressd's credential on every request: {seen:?}"
+    );
+    let line = s.line("/api/graphql");
+    assert_eq!(line["exception"], "widgets-graphql-pr", "{line}");
+
+    let before = s.lab.origin.count();
+    let (ok, stdout, stderr) = create("agent/fix-typo", false);
+    assert!(!ok, "a ready pull request was created: {stdout}\n{stderr}");
+    eprintln!("gh pr create (not a draft) printed:\n{stderr}");
+    // gh prints the answer's `message`: egressd's reason, naming the rule.
+    assert!(
+        stderr.contains("egressd: body_not_allowed") && stderr.contains("/variables/input/draft"),
+        "gh shows egressd's answer: {stderr}"
+    );
+    let after = s.lab.origin.requests();
+    assert!(
+        after[before..]
+            .iter()
+            .all(|r| !String::from_utf8_lossy(&r.body).contains("createPullRequest")),
+        "the refused mutation reached the forge: {after:?}"
+    );
+    let line = s.line("/api/graphql");
+    assert_eq!(line["reason"], "body_not_allowed", "{line}");
+    assert!(
+        line["note"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("/variables/input/draft"),
+        "{line}"
+    );
 }

@@ -100,6 +100,31 @@ pub fn forge() -> Forge {
     }
 }
 
+/// What GitHub Enterprise's `/api/graphql` answers to the three requests
+/// `gh pr create` makes (the repository, an open pull request for the
+/// branch, the `createPullRequest` mutation), enough for gh to go on.
+fn as_github_enterprise(seen: &Mutex<Vec<ForgeSeen>>) -> &'static str {
+    let last = seen
+        .lock()
+        .unwrap()
+        .last()
+        .map(|s| s.body.clone())
+        .unwrap_or_default();
+    let query = serde_json::from_slice::<serde_json::Value>(&last)
+        .ok()
+        .and_then(|v| v["query"].as_str().map(str::to_owned))
+        .unwrap_or_default();
+    if query.contains("createPullRequest") {
+        r#"{"data":{"createPullRequest":{"pullRequest":{"id":"PR_7","url":"https://api.git.example.test/acme/widgets/pull/7"}}}}"#
+    } else if query.contains("PullRequestForBranch") {
+        r#"{"data":{"repository":{"pullRequests":{"nodes":[]}}}}"#
+    } else if query.contains("repository(") {
+        r#"{"data":{"repository":{"id":"R_1","name":"widgets","owner":{"login":"acme"},"hasIssuesEnabled":true,"description":"","hasWikiEnabled":false,"viewerPermission":"WRITE","defaultBranchRef":{"name":"main"},"isPrivate":false,"parent":null,"mergeCommitAllowed":true,"rebaseMergeAllowed":true,"squashMergeAllowed":true}}}"#
+    } else {
+        r#"{"data":{}}"#
+    }
+}
+
 async fn handle(
     req: Request<Incoming>,
     seen: Arc<Mutex<Vec<ForgeSeen>>>,
@@ -130,6 +155,8 @@ async fn handle(
         (StatusCode::CREATED, r#"{"number":7,"draft":true}"#)
     } else if method == "POST" && path == "/graphql" {
         (StatusCode::OK, r#"{"data":{}}"#)
+    } else if method == "POST" && path == "/api/graphql" {
+        (StatusCode::OK, as_github_enterprise(&seen))
     } else {
         (StatusCode::NOT_FOUND, r#"{"message":"Not Found"}"#)
     };
