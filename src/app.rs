@@ -270,7 +270,7 @@ fn spawn_dns(
     );
     tokio::spawn(async move {
         let proxied = dns::proxied::ProxySources::new(proxied);
-        if let Err(e) = dns::serve_proxied(udp, tcp, h, r, rec, b, proxied, s).await {
+        if let Err(e) = dns::serve_proxied((udp, tcp), h, r, rec, b, proxied, s).await {
             eprintln!("egressd: DNS resolver stopped: {e:#}");
         }
     });

@@ -416,8 +416,7 @@ impl Handler {
             out,
             q,
             reply.rcode,
-            &reply.records,
-            &reply.authority,
+            (&reply.records, &reply.authority),
             ede,
             max_size,
             EDNS_PAYLOAD,
@@ -425,7 +424,15 @@ impl Handler {
         if !fits {
             // A refusal is a header, the question (at most 259 bytes) and
             // an EDE: it fits 512 bytes, and without the EDE it surely does.
-            codec::encode_into(out, q, reply.rcode, &[], &[], None, max_size, EDNS_PAYLOAD);
+            codec::encode_into(
+                out,
+                q,
+                reply.rcode,
+                (&[], &[]),
+                None,
+                max_size,
+                EDNS_PAYLOAD,
+            );
         }
         ev.rcode = Some(rcode_name(reply.rcode));
         self.recorder.record_mut(&mut ev);

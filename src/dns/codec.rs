@@ -256,8 +256,7 @@ pub(super) fn encode(
         &mut buf,
         q,
         rcode,
-        answers,
-        authority,
+        (answers, authority),
         ede,
         max_size,
         edns_payload,
@@ -272,14 +271,13 @@ pub(super) fn answer_flags(q: &Query<'_>, rcode: u16) -> u16 {
 }
 
 /// [`encode`] into `buf` (emptied first; its capacity is reused, so a
-/// denial allocates nothing once it has grown). `false`: see [`encode`].
-#[allow(clippy::too_many_arguments)]
+/// denial allocates nothing once it has grown), the answer and authority
+/// sections as a pair. `false`: see [`encode`].
 pub(super) fn encode_into(
     buf: &mut Vec<u8>,
     q: &Query<'_>,
     rcode: ResponseCode,
-    answers: &[Record],
-    authority: &[Record],
+    (answers, authority): (&[Record], &[Record]),
     ede: Option<(u16, &str)>,
     max_size: u16,
     edns_payload: u16,

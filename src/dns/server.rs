@@ -120,15 +120,22 @@ pub async fn serve(
     shutdown: impl Into<Shutdown>,
 ) -> anyhow::Result<()> {
     let none = ProxySources::default();
-    serve_proxied(udp, tcp, policy, resolver, recorder, bounds, none, shutdown).await
+    serve_proxied(
+        (udp, tcp),
+        policy,
+        resolver,
+        recorder,
+        bounds,
+        none,
+        shutdown,
+    )
+    .await
 }
 
 /// [`serve`], reading the client of each query from `proxied` sources
 /// (balancers) in a PROXY protocol v2 header ([`super::proxied`]).
-#[allow(clippy::too_many_arguments)]
 pub async fn serve_proxied(
-    udp: UdpSocket,
-    tcp: TcpListener,
+    (udp, tcp): (UdpSocket, TcpListener),
     policy: Arc<PolicyHandle>,
     resolver: Arc<Resolver>,
     recorder: Recorder,

@@ -108,7 +108,7 @@ pub(crate) async fn step<'p>(
                 reason: Reason::BodyNotAllowed,
                 detail: why,
             };
-            return refused(parts, raw, ev, d, e, r, mode, responder);
+            return refused((parts, raw), ev, d, e, r, mode, responder);
         }
     };
     match body::choose(&cands, Some(&plain)) {
@@ -118,12 +118,12 @@ pub(crate) async fn step<'p>(
                     reason: Reason::GrantUsedUp,
                     detail: "the grant that allows this body has used all its uses".into(),
                 };
-                return refused(parts, raw, ev, d, e, r, mode, responder);
+                return refused((parts, raw), ev, d, e, r, mode, responder);
             }
             set(d, e, &mut ev, mode);
             Stepped::Forward(Request::from_parts(parts, ReqBody::held(raw)), ev)
         }
-        Some(Choice::Refuse(e, r)) => refused(parts, raw, ev, d, e, r, mode, responder),
+        Some(Choice::Refuse(e, r)) => refused((parts, raw), ev, d, e, r, mode, responder),
         None => Stepped::Forward(Request::from_parts(parts, ReqBody::held(raw)), ev),
     }
 }
@@ -165,11 +165,10 @@ fn refuse<'p>(
     Stepped::Answered(responder.refuse_with(ev, r.detail))
 }
 
-/// A body the rules refuse; in report mode logged and forwarded.
-#[allow(clippy::too_many_arguments)]
+/// A body the rules refuse; in report mode logged and forwarded. The
+/// request arrives as its head and the body read to judge it.
 fn refused<'p>(
-    parts: http::request::Parts,
-    raw: Bytes,
+    (parts, raw): (http::request::Parts, Bytes),
     mut ev: Event,
     d: &mut Decision<'p>,
     e: &'p Exception,
