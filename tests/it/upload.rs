@@ -24,8 +24,6 @@ const A_TOKEN: &str = "a-token";
 const B_TOKEN: &str = "b-token";
 /// `Basic` of `agent:a-token`, for raw requests.
 const A_BASIC: &str = "YWdlbnQ6YS10b2tlbg==";
-/// The budget of every test: 1000 bytes per hour.
-const BUDGET: &str = "{ bytes: 1000B, per: 1h }";
 
 /// Two named clients (by token) and an exception for `api.test` (and
 /// `echo.test`) on `ports` with a 1000-byte upload budget.
@@ -37,7 +35,7 @@ fn budget_policy(ports: &[u16]) -> PolicyYaml {
         .hosts(&["api.test", "echo.test"])
         .cidr(LOOPBACK)
         .ports(ports)
-        .with("upload", BUDGET)
+        .upload("1000B", "1h")
 }
 
 fn budget_lab() -> Lab {
@@ -343,7 +341,7 @@ fn requests_inside_an_intercepted_connection_are_charged() {
                 .cidr(LOOPBACK)
                 .port(p.origin)
                 .path("/**")
-                .with("upload", BUDGET)
+                .upload("1000B", "1h")
         });
     let e = &l.e;
     let u = |path: &str| format!("https://api.test:{}{path}", l.origin.port());

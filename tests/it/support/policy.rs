@@ -174,6 +174,20 @@ impl PolicyYaml {
     pub fn min_age(self, age: &str) -> Self {
         self.with("min_age", age)
     }
+    /// `git:` (DESIGN "Writes on allowed hosts"), as a YAML flow mapping:
+    /// `.git(r#"{ repos: ["acme/widgets"], push: { refs: ["refs/heads/agent/**"] } }"#)`.
+    pub fn git(self, yaml: &str) -> Self {
+        self.with("git", yaml)
+    }
+    /// `body:`, as a YAML flow mapping:
+    /// `.body(r#"{ json: { "/draft": true } }"#)`.
+    pub fn body(self, yaml: &str) -> Self {
+        self.with("body", yaml)
+    }
+    /// `upload:`: `.upload("10MiB", "1h")`.
+    pub fn upload(self, bytes: &str, per: &str) -> Self {
+        self.with("upload", &format!("{{ bytes: {bytes}, per: {per} }}"))
+    }
     /// Any other key of the exception, its value written as YAML (a flow
     /// mapping or sequence, or a scalar).
     pub fn with(mut self, key: &'static str, yaml: &str) -> Self {
