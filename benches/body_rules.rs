@@ -19,7 +19,7 @@ const SIZE: usize = 100 << 10;
 
 fn policy() -> Policy {
     from_yaml(
-        "exceptions:\n  - id: pr\n    owner: o\n    reason: r\n    hosts: [api.test]\n    methods: [POST]\n    body:\n      json: { /head: agent/*, /base: main, /draft: true }\n  - id: gql\n    owner: o\n    reason: r\n    hosts: [api.test]\n    methods: [POST]\n    body:\n      graphql: { queries: true, mutations: [createPullRequest] }\n      json: { /variables/input/headRefName: agent/*, /variables/input/draft: true }\n",
+        "exceptions:\n  - id: pr\n    owner: o\n    reason: r\n    hosts: [api.test]\n    methods: [POST]\n    body:\n      json: { /head: agent/*, /base: main, /draft: true }\n  - id: gql\n    owner: o\n    reason: r\n    hosts: [api.test]\n    methods: [POST]\n    body:\n      graphql: { queries: true, mutations: [createPullRequest] }\n      json: { /variables/input/headRefName: agent/*, /variables/input/draft: true }\n  - id: read\n    owner: o\n    reason: r\n    hosts: [api.test]\n    methods: [POST]\n    body: { graphql: { queries: true } }\n",
     )
     .expect("the bench policy loads")
 }
@@ -61,7 +61,8 @@ fn graphql_vars_body() -> Vec<u8> {
 fn graphql_doc_body() -> Vec<u8> {
     let mut q = String::from("query Many {");
     let mut i = 0;
-    while q.len() < SIZE - 100 {
+    // Each field's four quotes are escaped in the JSON: count them too.
+    while q.len() + 4 * i < SIZE - 200 {
         q.push_str(&format!(
             " pr{i}: repository(owner: \"acme\", name: \"widgets\") {{ pullRequest(number: {i}) {{ title state }} }}"
         ));
@@ -95,7 +96,8 @@ fn bench(c: &mut Criterion) {
     }
     assert!(judge(rules(&p, "pr"), &rest).is_ok());
     assert!(judge(rules(&p, "gql"), &vars).is_ok());
-    assert!(judge(rules(&p, "gql"), &doc).is_ok());
+    let read = judge(rules(&p, "read"), &doc);
+    assert!(read.is_ok(), "{read:?}");
     g.bench_function("serde_json/100KiB", |b| {
         b.iter(|| serde_json::from_slice::<serde_json::Value>(black_box(&rest)).unwrap())
     });
@@ -106,7 +108,7 @@ fn bench(c: &mut Criterion) {
         b.iter(|| judge(rules(&p, "gql"), black_box(&vars)))
     });
     g.bench_function("graphql_rule_doc/100KiB", |b| {
-        b.iter(|| judge(rules(&p, "gql"), black_box(&doc)))
+        b.iter(|| judge(rules(&p, "read"), black_box(&doc)))
     });
     g.finish();
 }
