@@ -3,13 +3,16 @@
 //! one fails here, named by file, line and length; it is a function to
 //! split into named steps, not a limit to raise.
 //!
-//! Read as text, in the spirit of `layering.rs`: comments, strings and
-//! character literals are blanked, then braces counted. Test code is not
-//! measured: an item under `#[cfg(test)]` or `#[test]`, and a file that its
-//! parent declares as a `#[cfg(test)] mod`.
+//! Read as text, in the spirit of `layering.rs` (whose walker it
+//! shares): comments, strings and character literals are blanked, then
+//! braces counted. Test code is not measured: an item under `#[cfg(test)]`
+//! or `#[test]`, and a file that its parent declares as a
+//! `#[cfg(test)] mod`.
 
 use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
+
+use crate::layering::{rust_files, src_dir};
 
 /// The longest a function in `src/` may be.
 const MAX_LINES: usize = 80;
@@ -21,21 +24,6 @@ struct Measured {
     name: String,
     line: usize,
     lines: usize,
-}
-
-fn src_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("src")
-}
-
-fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
-    for entry in std::fs::read_dir(dir).expect("src is readable") {
-        let path = entry.expect("directory entry").path();
-        if path.is_dir() {
-            rust_files(&path, out);
-        } else if path.extension().is_some_and(|e| e == "rs") {
-            out.push(path);
-        }
-    }
 }
 
 /// The span of a literal or comment starting at `i` (its length in
@@ -258,8 +246,7 @@ fn test_files(files: &[PathBuf]) -> BTreeSet<PathBuf> {
 /// `file:line name (N lines)`.
 fn too_long() -> Vec<String> {
     let src = src_dir();
-    let mut files = Vec::new();
-    rust_files(&src, &mut files);
+    let files = rust_files(&src);
     let tests = test_files(&files);
     let mut over = Vec::new();
     for file in &files {
