@@ -511,7 +511,8 @@ fn eight_racing_requests_for_three_uses_get_three_and_the_count_survives_a_resta
         .dns(l.dns.addr)
         .policy_path(&policy_dir)
         .log(&log.display().to_string())
-        .start();
+        .start()
+        .into();
     wait_grants(&l.e, 0, 1, 0);
     let r = curl(&l.e, &url, Some(A_TOKEN));
     assert_eq!(
@@ -619,57 +620,15 @@ fn grants_in_their_own_directory_are_served() {
 /// exactly N pass.
 #[test]
 fn fleet_a_client_pinned_by_haproxy_meets_one_replica_and_a_grant_keeps_its_uses() {
-    let haproxy = tool("haproxy");
-    let dns = fake_dns();
-    let origin = origin();
-    dns.set("api.test", &["127.0.0.1"]);
-    let dirs: Vec<tempfile::TempDir> = (0..2).map(|_| tempfile::tempdir().unwrap()).collect();
-    let replicas: Vec<Egressd> = dirs
-        .iter()
-        .map(|d| {
-            let p = d.path().join("policy");
-            std::fs::create_dir(&p).unwrap();
-            std::fs::write(p.join("p.yaml"), base().yaml()).unwrap();
-            egressd()
-                .dns(dns.addr)
-                .policy_path(&p)
-                .log(&d.path().join("decisions.log").display().to_string())
-                .start()
-        })
-        .collect();
-    let front = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let front_addr = front.local_addr().unwrap();
-    drop(front);
-    let cfg = dirs[0].path().join("haproxy.cfg");
-    std::fs::write(
-        &cfg,
-        format!(
-            "global\n  maxconn 100\ndefaults\n  mode tcp\n  timeout connect 5s\n  timeout client 30s\n  timeout server 30s\n\
-             frontend proxy\n  bind {front_addr}\n  default_backend egressd\n\
-             backend egressd\n  balance source\n  hash-type consistent\n  server r0 {}\n  server r1 {}\n",
-            replicas[0].proxy, replicas[1].proxy
-        ),
-    )
-    .unwrap();
-    let mut haproxy = Command::new(haproxy)
-        .arg("-db")
-        .arg("-f")
-        .arg(&cfg)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .expect("haproxy is installed");
-    eventually("haproxy listening", || {
-        std::net::TcpStream::connect(front_addr).ok()
-    });
+    let f = fleet(|_| base().yaml());
     let through = |token: &str| {
         let out = Command::new("curl")
             .args(["-sS", "-o", "/dev/null", "-D", "-", "--max-time", "10"])
             .arg("-x")
-            .arg(format!("http://{front_addr}"))
+            .arg(format!("http://{}", f.front))
             .arg("--proxy-user")
             .arg(format!("agent:{token}"))
-            .arg(format!("http://api.test:{}/", origin.addr().port()))
+            .arg(format!("http://api.test:{}/", f.origin.addr().port()))
             .output()
             .unwrap();
         let head = String::from_utf8_lossy(&out.stdout).into_owned();
@@ -689,13 +648,12 @@ fn fleet_a_client_pinned_by_haproxy_meets_one_replica_and_a_grant_keeps_its_uses
     assert_eq!(status, 403);
     let id = id.unwrap();
     // The replica the balancer chose holds the line.
-    let log = |i: usize| dirs[i].path().join("decisions.log");
     let serving = eventually("the deny line on one replica", || {
-        (0..2).find(|&i| std::fs::read_to_string(log(i)).is_ok_and(|t| t.contains(&id)))
+        (0..2).find(|&i| std::fs::read_to_string(f.log(i)).is_ok_and(|t| t.contains(&id)))
     });
     let (ok, out, err) = grant_cmd(
-        &dirs[serving].path().join("policy"),
-        &log(serving),
+        &f.policy_dir(serving),
+        &f.log(serving),
         &[
             &id, "--ttl", "1h", "--uses", "3", "--owner", "o", "--reason", "r",
         ],
@@ -704,11 +662,11 @@ fn fleet_a_client_pinned_by_haproxy_meets_one_replica_and_a_grant_keeps_its_uses
     let gid = granted_id(&out);
     // Distributed to every replica through the policy channel.
     let file = format!("grants/{gid}.yaml");
-    let text = std::fs::read_to_string(dirs[serving].path().join("policy").join(&file)).unwrap();
+    let text = std::fs::read_to_string(f.policy_dir(serving).join(&file)).unwrap();
     let other = 1 - serving;
-    std::fs::create_dir_all(dirs[other].path().join("policy/grants")).unwrap();
-    atomic_write(&dirs[other].path().join("policy").join(&file), &text);
-    for r in &replicas {
+    std::fs::create_dir_all(f.policy_dir(other).join("grants")).unwrap();
+    atomic_write(&f.policy_dir(other).join(&file), &text);
+    for r in &f.replicas {
         wait_grants(r, 1, 0, 0);
     }
     let statuses: Vec<u16> = (0..6).map(|_| through(A_TOKEN).0).collect();
@@ -719,11 +677,9 @@ fn fleet_a_client_pinned_by_haproxy_meets_one_replica_and_a_grant_keeps_its_uses
     );
     let uses = |r: &Egressd| r.metric("egressd_grant_uses_total").unwrap();
     assert_eq!(
-        (uses(&replicas[serving]), uses(&replicas[other])),
+        (uses(&f.replicas[serving]), uses(&f.replicas[other])),
         (3.0, 0.0)
     );
-    let _ = haproxy.kill();
-    let _ = haproxy.wait();
 }
 
 /// `egressd grant` run with `args` and nothing from the environment.

@@ -112,7 +112,7 @@ fn setup() -> Setup {
                 .path("/**")
         });
     Setup {
-        e,
+        e: e.into_inner(),
         ca: certs.join("ca.pem"),
         api,
         h1,

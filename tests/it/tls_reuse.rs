@@ -15,7 +15,6 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::thread;
 
 use bytes::Bytes;
 use http::Response;
@@ -26,57 +25,28 @@ use rustls::{HandshakeKind, NamedGroup};
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, ServerName};
 
-use crate::support::tls::{test_pki, CertKey};
+use crate::support::tls::{provider, serve_tls, server_config, test_pki, CertKey};
 use crate::support::*;
-
-fn provider() -> Arc<rustls::crypto::CryptoProvider> {
-    Arc::new(rustls::crypto::ring::default_provider())
-}
 
 /// A TLS origin (http/1.1) on `at` answering `<local address> <SNI> <n>`,
 /// n counting the TLS connections it accepted (1 for the first).
-fn which_origin(at: SocketAddr, (cert, key): CertKey) -> std::io::Result<SocketAddr> {
-    let mut config = rustls::ServerConfig::builder_with_provider(provider())
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_no_client_auth()
-        .with_single_cert(vec![cert], key)
-        .unwrap();
-    config.alpn_protocols = vec![b"http/1.1".to_vec()];
-    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+fn which_origin(at: SocketAddr, ck: CertKey) -> std::io::Result<SocketAddr> {
     let l = std::net::TcpListener::bind(at)?;
-    l.set_nonblocking(true)?;
     let addr = l.local_addr()?;
-    thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        rt.block_on(async move {
-            let l = tokio::net::TcpListener::from_std(l).unwrap();
-            let conns = Arc::new(AtomicUsize::new(0));
-            loop {
-                let Ok((tcp, _)) = l.accept().await else {
-                    continue;
-                };
-                let (acceptor, conns) = (acceptor.clone(), conns.clone());
-                tokio::spawn(async move {
-                    let Ok(tls) = acceptor.accept(tcp).await else {
-                        return;
-                    };
-                    let n = conns.fetch_add(1, Ordering::SeqCst) + 1;
-                    let sni = tls.get_ref().1.server_name().unwrap_or("-").to_string();
-                    let who = format!("{} {sni} {n}", addr.ip());
-                    let svc = hyper::service::service_fn(move |_req| {
-                        let who = who.clone();
-                        async move { Ok::<_, Infallible>(Response::new(Full::new(Bytes::from(who)))) }
-                    });
-                    let _ = hyper::server::conn::http1::Builder::new()
-                        .serve_connection(TokioIo::new(tls), svc)
-                        .await;
-                });
-            }
+    let conns = Arc::new(AtomicUsize::new(0));
+    serve_tls(l, server_config(ck, &[b"http/1.1"]), 1, move |tls| {
+        let n = conns.fetch_add(1, Ordering::SeqCst) + 1;
+        let sni = tls.get_ref().1.server_name().unwrap_or("-").to_string();
+        let who = format!("{} {sni} {n}", addr.ip());
+        let svc = hyper::service::service_fn(move |_req| {
+            let who = who.clone();
+            async move { Ok::<_, Infallible>(Response::new(Full::new(Bytes::from(who)))) }
         });
+        async move {
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(tls), svc)
+                .await;
+        }
     });
     Ok(addr)
 }
@@ -143,7 +113,7 @@ fn setup() -> Setup {
         });
     dns.set("b.test", &[&b.ip().to_string()]);
     Setup {
-        e,
+        e: e.into_inner(),
         _dns: dns,
         ca: certs.join("ca.pem"),
         port: a.port(),

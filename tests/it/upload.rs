@@ -12,7 +12,6 @@
 
 use std::io::{BufReader, Read, Write};
 use std::net::Shutdown;
-use std::path::Path;
 use std::process::Command;
 
 use serde_json::Value;
@@ -384,42 +383,22 @@ fn requests_inside_an_intercepted_connection_are_charged() {
 /// balancer; the other replica never counts its bytes.
 #[test]
 fn fleet_an_upload_budget_holds_across_haproxy_balance_source() {
-    let dns = fake_dns();
-    let origin = origin();
-    dns.set("api.test", &["127.0.0.1"]);
-    let dirs: Vec<tempfile::TempDir> = (0..2).map(|_| tempfile::tempdir().unwrap()).collect();
-    let replicas: Vec<Egressd> = dirs
-        .iter()
-        .map(|d| {
-            let p = d.path().join("policy");
-            std::fs::create_dir(&p).unwrap();
-            std::fs::write(
-                p.join("p.yaml"),
-                budget_policy(&[origin.addr.port()]).yaml(),
-            )
-            .unwrap();
-            egressd()
-                .dns(dns.addr)
-                .policy_path(&p)
-                .log(&d.path().join("decisions.log").display().to_string())
-                .start()
-        })
-        .collect();
-    let front = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let front_addr = front.local_addr().unwrap();
-    drop(front);
-    let mut haproxy = start_haproxy(dirs[0].path(), front_addr, &replicas);
-    let u = format!("http://api.test:{}/up", origin.addr.port());
+    let f = fleet(|port| budget_policy(&[port]).yaml());
+    let u = format!("http://api.test:{}/up", f.origin.addr.port());
     let statuses: Vec<u16> = (0..4)
-        .map(|_| post(front_addr, A_TOKEN, &u, 400, &[]).status)
+        .map(|_| post(f.front, A_TOKEN, &u, 400, &[]).status)
         .collect();
     assert_eq!(
         statuses,
         [200, 200, 429, 429],
         "one budget across the balancer"
     );
-    assert_eq!(received(&origin), 800);
-    let counted: Vec<f64> = replicas.iter().map(|r| uploaded_metric(r, "api")).collect();
+    assert_eq!(received(&f.origin), 800);
+    let counted: Vec<f64> = f
+        .replicas
+        .iter()
+        .map(|r| uploaded_metric(r, "api"))
+        .collect();
     let mut sorted = counted.clone();
     sorted.sort_by(f64::total_cmp);
     assert_eq!(
@@ -427,38 +406,6 @@ fn fleet_an_upload_budget_holds_across_haproxy_balance_source() {
         [0.0, 800.0],
         "one replica counted it all: {counted:?}"
     );
-    let _ = haproxy.kill();
-    let _ = haproxy.wait();
-}
-
-fn start_haproxy(
-    dir: &Path,
-    front: std::net::SocketAddr,
-    replicas: &[Egressd],
-) -> std::process::Child {
-    let cfg = dir.join("haproxy.cfg");
-    std::fs::write(
-        &cfg,
-        format!(
-            "global\n  maxconn 100\ndefaults\n  mode tcp\n  timeout connect 5s\n  timeout client 30s\n  timeout server 30s\n\
-             frontend proxy\n  bind {front}\n  default_backend egressd\n\
-             backend egressd\n  balance source\n  hash-type consistent\n  server r0 {}\n  server r1 {}\n",
-            replicas[0].proxy, replicas[1].proxy
-        ),
-    )
-    .unwrap();
-    let child = Command::new(tool("haproxy"))
-        .arg("-db")
-        .arg("-f")
-        .arg(&cfg)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .expect("haproxy is installed");
-    eventually("haproxy listening", || {
-        std::net::TcpStream::connect(front).ok()
-    });
-    child
 }
 
 /// `mode: report`: nothing is refused; the line says the budget was crossed.

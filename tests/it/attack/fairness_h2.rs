@@ -28,7 +28,7 @@ use rustls_pki_types::{CertificateDer, ServerName};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::*;
-use crate::support::tls::{test_pki, CertKey};
+use crate::support::tls::{provider, serve_tls, server_config, test_pki, CertKey};
 
 const HOG: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 2);
 const OTHER: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 3);
@@ -42,56 +42,27 @@ const BIG: usize = 8 << 20;
 /// The other client's requests per measurement.
 const SAMPLES: usize = 30;
 
-fn provider() -> Arc<rustls::crypto::CryptoProvider> {
-    Arc::new(rustls::crypto::ring::default_provider())
-}
-
 /// An HTTP/1.1 TLS origin: `/big` answers [`BIG`] bytes, anything else a
 /// few.
 fn big_origin(ck: CertKey) -> SocketAddr {
-    let (cert, key) = ck;
-    let mut config = rustls::ServerConfig::builder_with_provider(provider())
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_no_client_auth()
-        .with_single_cert(vec![cert], key)
-        .unwrap();
-    config.alpn_protocols = vec![b"http/1.1".to_vec()];
-    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
     let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    l.set_nonblocking(true).unwrap();
     let addr = l.local_addr().unwrap();
     let big = Bytes::from(vec![b'x'; BIG]);
-    std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        rt.block_on(async move {
-            let l = tokio::net::TcpListener::from_std(l).unwrap();
-            loop {
-                let Ok((tcp, _)) = l.accept().await else {
-                    continue;
-                };
-                let (acceptor, big) = (acceptor.clone(), big.clone());
-                tokio::spawn(async move {
-                    let Ok(tls) = acceptor.accept(tcp).await else {
-                        return;
-                    };
-                    let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
-                        let body = if req.uri().path() == "/big" {
-                            big.clone()
-                        } else {
-                            Bytes::from_static(b"small")
-                        };
-                        async move { Ok::<_, Infallible>(Response::new(Full::new(body))) }
-                    });
-                    let _ = hyper::server::conn::http1::Builder::new()
-                        .serve_connection(TokioIo::new(tls), svc)
-                        .await;
-                });
-            }
+    serve_tls(l, server_config(ck, &[b"http/1.1"]), 1, move |tls| {
+        let big = big.clone();
+        let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
+            let body = if req.uri().path() == "/big" {
+                big.clone()
+            } else {
+                Bytes::from_static(b"small")
+            };
+            async move { Ok::<_, Infallible>(Response::new(Full::new(body))) }
         });
+        async move {
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(tls), svc)
+                .await;
+        }
     });
     addr
 }

@@ -53,7 +53,7 @@ fn median(mut v: Vec<u64>) -> f64 {
 }
 
 struct Bench<'a> {
-    l: &'a RunLab,
+    l: &'a Lab,
     egressd: PathBuf,
     dir: tempfile::TempDir,
     /// System roots plus the registries' CA, for the direct runs.
@@ -116,9 +116,9 @@ impl Bench<'_> {
             .arg("--upstream-dns")
             .arg(self.l.dns.addr.to_string())
             .arg("--ca-dir")
-            .arg(&self.l.certs)
+            .arg(&self.l.ca_dir())
             .arg("--upstream-ca")
-            .arg(&self.l.reg_ca)
+            .arg(&self.l.upstream_ca())
             .args([
                 "--env",
                 "PATH=/usr/local/bin:/usr/bin:/bin",
@@ -167,20 +167,20 @@ fn install_benchmark() {
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_egressd")));
     let age = DAY * 30;
     for i in 0..WHEELS {
-        l.reg.publish(Eco::Pypi, &py_name(i), "1.0.0", age, &[]);
+        l.reg().publish(Eco::Pypi, &py_name(i), "1.0.0", age, &[]);
     }
     for i in 0..NPM_PACKAGES {
-        l.reg.publish(Eco::Npm, &npm_name(i), "1.0.0", age, &[]);
+        l.reg().publish(Eco::Npm, &npm_name(i), "1.0.0", age, &[]);
     }
     let dir = tempfile::tempdir().unwrap();
     let bundle = dir.path().join("bundle.pem");
     let mut pem = std::fs::read_to_string(system_bundle()).unwrap();
-    pem.push_str(&l.reg.ca_pem);
+    pem.push_str(&l.reg().ca_pem);
     std::fs::write(&bundle, pem).unwrap();
     let hosts = dir.path().join("hosts");
     let mut h = String::from("127.0.0.1 localhost\n");
     for n in REGISTRY_HOSTS {
-        h.push_str(&format!("{} {n}\n", l.reg.ip()));
+        h.push_str(&format!("{} {n}\n", l.reg().ip()));
     }
     std::fs::write(&hosts, h).unwrap();
     let b = Bench {

@@ -25,8 +25,8 @@ fn fetch(tag: &str, name: &str, flags: &str) -> String {
 
 /// The registry's requests for `name`'s packument that came from the
 /// sandbox's curl (egressd's own fetches have their own user agent).
-fn client_trips(l: &RunLab, name: &str) -> usize {
-    l.reg
+fn client_trips(l: &Lab, name: &str) -> usize {
+    l.reg()
         .hits_for(&format!("/{name}"))
         .iter()
         .filter(|h| {
@@ -44,9 +44,9 @@ fn a_fresh_index_is_served_again_filtered_without_a_trip_to_the_registry() {
         ("ic-nostore", "no-store"),
     ] {
         for (v, age) in [("1.0.0", OLD), ("2.0.0", OLD), ("2.1.0", YOUNG)] {
-            l.reg.publish(Eco::Npm, name, v, age, &[]);
+            l.reg().publish(Eco::Npm, name, v, age, &[]);
         }
-        l.reg
+        l.reg()
             .set_cache_control("registry.npmjs.org", &format!("/{name}"), cc);
     }
     let policy = gated(&set("npm-lab", "npm", &["ic-kept", "ic-nostore"]));

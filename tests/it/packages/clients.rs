@@ -67,15 +67,16 @@ fn all_allowed_inspected(r: &Outcome, host: &str) -> usize {
 fn pip_installs_through_egressd_intercepting() {
     let test = "packages::clients::pip";
     let l = run_lab(test);
-    l.reg.publish(Eco::Pypi, "lab-beta", "2.0.0", 30 * DAY, &[]);
-    l.reg.publish(
+    l.reg()
+        .publish(Eco::Pypi, "lab-beta", "2.0.0", 30 * DAY, &[]);
+    l.reg().publish(
         Eco::Pypi,
         "Lab_Alpha",
         "1.0.0",
         30 * DAY,
         &[("lab-beta", ">=2")],
     );
-    l.reg.publish(
+    l.reg().publish(
         Eco::Pypi,
         "Lab_Alpha",
         "1.1.0",
@@ -94,7 +95,7 @@ fn pip_installs_through_egressd_intercepting() {
     all_allowed_inspected(&r, "pypi.org");
     all_allowed_inspected(&r, "files.pythonhosted.org");
     // pip read the JSON form and the wheel's .metadata (PEP 658), then the wheel.
-    let hits = l.reg.hits_for("lab-alpha");
+    let hits = l.reg().hits_for("lab-alpha");
     assert!(
         hits.iter().any(|h| h
             .accept
@@ -109,8 +110,9 @@ fn npm_installs_through_egressd_intercepting() {
     let test = "packages::clients::npm";
     have("npm", test);
     let l = run_lab(test);
-    l.reg.publish(Eco::Npm, "lab-right", "3.1.0", 30 * DAY, &[]);
-    l.reg.publish(
+    l.reg()
+        .publish(Eco::Npm, "lab-right", "3.1.0", 30 * DAY, &[]);
+    l.reg().publish(
         Eco::Npm,
         "lab-left",
         "1.0.0",
@@ -118,7 +120,7 @@ fn npm_installs_through_egressd_intercepting() {
         &[("lab-right", "^3.0.0")],
     );
     // npm asks for `/@lab%2fscoped`: the scope separator, not an encoded `/`.
-    l.reg
+    l.reg()
         .publish(Eco::Npm, "@lab/scoped", "1.2.0", 30 * DAY, &[]);
     let r = l.run(
         &registry_exceptions(),
@@ -141,16 +143,16 @@ fn npm_installs_through_egressd_intercepting() {
 fn cargo_locks_and_fetches_through_egressd_intercepting() {
     let test = "packages::clients::cargo";
     let l = run_lab(test);
-    l.reg
+    l.reg()
         .publish(Eco::Cargo, "lab-leaf", "0.3.1", 30 * DAY, &[]);
-    l.reg.publish(
+    l.reg().publish(
         Eco::Cargo,
         "lab-crate",
         "1.0.0",
         30 * DAY,
         &[("lab-leaf", "^0.3")],
     );
-    l.reg.publish(
+    l.reg().publish(
         Eco::Cargo,
         "lab-crate",
         "1.4.0",
@@ -183,8 +185,8 @@ fn go_gets_through_egressd_intercepting() {
     have("go", test);
     let l = run_lab(test);
     let left = format!("{GO_PREFIX}/acme/Left");
-    l.reg.publish(Eco::Go, &left, "v1.0.0", 30 * DAY, &[]);
-    l.reg.publish(Eco::Go, &left, "v1.2.0", 20 * DAY, &[]);
+    l.reg().publish(Eco::Go, &left, "v1.0.0", 30 * DAY, &[]);
+    l.reg().publish(Eco::Go, &left, "v1.2.0", 20 * DAY, &[]);
     let r = l.run(
         &registry_exceptions(),
         &format!(
@@ -200,7 +202,7 @@ fn go_gets_through_egressd_intercepting() {
     );
     all_allowed_inspected(&r, "proxy.golang.org");
     // The `!` case encoding reached the proxy.
-    assert!(!l.reg.hits_for("/acme/%21left/@v/").is_empty());
+    assert!(!l.reg().hits_for("/acme/%21left/@v/").is_empty());
 }
 
 #[test]
@@ -208,8 +210,8 @@ fn uv_installs_through_egressd_intercepting() {
     let test = "packages::clients::uv";
     have("uv", test);
     let l = run_lab(test);
-    l.reg.publish(Eco::Pypi, "uv-dep", "0.9.0", 30 * DAY, &[]);
-    l.reg
+    l.reg().publish(Eco::Pypi, "uv-dep", "0.9.0", 30 * DAY, &[]);
+    l.reg()
         .publish(Eco::Pypi, "uv-top", "1.0.0", 30 * DAY, &[("uv-dep", "<1")]);
     let r = l.run(
         &registry_exceptions(),
@@ -229,8 +231,9 @@ fn pnpm_installs_through_egressd_intercepting() {
     let test = "packages::clients::pnpm";
     have("pnpm", test);
     let l = run_lab(test);
-    l.reg.publish(Eco::Npm, "pn-right", "2.0.1", 30 * DAY, &[]);
-    l.reg.publish(
+    l.reg()
+        .publish(Eco::Npm, "pn-right", "2.0.1", 30 * DAY, &[]);
+    l.reg().publish(
         Eco::Npm,
         "pn-left",
         "1.3.0",

@@ -10,23 +10,23 @@ const OLD: std::time::Duration = DAY.saturating_mul(30);
 #[test]
 fn an_approved_file_name_under_another_path_is_not_listed() {
     let l = run_lab("packages::listed::pypi");
-    l.reg.publish(Eco::Pypi, "ls-pkg", "1.0", OLD, &[]);
+    l.reg().publish(Eco::Pypi, "ls-pkg", "1.0", OLD, &[]);
     let wheel = wheel_name("ls-pkg", "1.0");
-    let listed = l.reg.pypi_url("ls-pkg", &wheel);
+    let listed = l.reg().pypi_url("ls-pkg", &wheel);
     let listed_path = &listed["https://files.pythonhosted.org".len()..];
     // The registry serves the same bytes under another hash path too: only
     // egressd stands between the client and them.
     let other_path = format!("/packages/00/00/{}/{wheel}", "0".repeat(60));
     for suffix in ["", ".metadata"] {
         let b = l
-            .reg
+            .reg()
             .doc_body(
                 "files.pythonhosted.org",
                 &format!("{listed_path}{suffix}"),
                 None,
             )
             .unwrap();
-        l.reg.put_raw(
+        l.reg().put_raw(
             "files.pythonhosted.org",
             &format!("{other_path}{suffix}"),
             "application/octet-stream",
@@ -64,7 +64,7 @@ fn an_approved_file_name_under_another_path_is_not_listed() {
         ctx(&r)
     );
     assert_eq!(
-        l.reg.hits_for("/packages/00/00/").len(),
+        l.reg().hits_for("/packages/00/00/").len(),
         0,
         "an unlisted path reached the registry"
     );

@@ -43,9 +43,9 @@ fn mirrored(sets: &str) -> String {
 }
 
 /// The lab with `mirror.test` resolving to its registry.
-fn mirror_lab(test: &str) -> &'static RunLab {
+fn mirror_lab(test: &str) -> &'static Lab {
     let l = run_lab(test);
-    l.dns.set(MIRROR_HOST, &[&l.reg.ip()]);
+    l.dns.set(MIRROR_HOST, &[&l.reg().ip()]);
     l
 }
 
@@ -63,10 +63,10 @@ enum Names {
 /// Puts `name`'s public PyPI index and files (published to the lab
 /// registry) on the mirror, its files named as `names` says. Returns the
 /// paths of its files on the mirror.
-fn pypi_on_mirror(l: &RunLab, name: &str, names: Names) -> Vec<String> {
+fn pypi_on_mirror(l: &Lab, name: &str, names: Names) -> Vec<String> {
     let public = "https://files.pythonhosted.org/";
     let json: Value = serde_json::from_slice(
-        &l.reg
+        &l.reg()
             .doc_body("pypi.org", &format!("/simple/{name}/"), Some(PEP691))
             .unwrap(),
     )
@@ -85,10 +85,10 @@ fn pypi_on_mirror(l: &RunLab, name: &str, names: Names) -> Vec<String> {
         };
         for suffix in ["", ".metadata"] {
             if let Some(b) =
-                l.reg
+                l.reg()
                     .doc_body("files.pythonhosted.org", &format!("{path}{suffix}"), None)
             {
-                l.reg.put_raw(
+                l.reg().put_raw(
                     MIRROR_HOST,
                     &format!("{mirror_path}{suffix}"),
                     "application/octet-stream",
@@ -101,13 +101,13 @@ fn pypi_on_mirror(l: &RunLab, name: &str, names: Names) -> Vec<String> {
     let (ctype, doc) = if html {
         (
             "text/html",
-            l.reg
+            l.reg()
                 .doc_body("pypi.org", &format!("/simple/{name}/"), Some("text/html")),
         )
     } else {
         (
             PEP691,
-            l.reg
+            l.reg()
                 .doc_body("pypi.org", &format!("/simple/{name}/"), Some(PEP691)),
         )
     };
@@ -115,7 +115,7 @@ fn pypi_on_mirror(l: &RunLab, name: &str, names: Names) -> Vec<String> {
         .unwrap()
         .replace(public, &refer);
     assert!(!doc.contains("pythonhosted"), "{doc}");
-    l.reg.put_raw(
+    l.reg().put_raw(
         MIRROR_HOST,
         &format!("{MIRROR_PYPI}simple/{name}/"),
         ctype,
@@ -126,8 +126,8 @@ fn pypi_on_mirror(l: &RunLab, name: &str, names: Names) -> Vec<String> {
 
 /// Requests for `part` that reached the public registry's names (not the
 /// mirror's).
-fn public_hits(l: &RunLab, part: &str) -> Vec<String> {
-    l.reg
+fn public_hits(l: &Lab, part: &str) -> Vec<String> {
+    l.reg()
         .hits_for(part)
         .into_iter()
         .filter(|h| h.host != MIRROR_HOST)
@@ -145,10 +145,10 @@ fn pip_download(names: &str) -> String {
 
 /// Every wheel or tarball of `paths` was fetched from the mirror, through
 /// egressd (pip takes the wheel, not the sdist).
-fn each_fetched_from_mirror(l: &RunLab, r: &Outcome, paths: &[String]) {
+fn each_fetched_from_mirror(l: &Lab, r: &Outcome, paths: &[String]) {
     for p in paths.iter().filter(|p| !p.ends_with(".tar.gz")) {
         let hits: Vec<_> = l
-            .reg
+            .reg()
             .hits_for(p)
             .into_iter()
             .filter(|h| h.host == MIRROR_HOST && h.path == *p)
@@ -164,8 +164,8 @@ fn each_fetched_from_mirror(l: &RunLab, r: &Outcome, paths: &[String]) {
 #[test]
 fn pip_downloads_through_a_mirror_whose_index_names_files_by_absolute_url() {
     let l = mirror_lab("packages::mirrors::pip_absolute");
-    l.reg.publish(Eco::Pypi, "mi-abs", "1.0", OLD, &[]);
-    l.reg.publish(Eco::Pypi, "mi-abs-lb", "1.0", OLD, &[]);
+    l.reg().publish(Eco::Pypi, "mi-abs", "1.0", OLD, &[]);
+    l.reg().publish(Eco::Pypi, "mi-abs-lb", "1.0", OLD, &[]);
     let mut files = pypi_on_mirror(l, "mi-abs", Names::Absolute("https://mirror.test"));
     // A mirror behind a TLS-terminating proxy names itself `http://`, in
     // whatever case its configuration spells its name.
@@ -206,8 +206,8 @@ fn pip_downloads_through_a_mirror_whose_index_names_files_by_absolute_url() {
 #[test]
 fn pip_downloads_through_a_mirror_whose_index_names_files_by_relative_url() {
     let l = mirror_lab("packages::mirrors::pip_relative");
-    l.reg.publish(Eco::Pypi, "mi-rel", "1.0", OLD, &[]);
-    l.reg.publish(Eco::Pypi, "mi-rel-html", "2.0", OLD, &[]);
+    l.reg().publish(Eco::Pypi, "mi-rel", "1.0", OLD, &[]);
+    l.reg().publish(Eco::Pypi, "mi-rel-html", "2.0", OLD, &[]);
     let mut files = pypi_on_mirror(l, "mi-rel", Names::Relative { html: false });
     files.extend(pypi_on_mirror(
         l,
@@ -249,10 +249,10 @@ fn pip_downloads_through_a_mirror_whose_index_names_files_by_relative_url() {
 /// Puts `name`'s public packument and tarball on the mirror, the
 /// tarball URL on the mirror's host (`own_host`) or left on the public
 /// registry's. Returns the tarball's path on the mirror.
-fn npm_on_mirror(l: &RunLab, name: &str, version: &str, own_host: bool) -> String {
+fn npm_on_mirror(l: &Lab, name: &str, version: &str, own_host: bool) -> String {
     let public = "https://registry.npmjs.org/";
     let doc = l
-        .reg
+        .reg()
         .doc_body(
             "registry.npmjs.org",
             &format!("/{name}"),
@@ -266,13 +266,13 @@ fn npm_on_mirror(l: &RunLab, name: &str, version: &str, own_host: bool) -> Strin
     }
     let tgz = format!("{name}/-/{name}-{version}.tgz");
     let bytes = l
-        .reg
+        .reg()
         .doc_body("registry.npmjs.org", &format!("/{tgz}"), None)
         .unwrap();
     let on_mirror = format!("{MIRROR_NPM}{tgz}");
-    l.reg
+    l.reg()
         .put_raw(MIRROR_HOST, &on_mirror, "application/octet-stream", bytes);
-    l.reg.put_raw(
+    l.reg().put_raw(
         MIRROR_HOST,
         &format!("{MIRROR_NPM}{name}"),
         "application/json",
@@ -284,8 +284,8 @@ fn npm_on_mirror(l: &RunLab, name: &str, version: &str, own_host: bool) -> Strin
 #[test]
 fn npm_installs_through_a_mirror_naming_tarballs_on_its_own_host_or_the_public_one() {
     let l = mirror_lab("packages::mirrors::npm");
-    l.reg.publish(Eco::Npm, "mi-npm-abs", "1.0.0", OLD, &[]);
-    l.reg.publish(Eco::Npm, "mi-npm-pub", "1.0.0", OLD, &[]);
+    l.reg().publish(Eco::Npm, "mi-npm-abs", "1.0.0", OLD, &[]);
+    l.reg().publish(Eco::Npm, "mi-npm-pub", "1.0.0", OLD, &[]);
     let files = [
         npm_on_mirror(l, "mi-npm-abs", "1.0.0", true),
         npm_on_mirror(l, "mi-npm-pub", "1.0.0", false),
@@ -325,23 +325,23 @@ fn npm_installs_through_a_mirror_naming_tarballs_on_its_own_host_or_the_public_o
 #[test]
 fn cargo_fetches_through_a_mirror_whose_config_names_its_own_host() {
     let l = mirror_lab("packages::mirrors::cargo");
-    l.reg.publish(Eco::Cargo, "mi-crate", "1.2.0", OLD, &[]);
+    l.reg().publish(Eco::Cargo, "mi-crate", "1.2.0", OLD, &[]);
     let index = cargo_index_path("mi-crate");
-    let lines = l.reg.doc_body("index.crates.io", &index, None).unwrap();
-    l.reg.put_raw(
+    let lines = l.reg().doc_body("index.crates.io", &index, None).unwrap();
+    l.reg().put_raw(
         MIRROR_HOST,
         &format!("{MIRROR_CARGO}{}", &index[1..]),
         "text/plain",
         lines,
     );
     let krate = l
-        .reg
+        .reg()
         .doc_body("static.crates.io", "/crates/mi-crate/1.2.0/download", None)
         .unwrap();
     let on_mirror = format!("{MIRROR_CARGO}crates/mi-crate/1.2.0/download");
-    l.reg
+    l.reg()
         .put_raw(MIRROR_HOST, &on_mirror, "application/octet-stream", krate);
-    l.reg.put_raw(
+    l.reg().put_raw(
         MIRROR_HOST,
         &format!("{MIRROR_CARGO}config.json"),
         "application/json",

@@ -10,9 +10,9 @@
 //! `CARGO_HTTP_CAINFO`, `SSL_CERT_FILE`) and reach it through
 //! `HTTPS_PROXY`: no client is configured for a mirror or a proxy by hand.
 //!
-//! One registry and one fake DNS serve the whole module
-//! ([`run_lab`](crate::support::run_lab)); each
-//! test publishes packages under names of its own and runs its own
+//! One lab serves the whole module: a [`Lab`](crate::support::Lab) built
+//! around `egressd run`, its registry and fake DNS made once
+//! ([`run_lab`](crate::support::run_lab)); each test publishes packages under names of its own and runs its own
 //! `egressd run` with its own policy.
 //!
 //! Go: `GOPROXY` is left at its default (`https://proxy.golang.org,direct`).

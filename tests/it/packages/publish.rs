@@ -20,8 +20,8 @@ fn gated_with_first(first: &str, sets: &str) -> String {
 }
 
 /// The writes the registry received (anything but GET and HEAD).
-fn writes(l: &RunLab, part: &str) -> Vec<Hit> {
-    l.reg
+fn writes(l: &Lab, part: &str) -> Vec<Hit> {
+    l.reg()
         .hits_for(part)
         .into_iter()
         .filter(|h| h.method != "GET" && h.method != "HEAD")
@@ -67,7 +67,7 @@ fn cargo_publish_is_refused_package_publish_in_cargo_s_channel() {
     let test = "packages::publish::cargo";
     let l = run_lab(test);
     // The registry serves its config.json once it holds a crate.
-    l.reg
+    l.reg()
         .publish(Eco::Cargo, "lab-pub-seed", "1.0.0", 30 * DAY, &[]);
     let r = l.run(
         &gated(&set("cargo-any", "cargo", &["lab-pub-crate"])),
@@ -94,7 +94,7 @@ fn cargo_publish_is_refused_package_publish_in_cargo_s_channel() {
 fn a_pypi_upload_is_refused_package_publish_in_the_reason_phrase() {
     let test = "packages::publish::pypi";
     let l = run_lab(test);
-    l.dns.set("upload.pypi.org", &[&l.reg.ip()]);
+    l.dns.set("upload.pypi.org", &[&l.reg().ip()]);
     let upload_host =
         "  - id: pypi-upload\n    owner: platform\n    reason: the upload host, for the test\n    \
                        hosts: [upload.pypi.org]\n    cidrs: [127.0.0.0/8]\n    ports: [443]\n";

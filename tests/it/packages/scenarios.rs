@@ -37,7 +37,7 @@ fn assert_denied(r: &Outcome, name: &str, reason: &str) -> Value {
 fn pip_range_resolves_to_the_newest_allowed_and_skips_a_too_new_release() {
     let l = run_lab("packages::scenarios::pip_range");
     for (v, age) in [("1.0", OLD), ("1.5", OLD), ("1.6", YOUNG), ("2.0", OLD)] {
-        l.reg.publish(Eco::Pypi, "sc-range", v, age, &[]);
+        l.reg().publish(Eco::Pypi, "sc-range", v, age, &[]);
     }
     let policy = gated(&set("py-lab", "pypi", &["sc-range >=1,<2"]));
     let r = l.run(
@@ -55,7 +55,7 @@ fn pip_range_resolves_to_the_newest_allowed_and_skips_a_too_new_release() {
         .find(|l| l["path"] == "/simple/sc-range/")
         .unwrap_or_else(|| panic!("no index line\n{}", ctx(&r)));
     assert_eq!(index["package"]["versions_hidden"], 2, "{index}");
-    assert!(l.reg.hits_for("sc_range-1.6").is_empty());
+    assert!(l.reg().hits_for("sc_range-1.6").is_empty());
 }
 
 #[test]
@@ -64,7 +64,7 @@ fn npm_range_skips_a_too_new_release_and_latest_is_repointed() {
     have("npm", test);
     let l = run_lab(test);
     for (v, age) in [("1.0.0", OLD), ("1.1.0", OLD), ("1.2.0", YOUNG)] {
-        l.reg.publish(Eco::Npm, "sc-npm-young", v, age, &[]);
+        l.reg().publish(Eco::Npm, "sc-npm-young", v, age, &[]);
     }
     let policy = gated(&set("npm-lab", "npm", &["sc-npm-young"]));
     let r = l.run(
@@ -86,7 +86,7 @@ fn npm_range_skips_a_too_new_release_and_latest_is_repointed() {
 fn cargo_fresh_lock_skips_a_version_held_by_policy() {
     let l = run_lab("packages::scenarios::cargo_fresh_lock");
     for (v, age) in [("1.0.0", OLD), ("1.1.0", OLD), ("1.2.0", YOUNG)] {
-        l.reg.publish(Eco::Cargo, "sc-crate", v, age, &[]);
+        l.reg().publish(Eco::Cargo, "sc-crate", v, age, &[]);
     }
     let policy = gated(&set("crates-lab", "cargo", &["sc-crate"]));
     let r = l.run(
@@ -112,7 +112,7 @@ fn go_latest_skips_a_too_new_version() {
     let l = run_lab(test);
     let m = format!("{GO_PREFIX}/acme/young");
     for (v, age) in [("v1.0.0", OLD), ("v1.1.0", OLD), ("v1.2.0", YOUNG)] {
-        l.reg.publish(Eco::Go, &m, v, age, &[]);
+        l.reg().publish(Eco::Go, &m, v, age, &[]);
     }
     let policy = gated(&set("go-lab", "go", &[&m]));
     let r = l.run(
@@ -132,11 +132,11 @@ fn go_latest_skips_a_too_new_version() {
 #[test]
 fn pip_pinned_url_of_a_too_new_wheel_fails_with_the_reason_phrase() {
     let l = run_lab("packages::scenarios::pip_pin");
-    l.reg.publish(Eco::Pypi, "sc-pin", "1.0", OLD, &[]);
-    l.reg.publish(Eco::Pypi, "sc-pin", "1.1", YOUNG, &[]);
-    let url = l.reg.pypi_url("sc-pin", &wheel_name("sc-pin", "1.1"));
+    l.reg().publish(Eco::Pypi, "sc-pin", "1.0", OLD, &[]);
+    l.reg().publish(Eco::Pypi, "sc-pin", "1.1", YOUNG, &[]);
+    let url = l.reg().pypi_url("sc-pin", &wheel_name("sc-pin", "1.1"));
     let sha = l
-        .reg
+        .reg()
         .sha256_of(Eco::Pypi, "sc-pin", &wheel_name("sc-pin", "1.1"));
     let policy = gated(&set("py-lab", "pypi", &["sc-pin"]));
     // A lockfile with the file's URL and hash: no index in the way.
@@ -156,7 +156,7 @@ fn pip_pinned_url_of_a_too_new_wheel_fails_with_the_reason_phrase() {
     );
     assert_denied(&r, "sc-pin", "package_too_new");
     assert!(
-        l.reg.hits_for(&wheel_name("sc-pin", "1.1")).is_empty(),
+        l.reg().hits_for(&wheel_name("sc-pin", "1.1")).is_empty(),
         "the held wheel was fetched"
     );
 }
@@ -166,8 +166,8 @@ fn npm_ci_of_a_lockfile_pinning_an_unapproved_version_fails_with_the_json_error(
     let test = "packages::scenarios::npm_pin";
     have("npm", test);
     let l = run_lab(test);
-    l.reg.publish(Eco::Npm, "sc-npm-pin", "1.0.0", OLD, &[]);
-    l.reg.publish(Eco::Npm, "sc-npm-pin", "2.0.0", OLD, &[]);
+    l.reg().publish(Eco::Npm, "sc-npm-pin", "1.0.0", OLD, &[]);
+    l.reg().publish(Eco::Npm, "sc-npm-pin", "2.0.0", OLD, &[]);
     let policy = gated(&set("npm-lab", "npm", &["sc-npm-pin ^1.0.0"]));
     // The lockfile a developer made before the policy: 2.0.0, integrity
     // and URL as npm wrote them (npm ci reads no packument).
@@ -212,8 +212,9 @@ fn npm_ci_of_a_lockfile_pinning_an_unapproved_version_fails_with_the_json_error(
 #[test]
 fn cargo_locked_fetch_of_a_held_version_fails_with_the_text_body() {
     let l = run_lab("packages::scenarios::cargo_pin");
-    l.reg.publish(Eco::Cargo, "sc-crate-pin", "1.0.0", OLD, &[]);
-    l.reg
+    l.reg()
+        .publish(Eco::Cargo, "sc-crate-pin", "1.0.0", OLD, &[]);
+    l.reg()
         .publish(Eco::Cargo, "sc-crate-pin", "1.1.0", YOUNG, &[]);
     // Locked before the policy (plain exceptions): 1.1.0.
     let lock = l.run(
@@ -251,8 +252,8 @@ fn go_download_of_a_held_version_fails_with_the_text_body() {
     have("go", test);
     let l = run_lab(test);
     let m = format!("{GO_PREFIX}/acme/pinned");
-    l.reg.publish(Eco::Go, &m, "v1.0.0", OLD, &[]);
-    l.reg.publish(Eco::Go, &m, "v1.1.0", YOUNG, &[]);
+    l.reg().publish(Eco::Go, &m, "v1.0.0", OLD, &[]);
+    l.reg().publish(Eco::Go, &m, "v1.1.0", YOUNG, &[]);
     let policy = gated(&set("go-lab", "go", &[&m]));
     let r = l.run(
         &policy,
@@ -264,7 +265,7 @@ fn go_download_of_a_held_version_fails_with_the_text_body() {
     assert_ne!(r.code, 0, "{}", ctx(&r));
     assert!(r.stderr.contains("403 Forbidden"), "{}", ctx(&r));
     assert!(r.stderr.contains("package_too_new"), "{}", ctx(&r));
-    assert!(l.reg.hits_for("young/@v/v1.1.0.zip").is_empty());
+    assert!(l.reg().hits_for("young/@v/v1.1.0.zip").is_empty());
 }
 
 // ---------------------------------------------------------------- unapproved names
@@ -272,9 +273,11 @@ fn go_download_of_a_held_version_fails_with_the_text_body() {
 #[test]
 fn pip_typo_is_denied_and_its_download_says_did_you_mean() {
     let l = run_lab("packages::scenarios::pip_typo");
-    l.reg.publish(Eco::Pypi, "requests", "2.32.3", OLD, &[]);
-    l.reg.publish(Eco::Pypi, "reqeusts", "0.0.1", OLD, &[]);
-    let url = l.reg.pypi_url("reqeusts", &wheel_name("reqeusts", "0.0.1"));
+    l.reg().publish(Eco::Pypi, "requests", "2.32.3", OLD, &[]);
+    l.reg().publish(Eco::Pypi, "reqeusts", "0.0.1", OLD, &[]);
+    let url = l
+        .reg()
+        .pypi_url("reqeusts", &wheel_name("reqeusts", "0.0.1"));
     let policy = gated(&set("py-lab", "pypi", &["requests"]));
     let pip = "/usr/bin/python3 -m pip --python /tmp/v/bin/python install --no-cache-dir \
                --disable-pip-version-check --no-input";
@@ -308,7 +311,7 @@ fn pip_typo_is_denied_and_its_download_says_did_you_mean() {
         assert_eq!(line["status"], 403, "{line}");
     }
     assert!(
-        l.reg.hits_for("reqeusts").is_empty(),
+        l.reg().hits_for("reqeusts").is_empty(),
         "the typo reached the registry"
     );
 }
@@ -318,7 +321,7 @@ fn npm_typo_is_denied_with_did_you_mean_in_the_json_error() {
     let test = "packages::scenarios::npm_typo";
     have("npm", test);
     let l = run_lab(test);
-    l.reg.publish(Eco::Npm, "lodash", "4.17.21", OLD, &[]);
+    l.reg().publish(Eco::Npm, "lodash", "4.17.21", OLD, &[]);
     let policy = gated(&set("npm-lab", "npm", &["lodash"]));
     let r = l.run(
         &policy,
@@ -349,7 +352,7 @@ fn go_gets_403_for_an_unapproved_module_and_does_not_fall_back_to_direct() {
         .filter(|l| l["host"] == GO_PREFIX)
         .collect();
     assert!(direct.is_empty(), "go fell back to direct: {direct:#?}");
-    assert!(l.reg.hits_for("/acme/unlisted").is_empty());
+    assert!(l.reg().hits_for("/acme/unlisted").is_empty());
 }
 
 // ---------------------------------------------------------------- name variants, .metadata, legacy paths
@@ -364,9 +367,9 @@ fn curl_each(urls: &[String]) -> String {
 #[test]
 fn pypi_name_variants_metadata_and_legacy_paths_meet_the_same_rule() {
     let l = run_lab("packages::scenarios::pypi_variants");
-    l.reg.publish(Eco::Pypi, "Sc.Variant", "1.0", OLD, &[]);
-    l.reg.publish(Eco::Pypi, "Sc.Variant", "1.1", YOUNG, &[]);
-    l.reg.publish(Eco::Pypi, "sc-unlisted", "1.0", OLD, &[]);
+    l.reg().publish(Eco::Pypi, "Sc.Variant", "1.0", OLD, &[]);
+    l.reg().publish(Eco::Pypi, "Sc.Variant", "1.1", YOUNG, &[]);
+    l.reg().publish(Eco::Pypi, "sc-unlisted", "1.0", OLD, &[]);
     let policy = gated(&set("py-lab", "pypi", &["sc_variant"]));
     let old = wheel_name("sc-variant", "1.0");
     let young = wheel_name("sc-variant", "1.1");
@@ -377,18 +380,18 @@ fn pypi_name_variants_metadata_and_legacy_paths_meet_the_same_rule() {
         // pypi.org's own redirect to the PEP 503 form, passed on.
         ("https://pypi.org/simple/Sc.Variant/".into(), "301"),
         ("https://pypi.org/simple/SC__variant/".into(), "301"),
-        (l.reg.pypi_url("Sc.Variant", &old), "200"),
+        (l.reg().pypi_url("Sc.Variant", &old), "200"),
         (
-            format!("{}.metadata", l.reg.pypi_url("Sc.Variant", &old)),
+            format!("{}.metadata", l.reg().pypi_url("Sc.Variant", &old)),
             "200",
         ),
         (
             format!("https://files.pythonhosted.org/packages/py3/s/sc-variant/{old}"),
             "200",
         ),
-        (l.reg.pypi_url("Sc.Variant", &young), "403"),
+        (l.reg().pypi_url("Sc.Variant", &young), "403"),
         (
-            format!("{}.metadata", l.reg.pypi_url("Sc.Variant", &young)),
+            format!("{}.metadata", l.reg().pypi_url("Sc.Variant", &young)),
             "403",
         ),
         (
@@ -398,7 +401,7 @@ fn pypi_name_variants_metadata_and_legacy_paths_meet_the_same_rule() {
         ("https://pypi.org/simple/Sc_Unlisted/".into(), "403"),
         ("https://pypi.org/simple/sc.unlisted/".into(), "403"),
         (
-            format!("{}.metadata", l.reg.pypi_url("sc-unlisted", &other)),
+            format!("{}.metadata", l.reg().pypi_url("sc-unlisted", &other)),
             "403",
         ),
         (
@@ -436,11 +439,11 @@ fn pypi_name_variants_metadata_and_legacy_paths_meet_the_same_rule() {
         assert_eq!(l["reason"], "package_not_approved", "{l}");
     }
     assert!(
-        l.reg.hits_for("sc_unlisted").is_empty(),
+        l.reg().hits_for("sc_unlisted").is_empty(),
         "an unapproved file reached the registry"
     );
     assert!(
-        l.reg.hits_for("sc_variant-1.1").is_empty(),
+        l.reg().hits_for("sc_variant-1.1").is_empty(),
         "a held file reached the registry"
     );
 }
@@ -456,7 +459,7 @@ fn npm_scope_encodings_and_both_packument_forms_agree() {
         ("1.2.0", YOUNG),
         ("2.0.0", OLD),
     ] {
-        l.reg.publish(Eco::Npm, "@sc/forms", v, age, &[]);
+        l.reg().publish(Eco::Npm, "@sc/forms", v, age, &[]);
     }
     let policy = gated(&set("npm-lab", "npm", &["\"@sc/forms ^1\""]));
     let abbr = "application/vnd.npm.install-v1+json";
@@ -498,12 +501,13 @@ fn npm_scope_encodings_and_both_packument_forms_agree() {
 #[test]
 fn worked_example_three_approved_pypi_packages() {
     let l = run_lab("packages::scenarios::worked_example");
-    l.reg.publish(Eco::Pypi, "urllib3", "2.2.3", OLD, &[]);
-    l.reg.publish(Eco::Pypi, "certifi", "2024.8.30", OLD, &[]);
+    l.reg().publish(Eco::Pypi, "urllib3", "2.2.3", OLD, &[]);
+    l.reg().publish(Eco::Pypi, "certifi", "2024.8.30", OLD, &[]);
     let deps = [("urllib3", ">=1.21.1,<3"), ("certifi", ">=2017.4.17")];
-    l.reg.publish(Eco::Pypi, "requests", "2.32.3", OLD, &deps);
-    l.reg.publish(Eco::Pypi, "requests", "2.33.0", YOUNG, &deps);
-    l.reg.publish(Eco::Pypi, "reqeusts", "1.0.0", OLD, &[]);
+    l.reg().publish(Eco::Pypi, "requests", "2.32.3", OLD, &deps);
+    l.reg()
+        .publish(Eco::Pypi, "requests", "2.33.0", YOUNG, &deps);
+    l.reg().publish(Eco::Pypi, "reqeusts", "1.0.0", OLD, &[]);
     let policy = gated(
         "  - id: py-agent-runtime\n    owner: python-platform\n    reason: vetted runtime deps\n    \
          ecosystem: pypi\n    min_age: 3d\n    allow:\n      - requests >=2.31,<3\n      - urllib3\n      - certifi\n",
@@ -560,9 +564,9 @@ fn uv_pin_of_a_too_new_release_and_typo_are_denied() {
     let test = "packages::scenarios::uv_deny";
     have("uv", test);
     let l = run_lab(test);
-    l.reg.publish(Eco::Pypi, "sc-uv", "1.0", OLD, &[]);
-    l.reg.publish(Eco::Pypi, "sc-uv", "1.1", YOUNG, &[]);
-    let url = l.reg.pypi_url("sc-uv", &wheel_name("sc-uv", "1.1"));
+    l.reg().publish(Eco::Pypi, "sc-uv", "1.0", OLD, &[]);
+    l.reg().publish(Eco::Pypi, "sc-uv", "1.1", YOUNG, &[]);
+    let url = l.reg().pypi_url("sc-uv", &wheel_name("sc-uv", "1.1"));
     let policy = gated(&set("py-lab", "pypi", &["sc-uv"]));
     let uv = "uv pip install --no-cache --python /tmp/v/bin/python";
     let r = l.run(
@@ -586,7 +590,7 @@ fn pnpm_typo_is_denied_with_did_you_mean() {
     let test = "packages::scenarios::pnpm_typo";
     have("pnpm", test);
     let l = run_lab(test);
-    l.reg.publish(Eco::Npm, "chalk", "5.3.0", OLD, &[]);
+    l.reg().publish(Eco::Npm, "chalk", "5.3.0", OLD, &[]);
     let policy = gated(&set("npm-lab", "npm", &["chalk"]));
     let r = l.run(
         &policy,
@@ -609,7 +613,7 @@ fn pnpm_typo_is_denied_with_did_you_mean() {
 #[test]
 fn egressd_run_prints_its_commands_package_denials_at_exit() {
     let l = run_lab("packages::scenarios::exit_summary");
-    l.reg.publish(Eco::Pypi, "requests", "2.32.3", OLD, &[]);
+    l.reg().publish(Eco::Pypi, "requests", "2.32.3", OLD, &[]);
     let policy = gated(&set("py-lab", "pypi", &["requests"]));
     let r = l.run(&policy, &pip_install("reqeusts"));
     assert_ne!(r.code, 0, "{}", ctx(&r));

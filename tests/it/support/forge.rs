@@ -7,15 +7,13 @@
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
-use std::thread;
 
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
-use hyper_util::rt::{TokioExecutor, TokioIo};
 
-use super::tls::provider;
+use super::tls::{serve_https, server_config};
 use super::Listener;
 
 pub const FORGE_HOST: &str = "api.git.example.test";
@@ -55,44 +53,12 @@ impl Forge {
 
 pub fn forge() -> Forge {
     let pki = super::tls::test_pki();
-    let (cert, key) = pki.leaf(&[FORGE_HOST]);
-    let mut config = rustls::ServerConfig::builder_with_provider(provider())
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_no_client_auth()
-        .with_single_cert(vec![cert], key)
-        .unwrap();
-    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
-    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
     let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    l.set_nonblocking(true).unwrap();
     let addr = l.local_addr().unwrap();
     let seen = Arc::new(Mutex::new(Vec::new()));
     let s2 = seen.clone();
-    thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        rt.block_on(async move {
-            let l = tokio::net::TcpListener::from_std(l).unwrap();
-            loop {
-                let Ok((tcp, _)) = l.accept().await else {
-                    continue;
-                };
-                let (acceptor, seen) = (acceptor.clone(), s2.clone());
-                tokio::spawn(async move {
-                    let Ok(tls) = acceptor.accept(tcp).await else {
-                        return;
-                    };
-                    let svc = hyper::service::service_fn(move |req| handle(req, seen.clone()));
-                    let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
-                        .serve_connection(TokioIo::new(tls), svc)
-                        .await;
-                });
-            }
-        });
-    });
+    let config = server_config(pki.leaf(&[FORGE_HOST]), &[b"h2", b"http/1.1"]);
+    serve_https(l, config, 1, move |req| handle(req, s2.clone()));
     Forge {
         addr,
         ca_pem: pki.ca_pem,

@@ -17,9 +17,8 @@ use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
-use hyper_util::rt::{TokioExecutor, TokioIo};
-use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair, KeyUsagePurpose};
-use rustls_pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
+
+use super::tls::{serve_https, server_config, test_pki_named};
 
 /// The name the server's certificate carries.
 pub const GIT_HOST: &str = "git.example.test";
@@ -138,77 +137,22 @@ pub fn git_server(repos: &[&str]) -> GitServer {
         git_ok(&bare, &["config", "http.receivepack", "true"]);
         git_ok(&seed, &["push", "-q", bare.to_str().unwrap(), "main"]);
     }
-    let (ca_pem, cert, key) = pki();
-    let mut config = rustls::ServerConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .unwrap()
-    .with_no_client_auth()
-    .with_single_cert(vec![cert], key)
-    .unwrap();
-    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
-    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+    let pki = test_pki_named("egressd test git CA");
+    let config = server_config(pki.leaf(&[GIT_HOST]), &[b"h2", b"http/1.1"]);
     let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    l.set_nonblocking(true).unwrap();
     let addr = l.local_addr().unwrap();
     let hits = Arc::new(Mutex::new(Vec::new()));
     let (h2, root2) = (hits.clone(), root.clone());
-    thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .unwrap();
-        rt.block_on(async move {
-            let l = tokio::net::TcpListener::from_std(l).unwrap();
-            loop {
-                let Ok((tcp, _)) = l.accept().await else {
-                    continue;
-                };
-                let (acceptor, hits, root) = (acceptor.clone(), h2.clone(), root2.clone());
-                tokio::spawn(async move {
-                    let Ok(tls) = acceptor.accept(tcp).await else {
-                        return;
-                    };
-                    let svc = hyper::service::service_fn(move |req| {
-                        handle(req, hits.clone(), root.clone())
-                    });
-                    let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
-                        .serve_connection(TokioIo::new(tls), svc)
-                        .await;
-                });
-            }
-        });
+    serve_https(l, config, 2, move |req| {
+        handle(req, h2.clone(), root2.clone())
     });
     GitServer {
         addr,
-        ca_pem,
+        ca_pem: pki.ca_pem,
         root,
         hits,
         _dir: dir,
     }
-}
-
-fn pki() -> (String, CertificateDer<'static>, PrivateKeyDer<'static>) {
-    let ca_key = KeyPair::generate().unwrap();
-    let mut p = CertificateParams::new(Vec::<String>::new()).unwrap();
-    p.distinguished_name
-        .push(DnType::CommonName, "egressd test git CA");
-    p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    p.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
-    let ca = p.self_signed(&ca_key).unwrap();
-    let issuer = rcgen::Issuer::new(p, ca_key);
-    let key = KeyPair::generate().unwrap();
-    let leaf = CertificateParams::new(vec![GIT_HOST.to_string()])
-        .unwrap()
-        .signed_by(&key, &issuer)
-        .unwrap();
-    (
-        ca.pem(),
-        leaf.der().clone(),
-        PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der())),
-    )
 }
 
 async fn handle(

@@ -8,7 +8,7 @@
 
 use std::fs::File;
 use std::io::Read;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::thread::{self, JoinHandle};
@@ -22,8 +22,18 @@ use super::{eventually, scratch, try_request, Egressd, Scratch};
 /// see half of one.
 pub fn complete_lines(e: &Egressd) -> Vec<Value> {
     let text = std::fs::read_to_string(&e.log_path).unwrap_or_default();
-    let done = text.rfind('\n').map_or("", |i| &text[..=i]);
-    done.lines()
+    parse_log(text.rfind('\n').map_or("", |i| &text[..=i]))
+}
+
+/// Every line of the decision log at `path`, parsed (none before the file
+/// is there): `egressd serve`'s and `egressd run`'s alike.
+pub fn read_log(path: &Path) -> Vec<Value> {
+    parse_log(&std::fs::read_to_string(path).unwrap_or_default())
+}
+
+/// The lines of `text`, each a JSON object or a failed test.
+fn parse_log(text: &str) -> Vec<Value> {
+    text.lines()
         .map(|l| serde_json::from_str(l).unwrap_or_else(|err| panic!("bad log line {l:?}: {err}")))
         .collect()
 }

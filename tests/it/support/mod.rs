@@ -3,7 +3,8 @@
 //!
 //! | file | owns |
 //! |---|---|
-//! | `lab/` | every lab of the suite: [`Lab`] (origin + canary + echo + fake DNS + egressd with a policy, in one call; with [`LabBuilder::registry`] the fake package registry behind an intercepting egressd too, driven by [`Lab::curl`]); [`run_lab()`], the registries and DNS for `egressd run`; [`lab::netns::NetnsLab`], network namespaces for real DNS tunnel tools |
+//! | `lab/` | the one lab of the suite, [`Lab`]: origin + canary + echo + fake DNS + scratch dir + egressd with a policy, in one call; built served on loopback, around `egressd run` ([`run_lab()`], [`Lab::run`]) or in network namespaces ([`LabBuilder::netns`], real DNS tunnel tools), with the fake package registry behind it ([`LabBuilder::registry`], driven by [`Lab::curl`]) or not |
+//! | `fleet.rs` | [`fleet()`]: two `egressd serve` replicas behind a real HAProxy (`balance source`) |
 //! | `policy.rs` | [`policy()`]: a policy built in code, rendered as YAML (owner/reason defaults) |
 //! | `process.rs` | [`egressd()`]: `egressd serve` as a real process, its log and metrics |
 //! | `dns.rs` | [`fake_dns()`]: the one fake upstream DNS (UDP+TCP, a table or a script, counts what it is asked); a DNS client |
@@ -14,7 +15,7 @@
 //! | `raw.rs` | raw request heads, a writer beside the reader, connections and queries from a chosen source address |
 //! | `log.rs` | [`Lines`]: the decision log, one line per attempt; [`refused`] |
 //! | `sandbox.rs` | `sandbox::run()`: `egressd run` as a real process, its [`sandbox::Outcome`]; rootless and no-cgroup variants |
-//! | `tls.rs` | `tls::test_pki()` (the origins' CA) and `tls::tls_origin()`: a recording HTTPS origin, h2 and http/1.1 |
+//! | `tls.rs` | `tls::test_pki()` (the origins' CA), `tls::serve_tls()`/`tls::serve_https()` (the one TLS accept loop of every test server) and `tls::tls_origin()`: a recording HTTPS origin, h2 and http/1.1 |
 //! | `tools.rs` | [`tool()`], [`need_root()`]: what a test needs from the machine; a missing program fails the test with the command that installs it |
 //!
 //! Here too: [`eventually`] (poll with a deadline, never sleep and hope),
@@ -25,6 +26,7 @@
 #![allow(dead_code)]
 
 mod dns;
+mod fleet;
 mod forge;
 mod git_server;
 mod http;
@@ -45,6 +47,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 pub use dns::*;
+pub use fleet::*;
 pub use forge::*;
 pub use git_server::*;
 pub use http::*;

@@ -39,6 +39,7 @@ pub struct Egressd {
 pub struct Builder {
     files: Vec<(String, String)>,
     upstream_dns: Option<SocketAddr>,
+    dns_listen: Option<SocketAddr>,
     log: Option<String>,
     env: Vec<(String, String)>,
     args: Vec<String>,
@@ -61,6 +62,11 @@ impl Builder {
     }
     pub fn dns(mut self, upstream: SocketAddr) -> Self {
         self.upstream_dns = Some(upstream);
+        self
+    }
+    /// Where egressd's DNS listener binds (default 127.0.0.1:0).
+    pub fn dns_listen(mut self, at: SocketAddr) -> Self {
+        self.dns_listen = Some(at);
         self
     }
     pub fn log(mut self, path: &str) -> Self {
@@ -119,6 +125,9 @@ impl Builder {
             .clone()
             .unwrap_or_else(|| log_path.display().to_string());
         let upstream = self.upstream_dns.unwrap_or_else(|| NO_DNS.parse().unwrap());
+        let dns_listen = self
+            .dns_listen
+            .map_or_else(|| "127.0.0.1:0".to_string(), |a| a.to_string());
         let mut cmd = match self.wrap.split_first() {
             Some((prog, rest)) => {
                 let mut c = Command::new(prog);
@@ -133,14 +142,10 @@ impl Builder {
         cmd.arg("serve")
             .arg("--policy")
             .arg(&policy_arg)
-            .args([
-                "--listen",
-                "127.0.0.1:0",
-                "--dns-listen",
-                "127.0.0.1:0",
-                "--metrics-listen",
-                "127.0.0.1:0",
-            ])
+            .args(["--listen", "127.0.0.1:0"])
+            .arg("--dns-listen")
+            .arg(dns_listen)
+            .args(["--metrics-listen", "127.0.0.1:0"])
             .arg("--upstream-dns")
             .arg(upstream.to_string())
             .arg("--log")
@@ -204,10 +209,7 @@ impl Builder {
 impl Egressd {
     /// Every decision-log line written so far, parsed.
     pub fn log_lines(&self) -> Vec<serde_json::Value> {
-        let text = std::fs::read_to_string(&self.log_path).unwrap_or_default();
-        text.lines()
-            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("bad log line {l:?}: {e}")))
-            .collect()
+        super::read_log(&self.log_path)
     }
 
     /// Waits for a log line satisfying `pred` and returns it.

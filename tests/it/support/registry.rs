@@ -24,51 +24,19 @@ use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::io::{self, Write};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
-use std::thread;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
-use hyper_util::rt::{TokioExecutor, TokioIo};
-use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair, KeyUsagePurpose};
-use rustls_pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 use serde_json::{json, Map, Value};
 
-/// A fake registry as egressd's tests put it behind egressd: the upstream
-/// DNS fake answers every public registry name with its address, egressd
-/// has an interception CA in `certs` (`--ca-dir`), and `reg_ca` is the
-/// bundle egressd trusts the registry with (`--upstream-ca`).
-pub struct BehindEgressd {
-    pub reg: Registry,
-    pub dns: super::dns::FakeDns,
-    pub certs: PathBuf,
-    pub reg_ca: PathBuf,
-    pub dir: tempfile::TempDir,
-}
-
-/// [`BehindEgressd`], egressd also trusting `extra_ca` (PEM) upstream.
-pub fn behind_egressd(extra_ca: &str) -> BehindEgressd {
-    let dns = super::dns::fake_dns();
-    let RegistrySide {
-        reg,
-        certs,
-        reg_ca,
-        dir,
-    } = registry_side(&dns, extra_ca);
-    BehindEgressd {
-        reg,
-        dns,
-        certs,
-        reg_ca,
-        dir,
-    }
-}
+use super::tls::{serve_https, server_config, test_pki_named};
 
 /// A fake registry and what egressd needs to reach it intercepting: an
 /// interception CA (`certs`, for `--ca-dir`) and the bundle it trusts the
@@ -78,33 +46,26 @@ pub struct RegistrySide {
     pub reg: Registry,
     pub certs: PathBuf,
     pub reg_ca: PathBuf,
-    /// Scratch space beside the certificates.
-    pub dir: tempfile::TempDir,
 }
 
 /// A fake registry whose public names `dns` answers with its address;
-/// egressd trusts it and `extra_ca` (PEM) upstream.
-pub fn registry_side(dns: &super::dns::FakeDns, extra_ca: &str) -> RegistrySide {
+/// egressd trusts it and `extra_ca` (PEM) upstream. Its certificates are
+/// written in `dir` (the lab's scratch dir).
+pub fn registry_side(dns: &super::dns::FakeDns, extra_ca: &str, dir: &Path) -> RegistrySide {
     let reg = try_registry().expect("a fake registry on 127.77.0.x:443");
     for h in REGISTRY_HOSTS {
         dns.set(h, &[&reg.ip()]);
     }
-    let dir = tempfile::tempdir().unwrap();
-    let certs = dir.path().join("certs");
+    let certs = dir.join("certs");
     let init = Command::new(env!("CARGO_BIN_EXE_egressd"))
         .args(["ca", "init", "--dir"])
         .arg(&certs)
         .output()
         .unwrap();
     assert!(init.status.success(), "{init:?}");
-    let reg_ca = dir.path().join("registry-ca.pem");
+    let reg_ca = dir.join("registry-ca.pem");
     std::fs::write(&reg_ca, format!("{}{extra_ca}", reg.ca_pem)).unwrap();
-    RegistrySide {
-        reg,
-        certs,
-        reg_ca,
-        dir,
-    }
+    RegistrySide { reg, certs, reg_ca }
 }
 
 /// The public names the registry answers for.
@@ -222,84 +183,23 @@ pub fn try_registry() -> io::Result<Registry> {
     }
 }
 
-fn pkcs8(key: &KeyPair) -> PrivateKeyDer<'static> {
-    PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der()))
-}
-
-/// The registry's own CA and a leaf for every name in [`REGISTRY_HOSTS`].
-fn pki() -> (String, CertificateDer<'static>, PrivateKeyDer<'static>) {
-    let ca_key = KeyPair::generate().unwrap();
-    let mut p = CertificateParams::new(Vec::<String>::new()).unwrap();
-    p.distinguished_name
-        .push(DnType::CommonName, "egressd test registry CA");
-    p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    p.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
-    let ca = p.self_signed(&ca_key).unwrap();
-    let issuer = rcgen::Issuer::new(p, ca_key);
-    let key = KeyPair::generate().unwrap();
-    let names: Vec<String> = REGISTRY_HOSTS
+/// The registry's own CA and a leaf for every name in [`REGISTRY_HOSTS`]
+/// (and [`MIRROR_HOST`]).
+fn serve(l: std::net::TcpListener) -> Registry {
+    let pki = test_pki_named("egressd test registry CA");
+    let names: Vec<&str> = REGISTRY_HOSTS
         .iter()
         .chain([&MIRROR_HOST])
-        .map(|s| s.to_string())
+        .copied()
         .collect();
-    let leaf = CertificateParams::new(names)
-        .unwrap()
-        .signed_by(&key, &issuer)
-        .unwrap();
-    (ca.pem(), leaf.der().clone(), pkcs8(&key))
-}
-
-fn serve(l: std::net::TcpListener) -> Registry {
-    let (ca_pem, cert, key) = pki();
-    let mut config = rustls::ServerConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .unwrap()
-    .with_no_client_auth()
-    .with_single_cert(vec![cert], key)
-    .unwrap();
-    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
-    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
-    l.set_nonblocking(true).unwrap();
+    let config = server_config(pki.leaf(&names), &[b"h2", b"http/1.1"]);
     let addr = l.local_addr().unwrap();
     let state = Arc::new(Mutex::new(State::default()));
     let s2 = state.clone();
-    thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .unwrap();
-        rt.block_on(async move {
-            let l = tokio::net::TcpListener::from_std(l).unwrap();
-            loop {
-                let Ok((tcp, _)) = l.accept().await else {
-                    continue;
-                };
-                let (acceptor, state) = (acceptor.clone(), s2.clone());
-                // As PyPI's and npm's front ends do (and nginx, Go, Node):
-                // with Nagle on, the answer to a request sent right after
-                // the handshake waited for the client's delayed ACK of
-                // the session tickets, 40 ms, for fast clients such as
-                // egressd's upstream side (not pip's, which is slower to
-                // send its first request).
-                let _ = tcp.set_nodelay(true);
-                tokio::spawn(async move {
-                    let Ok(tls) = acceptor.accept(tcp).await else {
-                        return;
-                    };
-                    let svc = hyper::service::service_fn(move |req| handle(req, state.clone()));
-                    let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
-                        .serve_connection(TokioIo::new(tls), svc)
-                        .await;
-                });
-            }
-        });
-    });
+    serve_https(l, config, 2, move |req| handle(req, s2.clone()));
     Registry {
         addr,
-        ca_pem,
+        ca_pem: pki.ca_pem,
         state,
     }
 }

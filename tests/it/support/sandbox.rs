@@ -34,15 +34,7 @@ impl Outcome {
     /// close line (checked to pair with its open line), never its open
     /// line (see `log::ending`).
     pub fn log_lines(&self) -> Vec<serde_json::Value> {
-        super::log::ending(
-            std::fs::read_to_string(&self.log_path)
-                .unwrap_or_default()
-                .lines()
-                .map(|l| {
-                    serde_json::from_str(l).unwrap_or_else(|e| panic!("bad log line {l:?}: {e}"))
-                })
-                .collect(),
-        )
+        super::log::ending(super::read_log(&self.log_path))
     }
     pub fn line(&self, pred: impl Fn(&serde_json::Value) -> bool) -> serde_json::Value {
         self.log_lines()

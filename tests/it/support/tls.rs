@@ -4,6 +4,7 @@
 //! tests use them.
 
 use std::convert::Infallible;
+use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::thread;
@@ -28,10 +29,15 @@ pub struct TestPki {
 }
 
 pub fn test_pki() -> TestPki {
+    test_pki_named("egressd test origin CA")
+}
+
+/// A test CA whose certificate is named `cn` (the registry's, the git
+/// server's: each far side has a CA of its own).
+pub fn test_pki_named(cn: &str) -> TestPki {
     let key = KeyPair::generate().unwrap();
     let mut p = CertificateParams::new(Vec::<String>::new()).unwrap();
-    p.distinguished_name
-        .push(DnType::CommonName, "egressd test origin CA");
+    p.distinguished_name.push(DnType::CommonName, cn);
     p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
     p.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
     let cert = p.self_signed(&key).unwrap();
@@ -69,6 +75,93 @@ pub fn self_signed(name: &str) -> CertKey {
 
 pub fn provider() -> Arc<rustls::crypto::CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
+}
+
+// ---------------------------------------------------------------- serving TLS
+
+/// A server config for `cert`/`key` offering `alpn`, on ring.
+pub fn server_config((cert, key): CertKey, alpn: &[&[u8]]) -> rustls::ServerConfig {
+    let mut config = rustls::ServerConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(vec![cert], key)
+        .unwrap();
+    config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+    config
+}
+
+/// The TLS accept loop every test server shares: on a thread of its own, a
+/// tokio runtime (`workers` threads; 1: one current-thread runtime) accepts
+/// on `l`, completes the handshake with `config` and hands each connection
+/// to `serve`. A failed handshake is dropped.
+pub fn serve_tls<S, F>(
+    l: std::net::TcpListener,
+    config: rustls::ServerConfig,
+    workers: usize,
+    serve: S,
+) where
+    S: Fn(tokio_rustls::server::TlsStream<tokio::net::TcpStream>) -> F + Send + Sync + 'static,
+    F: Future<Output = ()> + Send + 'static,
+{
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+    l.set_nonblocking(true).unwrap();
+    let serve = Arc::new(serve);
+    thread::spawn(move || {
+        let mut rt = if workers > 1 {
+            let mut b = tokio::runtime::Builder::new_multi_thread();
+            b.worker_threads(workers);
+            b
+        } else {
+            tokio::runtime::Builder::new_current_thread()
+        };
+        let rt = rt.enable_all().build().unwrap();
+        rt.block_on(async move {
+            let l = tokio::net::TcpListener::from_std(l).unwrap();
+            loop {
+                let Ok((tcp, _)) = l.accept().await else {
+                    continue;
+                };
+                let (acceptor, serve) = (acceptor.clone(), serve.clone());
+                tokio::spawn(async move {
+                    let Ok(tls) = acceptor.accept(tcp).await else {
+                        return;
+                    };
+                    serve(tls).await;
+                });
+            }
+        });
+    });
+}
+
+/// An HTTPS server on `l` ([`serve_tls`]): HTTP/1.1 or h2 by ALPN, with
+/// upgrades, each request answered by `handle`.
+///
+/// Nagle is off on every connection, as PyPI's and npm's front ends have it
+/// (and nginx, Go, Node): with it on, the answer to a request sent right
+/// after the handshake waited for the client's delayed ACK of the session
+/// tickets, 40 ms, for fast clients such as egressd's upstream side.
+pub fn serve_https<H, F>(
+    l: std::net::TcpListener,
+    config: rustls::ServerConfig,
+    workers: usize,
+    handle: H,
+) where
+    H: Fn(Request<Incoming>) -> F + Clone + Send + Sync + 'static,
+    F: Future<Output = Result<Response<Full<Bytes>>, Infallible>> + Send + 'static,
+{
+    serve_tls(l, config, workers, move |tls| {
+        let handle = handle.clone();
+        async move {
+            let _ = tls.get_ref().0.set_nodelay(true);
+            let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                .serve_connection_with_upgrades(
+                    TokioIo::new(tls),
+                    hyper::service::service_fn(handle),
+                )
+                .await;
+        }
+    });
 }
 
 // ---------------------------------------------------------------- TLS origin
@@ -135,44 +228,13 @@ pub fn tls_origin_on(ip: std::net::IpAddr, ck: CertKey, alpn: &[&[u8]]) -> TlsOr
 
 /// A [`TlsOrigin`] on `at` (a fixed port, for a browser that is given URLs
 /// without one).
-pub fn tls_origin_at(at: std::net::SocketAddr, (cert, key): CertKey, alpn: &[&[u8]]) -> TlsOrigin {
-    let mut config = rustls::ServerConfig::builder_with_provider(provider())
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_no_client_auth()
-        .with_single_cert(vec![cert], key)
-        .unwrap();
-    config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
-    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+pub fn tls_origin_at(at: std::net::SocketAddr, ck: CertKey, alpn: &[&[u8]]) -> TlsOrigin {
     let l = std::net::TcpListener::bind(at).unwrap();
-    l.set_nonblocking(true).unwrap();
     let addr = l.local_addr().unwrap();
     let seen = Arc::new(Mutex::new(Vec::new()));
     let s2 = seen.clone();
-    thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        rt.block_on(async move {
-            let l = tokio::net::TcpListener::from_std(l).unwrap();
-            loop {
-                let Ok((tcp, _)) = l.accept().await else {
-                    continue;
-                };
-                let (acceptor, seen) = (acceptor.clone(), s2.clone());
-                tokio::spawn(async move {
-                    let Ok(tls) = acceptor.accept(tcp).await else {
-                        return;
-                    };
-                    let svc =
-                        hyper::service::service_fn(move |req| origin_handle(req, seen.clone()));
-                    let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
-                        .serve_connection_with_upgrades(TokioIo::new(tls), svc)
-                        .await;
-                });
-            }
-        });
+    serve_https(l, server_config(ck, alpn), 1, move |req| {
+        origin_handle(req, s2.clone())
     });
     TlsOrigin { addr, seen }
 }

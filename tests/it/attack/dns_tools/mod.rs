@@ -1,6 +1,6 @@
 //! DNS tunnels through an allowed wildcard (issue 14): real tools in a lab
-//! of network namespaces (`support/lab/netns.rs`), and generated tunnels and the benign
-//! corpus against the budget with simulated time (`eval.rs`, shared with
+//! of network namespaces (a `Lab` built with `.netns()`,
+//! `support/lab/netns.rs`), and generated tunnels and the benign corpus against the budget with simulated time (`eval.rs`, shared with
 //! `examples/tunnel_eval.rs`).
 //!
 //! The real tools are Debian's iodine 0.7.0 (every `-T` query type, every
@@ -20,8 +20,9 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use crate::support::lab::netns::{
-    self as lab, in_netns, new_name_bytes, NetnsLab as Lab, Server, PASSWORD, TUN_PORT, ZONE,
+    self, in_netns, new_name_bytes, Server, PASSWORD, TUN_PORT, ZONE,
 };
+use crate::support::{complete_lines, lab, Lab};
 
 /// The exception under test: the attacker's zone behind a wildcard, every
 /// query type iodine uses that a policy can allow (NULL never can).
@@ -64,9 +65,7 @@ struct Outcome {
 
 fn iodine(n: u8, policy: &str, mode: &str, enc: Option<&str>, deadline: Duration) -> Outcome {
     let started = Instant::now();
-    let mut lab = Lab::new(n);
-    lab.server(Server::Iodined);
-    lab.egressd(policy);
+    let mut lab = lab().netns(n, Server::Iodined).start(|_| policy);
     let mut argv: Vec<String> = ["/usr/sbin/iodine", "-f", "-r", "-P", PASSWORD, "-T", mode]
         .map(String::from)
         .to_vec();
@@ -76,11 +75,11 @@ fn iodine(n: u8, policy: &str, mode: &str, enc: Option<&str>, deadline: Duration
     argv.extend([
         "-M".into(),
         "100".into(),
-        lab.egressd_dns.ip().to_string(),
+        lab.ns().egressd_dns.ip().to_string(),
         ZONE.into(),
     ]);
-    let agent = lab.agent().to_string();
-    let client = lab.client(&agent, &argv);
+    let agent = lab.ns().agent().to_string();
+    let client = lab.ns_mut().client(&agent, &argv);
     // What the agent tries to send through the tunnel, all along.
     let sender = in_netns(&agent, || UdpSocket::bind("0.0.0.0:0").unwrap());
     let through: SocketAddr = format!("10.79.{n}.1:{TUN_PORT}").parse().unwrap();
@@ -88,12 +87,12 @@ fn iodine(n: u8, policy: &str, mode: &str, enc: Option<&str>, deadline: Duration
     let mut exited_at = None;
     while Instant::now() < end {
         let _ = sender.send_to(b"a token leaving through the tunnel", through);
-        if lab.proc(client).said("Connection setup complete") && lab.tunnelled() > 0 {
+        if lab.ns_mut().proc(client).said("Connection setup complete") && lab.ns().tunnelled() > 0 {
             break;
         }
         // A client that gave up has sent all it will; give its last
         // queries a moment to land.
-        if lab.proc(client).exited() {
+        if lab.ns_mut().proc(client).exited() {
             let at = *exited_at.get_or_insert_with(Instant::now);
             if at.elapsed() > Duration::from_millis(300) {
                 break;
@@ -101,7 +100,7 @@ fn iodine(n: u8, policy: &str, mode: &str, enc: Option<&str>, deadline: Duration
         }
         thread::sleep(Duration::from_millis(100));
     }
-    let completed = lab.proc(client).said("Connection setup complete");
+    let completed = lab.ns_mut().proc(client).said("Connection setup complete");
     outcome(
         format!(
             "iodine -T {mode}{}",
@@ -114,13 +113,16 @@ fn iodine(n: u8, policy: &str, mode: &str, enc: Option<&str>, deadline: Duration
 }
 
 fn outcome(label: String, lab: &Lab, completed: bool, started: Instant) -> Outcome {
-    let arrived = lab.arrived();
+    let arrived = lab.ns().arrived();
     let (names, name_bytes) = new_name_bytes(&arrived);
-    let refused = lab.log().iter().filter(|l| l["decision"] == "deny").count();
+    let refused = complete_lines(&lab.e)
+        .iter()
+        .filter(|l| l["decision"] == "deny")
+        .count();
     Outcome {
         label,
         completed,
-        tunnelled: lab.tunnelled(),
+        tunnelled: lab.ns().tunnelled(),
         queries: arrived.len(),
         names,
         name_bytes,
@@ -135,13 +137,11 @@ fn outcome(label: String, lab: &Lab, completed: bool, started: Instant) -> Outco
 /// handshake line: the session is up when the resource gets bytes.
 fn dns2tcp(n: u8, qtype: &str, through_egressd: bool, deadline: Duration) -> Outcome {
     let started = Instant::now();
-    let mut lab = Lab::new(n);
-    lab.server(Server::Dns2tcpd);
-    lab.egressd(BLOCKING);
+    let mut lab = lab().netns(n, Server::Dns2tcpd).start(|_| BLOCKING);
     let (ns, dns) = if through_egressd {
-        (lab.agent().to_string(), lab.egressd_dns)
+        (lab.ns().agent().to_string(), lab.ns().egressd_dns)
     } else {
-        (lab.gate().to_string(), lab.auth_dns)
+        (lab.ns().gate().to_string(), lab.ns().auth_dns)
     };
     let argv: Vec<String> = [
         "/usr/bin/dns2tcpc",
@@ -159,11 +159,11 @@ fn dns2tcp(n: u8, qtype: &str, through_egressd: bool, deadline: Duration) -> Out
     ]
     .map(String::from)
     .to_vec();
-    let client = lab.client(&ns, &argv);
+    let client = lab.ns_mut().client(&ns, &argv);
     let end = Instant::now() + deadline;
     // Its stdout is buffered: connect until it listens.
     let mut conn = None;
-    while conn.is_none() && Instant::now() < end && !lab.proc(client).exited() {
+    while conn.is_none() && Instant::now() < end && !lab.ns_mut().proc(client).exited() {
         conn = in_netns(&ns, || TcpStream::connect("127.0.0.1:2222")).ok();
         if conn.is_none() {
             thread::sleep(Duration::from_millis(50));
@@ -187,7 +187,7 @@ fn dns2tcp(n: u8, qtype: &str, through_egressd: bool, deadline: Duration) -> Out
     }
     // The decision log is written in batches: wait for the refusal's line.
     let until = Instant::now() + Duration::from_secs(3);
-    while through_egressd && Instant::now() < until && lab.log().is_empty() {
+    while through_egressd && Instant::now() < until && complete_lines(&lab.e).is_empty() {
         thread::sleep(Duration::from_millis(50));
     }
     let label = if through_egressd {
@@ -195,7 +195,7 @@ fn dns2tcp(n: u8, qtype: &str, through_egressd: bool, deadline: Duration) -> Out
     } else {
         format!("dns2tcp -T {qtype} (straight to its server)")
     };
-    let completed = lab.tunnelled() > 0;
+    let completed = lab.ns().tunnelled() > 0;
     outcome(label, &lab, completed, started)
 }
 
@@ -227,7 +227,7 @@ fn iodine_matrix() -> Vec<(&'static str, Option<&'static str>)> {
 
 #[test]
 fn real_iodine_never_completes_a_handshake_through_an_allowed_wildcard() {
-    lab::need("real_iodine", &["/usr/sbin/iodine", "/usr/sbin/iodined"]);
+    netns::need("real_iodine", &["/usr/sbin/iodine", "/usr/sbin/iodined"]);
     let runs = iodine_matrix();
     let (blocked, controls) = thread::scope(|s| {
         let blocked: Vec<_> = runs
@@ -279,7 +279,7 @@ fn real_iodine_never_completes_a_handshake_through_an_allowed_wildcard() {
 
 #[test]
 fn real_dns2tcp_never_moves_a_byte_through_an_allowed_wildcard() {
-    lab::need("real_dns2tcp", &["/usr/bin/dns2tcpc", "/usr/bin/dns2tcpd"]);
+    netns::need("real_dns2tcp", &["/usr/bin/dns2tcpc", "/usr/bin/dns2tcpd"]);
     let deadline = Duration::from_secs(10);
     let (blocked, control) = thread::scope(|s| {
         let blocked: Vec<_> = ["TXT", "KEY"]

@@ -1,7 +1,8 @@
-//! A [`Lab`]: the preamble most integration tests share, in one call. An
-//! origin, a canary and an echo server on loopback, a fake upstream DNS
-//! that answers the lab's names with the origin's address, and egressd
-//! started against that DNS with the policy the test writes:
+//! The [`Lab`]: the one fixture of the suite that puts egressd between a
+//! client and what stands behind it. An origin, a canary and an echo server
+//! on loopback, a fake upstream DNS that answers the lab's names with the
+//! origin's address, a scratch dir, and egressd started against that DNS
+//! with the policy the test writes:
 //!
 //! ```ignore
 //! let l = lab()
@@ -9,38 +10,37 @@
 //!     .start(|ports| policy().exception("origin").host("allowed.test").cidr(LOOPBACK).port(ports.origin));
 //! ```
 //!
-//! With [`LabBuilder::registry`] the lab also holds the fake package
-//! registry (`registry.rs`) behind an intercepting egressd: the package
-//! gate's tests are labs too.
+//! What differs between tests is how the lab is built, not its type:
+//! - where egressd runs: served on loopback ([`LabBuilder::start`]), as
+//!   `egressd run` around each script ([`LabBuilder::around_run`], then
+//!   [`Lab::run`], `run.rs`), or in the gate of three network namespaces
+//!   ([`LabBuilder::netns`], `netns.rs`: real DNS tunnel tools that have no
+//!   way out but egressd);
+//! - what stands behind it: the origin (any [`Listener`]), and with
+//!   [`LabBuilder::registry`] the fake package registries (`registry.rs`)
+//!   behind an intercepting egressd with a CA of its own, driven by
+//!   [`Lab::curl`] (`curl.rs`) and read with [`Lab::line_for`] and
+//!   [`Lab::metric`].
 //!
 //! Owns the wiring between the fixtures; not the fixtures themselves (see
 //! `origin.rs`, `dns.rs`, `process.rs`, `registry.rs`) nor what a test
 //! asserts about them, beyond [`Lab::assert_clean`].
-//!
-//! The labs of the suite, all here, each a builder for what its tests
-//! need:
-//! - [`lab`] / [`lab_with`]: `egressd serve` and its fixtures;
-//!   [`LabBuilder::registry`] adds the fake package registries, and
-//!   `curl.rs` drives such a lab as the package gate's tests do
-//!   ([`Lab::curl`], [`Lab::line_for`], [`Lab::metric`]);
-//! - [`run_lab`] (`run.rs`): the same registries and DNS for `egressd run`,
-//!   one per test binary, for the real package clients;
-//! - [`netns::NetnsLab`] (`netns.rs`): network namespaces the test makes,
-//!   for real DNS tunnel tools that must have no way out but egressd.
 
 mod curl;
 pub mod netns;
 mod run;
 
-pub use run::{run_lab, RunLab, GO_PREFIX};
+pub use run::{run_lab, GO_PREFIX};
 
 use std::fmt::Display;
 use std::net::{Ipv4Addr, SocketAddr};
+use std::ops::{Deref, DerefMut};
 use std::path::{Path, PathBuf};
 
+use self::netns::{Netns, Server};
 use super::{
-    assert_only_asked, canary, echo_on, egressd, fake_dns, origin, registry_side, Builder, Canary,
-    Egressd, FakeDns, Listener, Origin, Registry, RegistrySide,
+    assert_only_asked, canary, echo_on, egressd, fake_dns, origin, registry_side, scratch, Builder,
+    Canary, Egressd, FakeDns, Listener, Origin, Registry, RegistrySide, Scratch,
 };
 
 /// The loopback range, as an exception's `cidrs` names it: names in a lab
@@ -49,7 +49,8 @@ pub const LOOPBACK: &str = "127.0.0.0/8";
 
 /// egressd and what it talks to; see the module header.
 pub struct Lab<O = Origin> {
-    pub e: Egressd,
+    /// The lab's `egressd serve` (on loopback, or in the netns gate).
+    pub e: Served,
     pub dns: FakeDns,
     pub origin: O,
     /// Nothing may reach it; on 127.0.0.1 unless the test placed it.
@@ -57,7 +58,51 @@ pub struct Lab<O = Origin> {
     /// A TCP echo server on 127.0.0.1, for tunnels.
     pub echo: SocketAddr,
     /// The fake package registry, when the lab has one.
-    pub registry: Option<RegistrySide>,
+    registry: Option<RegistrySide>,
+    /// The Rust toolchain shown to `egressd run` (a lab around `run`).
+    toolchain: Option<PathBuf>,
+    /// The namespaces, when egressd runs in their gate (after `e`: egressd
+    /// stops before its namespace goes).
+    netns: Option<Netns>,
+    /// Last: the processes above may have files in it.
+    scratch: Scratch,
+}
+
+/// The lab's `egressd serve`, read as an [`Egressd`]. A lab around
+/// `egressd run` ([`LabBuilder::around_run`]) serves none: it starts one
+/// per [`Lab::run`], and reading this is a test's mistake.
+pub struct Served(Option<Egressd>);
+
+impl Deref for Served {
+    type Target = Egressd;
+    fn deref(&self) -> &Egressd {
+        self.0
+            .as_ref()
+            .expect("a lab around `egressd run` serves no egressd: use Lab::run")
+    }
+}
+
+impl DerefMut for Served {
+    fn deref_mut(&mut self) -> &mut Egressd {
+        self.0
+            .as_mut()
+            .expect("a lab around `egressd run` serves no egressd: use Lab::run")
+    }
+}
+
+impl Served {
+    /// The egressd itself, for a test that keeps it apart from its lab.
+    pub fn into_inner(self) -> Egressd {
+        self.0
+            .expect("a lab around `egressd run` serves no egressd: use Lab::run")
+    }
+}
+
+/// A test that restarts the lab's egressd its own way puts it here.
+impl From<Egressd> for Served {
+    fn from(e: Egressd) -> Served {
+        Served(Some(e))
+    }
 }
 
 /// Where a lab's fixtures listen (all on loopback).
@@ -77,6 +122,8 @@ pub struct LabBuilder<O> {
     names: Vec<String>,
     egressd: Builder,
     registry: Option<RegistrySide>,
+    netns: Option<Netns>,
+    scratch: Scratch,
 }
 
 /// A lab whose origin is an [`Origin`] on 127.0.0.1.
@@ -96,6 +143,8 @@ pub fn lab_with<O: Listener>(origin: O) -> LabBuilder<O> {
         dns,
         names: Vec::new(),
         registry: None,
+        netns: None,
+        scratch: scratch(),
     }
 }
 
@@ -109,7 +158,7 @@ impl<O: Listener> LabBuilder<O> {
     /// answered by the lab's DNS, and egressd intercepting with a CA of its
     /// own (`--ca-dir`) and trusting the registry's and `extra_ca` (PEM).
     pub fn registry(mut self, extra_ca: &str) -> Self {
-        let side = registry_side(&self.dns, extra_ca);
+        let side = registry_side(&self.dns, extra_ca, self.scratch.dir());
         self.egressd = std::mem::take(&mut self.egressd)
             .env("EGRESSD_CA_DIR", side.certs.to_str().unwrap())
             .env("EGRESSD_UPSTREAM_CA", side.reg_ca.to_str().unwrap());
@@ -120,6 +169,17 @@ impl<O: Listener> LabBuilder<O> {
     /// before egressd starts.
     pub fn reg(&self) -> &Registry {
         &self.registry.as_ref().expect("a lab with .registry()").reg
+    }
+    /// egressd in network namespaces (lab `n`, 1..=250; see `netns.rs`):
+    /// the client tool in the agent namespace, egressd in the gate (its DNS
+    /// listener on [`Netns::egressd_dns`]), the tunnel server `server` in
+    /// auth behind a relay that is egressd's upstream DNS. Needs root.
+    pub fn netns(mut self, n: u8, server: Server) -> Self {
+        let mut ns = Netns::new(n, self.scratch.dir());
+        ns.server(server);
+        self.egressd = ns.serve_in_gate(std::mem::take(&mut self.egressd));
+        self.netns = Some(ns);
+        self
     }
     /// This canary instead of the one on 127.0.0.1.
     pub fn canary(mut self, c: Canary) -> Self {
@@ -152,17 +212,36 @@ impl<O: Listener> LabBuilder<O> {
     pub fn start_with(mut self, f: impl FnOnce(Ports, Builder) -> Builder) -> Lab<O> {
         let b = std::mem::take(&mut self.egressd);
         let b = f(self.ports(), b);
+        self.finish(Some(b.start()), None)
+    }
+
+    /// The lab without an `egressd serve`: each [`Lab::run`] starts
+    /// `egressd run` around a script, with the policy it is given, against
+    /// the lab's DNS and registry, the Rust toolchain shown read-only.
+    pub fn around_run(self) -> Lab<O> {
+        let sysroot = std::process::Command::new("rustc")
+            .args(["--print", "sysroot"])
+            .output()
+            .expect("rustc --print sysroot");
+        let toolchain = PathBuf::from(String::from_utf8(sysroot.stdout).unwrap().trim());
+        self.finish(None, Some(toolchain))
+    }
+
+    fn finish(self, e: Option<Egressd>, toolchain: Option<PathBuf>) -> Lab<O> {
         let ip = self.origin.addr().ip().to_string();
         for n in &self.names {
             self.dns.set(n, &[&ip]);
         }
         Lab {
-            e: b.start(),
+            e: Served(e),
             dns: self.dns,
             origin: self.origin,
             canary: self.canary,
             echo: self.echo,
             registry: self.registry,
+            toolchain,
+            netns: self.netns,
+            scratch: self.scratch,
         }
     }
 }
@@ -185,13 +264,28 @@ impl<O: Listener> Lab<O> {
     pub fn reg(&self) -> &Registry {
         &self.side().reg
     }
+    /// egressd's interception CA directory (`--ca-dir`).
+    pub fn ca_dir(&self) -> &Path {
+        &self.side().certs
+    }
     /// egressd's interception CA certificate, for a client to trust.
     pub fn ca_pem(&self) -> PathBuf {
         self.side().certs.join("ca.pem")
     }
-    /// Scratch space of the registry side, for a client's files.
+    /// The bundle egressd trusts the registry with (`--upstream-ca`).
+    pub fn upstream_ca(&self) -> &Path {
+        &self.side().reg_ca
+    }
+    /// The lab's scratch space, for a client's files.
     pub fn scratch_dir(&self) -> &Path {
-        self.side().dir.path()
+        self.scratch.dir()
+    }
+    /// The namespaces of a lab built with [`LabBuilder::netns`].
+    pub fn ns(&self) -> &Netns {
+        self.netns.as_ref().expect("a lab with .netns()")
+    }
+    pub fn ns_mut(&mut self) -> &mut Netns {
+        self.netns.as_mut().expect("a lab with .netns()")
     }
     /// Nothing reached the canary, and the fake DNS was asked about no
     /// name but `allowed` (a denied name must never be resolved).

@@ -1,5 +1,7 @@
-//! A hermetic lab for real DNS tunnel tools ([`NetnsLab`]): three network
-//! namespaces the test makes, joined by veth pairs, nothing else reachable.
+//! The network-namespace part of a [`Lab`](super::Lab) built with
+//! [`LabBuilder::netns`](super::LabBuilder::netns), for real DNS tunnel
+//! tools ([`Netns`]): three network namespaces the test makes, joined by
+//! veth pairs, nothing else reachable.
 //!
 //! ```text
 //!  agent (client tool) ── 10.77.N.0/30 ── gate (egressd) ── 10.78.N.0/30 ── auth (tunnel server)
@@ -11,15 +13,16 @@
 //! namespace a relay in front of the tunnel server records every query that
 //! reached the authoritative side (the bytes that left), and listeners count
 //! what came out of the tunnel (UDP through iodine's tun, TCP through
-//! dns2tcp's resource). Dropping the lab kills its processes by id and
-//! deletes its namespaces.
+//! dns2tcp's resource). egressd itself is the lab's one `egressd serve`
+//! (`process.rs`), started in the gate ([`Netns::serve_in_gate`]).
+//! Dropping the lab kills its processes by id and deletes its namespaces.
 
 use std::collections::HashMap;
 use std::fs::File;
 use std::io::{BufRead, BufReader, Read};
 use std::net::{SocketAddr, TcpListener, UdpSocket};
 use std::os::fd::AsRawFd;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -27,6 +30,8 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use hickory_proto::op::Message;
+
+use crate::support::Builder;
 
 /// The zone the tunnel server is authoritative for.
 pub const ZONE: &str = "t.tunnel.test";
@@ -327,22 +332,25 @@ pub enum Server {
     Dns2tcpd,
 }
 
-/// One lab: namespaces, egressd in the gate, the tunnel server behind its
-/// relay in auth, counters for what leaves through the tunnel.
-pub struct NetnsLab {
+/// A lab's namespaces: egressd in the gate, the tunnel server behind its
+/// relay in auth, counters for what leaves through the tunnel, and the
+/// client tools the test starts.
+pub struct Netns {
     pub n: u8,
     names: [String; 3],
-    pub dir: tempfile::TempDir,
+    /// The lab's scratch dir (the tunnel server's configuration, its chroot).
+    dir: PathBuf,
     procs: Vec<Proc>,
     relay: Option<Relay>,
     udp: Option<UdpCounter>,
     tcp: Option<TcpCounter>,
+    /// egressd's DNS listener in the gate, the agent's one way out.
     pub egressd_dns: SocketAddr,
     /// The relay's address: the authoritative side as egressd sees it.
     pub auth_dns: SocketAddr,
 }
 
-impl NetnsLab {
+impl Netns {
     pub fn agent(&self) -> &str {
         &self.names[0]
     }
@@ -353,16 +361,17 @@ impl NetnsLab {
         &self.names[2]
     }
 
-    /// Namespaces and links for lab `n` (1..=250), unique to this process.
-    pub fn new(n: u8) -> NetnsLab {
+    /// Namespaces and links for lab `n` (1..=250), unique to this process;
+    /// files go in `dir`.
+    pub fn new(n: u8, dir: &Path) -> Netns {
         let pid = std::process::id();
         // The lab exists (and its Drop cleans up) before anything is made.
-        let lab = NetnsLab {
+        let lab = Netns {
             n,
             egressd_dns: format!("10.77.{n}.1:53").parse().unwrap(),
             auth_dns: format!("10.78.{n}.2:53").parse().unwrap(),
             names: ["a", "g", "s"].map(|r| format!("egd{pid}-{n}{r}")),
-            dir: tempfile::tempdir().unwrap(),
+            dir: dir.to_path_buf(),
             procs: Vec::new(),
             relay: None,
             udp: None,
@@ -421,13 +430,13 @@ impl NetnsLab {
             .map(String::from)
             .to_vec(),
             Server::Dns2tcpd => {
-                let conf = self.dir.path().join("dns2tcpd.conf");
+                let conf = self.dir.join("dns2tcpd.conf");
                 std::fs::write(
                     &conf,
                     format!(
                         "listen = 127.0.0.1\nport = {SERVER_PORT}\nuser = nobody\nchroot = {}\n\
                          domain = {ZONE}\nresources = echo:127.0.0.1:{RESOURCE_PORT}\n",
-                        self.dir.path().display()
+                        self.dir.display()
                     ),
                 )
                 .unwrap();
@@ -457,37 +466,12 @@ impl NetnsLab {
         self.relay = Some(Relay::start(self.auth(), self.auth_dns, listen));
     }
 
-    /// Starts egressd in the gate with `policy` (YAML), its DNS on
-    /// [`NetnsLab::egressd_dns`], its upstream the relay.
-    pub fn egressd(&mut self, policy: &str) {
-        let path = self.dir.path().join("policy.yaml");
-        std::fs::write(&path, policy).unwrap();
-        let argv: Vec<String> = vec![
-            env!("CARGO_BIN_EXE_egressd").into(),
-            "serve".into(),
-            "--policy".into(),
-            path.display().to_string(),
-            "--listen".into(),
-            "127.0.0.1:0".into(),
-            "--dns-listen".into(),
-            self.egressd_dns.to_string(),
-            "--metrics-listen".into(),
-            "127.0.0.1:0".into(),
-            "--upstream-dns".into(),
-            self.auth_dns.to_string(),
-            "--log".into(),
-            self.dir.path().join("decisions.log").display().to_string(),
-        ];
-        let p = Proc::spawn(self.gate(), &argv);
-        assert!(
-            p.wait_for(
-                "egressd: listening",
-                Instant::now() + Duration::from_secs(30)
-            ),
-            "egressd did not start: {}",
-            p.text()
-        );
-        self.procs.push(p);
+    /// `b` set to start egressd in the gate: its DNS listener on
+    /// [`Netns::egressd_dns`], its upstream the relay.
+    pub fn serve_in_gate(&self, b: Builder) -> Builder {
+        b.wrap(&["ip", "netns", "exec", self.gate()])
+            .dns_listen(self.egressd_dns)
+            .dns(self.auth_dns)
     }
 
     /// Runs a client in `ns` (the agent's, or the gate's for a control that
@@ -519,18 +503,9 @@ impl NetnsLab {
                 .as_ref()
                 .map_or(0, |c| c.got.load(Ordering::Relaxed))
     }
-
-    /// Decision-log lines egressd wrote.
-    pub fn log(&self) -> Vec<serde_json::Value> {
-        std::fs::read_to_string(self.dir.path().join("decisions.log"))
-            .unwrap_or_default()
-            .lines()
-            .filter_map(|l| serde_json::from_str(l).ok())
-            .collect()
-    }
 }
 
-impl Drop for NetnsLab {
+impl Drop for Netns {
     fn drop(&mut self) {
         self.relay.take();
         self.udp.take();
