@@ -15,9 +15,9 @@
 //!   moved to the survivor, which serves the grant from the count the dead
 //!   one kept on disk.
 
-use std::net::{SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::net::{SocketAddr, TcpListener, UdpSocket};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use hickory_proto::op::ResponseCode;
@@ -28,16 +28,6 @@ use crate::forward::sha256_hex;
 use crate::support::*;
 
 const TOKEN: &str = "fleet-token";
-
-/// A balancer process, stopped when dropped.
-struct Balancer(Child);
-
-impl Drop for Balancer {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 fn free_tcp() -> SocketAddr {
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
@@ -147,16 +137,7 @@ impl Fleet {
             ],
         );
         std::fs::write(&cfg, text).unwrap();
-        let child = Command::new(tool("haproxy"))
-            .arg("-db")
-            .arg("-f")
-            .arg(&cfg)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("haproxy starts");
-        eventually("haproxy listening", || TcpStream::connect(front).ok());
-        (Balancer(child), front)
+        (haproxy(&cfg, front), front)
     }
 
     /// dnsdist in front of the replicas' resolvers, configured by the

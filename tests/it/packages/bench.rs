@@ -116,9 +116,9 @@ impl Bench<'_> {
             .arg("--upstream-dns")
             .arg(self.l.dns.addr.to_string())
             .arg("--ca-dir")
-            .arg(&self.l.ca_dir())
+            .arg(self.l.ca_dir())
             .arg("--upstream-ca")
-            .arg(&self.l.upstream_ca())
+            .arg(self.l.upstream_ca())
             .args([
                 "--env",
                 "PATH=/usr/local/bin:/usr/bin:/bin",

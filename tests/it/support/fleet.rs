@@ -8,7 +8,7 @@
 //! Owns the replicas and the balancer; not what a test sends through them.
 
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
 use super::{egressd, eventually, fake_dns, origin, tool, Egressd, FakeDns, Origin};
@@ -22,13 +22,13 @@ pub struct Fleet {
     /// The balancer: the proxy address a client is given.
     pub front: SocketAddr,
     dirs: Vec<tempfile::TempDir>,
-    haproxy: Child,
+    _haproxy: Balancer,
 }
 
 /// A fleet whose replicas serve the policy `policy` writes, given the
 /// origin's port.
 pub fn fleet(policy: impl Fn(u16) -> String) -> Fleet {
-    let haproxy = tool("haproxy");
+    tool("haproxy");
     let dns = fake_dns();
     let origin = origin();
     dns.set("api.test", &["127.0.0.1"]);
@@ -62,22 +62,14 @@ pub fn fleet(policy: impl Fn(u16) -> String) -> Fleet {
         ),
     )
     .unwrap();
-    let haproxy = Command::new(haproxy)
-        .arg("-db")
-        .arg("-f")
-        .arg(&cfg)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("haproxy is installed");
-    eventually("haproxy listening", || TcpStream::connect(front).ok());
+    let haproxy = haproxy(&cfg, front);
     Fleet {
         dns,
         origin,
         replicas,
         front,
         dirs,
-        haproxy,
+        _haproxy: haproxy,
     }
 }
 
@@ -92,9 +84,26 @@ impl Fleet {
     }
 }
 
-impl Drop for Fleet {
+/// A balancer process, stopped when dropped.
+pub struct Balancer(pub Child);
+
+impl Drop for Balancer {
     fn drop(&mut self) {
-        let _ = self.haproxy.kill();
-        let _ = self.haproxy.wait();
+        let _ = self.0.kill();
+        let _ = self.0.wait();
     }
+}
+
+/// HAProxy as `cfg` configures it, once its frontend `front` accepts.
+pub fn haproxy(cfg: &Path, front: SocketAddr) -> Balancer {
+    let child = Command::new(tool("haproxy"))
+        .arg("-db")
+        .arg("-f")
+        .arg(cfg)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("haproxy starts");
+    eventually("haproxy listening", || TcpStream::connect(front).ok());
+    Balancer(child)
 }
