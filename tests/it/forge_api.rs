@@ -76,26 +76,15 @@ pub(crate) struct Setup {
 pub(crate) fn start(with_body: bool) -> Setup {
     tool("curl");
     let dir = tempfile::tempdir().unwrap();
-    let certs = dir.path().join("certs");
-    let init = Command::new(env!("CARGO_BIN_EXE_egressd"))
-        .args(["ca", "init", "--dir"])
-        .arg(&certs)
-        .output()
-        .unwrap();
-    assert!(init.status.success(), "{init:?}");
     let f = forge();
-    let upstream_ca = dir.path().join("forge-ca.pem");
-    std::fs::write(&upstream_ca, &f.ca_pem).unwrap();
+    let forge_ca = f.ca_pem.clone();
     let lab = lab_with(f)
         .names(&[FORGE_HOST])
-        .egressd(|b| {
-            b.env("EGRESSD_CA_DIR", certs.to_str().unwrap())
-                .env("EGRESSD_UPSTREAM_CA", upstream_ca.to_str().unwrap())
-        })
+        .intercept(&forge_ca)
         .start(|ports| forge_policy(ports.origin, with_body));
     Setup {
+        ca: lab.ca_pem(),
         lab,
-        ca: certs.join("ca.pem"),
         dir,
     }
 }

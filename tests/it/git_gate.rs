@@ -66,12 +66,7 @@ pub(crate) fn start(widgets_rules: &str) -> Setup {
     dns.set(GIT_HOST, &["127.0.0.1"]);
     let dir = tempfile::tempdir().unwrap();
     let certs = dir.path().join("certs");
-    let init = Command::new(env!("CARGO_BIN_EXE_egressd"))
-        .args(["ca", "init", "--dir"])
-        .arg(&certs)
-        .output()
-        .unwrap();
-    assert!(init.status.success(), "{init:?}");
+    ca_init(&certs);
     let upstream_ca = dir.path().join("git-ca.pem");
     std::fs::write(&upstream_ca, &server.ca_pem).unwrap();
     let e = egressd()

@@ -690,12 +690,7 @@ fn interception_ca_is_trusted_inside_and_its_key_is_hidden() {
     // hidden by the mask, not merely by being elsewhere.
     let base = tempfile::tempdir().unwrap();
     let certs = base.path().join("certs");
-    let init = Command::new(env!("CARGO_BIN_EXE_egressd"))
-        .args(["ca", "init", "--dir"])
-        .arg(&certs)
-        .output()
-        .unwrap();
-    assert!(init.status.success(), "{init:?}");
+    ca_init(&certs);
     let dns = fake_dns();
     dns.set("allowed.test", &["127.0.0.1"]);
     // A plain-HTTP origin: egressd's TLS to it fails (502), which proves

@@ -64,11 +64,9 @@ fn two_origins(ck: impl Fn() -> CertKey) -> (SocketAddr, SocketAddr) {
 }
 
 struct Setup {
-    e: Egressd,
-    _dns: FakeDns,
+    lab: Lab<SocketAddr>,
     ca: PathBuf,
     port: u16,
-    _dir: tempfile::TempDir,
 }
 
 const NAMES: [&str; 3] = ["a.test", "b.test", "c.test"];
@@ -80,24 +78,11 @@ const ADDRS: [&str; 2] = ["127.0.0.2", "127.0.0.3"];
 /// trusting the origins' CA. a.test and c.test resolve to 127.0.0.2,
 /// b.test to 127.0.0.3.
 fn setup() -> Setup {
-    let dir = tempfile::tempdir().unwrap();
-    let certs = dir.path().join("certs");
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_egressd"))
-        .args(["ca", "init", "--dir"])
-        .arg(&certs)
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "ca init: {out:?}");
     let pki = test_pki();
-    let upstream_ca = dir.path().join("origin-ca.pem");
-    std::fs::write(&upstream_ca, &pki.ca_pem).unwrap();
     let (a, b) = two_origins(|| pki.leaf(&[&NAMES[..], &ADDRS[..]].concat()));
-    let Lab { e, dns, .. } = lab_with(a)
+    let lab = lab_with(a)
         .names(&["a.test", "c.test"])
-        .egressd(|b| {
-            b.env("EGRESSD_CA_DIR", certs.to_str().unwrap())
-                .env("EGRESSD_UPSTREAM_CA", upstream_ca.to_str().unwrap())
-        })
+        .intercept(&pki.ca_pem)
         .start(|ports| {
             policy()
                 .exception("inspected")
@@ -111,13 +96,11 @@ fn setup() -> Setup {
                 .port(ports.origin)
                 .path("/**")
         });
-    dns.set("b.test", &[&b.ip().to_string()]);
+    lab.dns.set("b.test", &[&b.ip().to_string()]);
     Setup {
-        e: e.into_inner(),
-        _dns: dns,
-        ca: certs.join("ca.pem"),
+        ca: lab.ca_pem(),
         port: a.port(),
-        _dir: dir,
+        lab,
     }
 }
 
@@ -146,7 +129,7 @@ fn client(ca: &Path, store: Arc<dyn ClientSessionStore>, tls12: bool) -> Arc<rus
 /// and one GET. Returns the body and how the handshake went.
 fn get(s: &Setup, config: &Arc<rustls::ClientConfig>, host: &str) -> (String, HandshakeKind) {
     let authority = format!("{host}:{}", s.port);
-    let mut tcp = connect(s.e.proxy);
+    let mut tcp = connect(s.lab.e.proxy);
     write!(
         tcp,
         "CONNECT {authority} HTTP/1.1\r\nHost: {authority}\r\n\r\n"
@@ -212,11 +195,13 @@ fn a_returning_client_resumes_its_session_tls13_and_tls12() {
     }
     // Every request inside was still decided and logged.
     eventually("a tls line per request", || {
-        let n =
-            s.e.log_lines()
-                .into_iter()
-                .filter(|l| l["proto"] == "tls" && l["decision"] == "allow")
-                .count();
+        let n = s
+            .lab
+            .e
+            .log_lines()
+            .into_iter()
+            .filter(|l| l["proto"] == "tls" && l["decision"] == "allow")
+            .count();
         (n == 8).then_some(())
     });
 }

@@ -477,12 +477,7 @@ fn tls_to_an_exception_with_path_rules_is_intercepted_with_the_sandboxs_ca() {
         // Outside /tmp (the sandbox's /tmp is its own), as `--ca-dir` needs.
         let base = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
         let certs = base.path().join("certs");
-        let init = Command::new(env!("CARGO_BIN_EXE_egressd"))
-            .args(["ca", "init", "--dir"])
-            .arg(&certs)
-            .output()
-            .unwrap();
-        assert!(init.status.success(), "{init:?}");
+        ca_init(&certs);
         let policy = format!(
             r#"
 exceptions:

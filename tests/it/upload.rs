@@ -315,23 +315,11 @@ fn a_reload_that_keeps_the_exception_keeps_the_count() {
 #[test]
 fn requests_inside_an_intercepted_connection_are_charged() {
     let dir = tempfile::tempdir().unwrap();
-    let certs = dir.path().join("certs");
-    let out = Command::new(env!("CARGO_BIN_EXE_egressd"))
-        .args(["ca", "init", "--dir"])
-        .arg(&certs)
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{out:?}");
     let pki = tls::test_pki();
-    let upstream_ca = dir.path().join("origin-ca.pem");
-    std::fs::write(&upstream_ca, &pki.ca_pem).unwrap();
     let origin = tls::tls_origin(pki.leaf(&["api.test"]), &[b"h2", b"http/1.1"]);
     let l = lab_with(origin)
         .names(&["api.test"])
-        .egressd(|b| {
-            b.env("EGRESSD_CA_DIR", certs.to_str().unwrap())
-                .env("EGRESSD_UPSTREAM_CA", upstream_ca.to_str().unwrap())
-        })
+        .intercept(&pki.ca_pem)
         .start(|p| {
             policy()
                 .client_token("agent-a", &sha256_hex(A_TOKEN.as_bytes()))
@@ -344,7 +332,7 @@ fn requests_inside_an_intercepted_connection_are_charged() {
         });
     let e = &l.e;
     let u = |path: &str| format!("https://api.test:{}{path}", l.origin.port());
-    let ca = certs.join("ca.pem");
+    let ca = l.ca_pem();
     let tls_post = |path: &str, n: usize, extra: &[&str]| {
         let data = dir.path().join("data");
         std::fs::write(&data, vec![b'i'; n]).unwrap();

@@ -13,8 +13,7 @@
 
 use std::convert::Infallible;
 use std::net::{Ipv4Addr, SocketAddr};
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -178,35 +177,15 @@ fn footprint(pid: u32) -> (usize, u64, u64) {
     (fds, kib("VmRSS:"), kib("VmHWM:"))
 }
 
-/// An intercepting egressd (its CA in `ca`) in front of [`big_origin`]
-/// for `big.test`, allowed by an exception with a path rule (`paths`,
-/// requests decided inside), `settings.limits` set to `limits`.
-pub(super) struct InterceptLab {
-    pub lab: Lab<Addr>,
-    pub ca: PathBuf,
-    pub port: u16,
-    _dir: tempfile::TempDir,
-}
-
-pub(super) fn intercept_lab(paths: &str, limits: &str) -> InterceptLab {
-    let dir = tempfile::tempdir().unwrap();
-    let certs = dir.path().join("certs");
-    let out = Command::new(env!("CARGO_BIN_EXE_egressd"))
-        .args(["ca", "init", "--dir"])
-        .arg(&certs)
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "ca init: {out:?}");
+/// An intercepting egressd (its CA: [`Lab::ca_pem`]) in front of
+/// [`big_origin`] for `big.test`, allowed by an exception with a path rule
+/// (`paths`, requests decided inside), `settings.limits` set to `limits`.
+pub(super) fn intercept_lab(paths: &str, limits: &str) -> Lab<Addr> {
     let pki = test_pki();
-    let upstream_ca = dir.path().join("origin-ca.pem");
-    std::fs::write(&upstream_ca, &pki.ca_pem).unwrap();
     let origin = big_origin(pki.leaf(&["big.test"]));
-    let lab = lab_with(Addr(origin))
+    lab_with(Addr(origin))
         .names(&["big.test"])
-        .egressd(|b| {
-            b.env("EGRESSD_CA_DIR", certs.to_str().unwrap())
-                .env("EGRESSD_UPSTREAM_CA", upstream_ca.to_str().unwrap())
-        })
+        .intercept(&pki.ca_pem)
         .start(|ports| {
             policy()
                 .exception("big")
@@ -215,13 +194,7 @@ pub(super) fn intercept_lab(paths: &str, limits: &str) -> InterceptLab {
                 .port(ports.origin)
                 .path(paths)
                 .setting("limits", limits)
-        });
-    InterceptLab {
-        lab,
-        ca: certs.join("ca.pem"),
-        port: origin.port(),
-        _dir: dir,
-    }
+        })
 }
 
 #[test]
@@ -231,7 +204,7 @@ fn zero_window_streams_count_against_the_share_and_are_reset() {
         "/**",
         &format!("{{ connections_per_client: {SHARE}, stall_timeout: 3s }}"),
     );
-    let (l, ca) = (&il.lab, &il.ca);
+    let (l, ca) = (&il, &il.ca_pem());
     let origin = l.origin.0;
     let (proxy, port, pid) = (l.e.proxy, origin.port(), l.e.child.id());
     let rt = tokio::runtime::Builder::new_multi_thread()

@@ -43,7 +43,7 @@ fn an_hpack_referenced_long_path_flood_is_cut_and_summarised() {
         "/ok/**",
         &format!("{{ log_lines_per_client_per_sec: {RATE} }}"),
     );
-    let (l, ca, port) = (&il.lab, &il.ca, il.port);
+    let (l, ca, port) = (&il, &il.ca_pem(), il.port());
     let proxy = l.e.proxy;
     let long = format!("/denied/{}", "a".repeat(3900));
     let log_before = std::fs::metadata(&l.e.log_path).map_or(0, |m| m.len());

@@ -203,12 +203,7 @@ fn stage() -> Stage {
         &[b"h2", b"http/1.1"],
     );
     let certs = dir.path().join("certs");
-    let init = Command::new(env!("CARGO_BIN_EXE_egressd"))
-        .args(["ca", "init", "--dir"])
-        .arg(&certs)
-        .output()
-        .unwrap();
-    assert!(init.status.success(), "{init:?}");
+    ca_init(&certs);
     let seen = dir.path().join("seen");
     std::fs::write(&seen, "").unwrap();
     let mut origin = Command::new("python3")

@@ -277,6 +277,17 @@ pub fn metric_value(text: &str, series: &str) -> Option<f64> {
     })
 }
 
+/// `egressd ca init --dir dir`: an interception CA for egressd, which
+/// must succeed.
+pub fn ca_init(dir: &Path) {
+    let init = Command::new(env!("CARGO_BIN_EXE_egressd"))
+        .args(["ca", "init", "--dir"])
+        .arg(dir)
+        .output()
+        .unwrap();
+    assert!(init.status.success(), "{init:?}");
+}
+
 /// Writes `text` to `path` the way an editor's atomic save does: a temp file
 /// in the same directory renamed over the old one.
 pub fn atomic_write(path: &Path, text: &str) {

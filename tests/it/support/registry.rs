@@ -24,8 +24,6 @@ use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::io::{self, Write};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -38,34 +36,14 @@ use serde_json::{json, Map, Value};
 
 use super::tls::{serve_https, server_config, test_pki_named};
 
-/// A fake registry and what egressd needs to reach it intercepting: an
-/// interception CA (`certs`, for `--ca-dir`) and the bundle it trusts the
-/// registry with (`reg_ca`, for `--upstream-ca`). A [`super::Lab`] with
-/// [`super::LabBuilder::registry`] holds one.
-pub struct RegistrySide {
-    pub reg: Registry,
-    pub certs: PathBuf,
-    pub reg_ca: PathBuf,
-}
-
-/// A fake registry whose public names `dns` answers with its address;
-/// egressd trusts it and `extra_ca` (PEM) upstream. Its certificates are
-/// written in `dir` (the lab's scratch dir).
-pub fn registry_side(dns: &super::dns::FakeDns, extra_ca: &str, dir: &Path) -> RegistrySide {
+/// A fake registry whose public names `dns` answers with its address
+/// (a [`super::Lab`] with [`super::LabBuilder::registry`] holds one).
+pub fn registry_behind(dns: &super::dns::FakeDns) -> Registry {
     let reg = try_registry().expect("a fake registry on 127.77.0.x:443");
     for h in REGISTRY_HOSTS {
         dns.set(h, &[&reg.ip()]);
     }
-    let certs = dir.join("certs");
-    let init = Command::new(env!("CARGO_BIN_EXE_egressd"))
-        .args(["ca", "init", "--dir"])
-        .arg(&certs)
-        .output()
-        .unwrap();
-    assert!(init.status.success(), "{init:?}");
-    let reg_ca = dir.join("registry-ca.pem");
-    std::fs::write(&reg_ca, format!("{}{extra_ca}", reg.ca_pem)).unwrap();
-    RegistrySide { reg, certs, reg_ca }
+    reg
 }
 
 /// The public names the registry answers for.

@@ -17,10 +17,11 @@
 //!   ([`LabBuilder::netns`], `netns.rs`: real DNS tunnel tools that have no
 //!   way out but egressd);
 //! - what stands behind it: the origin (any [`Listener`]), and with
-//!   [`LabBuilder::registry`] the fake package registries (`registry.rs`)
-//!   behind an intercepting egressd with a CA of its own, driven by
-//!   [`Lab::curl`] (`curl.rs`) and read with [`Lab::line_for`] and
-//!   [`Lab::metric`].
+//!   [`LabBuilder::registry`] the fake package registries (`registry.rs`),
+//!   driven by [`Lab::curl`] (`curl.rs`) and read with [`Lab::line_for`]
+//!   and [`Lab::metric`];
+//! - whether egressd intercepts ([`LabBuilder::intercept`]): a CA of its
+//!   own in the lab's scratch dir, trusting the far side's CA.
 //!
 //! Owns the wiring between the fixtures; not the fixtures themselves (see
 //! `origin.rs`, `dns.rs`, `process.rs`, `registry.rs`) nor what a test
@@ -39,8 +40,8 @@ use std::path::{Path, PathBuf};
 
 use self::netns::{Netns, Server};
 use super::{
-    assert_only_asked, canary, echo_on, egressd, fake_dns, origin, registry_side, scratch, Builder,
-    Canary, Egressd, FakeDns, Listener, Origin, Registry, RegistrySide, Scratch,
+    assert_only_asked, ca_init, canary, echo_on, egressd, fake_dns, origin, registry_behind,
+    scratch, Builder, Canary, Egressd, FakeDns, Listener, Origin, Registry, Scratch,
 };
 
 /// The loopback range, as an exception's `cidrs` names it: names in a lab
@@ -58,7 +59,9 @@ pub struct Lab<O = Origin> {
     /// A TCP echo server on 127.0.0.1, for tunnels.
     pub echo: SocketAddr,
     /// The fake package registry, when the lab has one.
-    registry: Option<RegistrySide>,
+    registry: Option<Registry>,
+    /// egressd's interception CA, when it intercepts.
+    ca: Option<Intercept>,
     /// The Rust toolchain shown to `egressd run` (a lab around `run`).
     toolchain: Option<PathBuf>,
     /// The namespaces, when egressd runs in their gate (after `e`: egressd
@@ -105,6 +108,14 @@ impl From<Egressd> for Served {
     }
 }
 
+/// What an intercepting egressd is given: its own CA (`--ca-dir`) and the
+/// bundle it trusts the far side with (`--upstream-ca`), both in the lab's
+/// scratch dir.
+struct Intercept {
+    certs: PathBuf,
+    upstream: PathBuf,
+}
+
 /// Where a lab's fixtures listen (all on loopback).
 #[derive(Clone, Copy, Debug)]
 pub struct Ports {
@@ -121,7 +132,8 @@ pub struct LabBuilder<O> {
     dns: FakeDns,
     names: Vec<String>,
     egressd: Builder,
-    registry: Option<RegistrySide>,
+    registry: Option<Registry>,
+    ca: Option<Intercept>,
     netns: Option<Netns>,
     scratch: Scratch,
 }
@@ -143,6 +155,7 @@ pub fn lab_with<O: Listener>(origin: O) -> LabBuilder<O> {
         dns,
         names: Vec::new(),
         registry: None,
+        ca: None,
         netns: None,
         scratch: scratch(),
     }
@@ -154,21 +167,33 @@ impl<O: Listener> LabBuilder<O> {
         self.names.extend(names.iter().map(|n| n.to_string()));
         self
     }
-    /// The fake package registry on port 443 (so: root), its public names
-    /// answered by the lab's DNS, and egressd intercepting with a CA of its
-    /// own (`--ca-dir`) and trusting the registry's and `extra_ca` (PEM).
-    pub fn registry(mut self, extra_ca: &str) -> Self {
-        let side = registry_side(&self.dns, extra_ca, self.scratch.dir());
+    /// egressd intercepting: a CA of its own (`egressd ca init` in the
+    /// scratch dir, `--ca-dir`), trusting `upstream_ca` (PEM) for the far
+    /// side (`--upstream-ca`).
+    pub fn intercept(mut self, upstream_ca: &str) -> Self {
+        let certs = self.scratch.path("certs");
+        ca_init(&certs);
+        let upstream = self.scratch.file("upstream-ca.pem", upstream_ca);
         self.egressd = std::mem::take(&mut self.egressd)
-            .env("EGRESSD_CA_DIR", side.certs.to_str().unwrap())
-            .env("EGRESSD_UPSTREAM_CA", side.reg_ca.to_str().unwrap());
-        self.registry = Some(side);
+            .env("EGRESSD_CA_DIR", certs.to_str().unwrap())
+            .env("EGRESSD_UPSTREAM_CA", upstream.to_str().unwrap());
+        self.ca = Some(Intercept { certs, upstream });
+        self
+    }
+    /// The fake package registry on port 443 (so: root), its public names
+    /// answered by the lab's DNS, and egressd intercepting
+    /// ([`intercept`](Self::intercept)), trusting the registry's CA and
+    /// `extra_ca` (PEM).
+    pub fn registry(mut self, extra_ca: &str) -> Self {
+        let reg = registry_behind(&self.dns);
+        self = self.intercept(&format!("{}{extra_ca}", reg.ca_pem));
+        self.registry = Some(reg);
         self
     }
     /// The registry of [`registry`](Self::registry), to publish into
     /// before egressd starts.
     pub fn reg(&self) -> &Registry {
-        &self.registry.as_ref().expect("a lab with .registry()").reg
+        self.registry.as_ref().expect("a lab with .registry()")
     }
     /// egressd in network namespaces (lab `n`, 1..=250; see `netns.rs`):
     /// the client tool in the agent namespace, egressd in the gate (its DNS
@@ -239,6 +264,7 @@ impl<O: Listener> LabBuilder<O> {
             canary: self.canary,
             echo: self.echo,
             registry: self.registry,
+            ca: self.ca,
             toolchain,
             netns: self.netns,
             scratch: self.scratch,
@@ -257,24 +283,26 @@ impl<O: Listener> Lab<O> {
     pub fn echo_port(&self) -> u16 {
         self.echo.port()
     }
-    fn side(&self) -> &RegistrySide {
-        self.registry.as_ref().expect("a lab with .registry()")
-    }
     /// The fake package registry ([`LabBuilder::registry`]).
     pub fn reg(&self) -> &Registry {
-        &self.side().reg
+        self.registry.as_ref().expect("a lab with .registry()")
+    }
+    fn ca(&self) -> &Intercept {
+        self.ca
+            .as_ref()
+            .expect("an intercepting lab (.intercept() or .registry())")
     }
     /// egressd's interception CA directory (`--ca-dir`).
     pub fn ca_dir(&self) -> &Path {
-        &self.side().certs
+        &self.ca().certs
     }
     /// egressd's interception CA certificate, for a client to trust.
     pub fn ca_pem(&self) -> PathBuf {
-        self.side().certs.join("ca.pem")
+        self.ca().certs.join("ca.pem")
     }
-    /// The bundle egressd trusts the registry with (`--upstream-ca`).
+    /// The bundle egressd trusts the far side with (`--upstream-ca`).
     pub fn upstream_ca(&self) -> &Path {
-        &self.side().reg_ca
+        &self.ca().upstream
     }
     /// The lab's scratch space, for a client's files.
     pub fn scratch_dir(&self) -> &Path {

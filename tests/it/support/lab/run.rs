@@ -1,6 +1,6 @@
-//! A [`Lab`] around `egressd run`: the registry side of a lab (the fake
-//! registries on 127.77.0.x:443, their CA, egressd's interception CA) and
-//! its fake DNS, without an `egressd serve`: each test runs its own
+//! A [`Lab`] around `egressd run`: a lab's registry (the fake registries
+//! on 127.77.0.x:443, their CA, egressd's interception CA) and its fake
+//! DNS, without an `egressd serve`: each test runs its own
 //! sandbox, with its own policy, against them ([`Lab::run`]). Made once per
 //! test binary ([`run_lab`]), since the registries hold port 443.
 
