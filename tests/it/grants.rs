@@ -47,23 +47,13 @@ fn curl(e: &Egressd, url: &str, token: Option<&str>) -> Curl {
     }
     let out = c.arg(url).output().expect("curl runs");
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
-    let status = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
+    let a = curl_answer(&text)
         .unwrap_or_else(|| panic!("no status from curl: {text:?} {:?}", out.stderr));
-    let header = |name: &str| {
-        head.lines().find_map(|l| {
-            let (k, v) = l.split_once(':')?;
-            k.eq_ignore_ascii_case(name).then(|| v.trim().to_string())
-        })
-    };
     Curl {
-        status,
-        request: header("x-egressd-request"),
-        reason: header("x-egressd-reason"),
-        body: body.to_string(),
+        status: a.status,
+        request: a.header("x-egressd-request"),
+        reason: a.header("x-egressd-reason"),
+        body: a.body.to_string(),
     }
 }
 

@@ -11,7 +11,7 @@
 //! address, local to the test's namespace; nothing leaves it. Making that namespace takes root; without it
 //! these tests fail and say so.
 
-use std::io::{self, Read, Write};
+use std::io::{Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpListener};
 use std::path::PathBuf;
 use std::process::Command;
@@ -44,37 +44,7 @@ fn ip(s: &str) -> IpAddr {
 /// `f` binds, and every process it starts, lives in that namespace. Making
 /// one needs root.
 fn in_test_netns<T: Send + 'static>(name: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
-    let h = thread::spawn(move || -> io::Result<T> {
-        // SAFETY: unshare with one flag and no pointers. CLONE_NEWNET
-        // moves the calling thread alone; threads and processes it starts
-        // from here on inherit its namespace.
-        if unsafe { libc::unshare(libc::CLONE_NEWNET) } != 0 {
-            return Err(io::Error::last_os_error());
-        }
-        for args in [
-            vec!["link", "set", "lo", "up"],
-            vec!["addr", "add", &format!("{ORIGIN_IP}/32"), "dev", "lo"],
-            vec!["addr", "add", &format!("{CANARY_IP}/32"), "dev", "lo"],
-        ] {
-            let out = Command::new("ip").args(&args).output()?;
-            if !out.status.success() {
-                return Err(io::Error::other(format!(
-                    "ip {}: {}",
-                    args.join(" "),
-                    String::from_utf8_lossy(&out.stderr)
-                )));
-            }
-        }
-        Ok(f())
-    });
-    match h.join() {
-        Ok(Ok(v)) => v,
-        Ok(Err(e)) => {
-            need_root(name, "a network namespace of the test's own");
-            panic!("{name}: root could not make the test's network namespace: {e}");
-        }
-        Err(panic) => std::panic::resume_unwind(panic),
-    }
+    in_fresh_netns(name, &[ORIGIN_IP, CANARY_IP], f)
 }
 
 /// A server that speaks first, as SSH does: a banner line, then an echo.

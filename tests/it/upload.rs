@@ -78,33 +78,13 @@ fn post(proxy: std::net::SocketAddr, token: &str, url: &str, n: usize, extra: &[
 
 fn parse_curl(out: &std::process::Output) -> Posted {
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    // The last response (after any 100 Continue).
-    let mut rest = text.as_str();
-    // The last response: past any 100 Continue, and past the CONNECT's
-    // 200 when curl tunnels.
-    while let Some((_, after)) = rest.split_once("\r\n\r\n") {
-        if !after.starts_with("HTTP/") {
-            break;
-        }
-        rest = after;
-    }
-    let (head, body) = rest.split_once("\r\n\r\n").unwrap_or((rest, ""));
-    let status = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
+    let a = curl_answer(&text)
         .unwrap_or_else(|| panic!("no status from curl: {text:?} {:?}", out.stderr));
-    let header = |name: &str| {
-        head.lines().find_map(|l| {
-            let (k, v) = l.split_once(':')?;
-            k.eq_ignore_ascii_case(name).then(|| v.trim().to_string())
-        })
-    };
     Posted {
-        status,
-        reason: header("x-egressd-reason"),
-        request: header("x-egressd-request"),
-        body: body.to_string(),
+        status: a.status,
+        reason: a.header("x-egressd-reason"),
+        request: a.header("x-egressd-request"),
+        body: a.body.to_string(),
     }
 }
 

@@ -19,7 +19,6 @@
 //! Needs root for the namespace and `chromium` (`tests/setup` installs
 //! it); without either a test fails and says what is missing.
 
-use std::io;
 use std::net::{IpAddr, UdpSocket};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -90,45 +89,7 @@ fn need_chromium(test: &str) {
 /// with [`ORIGIN_IP`], [`CANARY_IP`] and [`METADATA_IP`] on it (root
 /// makes it).
 fn in_netns<T: Send + 'static>(name: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
-    let h = thread::spawn(move || -> io::Result<T> {
-        // SAFETY: unshare with one flag and no pointers; moves this thread
-        // alone, and what it starts from here on.
-        if unsafe { libc::unshare(libc::CLONE_NEWNET) } != 0 {
-            return Err(io::Error::last_os_error());
-        }
-        let mut cmds = vec![vec![
-            "link".to_string(),
-            "set".into(),
-            "lo".into(),
-            "up".into(),
-        ]];
-        for ip in [ORIGIN_IP, CANARY_IP, METADATA_IP] {
-            cmds.push(
-                ["addr", "add", &format!("{ip}/32"), "dev", "lo"]
-                    .map(String::from)
-                    .to_vec(),
-            );
-        }
-        for args in cmds {
-            let out = Command::new("ip").args(&args).output()?;
-            if !out.status.success() {
-                return Err(io::Error::other(format!(
-                    "ip {}: {}",
-                    args.join(" "),
-                    String::from_utf8_lossy(&out.stderr)
-                )));
-            }
-        }
-        Ok(f())
-    });
-    match h.join() {
-        Ok(Ok(v)) => v,
-        Ok(Err(e)) => {
-            need_root(name, "a network namespace of the test's own");
-            panic!("{name}: root could not make the test's network namespace: {e}");
-        }
-        Err(panic) => std::panic::resume_unwind(panic),
-    }
+    in_fresh_netns(name, &[ORIGIN_IP, CANARY_IP, METADATA_IP], f)
 }
 
 /// A child process killed when dropped.

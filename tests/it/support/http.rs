@@ -166,3 +166,34 @@ pub fn header_of<'a>(headers: &'a [(String, String)], name: &str) -> Option<&'a 
         .find(|(k, _)| k.eq_ignore_ascii_case(name))
         .map(|(_, v)| v.as_str())
 }
+
+/// What `curl -i` printed: the last response (past a `100 Continue`, and
+/// past the CONNECT's `200` when curl tunnels), its head and its body.
+pub struct CurlAnswer<'a> {
+    pub status: u16,
+    pub head: &'a str,
+    pub body: &'a str,
+}
+
+impl CurlAnswer<'_> {
+    pub fn header(&self, name: &str) -> Option<String> {
+        self.head.lines().find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            k.eq_ignore_ascii_case(name).then(|| v.trim().to_string())
+        })
+    }
+}
+
+/// Reads `curl -i`'s output; `None` when it holds no status line.
+pub fn curl_answer(text: &str) -> Option<CurlAnswer<'_>> {
+    let mut rest = text;
+    while let Some((_, after)) = rest.split_once("\r\n\r\n") {
+        if !after.starts_with("HTTP/") {
+            break;
+        }
+        rest = after;
+    }
+    let (head, body) = rest.split_once("\r\n\r\n").unwrap_or((rest, ""));
+    let status = head.split_whitespace().nth(1)?.parse().ok()?;
+    Some(CurlAnswer { status, head, body })
+}

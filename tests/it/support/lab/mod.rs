@@ -31,6 +31,7 @@ mod curl;
 pub mod netns;
 mod run;
 
+pub use netns::in_fresh_netns;
 pub use run::{run_lab, GO_PREFIX};
 
 use std::fmt::Display;

@@ -96,6 +96,58 @@ pub fn in_netns<T: Send>(ns: &str, f: impl FnOnce() -> T + Send) -> T {
     })
 }
 
+/// Runs `f` on a thread of its own in a fresh network namespace holding
+/// only `lo` (127.0.0.1, ::1 and `ips`), for the sandbox and browser tests
+/// whose origins stand at addresses of their own. Everything `f` binds,
+/// and every process it starts, lives in that namespace. Making one needs
+/// root: without it the test fails saying so.
+pub fn in_fresh_netns<T: Send + 'static>(
+    name: &str,
+    ips: &[&str],
+    f: impl FnOnce() -> T + Send + 'static,
+) -> T {
+    let mut cmds = vec![vec![
+        "link".to_string(),
+        "set".into(),
+        "lo".into(),
+        "up".into(),
+    ]];
+    for ip in ips {
+        cmds.push(
+            ["addr", "add", &format!("{ip}/32"), "dev", "lo"]
+                .map(String::from)
+                .to_vec(),
+        );
+    }
+    let h = thread::spawn(move || -> std::io::Result<T> {
+        // SAFETY: unshare with one flag and no pointers. CLONE_NEWNET
+        // moves the calling thread alone; threads and processes it starts
+        // from here on inherit its namespace.
+        if unsafe { libc::unshare(libc::CLONE_NEWNET) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        for args in cmds {
+            let out = Command::new("ip").args(&args).output()?;
+            if !out.status.success() {
+                return Err(std::io::Error::other(format!(
+                    "ip {}: {}",
+                    args.join(" "),
+                    String::from_utf8_lossy(&out.stderr)
+                )));
+            }
+        }
+        Ok(f())
+    });
+    match h.join() {
+        Ok(Ok(v)) => v,
+        Ok(Err(e)) => {
+            crate::support::need_root(name, "a network namespace of the test's own");
+            panic!("{name}: root could not make the test's network namespace: {e}");
+        }
+        Err(panic) => std::panic::resume_unwind(panic),
+    }
+}
+
 /// A child process whose stderr and stdout lines are collected.
 pub struct Proc {
     pub child: Child,
