@@ -24,7 +24,9 @@ use egressd::policy::{from_yaml, Policy};
 use egressd::record::Recorder;
 use egressd::time::unix_now;
 
-use crate::support::{ede, fake_dns, policy, without_request_id, FakeDns, PolicyYaml, LOOPBACK};
+use crate::support::{
+    ede, fake_dns, policy, read_log, without_request_id, FakeDns, PolicyYaml, LOOPBACK,
+};
 
 const LOCAL: &str = "127.0.0.1:0";
 const WAIT: Duration = Duration::from_secs(5);
@@ -95,11 +97,7 @@ async fn start_with_log(policy: PolicyYaml, up: &FakeDns, log: Option<PathBuf>) 
 
 impl Egressd {
     fn lines(&self) -> Vec<Value> {
-        std::fs::read_to_string(&self.log)
-            .unwrap_or_default()
-            .lines()
-            .map(|l| serde_json::from_str(l).expect("every log line is JSON"))
-            .collect()
+        read_log(&self.log)
     }
 
     /// Waits (with a deadline) until `n` lines are logged; returns them all.

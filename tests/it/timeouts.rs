@@ -23,6 +23,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::time::{timeout, Instant};
 
+use crate::support::read_log;
+
 /// A margin around each bound: long enough that nothing else is due in it.
 const MARGIN: Duration = Duration::from_secs(2);
 
@@ -75,11 +77,7 @@ impl InProcess {
             self.running.log.flush(Duration::from_secs(10)),
             "log flushed"
         );
-        std::fs::read_to_string(&self.log)
-            .unwrap_or_default()
-            .lines()
-            .map(|l| serde_json::from_str(l).unwrap())
-            .collect()
+        read_log(&self.log)
     }
 
     /// Opens a CONNECT tunnel to `target` and reads the 200.
