@@ -12,7 +12,7 @@
 use std::collections::BTreeSet;
 use std::path::PathBuf;
 
-use crate::layering::{rust_files, src_dir};
+use crate::layering::{assert_none, rust_files, src_dir};
 
 /// The longest a function in `src/` may be.
 const MAX_LINES: usize = 80;
@@ -268,11 +268,9 @@ fn too_long() -> Vec<String> {
 
 #[test]
 fn no_function_in_src_is_over_80_lines() {
-    let over = too_long();
-    assert!(
-        over.is_empty(),
-        "functions over {MAX_LINES} lines (split them into named steps):\n{}",
-        over.join("\n")
+    assert_none(
+        &too_long(),
+        &format!("functions over {MAX_LINES} lines (split them into named steps)"),
     );
 }
 

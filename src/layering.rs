@@ -93,7 +93,8 @@ pub(crate) fn src_dir() -> PathBuf {
 }
 
 /// Every `.rs` file below `dir`, sorted: the one walker of the tests that
-/// read the source as text (this one and `fn_length.rs`).
+/// read the source as text (this one and `fn_length.rs`), which report
+/// through [`assert_none`].
 pub(crate) fn rust_files(dir: &Path) -> Vec<PathBuf> {
     fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
         for entry in std::fs::read_dir(dir).expect("src is readable") {
@@ -275,24 +276,21 @@ fn proxy_violations() -> Vec<String> {
     bad
 }
 
+/// Fails with `what` and every item of `found`, one a line, unless there
+/// is none: how the tests that read the source report.
+#[track_caller]
+pub(crate) fn assert_none(found: &[String], what: &str) {
+    assert!(found.is_empty(), "{what}:\n{}", found.join("\n"));
+}
+
 #[test]
 fn the_proxy_is_a_one_way_graph() {
-    let bad = proxy_violations();
-    assert!(
-        bad.is_empty(),
-        "proxy imports against the order:\n{}",
-        bad.join("\n")
-    );
+    assert_none(&proxy_violations(), "proxy imports against the order");
 }
 
 #[test]
 fn every_import_points_down() {
-    let bad = violations();
-    assert!(
-        bad.is_empty(),
-        "imports against the layers:\n{}",
-        bad.join("\n")
-    );
+    assert_none(&violations(), "imports against the layers");
 }
 
 #[test]
@@ -487,8 +485,7 @@ fn cycles(g: &BTreeMap<String, BTreeSet<String>>) -> Vec<String> {
 
 #[test]
 fn there_is_no_cycle_anywhere_in_src() {
-    let found = cycles(&graph());
-    assert!(found.is_empty(), "import cycles:\n{}", found.join("\n"));
+    assert_none(&cycles(&graph()), "import cycles");
 }
 
 #[test]
