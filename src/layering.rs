@@ -136,18 +136,28 @@ fn code_of(text: &str) -> String {
     out
 }
 
+/// The text after each `root` (`crate::`, `super::`) in `code` that starts
+/// a path: not the tail of a longer name (`mycrate::`) nor a later segment
+/// of one (`super::super::`).
+fn after_each<'a>(code: &'a str, root: &str) -> Vec<&'a str> {
+    let mut out = Vec::new();
+    let mut rest = code;
+    while let Some(i) = rest.find(root) {
+        let before = rest[..i].chars().next_back();
+        rest = &rest[i + root.len()..];
+        if !before.is_some_and(|c| c.is_alphanumeric() || c == '_' || c == ':') {
+            out.push(rest);
+        }
+    }
+    out
+}
+
 /// Every top-level module named by a `crate::` (or, in `main.rs`,
 /// `egressd::`) path in `code`, grouped imports (`crate::{a, b::c}`)
 /// included.
 fn uses_of(code: &str, root: &str) -> BTreeSet<String> {
     let mut found = BTreeSet::new();
-    let mut rest = code;
-    while let Some(i) = rest.find(root) {
-        let before = rest[..i].chars().next_back();
-        rest = &rest[i + root.len()..];
-        if before.is_some_and(|c| c.is_alphanumeric() || c == '_') {
-            continue; // `mycrate::`, not `crate::`
-        }
+    for rest in after_each(code, root) {
         if let Some(group) = rest.strip_prefix('{') {
             let mut depth = 0;
             let end = group
@@ -337,13 +347,7 @@ fn node_of(src: &Path, file: &Path) -> String {
 /// own `mod.rs`) or `a` (a top-level file).
 fn node_uses(src: &Path, code: &str, root: &str) -> BTreeSet<String> {
     let mut found = BTreeSet::new();
-    let mut rest = code;
-    while let Some(i) = rest.find(root) {
-        let before = rest[..i].chars().next_back();
-        rest = &rest[i + root.len()..];
-        if before.is_some_and(|c| c.is_alphanumeric() || c == '_') {
-            continue;
-        }
+    for rest in after_each(code, root) {
         for (first, second) in paths_of(rest) {
             found.insert(node_named(src, &first, second.as_deref()));
         }
@@ -427,13 +431,9 @@ fn graph() -> BTreeMap<String, BTreeSet<String>> {
         let rel = file.strip_prefix(&src).unwrap();
         if rel.components().count() == 2 {
             let folder = node.split('/').next().unwrap().to_string();
-            let mut rest = code.as_str();
-            while let Some(i) = rest.find("super::") {
-                let before = rest[..i].chars().next_back();
-                rest = &rest[i + "super::".len()..];
-                if before.is_some_and(|c| c.is_alphanumeric() || c == '_' || c == ':') {
-                    continue;
-                }
+            // (`super::super::x` is not a sibling: `after_each` skips the
+            // second `super::`, which follows a `:`.)
+            for rest in after_each(&code, "super::") {
                 for (first, _) in paths_of(rest) {
                     if first != "super" && first != "self" {
                         used.insert(node_named(&src, &folder, Some(&first)));
