@@ -66,6 +66,10 @@ pub struct Listeners {
     /// `egressd run`: the one client behind these listeners (see
     /// `Policy::serve_only`); `serve` identifies clients by token or source.
     pub client: Option<Arc<str>>,
+    /// The TCP listeners named to the host's other egressd processes, so
+    /// that none dials them (`proxy::listeners`): `serve`'s. The launcher's
+    /// listeners are inside the sandbox, where no other egressd dials from.
+    pub announced: proxy::listeners::Announced,
 }
 
 impl Listeners {
@@ -77,6 +81,8 @@ impl Listeners {
         let metrics = TcpListener::bind(args.metrics_listen)
             .await
             .with_context(|| format!("cannot listen on {}", args.metrics_listen))?;
+        let tcp = [proxy.local_addr()?, dns_tcp.local_addr()?, metrics.local_addr()?];
+        let announced = proxy::listeners::announce(&tcp)?;
         Ok(Listeners {
             proxy,
             dns_udp,
@@ -84,6 +90,7 @@ impl Listeners {
             metrics: Some(metrics),
             transparent: Vec::new(),
             client: None,
+            announced,
         })
     }
 }
@@ -108,6 +115,8 @@ pub struct Running {
     /// What DNS holds open (queries waiting for an upstream, TCP
     /// connections): the drain waits for them too.
     dns_bounds: dns::Bounds,
+    /// Held while the listeners serve (`proxy::listeners`).
+    _announced: proxy::listeners::Announced,
 }
 
 impl Running {
@@ -360,6 +369,7 @@ pub async fn start(args: &ServeArgs, listeners: Listeners) -> Result<Running> {
         metrics: metrics_l,
         transparent: transparent_l,
         client: _,
+        announced,
     } = listeners;
     let own_addrs = own_addrs(&proxy_l, &dns_udp, metrics_l.as_ref(), &transparent_l)?;
     let (proxy_addr, dns_addr) = (own_addrs[0], own_addrs[1]);
@@ -414,6 +424,7 @@ pub async fn start(args: &ServeArgs, listeners: Listeners) -> Result<Running> {
         trigger,
         connections,
         dns_bounds,
+        _announced: announced,
     })
 }
 

@@ -748,6 +748,8 @@ async fn serve(
                 // The sandbox is a client of its own, never a host
                 // client's `sources:` (its traffic comes from loopback).
                 client: Some(args.client.as_deref().unwrap_or(SANDBOX_CLIENT).into()),
+                // Inside the sandbox: no egressd on the host dials them.
+                announced: Default::default(),
             };
             // The policy by its canonical path (a link the sandbox could
             // repoint is not followed again on reload), the log outside.

@@ -35,6 +35,7 @@ mod exchange;
 #[doc(hidden)]
 pub mod fast;
 pub mod forward;
+pub mod listeners;
 
 pub(crate) mod gate;
 pub(crate) mod held;

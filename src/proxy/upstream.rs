@@ -371,14 +371,20 @@ pub async fn resolve_checked(
     let mut ok = Vec::with_capacity(ips.len());
     let mut refused = Vec::new();
     let mut looped = false;
+    let mut others = Vec::new();
     for ip in ips {
         let sa = SocketAddr::new(ip, port);
         if is_own_listener(sa, own) {
             looped = true;
-        } else if policy.addr_allowed(exception, ip) {
-            ok.push(sa);
-        } else {
+        } else if !policy.addr_allowed(exception, ip) {
             refused.push(sa);
+        } else if super::listeners::another_egressd(sa) {
+            // Whatever the policy opens: never another egressd's proxy,
+            // resolver or metrics (`proxy::listeners`).
+            looped = true;
+            others.push(sa);
+        } else {
+            ok.push(sa);
         }
     }
     let list = || {
@@ -395,7 +401,11 @@ pub async fn resolve_checked(
     }
     if ok.is_empty() {
         if looped {
-            return Err(Refusal::Policy(Reason::LoopDetected, None));
+            let note = (!others.is_empty()).then(|| {
+                let l: Vec<String> = others.iter().map(|a| a.to_string()).collect();
+                format!("another egressd listens at {} on this host", l.join(","))
+            });
+            return Err(Refusal::Policy(Reason::LoopDetected, note));
         }
         return Err(Refusal::Policy(Reason::PrivateAddress, notes.pop()));
     }

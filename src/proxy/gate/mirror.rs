@@ -54,7 +54,10 @@ pub(crate) async fn mirror_addrs(
     let addrs: Vec<SocketAddr> = ips
         .into_iter()
         .map(|ip| SocketAddr::new(ip, dest.port))
-        .filter(|a| !upstream::is_own_listener(*a, &ctx.own_addrs))
+        .filter(|a| {
+            !upstream::is_own_listener(*a, &ctx.own_addrs)
+                && !crate::proxy::listeners::another_egressd(*a)
+        })
         .collect();
     if addrs.is_empty() {
         return Err("the mirror resolves to egressd itself".into());

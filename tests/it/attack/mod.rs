@@ -28,7 +28,7 @@
 //! | `fairness_h2.rs` | intercepted HTTP/2 streams with a shut window: counted against the share, reset past the stall bound |
 //! | `fairness_log.rs` | log volume per client: HPACK-referenced long paths, floods summarised, slowloris on the proxy port has its line |
 //! | `faults.rs` | resets, dead upstreams, reload storms, drain, rotation, full sink |
-//! | `guard.rs` | `egressd run`'s guard: a hostile CMD against egressd's own files, log, keyring, PID 1, `.git` (issue 36); `guard_identity.rs`: the sandbox's own client, the echoed credential |
+//! | `guard.rs` | `egressd run`'s guard: a hostile CMD against egressd's own files, log, keyring, PID 1, `.git` (issue 36); `guard_identity.rs`: the sandbox's own client, the echoed credential; `guard_admin.rs`: no egressd listener but its proxy and resolver reachable from the box, however the policy opens the host |
 //! | `proxy_protocol.rs` | a forged PROXY protocol header on DNS: believed only from a `--dns-proxy-protocol` balancer |
 //! | `log_stall.rs` | a decision log that stops taking lines: stalled FIFO, `/dev/full`, full tmpfs |
 //!
@@ -50,6 +50,7 @@ mod faults;
 mod framing;
 mod git_push;
 mod guard;
+mod guard_admin;
 mod guard_identity;
 mod hostnames;
 mod literals;
