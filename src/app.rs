@@ -81,7 +81,11 @@ impl Listeners {
         let metrics = TcpListener::bind(args.metrics_listen)
             .await
             .with_context(|| format!("cannot listen on {}", args.metrics_listen))?;
-        let tcp = [proxy.local_addr()?, dns_tcp.local_addr()?, metrics.local_addr()?];
+        let tcp = [
+            proxy.local_addr()?,
+            dns_tcp.local_addr()?,
+            metrics.local_addr()?,
+        ];
         let announced = proxy::listeners::announce(&tcp)?;
         Ok(Listeners {
             proxy,

@@ -505,7 +505,7 @@ fn fallback_note(plan: &Plan, left: &cgroup::Uncovered) {
 }
 
 enum Egressd {
-    Embedded(app::Running),
+    Embedded(Box<app::Running>),
     Relay(relay::Relay),
 }
 
@@ -756,7 +756,7 @@ async fn serve(
             let mut serve_args = args.embedded_serve_args();
             serve_args.engine.policy = found.policy.clone();
             serve_args.log = found.log.to_string_lossy().into_owned();
-            Egressd::Embedded(app::start(&serve_args, listeners).await?)
+            Egressd::Embedded(Box::new(app::start(&serve_args, listeners).await?))
         }
         Egress::Connect { proxy: p, dns } => {
             Egressd::Relay(relay::Relay::start(proxy, dns_udp, dns_tcp, *p, *dns))

@@ -107,7 +107,13 @@ mod tests {
         let at = |ip: &str| SocketAddr::new(ip.parse().unwrap(), port);
         assert!(!another_egressd(at("127.0.0.1")));
         let held = announce(&[l.local_addr().unwrap()]).unwrap();
-        for ip in ["127.0.0.1", "127.0.0.53", "::1", "::ffff:127.0.0.1", "0.0.0.0"] {
+        for ip in [
+            "127.0.0.1",
+            "127.0.0.53",
+            "::1",
+            "::ffff:127.0.0.1",
+            "0.0.0.0",
+        ] {
             assert!(another_egressd(at(ip)), "{ip}");
         }
         // A remote address on the same port is another service.

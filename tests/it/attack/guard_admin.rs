@@ -52,7 +52,12 @@ fn host_serve() -> HostServe {
         .arg("--policy")
         .arg(&policy)
         .args(["--listen", "127.0.0.1:0", "--dns-listen", "127.0.0.1:0"])
-        .args(["--metrics-listen", "0.0.0.0:0", "--upstream-dns", "127.0.0.1:9"])
+        .args([
+            "--metrics-listen",
+            "0.0.0.0:0",
+            "--upstream-dns",
+            "127.0.0.1:9",
+        ])
         .arg("--log")
         .arg(dir.path().join("decisions.log"))
         .env_remove("EGRESSD_POLICY")
@@ -302,7 +307,10 @@ fn under_transparent_the_box_reaches_no_egressd_listener_either() {
     let d = fake_dns();
     d.set("admin.test", &["127.0.0.1"]);
     let r = probe(
-        run().policy(&named(&serve)).dns(d.addr).arg("--transparent"),
+        run()
+            .policy(&named(&serve))
+            .dns(d.addr)
+            .arg("--transparent"),
         &serve,
         &[],
     );
