@@ -71,6 +71,7 @@ const PROXY: &[&str] = &[
     "sni",
     "relay",
     "upload",
+    "listeners",
     "upstream",
     "pool",
     "tls_origins",

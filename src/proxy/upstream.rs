@@ -368,25 +368,12 @@ pub async fn resolve_checked(
                 .map_err(Refusal::Resolve)?
         }
     };
-    let mut ok = Vec::with_capacity(ips.len());
-    let mut refused = Vec::new();
-    let mut looped = false;
-    let mut others = Vec::new();
-    for ip in ips {
-        let sa = SocketAddr::new(ip, port);
-        if is_own_listener(sa, own) {
-            looped = true;
-        } else if !policy.addr_allowed(exception, ip) {
-            refused.push(sa);
-        } else if super::listeners::another_egressd(sa) {
-            // Whatever the policy opens: never another egressd's proxy,
-            // resolver or metrics (`proxy::listeners`).
-            looped = true;
-            others.push(sa);
-        } else {
-            ok.push(sa);
-        }
-    }
+    let Sorted {
+        mut ok,
+        refused,
+        looped,
+        others,
+    } = sort_addrs(policy, exception, own, &ips, port);
     let list = || {
         let l: Vec<String> = refused.iter().map(|a| a.ip().to_string()).collect();
         l.join(",")
@@ -414,6 +401,49 @@ pub async fn resolve_checked(
     ok.sort_by_key(|a| a.is_ipv6());
     let note = (!notes.is_empty()).then(|| notes.join("; "));
     Ok(Checked { addrs: ok, note })
+}
+
+/// A destination's addresses sorted by what may be dialled.
+struct Sorted {
+    ok: Vec<SocketAddr>,
+    /// Non-public addresses no exception's `cidrs` open.
+    refused: Vec<SocketAddr>,
+    /// One was egressd's own listener, or another egressd's.
+    looped: bool,
+    /// Those that were another egressd's (`proxy::listeners`).
+    others: Vec<SocketAddr>,
+}
+
+/// Sorts `ips` at `port`. An egressd listener, this one's or another's on
+/// the host, is never dialled, whatever the policy opens and in report
+/// mode too: it comes before the policy's address check.
+fn sort_addrs(
+    policy: &Policy,
+    exception: Option<&Exception>,
+    own: &[SocketAddr],
+    ips: &[IpAddr],
+    port: u16,
+) -> Sorted {
+    let mut s = Sorted {
+        ok: Vec::with_capacity(ips.len()),
+        refused: Vec::new(),
+        looped: false,
+        others: Vec::new(),
+    };
+    for &ip in ips {
+        let sa = SocketAddr::new(ip, port);
+        if is_own_listener(sa, own) {
+            s.looped = true;
+        } else if super::listeners::another_egressd(sa) {
+            s.looped = true;
+            s.others.push(sa);
+        } else if policy.addr_allowed(exception, ip) {
+            s.ok.push(sa);
+        } else {
+            s.refused.push(sa);
+        }
+    }
+    s
 }
 
 /// [`resolve_checked`] for one request through the proxy: the refused

@@ -14,7 +14,8 @@
 //! open the host's loopback and addresses on those very ports (a local dev
 //! server's exception written too wide), an egressd listener is still
 //! refused: every egressd names its listeners to the others on the host
-//! (`proxy::listeners`), and a proxy never dials one.
+//! (`proxy::listeners`), and a proxy never dials one; so too in report
+//! mode, which lets every other non-public address through.
 
 use std::io::{BufRead, BufReader};
 use std::net::{SocketAddr, TcpListener};
@@ -295,10 +296,10 @@ fn the_box_reaches_no_egressd_listener_but_its_proxy_and_resolver() {
     d.set("admin.test", &["127.0.0.1"]);
     let r = probe(run().policy(&named(&serve)).dns(d.addr), &serve, &[]);
     assert_nothing_reached(&r, &INSIDE);
-    // The name the policy allows resolves to loopback: the address check
-    // refused it.
+    // The name the policy allows resolves to loopback, where the serve
+    // listens: refused before the address check (`private_address` next).
     let line = r.line(|l| l["host"] == "admin.test" && l["port"] == serve.metrics);
-    assert_eq!(line["reason"], "private_address", "{line}");
+    assert_eq!(line["reason"], "loop_detected", "{line}");
 }
 
 #[test]
@@ -318,7 +319,7 @@ fn under_transparent_the_box_reaches_no_egressd_listener_either() {
     want.extend(CAPTURE);
     assert_nothing_reached(&r, &want);
     let line = r.line(|l| l["host"] == "admin.test" && l["port"] == serve.metrics);
-    assert_eq!(line["reason"], "private_address", "{line}");
+    assert_eq!(line["reason"], "loop_detected", "{line}");
 }
 
 /// A plain origin on the host's loopback: the service a policy opens
@@ -405,5 +406,44 @@ fn a_policy_that_opens_the_hosts_loopback_still_reaches_no_egressd_listener() {
                 .is_some_and(|n| n.contains("another egressd")),
             "{line}"
         );
+    }
+}
+
+/// Report mode lets every would-be denial through, non-public addresses
+/// included; an egressd listener stays refused, as egressd's own always
+/// was.
+#[test]
+fn in_report_mode_the_box_still_reaches_no_egressd_listener() {
+    let serve = host_serve();
+    let d = fake_dns();
+    d.set("admin.test", &["127.0.0.1"]);
+    let policy = "settings:\n  mode: report\nexceptions: []\n";
+    let r = probe(run().policy(policy).dns(d.addr), &serve, &[]);
+    assert_eq!(r.code, 0, "{}", r.context());
+    assert!(r.stdout.contains("\nDONE"), "{}", r.context());
+    let reached: Vec<&str> = r
+        .stdout
+        .lines()
+        .filter(|l| l.starts_with("REACHED"))
+        .collect();
+    assert!(reached.is_empty(), "{reached:#?}\n{}", r.context());
+    let ports = [serve.metrics, serve.proxy.port()];
+    let lines: Vec<serde_json::Value> = r
+        .log_lines()
+        .into_iter()
+        .filter(|l| ports.iter().any(|p| l["port"] == *p))
+        .collect();
+    // Every spelling of the host's addresses, by name and by CONNECT;
+    // `localhost` is a name egressd asks upstream, which knows none.
+    assert!(lines.len() >= 2 * 8 * 3, "{lines:#?}");
+    for l in &lines {
+        assert!(l["addr"].is_null(), "never dialled: {l}");
+        if l["host"] != "localhost" {
+            assert_eq!(
+                (&l["reason"], &l["status"]),
+                (&"loop_detected".into(), &403.into()),
+                "{l}"
+            );
+        }
     }
 }
