@@ -9,7 +9,7 @@ use std::sync::OnceLock;
 
 use egressd::policy::{from_yaml, Policy};
 use egressd::writes::git::{judge, parse_request, refusal};
-use egressd::writes::pack::{Limits, Pack};
+use egressd::writes::pack::{Arrived, Limits, Pack};
 use egressd::writes::pktline::{Pkt, Reader};
 
 fn policy() -> &'static Policy {
@@ -30,6 +30,19 @@ pub fn run(data: &[u8]) {
         max_depth: 8,
     };
     let _ = Pack::parse(data, small);
+    // Read as it arrives, a few bytes at a time: every commit and tree it
+    // keeps is the one a whole reading finds.
+    let trickle = std::io::BufReader::with_capacity(7, data);
+    if let Ok(Arrived::Read(a)) = Pack::read_arriving(trickle, small) {
+        if let Ok(w) = Pack::parse_whole(data, small) {
+            for id in a.commits() {
+                assert_eq!(a.commit(id), w.commit(id));
+                if let Some(Ok(c)) = a.commit(id) {
+                    assert_eq!(a.tree(&c.tree), w.tree(&c.tree));
+                }
+            }
+        }
+    }
     let Ok(req) = parse_request(data) else {
         return;
     };

@@ -22,8 +22,8 @@ use super::respond::{self, ProxyBody, Responder};
 use crate::policy::git::{self as git_rules, Endpoint, PushRules};
 use crate::policy::{Decision, Exception, Mode, Reason};
 use crate::record::{Event, GitLine, GitRefLine};
-use crate::writes::git::{self, Judgement};
-use crate::writes::pack;
+use crate::writes::git::{self, Head, Judgement};
+use crate::writes::pack::{self, Arrived, Limits, Pack, PackError};
 
 /// How much of a push past `max_bytes` is read and dropped, so that the
 /// client (which sends the whole body before it reads an answer) sees
@@ -177,12 +177,21 @@ async fn push_step(
     responder: &Responder<'_>,
 ) -> Judged {
     let (parts, body) = req.into_parts();
-    let read = match tokio::time::timeout(READ_TIME, read_bounded(body, push.max_bytes)).await {
+    let encoding = parts
+        .headers
+        .get(header::CONTENT_ENCODING)
+        .map(|v| v.as_bytes().to_ascii_lowercase());
+    // A plain body's pack is read as it arrives; a gzipped one (git
+    // compresses only bodies small enough to send in one piece) once it
+    // is whole and inflated.
+    let arriving = matches!(encoding.as_deref(), None | Some(b"identity"));
+    let read = read_bounded(body, push.max_bytes, arriving);
+    let read = match tokio::time::timeout(READ_TIME, read).await {
         Ok(r) => r,
         Err(_) => Read::Failed("the push body did not arrive in time".into()),
     };
-    let raw = match read {
-        Read::Whole(b) => b,
+    let (raw, reading) = match read {
+        Read::Whole(b, reading) => (b, reading),
         Read::TooLarge { seen, head } => {
             if let Some(g) = ev.git.as_mut() {
                 g.pack_bytes = Some(seen);
@@ -200,26 +209,14 @@ async fn push_step(
     if let Some(g) = ev.git.as_mut() {
         g.pack_bytes = Some(raw.len() as u64);
     }
-    let encoding = parts
-        .headers
-        .get(header::CONTENT_ENCODING)
-        .map(|v| v.as_bytes().to_ascii_lowercase());
-    let plain = match encoding.as_deref() {
-        None | Some(b"identity") => raw.clone(),
-        Some(b"gzip") | Some(b"x-gzip") => match gunzip(&raw, push.max_bytes.saturating_mul(32)) {
-            Ok(b) => b,
+    let (Head { commands, caps, .. }, pack) = match reading {
+        Some(r) => r.finish(&raw).await,
+        None => match whole_push(&raw, encoding.as_deref(), push.max_bytes) {
+            Ok(parts) => parts,
             Err(why) => return Judged::Answered(responder.deny(ev, Reason::Malformed, Some(why))),
         },
-        Some(_) => {
-            let why = "a push body in an encoding egressd does not read".to_string();
-            return Judged::Answered(responder.deny(ev, Reason::Malformed, Some(why)));
-        }
     };
-    let parsed = match git::parse_request(&plain) {
-        Ok(p) => p,
-        Err(why) => return Judged::Answered(responder.deny(ev, Reason::Malformed, Some(why))),
-    };
-    if parsed.commands.is_empty() {
+    if commands.is_empty() {
         // git's probe before a large push (a lone flush): it asks whether
         // the endpoint answers; upstream needs to see nothing of it.
         ev.add_note(Some("push probe answered by egressd".into()));
@@ -227,7 +224,7 @@ async fn push_step(
         responder.rec.record(ev);
         return Judged::Answered(git_answer(Vec::new()));
     }
-    let j = git::judge(push, &parsed);
+    let j = git::judge_read(push, &commands, pack);
     if let Some(g) = ev.git.as_mut() {
         g.refs = ref_lines(&j);
     }
@@ -241,10 +238,126 @@ async fn push_step(
         return forward_held(parts, raw, ev);
     }
     let message = refusal_lines(&j, &why, e, responder.contact);
-    let body = git::refusal(&j, parsed.sideband(), &message);
+    let body = git::refusal(&j, git::sideband(&caps), &message);
     ev.status = Some(200);
     responder.rec.record(ev);
     Judged::Answered(git_answer(body))
+}
+
+/// A push's commands and capabilities, and its pack as read (`None`: it
+/// carried none).
+type Push = (Head, Option<Result<Pack, PackError>>);
+
+/// A push read whole (gzipped, or whose commands did not read while it
+/// arrived), parsed here.
+fn whole_push(raw: &Bytes, encoding: Option<&[u8]>, max: u64) -> Result<Push, String> {
+    let plain = match encoding {
+        None | Some(b"identity") => raw.clone(),
+        Some(b"gzip") | Some(b"x-gzip") => gunzip(raw, max.saturating_mul(32))?,
+        Some(_) => return Err("a push body in an encoding egressd does not read".into()),
+    };
+    let parsed = git::parse_request(&plain)?;
+    let pack = (!parsed.pack.is_empty())
+        .then(|| Pack::parse(parsed.pack, Limits::for_pack(parsed.pack.len())));
+    let head = Head {
+        commands: parsed.commands,
+        caps: parsed.caps,
+        pack_at: plain.len() - parsed.pack.len(),
+    };
+    Ok((head, pack))
+}
+
+/// A push's pack being read as its body arrives: the commands read from
+/// the body's start, and a reader on a blocking thread fed each chunk as
+/// it comes, so that the pack's reading (inflating, hashing, applying
+/// tree deltas) ends with the upload instead of starting after it.
+struct PackReading {
+    head: Head,
+    feed: std::sync::mpsc::Sender<Bytes>,
+    reader: tokio::task::JoinHandle<Result<Arrived, PackError>>,
+}
+
+impl PackReading {
+    fn start(head: Head, first: Bytes, max: u64) -> Self {
+        let (feed, rx) = std::sync::mpsc::channel();
+        let _ = feed.send(first);
+        let limits = Limits::for_pack(usize::try_from(max).unwrap_or(usize::MAX));
+        let reader = tokio::task::spawn_blocking(move || {
+            Pack::read_arriving(
+                Chunks {
+                    rx,
+                    cur: Bytes::new(),
+                },
+                limits,
+            )
+        });
+        PackReading { head, feed, reader }
+    }
+
+    /// The push, once all of `raw` is in: the pack as read arriving, or,
+    /// when it holds a REF_DELTA, read again whole.
+    async fn finish(self, raw: &Bytes) -> Push {
+        let PackReading { head, feed, reader } = self;
+        drop(feed);
+        let at = head.pack_at;
+        if raw.len() == at {
+            return (head, None);
+        }
+        let read = match reader.await {
+            Ok(r) => r,
+            Err(_) => Err(PackError::BadObject(at, "the pack's reader failed")),
+        };
+        let pack = match read {
+            Ok(Arrived::Read(p)) => Ok(p),
+            Ok(Arrived::NeedsWhole) => {
+                let whole = raw.slice(at..);
+                tokio::task::spawn_blocking(move || {
+                    Pack::parse_whole(&whole, Limits::for_pack(whole.len()))
+                })
+                .await
+                .unwrap_or(Err(PackError::BadObject(at, "the pack's reader failed")))
+            }
+            Err(e) => Err(e),
+        };
+        (head, Some(pack))
+    }
+}
+
+/// The chunks of a body, handed over from the task that reads it, as a
+/// blocking `BufRead`: at its end when the sender is dropped.
+struct Chunks {
+    rx: std::sync::mpsc::Receiver<Bytes>,
+    cur: Bytes,
+}
+
+impl std::io::Read for Chunks {
+    fn read(&mut self, out: &mut [u8]) -> std::io::Result<usize> {
+        use std::io::BufRead as _;
+        let n = {
+            let avail = self.fill_buf()?;
+            let n = avail.len().min(out.len());
+            out[..n].copy_from_slice(&avail[..n]);
+            n
+        };
+        self.consume(n);
+        Ok(n)
+    }
+}
+
+impl std::io::BufRead for Chunks {
+    fn fill_buf(&mut self) -> std::io::Result<&[u8]> {
+        while self.cur.is_empty() {
+            match self.rx.recv() {
+                Ok(b) => self.cur = b,
+                Err(_) => break,
+            }
+        }
+        Ok(&self.cur)
+    }
+
+    fn consume(&mut self, n: usize) {
+        bytes::Buf::advance(&mut self.cur, n);
+    }
 }
 
 fn forward_held(parts: http::request::Parts, raw: Bytes, ev: Event) -> Judged {
@@ -333,7 +446,8 @@ fn git_answer(body: Vec<u8>) -> Response<ProxyBody> {
 }
 
 enum Read {
-    Whole(Bytes),
+    /// All of it, and the pack's reading when it was read arriving.
+    Whole(Bytes, Option<PackReading>),
     /// More than the bound arrived: how much was seen, and the first
     /// bytes (where the commands are).
     TooLarge {
@@ -346,41 +460,73 @@ enum Read {
 /// What of a too-large push is kept to name its refs.
 const HEAD_KEPT: usize = 1 << 20;
 
-/// The body, whole, if it is at most `max` bytes. Past the bound the rest is read and dropped (at
-/// most [`DRAIN_MAX`], for [`DRAIN_TIME`]) so the client reads the answer.
-async fn read_bounded(mut body: Incoming, max: u64) -> Read {
+/// The body, whole, if it is at most `max` bytes; when `arriving`, its
+/// pack read as it comes ([`PackReading`]). Past the bound the rest is
+/// read and dropped (at most [`DRAIN_MAX`], for [`DRAIN_TIME`]) so the
+/// client reads the answer.
+async fn read_bounded(mut body: Incoming, max: u64, arriving: bool) -> Read {
     let mut buf = BytesMut::new();
     let mut seen = 0u64;
+    let mut reading: Option<PackReading> = None;
+    let mut head_read = !arriving;
     loop {
-        match body.frame().await {
-            None => return Read::Whole(buf.freeze()),
+        let d = match body.frame().await {
+            None => return Read::Whole(buf.freeze(), reading),
             Some(Err(e)) => return Read::Failed(format!("the push body: {e}")),
-            Some(Ok(f)) => {
-                if let Ok(d) = f.into_data() {
-                    seen += d.len() as u64;
-                    if seen > max {
-                        buf.truncate(HEAD_KEPT);
-                        let keep = HEAD_KEPT.saturating_sub(buf.len()).min(d.len());
-                        buf.extend_from_slice(&d[..keep]);
-                        let head = buf.freeze();
-                        let drain = async {
-                            while let Some(Ok(f)) = body.frame().await {
-                                if let Ok(d) = f.into_data() {
-                                    seen += d.len() as u64;
-                                    if seen > max + DRAIN_MAX {
-                                        break;
-                                    }
-                                }
-                            }
-                        };
-                        let _ = tokio::time::timeout(DRAIN_TIME, drain).await;
-                        return Read::TooLarge { seen, head };
-                    }
-                    buf.extend_from_slice(&d);
+            Some(Ok(f)) => match f.into_data() {
+                Ok(d) => d,
+                Err(_) => continue,
+            },
+        };
+        seen += d.len() as u64;
+        if seen > max {
+            drop(reading);
+            return too_much(body, buf, d, seen, max).await;
+        }
+        buf.extend_from_slice(&d);
+        if let Some(r) = &reading {
+            let _ = r.feed.send(d);
+        } else if !head_read {
+            match git::read_head(&buf, false) {
+                Ok(None) => {}
+                // The commands carry nothing to judge (git's probe) or
+                // do not read: judged once the body is whole.
+                Ok(Some(h)) if h.commands.is_empty() => head_read = true,
+                Err(_) => head_read = true,
+                Ok(Some(head)) => {
+                    head_read = true;
+                    let first = Bytes::copy_from_slice(&buf[head.pack_at..]);
+                    reading = Some(PackReading::start(head, first, max));
                 }
             }
         }
     }
+}
+
+/// Past the bound: the first bytes kept, the rest read and dropped.
+async fn too_much(
+    mut body: Incoming,
+    mut buf: BytesMut,
+    d: Bytes,
+    mut seen: u64,
+    max: u64,
+) -> Read {
+    buf.truncate(HEAD_KEPT);
+    let keep = HEAD_KEPT.saturating_sub(buf.len()).min(d.len());
+    buf.extend_from_slice(&d[..keep]);
+    let head = buf.freeze();
+    let drain = async {
+        while let Some(Ok(f)) = body.frame().await {
+            if let Ok(d) = f.into_data() {
+                seen += d.len() as u64;
+                if seen > max + DRAIN_MAX {
+                    break;
+                }
+            }
+        }
+    };
+    let _ = tokio::time::timeout(DRAIN_TIME, drain).await;
+    Read::TooLarge { seen, head }
 }
 
 /// A gzip body inflated, at most `max` bytes.

@@ -11,7 +11,7 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use crate::policy::git::PushRules;
 use crate::policy::Reason;
 
-use super::pack::{self, Limits, Oid, Pack, ZERO};
+use super::pack::{self, Limits, Oid, Pack, PackError, ZERO};
 use super::pktline::{self, Pkt, Reader};
 
 /// The most ref-update commands one push may carry.
@@ -43,26 +43,58 @@ impl PushRequest<'_> {
     /// Whether the client reads the answer in side-band, and the largest
     /// band packet it takes.
     pub fn sideband(&self) -> Option<usize> {
-        if self.caps.iter().any(|c| c == "side-band-64k") {
-            Some(pktline::MAX_PKT_LEN - 5)
-        } else if self.caps.iter().any(|c| c == "side-band") {
-            Some(995)
-        } else {
-            None
-        }
+        sideband(&self.caps)
+    }
+}
+
+/// Whether a client that asked for `caps` reads the answer in side-band,
+/// and the largest band packet it takes.
+pub fn sideband(caps: &[String]) -> Option<usize> {
+    if caps.iter().any(|c| c == "side-band-64k") {
+        Some(pktline::MAX_PKT_LEN - 5)
+    } else if caps.iter().any(|c| c == "side-band") {
+        Some(995)
+    } else {
+        None
     }
 }
 
 /// Reads the commands, capabilities and pack of a push body.
 pub fn parse_request(body: &[u8]) -> Result<PushRequest<'_>, String> {
+    match read_head(body, true)? {
+        Some(h) => Ok(PushRequest {
+            commands: h.commands,
+            caps: h.caps,
+            pack: &body[h.pack_at..],
+        }),
+        None => Err("the push ends before its commands do".into()),
+    }
+}
+
+/// What precedes a push's pack.
+#[derive(Debug)]
+pub struct Head {
+    pub commands: Vec<Command>,
+    /// The capabilities the client asked for.
+    pub caps: Vec<String>,
+    /// Where the pack starts in the body.
+    pub pack_at: usize,
+}
+
+/// Reads the commands and capabilities at the start of a push body, and
+/// where its pack starts. When `body` is not `complete` (the start of a
+/// body still arriving), `Ok(None)` while they are not all in it.
+pub fn read_head(body: &[u8], complete: bool) -> Result<Option<Head>, String> {
     let mut r = Reader::new(body);
     let mut commands = Vec::new();
     let mut caps = Vec::new();
     loop {
-        match r.next_pkt().map_err(|e| e.to_string())? {
-            None => return Err("the push ends before its commands do".into()),
-            Some(Pkt::Flush) => break,
-            Some(Pkt::Data(line)) => {
+        let Some(pkt) = next(&mut r, complete)? else {
+            return Ok(None);
+        };
+        match pkt {
+            Pkt::Flush => break,
+            Pkt::Data(line) => {
                 let line = line.strip_suffix(b"\n").unwrap_or(line);
                 if line.starts_with(b"shallow ") {
                     continue;
@@ -87,7 +119,7 @@ pub fn parse_request(body: &[u8]) -> Result<PushRequest<'_>, String> {
                     return Err(format!("more than {MAX_COMMANDS} ref updates"));
                 }
             }
-            Some(_) => return Err("unexpected delim in the commands".into()),
+            _ => return Err("unexpected delim in the commands".into()),
         }
     }
     if caps
@@ -98,18 +130,29 @@ pub fn parse_request(body: &[u8]) -> Result<PushRequest<'_>, String> {
     }
     if caps.iter().any(|c| c == "push-options") {
         loop {
-            match r.next_pkt().map_err(|e| e.to_string())? {
+            match next(&mut r, complete)? {
+                None => return Ok(None),
                 Some(Pkt::Flush) => break,
                 Some(Pkt::Data(_)) => {}
-                _ => return Err("the push options end early".into()),
+                Some(_) => return Err("the push options end early".into()),
             }
         }
     }
-    Ok(PushRequest {
+    Ok(Some(Head {
         commands,
         caps,
-        pack: r.rest(),
-    })
+        pack_at: r.position(),
+    }))
+}
+
+/// The next pkt-line; `None` at the end of `r`, or, when `r` is not
+/// `complete`, when it ends before the line does.
+fn next<'a>(r: &mut Reader<'a>, complete: bool) -> Result<Option<Pkt<'a>>, String> {
+    match r.next_pkt() {
+        Ok(p) => Ok(p),
+        Err(pktline::PktError::Truncated) if !complete => Ok(None),
+        Err(e) => Err(e.to_string()),
+    }
 }
 
 fn parse_command(line: &[u8]) -> Result<Command, String> {
@@ -153,8 +196,19 @@ impl Judgement {
 
 /// Judges a parsed push against `rules`.
 pub fn judge(rules: &PushRules, req: &PushRequest<'_>) -> Judgement {
-    let mut refs: Vec<RefVerdict> = req
-        .commands
+    let pack =
+        (!req.pack.is_empty()).then(|| Pack::parse(req.pack, Limits::for_pack(req.pack.len())));
+    judge_read(rules, &req.commands, pack)
+}
+
+/// Judges a push's `commands` against `rules`, with its pack as read
+/// (`None`: the push carried none).
+pub fn judge_read(
+    rules: &PushRules,
+    commands: &[Command],
+    pack: Option<Result<Pack, PackError>>,
+) -> Judgement {
+    let mut refs: Vec<RefVerdict> = commands
         .iter()
         .map(|c| RefVerdict {
             command: c.clone(),
@@ -172,22 +226,18 @@ pub fn judge(rules: &PushRules, req: &PushRequest<'_>) -> Judgement {
             refuse(v, Reason::GitDeleteNotAllowed, why, &mut first);
         }
     }
-    let writes = req.commands.iter().any(|c| c.new != ZERO);
-    let pack = if req.pack.is_empty() {
-        None
-    } else {
-        match Pack::parse(req.pack, Limits::for_pack(req.pack.len())) {
-            Ok(p) => Some(p),
-            Err(e) => {
-                let why = format!("the pushed pack does not read: {e}");
-                for v in refs.iter_mut() {
-                    refuse(v, Reason::Malformed, why.clone(), &mut first);
-                }
-                return Judgement {
-                    refs,
-                    refused: first,
-                };
+    let writes = commands.iter().any(|c| c.new != ZERO);
+    let pack = match pack.transpose() {
+        Ok(p) => p,
+        Err(e) => {
+            let why = format!("the pushed pack does not read: {e}");
+            for v in refs.iter_mut() {
+                refuse(v, Reason::Malformed, why.clone(), &mut first);
             }
+            return Judgement {
+                refs,
+                refused: first,
+            };
         }
     };
     if let Some(p) = pack.as_ref().filter(|p| p.unresolved > 0) {

@@ -1,6 +1,10 @@
-//! A pushed packfile (gitformat-pack(5)), read whole from memory and
-//! bounded: the objects' ids, and the commits and trees kept for the
-//! push's checks (blobs are hashed and dropped).
+//! A pushed packfile (gitformat-pack(5)), read as it arrives or whole
+//! from memory, and bounded: the ids of the commits and trees, kept for
+//! the push's checks. What git sends (`ofs-delta`, `no-thin`) is read as
+//! its bytes arrive, each delta's type known from its base's offset, so
+//! the reading ends with the upload rather than starting after it; a pack
+//! with a REF_DELTA is read again whole, every object hashed and every
+//! delta resolved by id.
 //!
 //! Our own reader rather than gitoxide's `gix-pack`: that crate brings
 //! `gix-features`, `gix-hash`, `gix-object`, `gix-chunk`, `gix-diff` and
@@ -14,6 +18,7 @@
 
 use std::collections::HashMap;
 use std::fmt;
+use std::io::BufRead;
 use std::ops::Range;
 use std::sync::Arc;
 
@@ -120,6 +125,10 @@ struct Entry {
     size: u64,
     /// The zlib stream.
     data: Range<usize>,
+    /// Its type, when known as it is read.
+    kind: Option<Kind>,
+    /// Its delta chain's length, as read arriving.
+    depth: usize,
 }
 
 /// An object's type and, for a commit or tree, its content.
@@ -160,83 +169,202 @@ impl TreeEntry<'_> {
     }
 }
 
-struct Reading<'a> {
-    buf: &'a [u8],
+/// Where a pack's bytes come from while it is read: any `BufRead` (a
+/// slice in memory, or a push body's chunks handed over as they arrive),
+/// counted, and checksummed as they are consumed.
+struct Tally<R> {
+    inner: R,
+    pos: usize,
+    sum: Option<Context>,
+}
+
+impl<R: BufRead> Tally<R> {
+    fn new(inner: R, sum: bool) -> Tally<R> {
+        Tally {
+            inner,
+            pos: 0,
+            sum: sum.then(|| Context::new(&SHA1_FOR_LEGACY_USE_ONLY)),
+        }
+    }
+
+    /// What is buffered; empty at the end (a failed read ends it too:
+    /// what was not read is missing, and the reading says so).
+    fn fill(&mut self) -> &[u8] {
+        self.inner.fill_buf().unwrap_or(&[])
+    }
+
+    /// Consumes `n` of the bytes [`Tally::fill`] showed.
+    fn take(&mut self, n: usize) {
+        if let Some(s) = self.sum.as_mut() {
+            s.update(&self.inner.fill_buf().unwrap_or(&[])[..n]);
+        }
+        self.inner.consume(n);
+        self.pos += n;
+    }
+
+    fn byte(&mut self) -> Result<u8, PackError> {
+        let b = *self.fill().first().ok_or(PackError::Truncated)?;
+        self.take(1);
+        Ok(b)
+    }
+
+    fn exact<const N: usize>(&mut self) -> Result<[u8; N], PackError> {
+        let mut out = [0u8; N];
+        for b in out.iter_mut() {
+            *b = self.byte()?;
+        }
+        Ok(out)
+    }
+}
+
+/// A reader that holds back its last 20 bytes (an arriving pack's
+/// trailer) until its end: they are never handed out as objects.
+struct HoldBack<R> {
+    inner: R,
+    buf: Vec<u8>,
+    start: usize,
+    end: bool,
+}
+
+impl<R: BufRead> HoldBack<R> {
+    fn new(inner: R) -> HoldBack<R> {
+        HoldBack {
+            inner,
+            buf: Vec::new(),
+            start: 0,
+            end: false,
+        }
+    }
+
+    /// What was held back at the end.
+    fn trailer(&self) -> &[u8] {
+        &self.buf[self.start..]
+    }
+}
+
+impl<R: BufRead> std::io::Read for HoldBack<R> {
+    fn read(&mut self, out: &mut [u8]) -> std::io::Result<usize> {
+        let n = {
+            let avail = self.fill_buf()?;
+            let n = avail.len().min(out.len());
+            out[..n].copy_from_slice(&avail[..n]);
+            n
+        };
+        self.consume(n);
+        Ok(n)
+    }
+}
+
+impl<R: BufRead> BufRead for HoldBack<R> {
+    fn fill_buf(&mut self) -> std::io::Result<&[u8]> {
+        while !self.end && self.buf.len() - self.start <= 20 {
+            self.buf.drain(..self.start);
+            self.start = 0;
+            let chunk = self.inner.fill_buf()?;
+            let n = chunk.len();
+            self.end = n == 0;
+            self.buf.extend_from_slice(chunk);
+            self.inner.consume(n);
+        }
+        let upto = self.buf.len().saturating_sub(20).max(self.start);
+        Ok(&self.buf[self.start..upto])
+    }
+
+    fn consume(&mut self, n: usize) {
+        self.start += n;
+    }
+}
+
+/// How a pack is read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// As it arrives, for what git sends a server that asks for
+    /// `ofs-delta` and `no-thin`: every delta's base is an earlier object,
+    /// so each delta's type is known when it arrives. Commits and trees,
+    /// and their deltas (applied at once onto their kept bases), are
+    /// hashed and kept; blobs and tags and their deltas are inflated,
+    /// bounded and held to their declared sizes, but neither hashed nor
+    /// rebuilt: no check reads them, and a delta's offset proves its base
+    /// is in the pack. A REF_DELTA ends this reading: the pack is then
+    /// read whole.
+    Arriving,
+    /// Whole, from memory: every base object hashed, then every delta
+    /// resolved from the bases outward, REF_DELTAs by id, as `git
+    /// index-pack` does.
+    Whole,
+}
+
+/// What reading a pack as it arrives came to.
+pub enum Arrived {
+    Read(Pack),
+    /// It holds a REF_DELTA: once all of it is in, [`Pack::parse`] it.
+    NeedsWhole,
+}
+
+/// Each object's type and id, where known.
+type Ids = Vec<Option<(Kind, Oid)>>;
+
+struct Reading {
+    mode: Mode,
     entries: Vec<Entry>,
     by_offset: HashMap<usize, usize>,
     kept: HashMap<usize, (Kind, Arc<[u8]>)>,
     limits: Limits,
     inflated: u64,
+    count: u32,
+    z: Decompress,
+    chunk: Box<[u8]>,
 }
 
 impl Pack {
-    /// Reads `buf`, a whole pack (header, objects, trailer).
+    /// Reads `buf`, a whole pack (header, objects, trailer): as it would
+    /// have arrived, or whole when it holds a REF_DELTA.
     pub fn parse(buf: &[u8], limits: Limits) -> Result<Pack, PackError> {
-        if buf.len() < 32 || &buf[..4] != b"PACK" {
-            return Err(PackError::Header);
+        let end = check_whole(buf)?;
+        let mut r = Reading::new(Mode::Arriving, limits);
+        match r.objects(&mut Tally::new(&buf[..end], false), Some(end))? {
+            Some(ids) => Ok(r.into_pack(ids, 0)),
+            None => Pack::parse_whole(buf, limits),
         }
-        let version = u32::from_be_bytes(buf[4..8].try_into().expect("4 bytes"));
-        if version != 2 && version != 3 {
-            return Err(PackError::Header);
-        }
-        let count = u32::from_be_bytes(buf[8..12].try_into().expect("4 bytes"));
-        let end = buf.len() - 20;
-        let mut sum = Context::new(&SHA1_FOR_LEGACY_USE_ONLY);
-        sum.update(&buf[..end]);
-        if sum.finish().as_ref() != &buf[end..] {
-            return Err(PackError::Checksum);
-        }
-        // Every object takes at least two bytes of header and eight of
-        // zlib: a count beyond that is a lie, found before any allocation.
-        if count as usize > (end - 12) / 10 {
-            return Err(PackError::Truncated);
-        }
-        let mut r = Reading {
-            buf: &buf[..end],
-            entries: Vec::with_capacity(count as usize),
-            by_offset: HashMap::new(),
-            kept: HashMap::new(),
-            limits,
-            inflated: 0,
+    }
+
+    /// Reads a pack from `input` as its bytes arrive (a blocking reader,
+    /// fed a body's chunks as they come). The last 20 bytes are held back
+    /// as the trailer, so a count that lies runs into the end, as it does
+    /// in a pack read whole.
+    pub fn read_arriving<R: BufRead>(input: R, limits: Limits) -> Result<Arrived, PackError> {
+        let mut r = Reading::new(Mode::Arriving, limits);
+        let mut t = Tally::new(HoldBack::new(input), true);
+        let Some(ids) = r.objects(&mut t, None)? else {
+            return Ok(Arrived::NeedsWhole);
         };
-        let mut pos = 12;
-        let mut ids: Vec<Option<(Kind, Oid)>> = Vec::with_capacity(count as usize);
-        for _ in 0..count {
-            let (entry, id) = r.read_entry(pos)?;
-            pos = entry.data.end;
-            let idx = r.entries.len();
-            r.by_offset.insert(entry.offset, idx);
-            ids.push(id);
-            r.entries.push(entry);
-        }
-        if pos != end {
+        if !t.fill().is_empty() {
             return Err(PackError::TrailingBytes);
         }
-        r.resolve_deltas(&mut ids)?;
-        let mut objects = HashMap::with_capacity(ids.len());
-        let mut unresolved = 0;
-        for (i, id) in ids.iter().enumerate() {
-            match id {
-                Some((kind, oid)) => {
-                    let data = r.kept.get(&i).map(|(_, d)| d.clone());
-                    objects.insert(*oid, (*kind, data));
-                }
-                None => unresolved += 1,
-            }
+        let sum = t.sum.take().expect("summed").finish();
+        if t.inner.trailer() != sum.as_ref() {
+            return Err(PackError::Checksum);
         }
-        Ok(Pack {
-            objects,
-            unresolved,
-            count,
-            inflated: r.inflated,
-        })
+        Ok(Arrived::Read(r.into_pack(ids, 0)))
+    }
+
+    /// Reads `buf` whole: any pack, REF_DELTAs included.
+    pub fn parse_whole(buf: &[u8], limits: Limits) -> Result<Pack, PackError> {
+        let end = check_whole(buf)?;
+        let mut r = Reading::new(Mode::Whole, limits);
+        let mut ids = r
+            .objects(&mut Tally::new(&buf[..end], false), Some(end))?
+            .expect("a whole reading reads every object");
+        r.resolve_deltas(&buf[..end], &mut ids)?;
+        let unresolved = ids.iter().filter(|id| id.is_none()).count();
+        Ok(r.into_pack(ids, unresolved))
     }
 
     pub fn kind(&self, id: &Oid) -> Option<Kind> {
         self.objects.get(id).map(|(k, _)| *k)
     }
 
-    /// Whether the pack holds `id`.
+    /// Whether the pack holds `id` (read arriving, its commits and trees).
     pub fn contains(&self, id: &Oid) -> bool {
         self.objects.contains_key(id)
     }
@@ -266,24 +394,99 @@ impl Pack {
     }
 }
 
-impl Reading<'_> {
-    /// The entry at `pos`; for a base object, also its id (a blob is
-    /// hashed while it inflates and not kept).
-    fn read_entry(&mut self, pos: usize) -> Result<(Entry, Option<(Kind, Oid)>), PackError> {
-        let buf = self.buf;
-        let mut p = pos;
-        let byte = |p: &mut usize| -> Result<u8, PackError> {
-            let b = *buf.get(*p).ok_or(PackError::Truncated)?;
-            *p += 1;
-            Ok(b)
-        };
-        let c = byte(&mut p)?;
+/// A whole pack's checksum, checked before any object is read; the
+/// offset of its trailer.
+fn check_whole(buf: &[u8]) -> Result<usize, PackError> {
+    if buf.len() < 32 || &buf[..4] != b"PACK" {
+        return Err(PackError::Header);
+    }
+    let end = buf.len() - 20;
+    let mut sum = Context::new(&SHA1_FOR_LEGACY_USE_ONLY);
+    sum.update(&buf[..end]);
+    if sum.finish().as_ref() != &buf[end..] {
+        return Err(PackError::Checksum);
+    }
+    Ok(end)
+}
+
+impl Reading {
+    fn new(mode: Mode, limits: Limits) -> Reading {
+        Reading {
+            mode,
+            entries: Vec::new(),
+            by_offset: HashMap::new(),
+            kept: HashMap::new(),
+            limits,
+            inflated: 0,
+            count: 0,
+            z: Decompress::new(true),
+            chunk: vec![0u8; 32 << 10].into_boxed_slice(),
+        }
+    }
+
+    /// The header and every object, to `end` when it is known (a whole
+    /// pack without its trailer); `None` when an arriving pack holds a
+    /// REF_DELTA.
+    fn objects<R: BufRead>(
+        &mut self,
+        t: &mut Tally<R>,
+        end: Option<usize>,
+    ) -> Result<Option<Ids>, PackError> {
+        let head: [u8; 12] = t.exact().map_err(|_| PackError::Header)?;
+        let version = u32::from_be_bytes(head[4..8].try_into().expect("4 bytes"));
+        if &head[..4] != b"PACK" || (version != 2 && version != 3) {
+            return Err(PackError::Header);
+        }
+        let count = u32::from_be_bytes(head[8..12].try_into().expect("4 bytes"));
+        // Every object takes at least two bytes of header and eight of
+        // zlib: a count beyond that is a lie, found before any allocation.
+        if end.is_some_and(|end| count as usize > (end - 12) / 10) {
+            return Err(PackError::Truncated);
+        }
+        self.count = count;
+        let room = count.min(1 << 16) as usize;
+        self.entries.reserve(room);
+        let mut ids = Ids::with_capacity(room);
+        for _ in 0..count {
+            let Some(id) = self.read_entry(t)? else {
+                return Ok(None);
+            };
+            self.by_offset
+                .insert(self.entries.last().expect("read").offset, ids.len());
+            ids.push(id);
+        }
+        if end.is_some_and(|end| t.pos != end) {
+            return Err(PackError::TrailingBytes);
+        }
+        Ok(Some(ids))
+    }
+
+    fn into_pack(self, ids: Ids, unresolved: usize) -> Pack {
+        let mut objects = HashMap::with_capacity(self.kept.len());
+        let mut kept = self.kept;
+        for (i, id) in ids.into_iter().enumerate() {
+            if let Some((kind, oid)) = id {
+                let data = kept.remove(&i).map(|(_, d)| d);
+                objects.insert(oid, (kind, data));
+            }
+        }
+        Pack {
+            objects,
+            unresolved,
+            count: self.count,
+            inflated: self.inflated,
+        }
+    }
+
+    /// An entry's header: its type (or its delta base) and declared size.
+    fn read_header<R: BufRead>(&self, t: &mut Tally<R>) -> Result<(Header, u64), PackError> {
+        let pos = t.pos;
+        let mut c = t.byte()?;
         let ty = (c >> 4) & 7;
         let mut size = u64::from(c & 15);
         let mut shift = 4;
-        let mut c = c;
         while c & 0x80 != 0 {
-            c = byte(&mut p)?;
+            c = t.byte()?;
             if shift > 57 {
                 return Err(PackError::BadObject(pos, "size too long"));
             }
@@ -296,10 +499,10 @@ impl Reading<'_> {
             3 => Header::Base(Kind::Blob),
             4 => Header::Base(Kind::Tag),
             6 => {
-                let mut c = byte(&mut p)?;
+                let mut c = t.byte()?;
                 let mut ofs = u64::from(c & 0x7f);
                 while c & 0x80 != 0 {
-                    c = byte(&mut p)?;
+                    c = t.byte()?;
                     ofs = ofs
                         .checked_add(1)
                         .and_then(|o| o.checked_mul(128))
@@ -316,74 +519,121 @@ impl Reading<'_> {
                     .ok_or(PackError::BadObject(pos, "delta base is not an object"))?;
                 Header::Ofs(idx)
             }
-            7 => {
-                let id = buf.get(p..p + 20).ok_or(PackError::Truncated)?;
-                p += 20;
-                Header::Ref(id.try_into().expect("20 bytes"))
-            }
+            7 => Header::Ref(t.exact()?),
             _ => return Err(PackError::BadObject(pos, "unknown object type")),
         };
-        let mut hasher = None;
-        if let Header::Base(kind) = header {
-            let mut h = Context::new(&SHA1_FOR_LEGACY_USE_ONLY);
-            h.update(format!("{} {size}\0", kind.name()).as_bytes());
-            hasher = Some((kind, h));
-        }
-        let keep = matches!(header, Header::Base(Kind::Commit | Kind::Tree));
-        let (used, kept) = self.inflate(pos, p, size, keep, hasher.as_mut().map(|(_, h)| h))?;
-        let entry = Entry {
+        Ok((header, size))
+    }
+
+    /// The next entry, inflated; its type and id when they are worked out
+    /// now. `None` when an arriving pack shows a REF_DELTA.
+    fn read_entry<R: BufRead>(
+        &mut self,
+        t: &mut Tally<R>,
+    ) -> Result<Option<Option<(Kind, Oid)>>, PackError> {
+        let pos = t.pos;
+        let (header, size) = self.read_header(t)?;
+        let from = t.pos;
+        let idx = self.entries.len();
+        let mut depth = 0;
+        let id = match (self.mode, &header) {
+            (_, Header::Base(kind)) => {
+                let kind = *kind;
+                let hash = self.mode == Mode::Whole || kind != Kind::Blob;
+                let keep = matches!(kind, Kind::Commit | Kind::Tree);
+                let mut h = hash.then(|| {
+                    let mut h = Context::new(&SHA1_FOR_LEGACY_USE_ONLY);
+                    h.update(format!("{} {size}\0", kind.name()).as_bytes());
+                    h
+                });
+                let data = self.inflate(t, pos, size, keep, h.as_mut())?;
+                if let Some(d) = data {
+                    self.kept.insert(idx, (kind, d.into()));
+                }
+                h.map(|h| (kind, h.finish().as_ref().try_into().expect("20 bytes")))
+            }
+            (Mode::Arriving, Header::Ref(_)) => return Ok(None),
+            (Mode::Arriving, Header::Ofs(base)) => {
+                depth = self.entries[*base].depth + 1;
+                if depth > self.limits.max_depth {
+                    return Err(PackError::DeltaTooDeep(pos));
+                }
+                match self.kept.get(base).cloned() {
+                    Some((kind, base)) => {
+                        let delta = self.inflate(t, pos, size, true, None)?;
+                        let out: Arc<[u8]> = self.apply(pos, &base, &delta.expect("kept"))?.into();
+                        let oid = object_id(kind, &out);
+                        self.kept.insert(idx, (kind, out));
+                        Some((kind, oid))
+                    }
+                    None => {
+                        self.inflate(t, pos, size, false, None)?;
+                        None
+                    }
+                }
+            }
+            (Mode::Whole, _) => {
+                self.inflate(t, pos, size, false, None)?;
+                None
+            }
+        };
+        let kind = match (&header, id) {
+            (Header::Base(k), _) => Some(*k),
+            (_, Some((k, _))) => Some(k),
+            (Header::Ofs(b), None) => self.entries[*b].kind,
+            (Header::Ref(_), None) => None,
+        };
+        self.entries.push(Entry {
             offset: pos,
             header,
             size,
-            data: p..p + used,
-        };
-        let id = hasher.map(|(kind, h)| {
-            let oid: Oid = h.finish().as_ref().try_into().expect("20 bytes");
-            if let Some(d) = kept {
-                self.kept.insert(self.entries.len(), (kind, d.into()));
-            }
-            (kind, oid)
+            data: from..t.pos,
+            kind,
+            depth,
         });
-        Ok((entry, id))
+        Ok(Some(id))
     }
 
-    /// Inflates the zlib stream at `from`, which must produce exactly
-    /// `size` bytes; returns the stream's length and, when `keep`, the
-    /// bytes. Charged to the budget before a byte is produced.
-    fn inflate(
+    /// Inflates the zlib stream `t` is at, which must produce exactly
+    /// `size` bytes; returns them when `keep`. Charged to the budget
+    /// before a byte is produced.
+    fn inflate<R: BufRead>(
         &mut self,
+        t: &mut Tally<R>,
         at: usize,
-        from: usize,
         size: u64,
         keep: bool,
         mut hash: Option<&mut Context>,
-    ) -> Result<(usize, Option<Vec<u8>>), PackError> {
+    ) -> Result<Option<Vec<u8>>, PackError> {
         self.charge(at, size)?;
-        let src = &self.buf[from..];
-        let mut z = Decompress::new(true);
+        self.z.reset(true);
         let mut out = keep.then(|| Vec::with_capacity(size as usize));
-        let mut chunk = [0u8; 16 << 10];
         let mut produced = 0u64;
         loop {
-            let (in0, out0) = (z.total_in(), z.total_out());
-            let status = z
-                .decompress(&src[in0 as usize..], &mut chunk, FlushDecompress::None)
+            let input = t.fill();
+            let empty = input.is_empty();
+            let (in0, out0) = (self.z.total_in(), self.z.total_out());
+            let status = self
+                .z
+                .decompress(input, &mut self.chunk, FlushDecompress::None)
                 .map_err(|_| PackError::Zlib(at))?;
-            let n = (z.total_out() - out0) as usize;
+            let used = (self.z.total_in() - in0) as usize;
+            let n = (self.z.total_out() - out0) as usize;
+            t.take(used);
             produced += n as u64;
             if produced > size {
                 return Err(PackError::BadObject(at, "inflates past its declared size"));
             }
             if let Some(h) = hash.as_deref_mut() {
-                h.update(&chunk[..n]);
+                h.update(&self.chunk[..n]);
             }
             if let Some(o) = out.as_mut() {
-                o.extend_from_slice(&chunk[..n]);
+                o.extend_from_slice(&self.chunk[..n]);
             }
             match status {
                 Status::StreamEnd => break,
-                _ if n == 0 && z.total_in() == in0 => {
-                    return Err(if in0 as usize >= src.len() {
+                _ if n == 0 && used == 0 => {
+                    return Err(if empty {
                         PackError::Truncated
                     } else {
                         PackError::Zlib(at)
@@ -398,7 +648,15 @@ impl Reading<'_> {
                 "inflates short of its declared size",
             ));
         }
-        Ok((z.total_in() as usize, out))
+        Ok(out)
+    }
+
+    /// Inflates the stream of entry `i` again, from the whole pack `buf`.
+    fn inflate_again(&mut self, buf: &[u8], i: usize) -> Result<Vec<u8>, PackError> {
+        let e = &self.entries[i];
+        let (at, size) = (e.offset, e.size);
+        let mut t = Tally::new(&buf[e.data.clone()], false);
+        Ok(self.inflate(&mut t, at, size, true, None)?.expect("kept"))
     }
 
     fn charge(&mut self, at: usize, size: u64) -> Result<(), PackError> {
@@ -422,7 +680,11 @@ impl Reading<'_> {
     /// object or itself a delta: its children are found by id as soon as
     /// that id is known. What no base reaches (a thin pack's deltas, deltas
     /// naming each other) stays `None` in `ids`.
-    fn resolve_deltas(&mut self, ids: &mut [Option<(Kind, Oid)>]) -> Result<(), PackError> {
+    fn resolve_deltas(
+        &mut self,
+        buf: &[u8],
+        ids: &mut [Option<(Kind, Oid)>],
+    ) -> Result<(), PackError> {
         let mut by_ofs: HashMap<usize, Vec<usize>> = HashMap::new();
         let mut by_ref: HashMap<Oid, Vec<usize>> = HashMap::new();
         for (i, e) in self.entries.iter().enumerate() {
@@ -458,7 +720,7 @@ impl Reading<'_> {
             if kids.is_empty() {
                 continue;
             }
-            let data = self.base_content(root)?;
+            let data = self.base_content(buf, root)?;
             let mut stack = vec![Frame {
                 kind,
                 data,
@@ -471,14 +733,13 @@ impl Reading<'_> {
                     continue;
                 };
                 let (kind, depth) = (top.kind, top.depth + 1);
-                let e = &self.entries[child];
-                let (at, from, size) = (e.offset, e.data.start, e.size);
+                let at = self.entries[child].offset;
                 if depth > self.limits.max_depth {
                     return Err(PackError::DeltaTooDeep(at));
                 }
-                let (_, delta) = self.inflate(at, from, size, true, None)?;
+                let delta = self.inflate_again(buf, child)?;
                 let base = stack.last().expect("the frame popped from").data.clone();
-                let out: Arc<[u8]> = self.apply(at, &base, &delta.expect("kept"))?.into();
+                let out: Arc<[u8]> = self.apply(at, &base, &delta)?.into();
                 let oid = object_id(kind, &out);
                 ids[child] = Some((kind, oid));
                 if matches!(kind, Kind::Commit | Kind::Tree) {
@@ -500,14 +761,11 @@ impl Reading<'_> {
 
     /// A base object's content: kept (commits, trees), else inflated once
     /// more (a blob, hashed but not kept when first read).
-    fn base_content(&mut self, root: usize) -> Result<Arc<[u8]>, PackError> {
+    fn base_content(&mut self, buf: &[u8], root: usize) -> Result<Arc<[u8]>, PackError> {
         if let Some((_, d)) = self.kept.get(&root) {
             return Ok(d.clone());
         }
-        let e = &self.entries[root];
-        let (at, from, size) = (e.offset, e.data.start, e.size);
-        let (_, d) = self.inflate(at, from, size, true, None)?;
-        Ok(d.expect("kept").into())
+        Ok(self.inflate_again(buf, root)?.into())
     }
 
     /// A delta (gitformat-pack(5) "Deltified representation") applied to
@@ -765,9 +1023,15 @@ mod tests {
                 object(Kind::Commit, &c),
             ],
         );
+        // Read as it arrives, the blob is inflated but not hashed; read
+        // whole, it is.
+        assert_eq!(Pack::parse(&p, limits()).unwrap().kind(&blob_id), None);
+        let whole = Pack::parse_whole(&p, limits()).unwrap();
+        assert_eq!(whole.kind(&blob_id), Some(Kind::Blob));
+        assert_eq!(whole.kind(&c_id), Some(Kind::Commit));
         let pack = Pack::parse(&p, limits()).unwrap();
         assert_eq!(pack.unresolved, 0);
-        assert_eq!(pack.kind(&blob_id), Some(Kind::Blob));
+        assert_eq!(pack.kind(&tree_id), Some(Kind::Tree));
         let got = pack.commit(&c_id).unwrap().unwrap();
         assert_eq!(got.tree, tree_id);
         assert_eq!(got.parents, vec![[7; 20]]);
@@ -804,6 +1068,91 @@ mod tests {
 
     fn pack_of(entries: &[Vec<u8>]) -> Vec<u8> {
         pack(entries.len() as u32, entries)
+    }
+
+    /// A `BufRead` that hands out its bytes `n` at a time, as a body's
+    /// frames arrive.
+    struct Trickle<'a> {
+        buf: &'a [u8],
+        n: usize,
+    }
+
+    impl std::io::Read for Trickle<'_> {
+        fn read(&mut self, out: &mut [u8]) -> std::io::Result<usize> {
+            let k = self.fill_buf()?.len().min(out.len());
+            out[..k].copy_from_slice(&self.buf[..k]);
+            self.consume(k);
+            Ok(k)
+        }
+    }
+
+    impl BufRead for Trickle<'_> {
+        fn fill_buf(&mut self) -> std::io::Result<&[u8]> {
+            Ok(&self.buf[..self.n.min(self.buf.len())])
+        }
+        fn consume(&mut self, k: usize) {
+            self.buf = &self.buf[k..];
+        }
+    }
+
+    fn arriving(p: &[u8], n: usize) -> Result<Arrived, PackError> {
+        Pack::read_arriving(Trickle { buf: p, n }, limits())
+    }
+
+    /// A tree stored as an OFS_DELTA on another tree, and a commit naming
+    /// it: read as it arrives, a few bytes at a time, the delta is applied
+    /// when it arrives and the pack answers as one read whole does.
+    #[test]
+    fn an_arriving_pack_resolves_its_tree_deltas_as_they_come() {
+        let blob_id = object_id(Kind::Blob, b"x\n");
+        let t1 = tree(&[("100644", "a.txt", blob_id)]);
+        let t2 = tree(&[("100644", "a.txt", blob_id), ("100644", "b.txt", blob_id)]);
+        let t2_id = object_id(Kind::Tree, &t2);
+        let c = commit(&t2_id, &[]);
+        let c_id = object_id(Kind::Commit, &c);
+        // t2 = t1 whole, then b.txt's entry inserted.
+        let mut d = Vec::new();
+        varint(t1.len(), &mut d);
+        varint(t2.len(), &mut d);
+        d.extend([0x80 | 0x10, t1.len() as u8]);
+        let add = &t2[t1.len()..];
+        d.push(add.len() as u8);
+        d.extend_from_slice(add);
+        let first = object(Kind::Tree, &t1);
+        let mut delta = header(6, d.len() as u64);
+        delta.push(first.len() as u8);
+        delta.extend(zlib(&d));
+        let p = pack_of(&[
+            first,
+            delta,
+            object(Kind::Blob, b"x\n"),
+            object(Kind::Commit, &c),
+        ]);
+        for n in [1, 7, 1 << 20] {
+            let Ok(Arrived::Read(pack)) = arriving(&p, n) else {
+                panic!("read arriving {n} bytes at a time");
+            };
+            assert_eq!(pack.tree(&t2_id), Some(&t2[..]));
+            assert_eq!(pack.commit(&c_id).unwrap().unwrap().tree, t2_id);
+            assert_eq!(pack.unresolved, 0);
+        }
+        let whole = Pack::parse_whole(&p, limits()).unwrap();
+        assert_eq!(whole.tree(&t2_id), Some(&t2[..]));
+        // A REF_DELTA asks for the whole pack; bytes past the trailer and
+        // a wrong checksum are refused.
+        let base = object(Kind::Blob, b"x\n");
+        let r = pack_of(&[base.clone(), ref_delta(&blob_id, &[2, 2, 0x90, 2])]);
+        assert!(matches!(arriving(&r, 3), Ok(Arrived::NeedsWhole)));
+        let mut extra = p.clone();
+        extra.push(0);
+        assert_eq!(arriving(&extra, 5).err(), Some(PackError::TrailingBytes));
+        let mut bad = p.clone();
+        *bad.last_mut().unwrap() ^= 1;
+        assert_eq!(arriving(&bad, 5).err(), Some(PackError::Checksum));
+        assert_eq!(
+            arriving(&p[..p.len() - 3], 5).err(),
+            Some(PackError::Truncated)
+        );
     }
 
     #[test]
