@@ -332,15 +332,7 @@ struct Chunks {
 
 impl std::io::Read for Chunks {
     fn read(&mut self, out: &mut [u8]) -> std::io::Result<usize> {
-        use std::io::BufRead as _;
-        let n = {
-            let avail = self.fill_buf()?;
-            let n = avail.len().min(out.len());
-            out[..n].copy_from_slice(&avail[..n]);
-            n
-        };
-        self.consume(n);
-        Ok(n)
+        pack::read_through_buffer(self, out)
     }
 }
 

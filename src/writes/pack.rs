@@ -244,15 +244,17 @@ impl<R: BufRead> HoldBack<R> {
 
 impl<R: BufRead> std::io::Read for HoldBack<R> {
     fn read(&mut self, out: &mut [u8]) -> std::io::Result<usize> {
-        let n = {
-            let avail = self.fill_buf()?;
-            let n = avail.len().min(out.len());
-            out[..n].copy_from_slice(&avail[..n]);
-            n
-        };
-        self.consume(n);
-        Ok(n)
+        read_through_buffer(self, out)
     }
+}
+
+/// `Read::read` for a reader whose `BufRead` side does the work.
+pub fn read_through_buffer<R: BufRead>(r: &mut R, out: &mut [u8]) -> std::io::Result<usize> {
+    let avail = r.fill_buf()?;
+    let n = avail.len().min(out.len());
+    out[..n].copy_from_slice(&avail[..n]);
+    r.consume(n);
+    Ok(n)
 }
 
 impl<R: BufRead> BufRead for HoldBack<R> {

@@ -80,13 +80,7 @@ fn host_serve() -> HostServe {
     let line = rx
         .recv_timeout(Duration::from_secs(30))
         .expect("the host's egressd serve started");
-    let field = |name: &str| -> SocketAddr {
-        line.split_whitespace()
-            .find_map(|kv| kv.strip_prefix(&format!("{name}=")))
-            .unwrap_or_else(|| panic!("no {name} in {line}"))
-            .parse()
-            .unwrap()
-    };
+    let field = |name: &str| crate::support::announced(&line, name);
     let (proxy, dns, metrics) = (field("proxy"), field("dns"), field("metrics").port());
     // Another client's denial, which the serve keeps for `egressd grant`.
     let r = http_request(

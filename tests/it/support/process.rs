@@ -185,13 +185,7 @@ impl Builder {
                 panic!("egressd did not start: {:?}", lines.lock().unwrap());
             }
         };
-        let field = |name: &str| -> SocketAddr {
-            line.split_whitespace()
-                .find_map(|kv| kv.strip_prefix(&format!("{name}=")))
-                .unwrap_or_else(|| panic!("no {name} in {line}"))
-                .parse()
-                .unwrap()
-        };
+        let field = |name: &str| announced(&line, name);
         Egressd {
             proxy: field("proxy"),
             dns: field("dns"),
@@ -294,4 +288,13 @@ pub fn atomic_write(path: &Path, text: &str) {
     let tmp = path.with_extension("tmp~");
     std::fs::write(&tmp, text).unwrap();
     std::fs::rename(&tmp, path).unwrap();
+}
+
+/// The address egressd's start-up line announces as `name=ADDR`.
+pub fn announced(line: &str, name: &str) -> SocketAddr {
+    line.split_whitespace()
+        .find_map(|kv| kv.strip_prefix(&format!("{name}=")))
+        .unwrap_or_else(|| panic!("no {name} in {line}"))
+        .parse()
+        .unwrap()
 }
