@@ -217,7 +217,7 @@ fn shipped(name: &str, replace: &[(&str, String)]) -> String {
 /// A request through `front` as the named client: its status and
 /// `X-Egressd-Request` (status 0: the balancer closed without an answer).
 fn through(front: SocketAddr, url: &str) -> (u16, Option<String>, Option<String>) {
-    let out = Command::new("curl")
+    let out = Command::new(tool("curl"))
         .args(["-sS", "-o", "/dev/null", "-D", "-", "--max-time", "10"])
         .arg("-x")
         .arg(format!("http://{front}"))

@@ -121,7 +121,7 @@ impl Setup {
         let (h, b) = (self.dir.path().join("h"), self.dir.path().join("b"));
         let _ = std::fs::remove_file(&h);
         let _ = std::fs::remove_file(&b);
-        let out = Command::new("curl")
+        let out = Command::new(tool("curl"))
             .args(["-sS", "--max-time", "60", "--noproxy", ""])
             .arg("--proxy")
             .arg(format!("http://{}", self.lab.e.proxy))

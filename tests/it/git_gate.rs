@@ -91,7 +91,7 @@ impl Setup {
 
     /// `git` through egressd, trusting egressd's CA only.
     fn git(&self, cwd: &Path, args: &[&str]) -> Output {
-        Command::new("git")
+        Command::new(tool("git"))
             .current_dir(cwd)
             .args([
                 "-c",

@@ -38,7 +38,7 @@ struct Curl {
 }
 
 fn curl(e: &Egressd, url: &str, token: Option<&str>) -> Curl {
-    let mut c = Command::new("curl");
+    let mut c = Command::new(tool("curl"));
     c.args(["-sS", "-i", "--max-time", "10", "--noproxy", ""])
         .arg("-x")
         .arg(format!("http://{}", e.proxy));
@@ -612,7 +612,7 @@ fn grants_in_their_own_directory_are_served() {
 fn fleet_a_client_pinned_by_haproxy_meets_one_replica_and_a_grant_keeps_its_uses() {
     let f = fleet(|_| base().yaml());
     let through = |token: &str| {
-        let out = Command::new("curl")
+        let out = Command::new(tool("curl"))
             .args(["-sS", "-o", "/dev/null", "-D", "-", "--max-time", "10"])
             .arg("-x")
             .arg(format!("http://{}", f.front))

@@ -34,7 +34,7 @@ exceptions:
 
 /// The first global-scope address of this host of the given family, if any.
 fn host_address(v6: bool) -> Option<IpAddr> {
-    let out = Command::new("ip")
+    let out = Command::new(crate::support::tool("ip"))
         .args([
             if v6 { "-6" } else { "-4" },
             "-o",
@@ -808,7 +808,7 @@ fn when_the_launcher_dies_the_sandbox_dies_with_it() {
 fn without_user_namespaces_it_refuses_with_125_and_says_why() {
     // A user namespace whose own limit on nested user namespaces is 0
     // stands in for a kernel that forbids them.
-    let probe = Command::new("unshare")
+    let probe = Command::new(crate::support::tool("unshare"))
         .args(["--user", "--map-root-user", "true"])
         .output();
     assert!(
@@ -820,7 +820,7 @@ fn without_user_namespaces_it_refuses_with_125_and_says_why() {
     let dir = tempfile::tempdir().unwrap();
     let policy = dir.path().join("p.yaml");
     std::fs::write(&policy, "exceptions: []\n").unwrap();
-    let out = Command::new("unshare")
+    let out = Command::new(crate::support::tool("unshare"))
         .args(["--user", "--map-root-user", "sh", "-c"])
         .arg(format!(
             "echo 0 > /proc/sys/user/max_user_namespaces && exec {} run --cwd none --policy {} --upstream-dns 127.0.0.1:9 -- true",

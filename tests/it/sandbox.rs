@@ -749,7 +749,7 @@ fn with_replaceable_etc(test: &str, whole_etc: bool, script: &str) -> (i32, Stri
         "set -e\nstage=$(mktemp -d)\nmount -t tmpfs -o mode=755,size=64m egressd-it-etc \"$stage\"\n\
          cp -a {copied}/. \"$stage\"/\nmount --move \"$stage\" {copied}\nrmdir \"$stage\"\n"
     );
-    let out = std::process::Command::new("unshare")
+    let out = std::process::Command::new(crate::support::tool("unshare"))
         .args(["--mount", "--propagation", "private", "sh", "-c"])
         .arg(format!("{setup}{script}"))
         .env("EGRESSD", env!("CARGO_BIN_EXE_egressd"))

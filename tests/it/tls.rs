@@ -147,7 +147,7 @@ impl CurlOut {
 fn curl(s: &Setup, args: &[&str], url: &str) -> CurlOut {
     let tmp = tempfile::tempdir().unwrap();
     let (h, b) = (tmp.path().join("h"), tmp.path().join("b"));
-    let out = Command::new("curl")
+    let out = Command::new(tool("curl"))
         .args(["-sS", "--max-time", "20", "--noproxy", ""])
         .arg("--proxy")
         .arg(format!("http://{}", s.e.proxy))
@@ -592,7 +592,7 @@ except urllib.error.HTTPError as e:
     print(e.code, e.headers.get("X-Egressd-Reason"), e.read().decode().strip())
 "#;
     let run = |method: &str, path: &str| -> String {
-        let out = Command::new("python3")
+        let out = Command::new(tool("python3"))
             .arg("-c")
             .arg(script)
             .arg(format!("http://{}", s.e.proxy))

@@ -781,7 +781,7 @@ fn without_nft_transparent_mode_refuses_with_125() {
         .collect();
     let policy = tempfile::tempdir().unwrap();
     std::fs::write(policy.path().join("p.yaml"), "exceptions: []\n").unwrap();
-    let out = Command::new("unshare")
+    let out = Command::new(crate::support::tool("unshare"))
         .args(["--mount", "--propagation", "private", "sh", "-c"])
         .arg(format!(
             "{hide}exec {} run --transparent --upstream-dns 127.0.0.1:9 --policy {} -- true",

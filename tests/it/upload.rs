@@ -58,7 +58,7 @@ fn post(proxy: std::net::SocketAddr, token: &str, url: &str, n: usize, extra: &[
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
     std::fs::write(&data, vec![b'u'; n]).unwrap();
-    let out = Command::new("curl")
+    let out = Command::new(tool("curl"))
         .args(["-sS", "-i", "--max-time", "20", "--noproxy", ""])
         .arg("-x")
         .arg(format!("http://{proxy}"))
@@ -316,7 +316,7 @@ fn requests_inside_an_intercepted_connection_are_charged() {
     let tls_post = |path: &str, n: usize, extra: &[&str]| {
         let data = dir.path().join("data");
         std::fs::write(&data, vec![b'i'; n]).unwrap();
-        let out = Command::new("curl")
+        let out = Command::new(tool("curl"))
             .args(["-sS", "-i", "--max-time", "20", "--noproxy", ""])
             .arg("-x")
             .arg(format!("http://{}", e.proxy))

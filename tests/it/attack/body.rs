@@ -128,7 +128,7 @@ fn json_duplicate_keys_are_refused_whichever_the_origin_would_read() {
 
 /// curl POSTing `len` bytes from its stdin, chunked (no length known).
 fn chunked(s: &Setup, version: &str, len: usize) -> (u16, String) {
-    let mut child = Command::new("curl")
+    let mut child = Command::new(crate::support::tool("curl"))
         .args(["-sS", "--max-time", "60", "--noproxy", ""])
         .arg("--proxy")
         .arg(format!("http://{}", s.lab.e.proxy))
@@ -169,7 +169,7 @@ fn chunked(s: &Setup, version: &str, len: usize) -> (u16, String) {
 /// (0 when the connection was cut), the body bytes curl wrote to the
 /// connection, and how long the answer took after the request was sent.
 fn declared(s: &Setup, version: &str, file: &std::path::Path, extra: &[&str]) -> Sent {
-    let out = Command::new("curl")
+    let out = Command::new(crate::support::tool("curl"))
         .args(["-sS", "--max-time", "60", "--noproxy", ""])
         .arg("--proxy")
         .arg(format!("http://{}", s.lab.e.proxy))

@@ -73,7 +73,7 @@ fn push_body(tail: &[u8]) -> Vec<u8> {
 fn post(s: &Setup, body: &[u8]) -> (u16, String) {
     let file = s.dir.path().join("body");
     std::fs::write(&file, body).unwrap();
-    let out = Command::new("curl")
+    let out = Command::new(crate::support::tool("curl"))
         .args(["-s", "-o", "-", "-w", "\n%{http_code}", "--proxy"])
         .arg(format!("http://{}", s.e.proxy))
         .arg("--cacert")

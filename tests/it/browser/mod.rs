@@ -167,7 +167,7 @@ fn stage() -> Stage {
     ca_init(&certs);
     let seen = dir.path().join("seen");
     std::fs::write(&seen, "").unwrap();
-    let mut origin = Command::new("python3")
+    let mut origin = Command::new(tool("python3"))
         .arg(Path::new(HERE).join("origin.py"))
         .args([ORIGIN_IP, "80"])
         .arg(&seen)

@@ -73,7 +73,7 @@ impl Bench<'_> {
             h = home.path().display()
         );
         let b = self.bundle.to_str().unwrap();
-        let out = Command::new("unshare")
+        let out = Command::new(crate::support::tool("unshare"))
             .args(["--mount", "--propagation", "private", "sh", "-c", &inner])
             .arg(script.replace("/tmp/", &format!("{}/", home.path().display())))
             .env_clear()

@@ -68,7 +68,7 @@ impl GitServer {
     /// `git rev-parse` of `rev` in the bare repository `name`, `None` when
     /// it does not resolve.
     pub fn rev(&self, name: &str, rev: &str) -> Option<String> {
-        let out = Command::new("git")
+        let out = Command::new(crate::support::tool("git"))
             .arg("--git-dir")
             .arg(self.repo(name))
             .args(["rev-parse", "--verify", "-q", rev])
@@ -81,7 +81,7 @@ impl GitServer {
 
     /// Every ref of the bare repository `name`, `ref id` per line.
     pub fn refs(&self, name: &str) -> String {
-        let out = Command::new("git")
+        let out = Command::new(crate::support::tool("git"))
             .arg("--git-dir")
             .arg(self.repo(name))
             .args(["for-each-ref", "--format=%(refname) %(objectname)"])
@@ -93,7 +93,7 @@ impl GitServer {
 
 /// Runs `git` with `args` in `dir`, panicking when it fails.
 pub fn git_ok(dir: &Path, args: &[&str]) -> String {
-    let out = Command::new("git")
+    let out = Command::new(crate::support::tool("git"))
         .current_dir(dir)
         .args(args)
         .env("GIT_CONFIG_NOSYSTEM", "1")
@@ -195,7 +195,7 @@ async fn handle(
             .unwrap());
     }
     let out = tokio::task::spawn_blocking(move || {
-        let mut cmd = Command::new("git");
+        let mut cmd = Command::new(crate::support::tool("git"));
         cmd.arg("http-backend")
             .env_clear()
             .env("PATH", std::env::var("PATH").unwrap_or_default())

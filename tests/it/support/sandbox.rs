@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use super::{is_root, missing};
+use super::{is_root, missing, need_for_script, tool};
 
 /// How long one `egressd run` may take before the test kills it.
 const RUN_DEADLINE: Duration = Duration::from_secs(60);
@@ -119,6 +119,22 @@ impl Run {
 
     /// Runs `egressd run … -- cmd…` and waits for it.
     pub fn cmd(self, cmd: &[&str]) -> Outcome {
+        // What CMD runs must be installed: a missing one fails here, naming
+        // its install, not inside as `sh: curl: not found`.
+        if let Some(first) = cmd.first() {
+            need_for_script(first);
+        }
+        if let [sh, "-c", script, ..] = cmd {
+            if sh.ends_with("sh") {
+                need_for_script(script);
+            }
+        }
+        // --transparent drives nft, unless the test names its own (--nft)
+        // or asks for a refusal that comes first (--connect).
+        let has = |flag: &str| self.args.iter().any(|a| a == flag);
+        if has("--transparent") && !has("--nft") && !has("--connect") {
+            tool("nft");
+        }
         let dir = tempfile::tempdir().unwrap();
         let log_path = dir.path().join("decisions.log");
         let policy_dir = dir.path().join("policy");
@@ -145,7 +161,7 @@ impl Run {
         }
         let bin = env!("CARGO_BIN_EXE_egressd");
         let mut c = if self.as_nobody {
-            let mut c = Command::new("setpriv");
+            let mut c = Command::new(tool("setpriv"));
             c.args(["--reuid=65534", "--regid=65534", "--clear-groups", bin]);
             c.env("HOME", "/nonexistent");
             c
@@ -270,7 +286,7 @@ pub fn unprivileged_userns() -> Result<(), String> {
     if !is_root() {
         return Err("the test is not running as root, so it cannot switch to uid 65534: run the README's test command as root".into());
     }
-    let out = Command::new("setpriv")
+    let out = Command::new(tool("setpriv"))
         .args([
             "--reuid=65534",
             "--regid=65534",

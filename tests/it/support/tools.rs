@@ -27,6 +27,7 @@ const INSTALL: &[(&str, &str)] = &[
     ("nft", "apt-get install nftables"),
     ("node", "apt-get install nodejs"),
     ("npm", "apt-get install npm"),
+    ("openssl", "apt-get install openssl"),
     ("pnpm", "npm install -g pnpm@12.23.0"),
     ("promtool", "apt-get install prometheus"),
     (
@@ -98,5 +99,83 @@ pub fn need_root(test: &str, why: &str) {
     assert!(
         is_root(),
         "{test} needs root ({why}): run the README's test command as root"
+    );
+}
+
+/// Fails the test, with the command that installs it, for each program in
+/// [`INSTALL`] that the shell `script` runs (a word in command position:
+/// first in the script, after `;`, `&`, `|`, `(`, `{`, `` ` ``, `$(`, a
+/// newline or a shell keyword, past `VAR=value` words and `timeout N`). A
+/// script run inside `egressd run` would otherwise end with `sh: curl: not
+/// found` and a wrong exit code, naming nothing to install.
+pub fn need_for_script(script: &str) {
+    for word in commands_of(script) {
+        let name = word.rsplit('/').next().unwrap_or(word);
+        if !INSTALL.iter().any(|(n, _)| *n == name) {
+            continue;
+        }
+        if word.starts_with('/') {
+            installed(word);
+        } else {
+            tool(name);
+        }
+    }
+}
+
+/// The words in command position in a shell script (see [`need_for_script`]).
+fn commands_of(script: &str) -> Vec<&str> {
+    const KEYWORDS: &[&str] = &[
+        "if", "then", "else", "elif", "do", "while", "until", "!", "exec", "env", "command",
+    ];
+    let mut out = Vec::new();
+    for segment in script.split(['\n', ';', '&', '|', '(', ')', '{', '`']) {
+        let mut words = segment.split_whitespace().peekable();
+        while let Some(w) = words.next() {
+            let w = w.trim_start_matches('$');
+            if w.is_empty() || KEYWORDS.contains(&w) || is_assignment(w) {
+                continue;
+            }
+            if w == "timeout" {
+                // timeout [-s SIG | -k N | --opt] DURATION COMMAND
+                while let Some(opt) = words.next_if(|a| a.starts_with('-')) {
+                    if opt == "-k" || opt == "-s" {
+                        words.next();
+                    }
+                }
+                words.next();
+                continue;
+            }
+            out.push(w);
+            break;
+        }
+    }
+    out
+}
+
+/// `NAME=value`: a variable set for the command that follows.
+fn is_assignment(w: &str) -> bool {
+    w.split_once('=').is_some_and(|(n, _)| {
+        !n.is_empty() && n.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+    })
+}
+
+#[test]
+fn the_programs_a_script_runs_are_the_words_in_command_position() {
+    let script = "FOO=1 curl -s \"$u\" && echo curl=ok; for u in a b; do\n  timeout -k 1 5 npm ci\ndone\n\
+                  x=$(openssl s_client </dev/null | grep -c BEGIN); /usr/bin/python3 -m pip -V 2>&1 | tail -1";
+    assert_eq!(
+        commands_of(script),
+        [
+            "curl",
+            "echo",
+            "for",
+            "npm",
+            "done",
+            "openssl",
+            "grep",
+            "/usr/bin/python3",
+            "1",
+            "tail"
+        ]
     );
 }

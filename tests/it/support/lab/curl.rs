@@ -44,7 +44,7 @@ impl Lab {
         let (h, b) = (dir.join("h"), dir.join("b"));
         let _ = std::fs::remove_file(&h);
         let _ = std::fs::remove_file(&b);
-        let out = Command::new("curl")
+        let out = Command::new(crate::support::tool("curl"))
             .args(["-sS", "--http1.1", "--max-time", "30", "--noproxy", ""])
             .arg("--proxy")
             .arg(format!("http://{}", self.e.proxy))

@@ -127,7 +127,9 @@ pub fn in_fresh_netns<T: Send + 'static>(
             return Err(std::io::Error::last_os_error());
         }
         for args in cmds {
-            let out = Command::new("ip").args(&args).output()?;
+            let out = Command::new(crate::support::tool("ip"))
+                .args(&args)
+                .output()?;
             if !out.status.success() {
                 return Err(std::io::Error::other(format!(
                     "ip {}: {}",
