@@ -185,6 +185,7 @@ fn load_policy(
     let exceptions = pol.exceptions.len();
     let pol = Arc::new(pol);
     metrics.sync_policy(&pol);
+    metrics.serving(&pol);
     let handle = PolicyHandle::new(pol);
     crate::reload::release_freed_memory();
     Ok((handle, exceptions, grant_store))

@@ -7,7 +7,7 @@
 use std::collections::HashMap;
 use std::hash::BuildHasherDefault;
 
-use arc_swap::ArcSwap;
+use arc_swap::{ArcSwap, ArcSwapOption};
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -153,34 +153,32 @@ impl ExceptionTable {
     }
 }
 
-impl ExceptionTable {
-    /// `egressd_grants{state}`: the serving policy's grants by state now
-    /// (a grant expires or is used up between reloads, so the states are
-    /// counted at scrape time, not at load).
-    fn render_grants(&self, out: &mut Vec<u8>) {
-        use std::io::Write;
-        let now = unix_now();
-        let (mut active, mut used_up, mut expired) = (0u64, 0u64, 0u64);
-        for (e, g) in self.policy.iter().flat_map(|p| p.grants()) {
-            if e.is_expired(now) {
-                expired += 1;
-            } else if g.used_up() {
-                used_up += 1;
-            } else {
-                active += 1;
-            }
+/// `egressd_grants{state}`: the serving policy's grants by state now (a
+/// grant expires or is used up between reloads, so the states are counted
+/// at scrape time, not at load).
+fn render_grants(serving: Option<&Policy>, out: &mut Vec<u8>) {
+    use std::io::Write;
+    let now = unix_now();
+    let (mut active, mut used_up, mut expired) = (0u64, 0u64, 0u64);
+    for (e, g) in serving.iter().flat_map(|p| p.grants()) {
+        if e.is_expired(now) {
+            expired += 1;
+        } else if g.used_up() {
+            used_up += 1;
+        } else {
+            active += 1;
         }
-        out.extend_from_slice(
-            b"# HELP egressd_grants Grants in the serving policy, by state.\n\
-              # TYPE egressd_grants gauge\n",
-        );
-        for (state, n) in [
-            ("active", active),
-            ("used_up", used_up),
-            ("expired", expired),
-        ] {
-            let _ = writeln!(out, "egressd_grants{{state=\"{state}\"}} {n}");
-        }
+    }
+    out.extend_from_slice(
+        b"# HELP egressd_grants Grants in the serving policy, by state.\n\
+          # TYPE egressd_grants gauge\n",
+    );
+    for (state, n) in [
+        ("active", active),
+        ("used_up", used_up),
+        ("expired", expired),
+    ] {
+        let _ = writeln!(out, "egressd_grants{{state=\"{state}\"}} {n}");
     }
 }
 
@@ -242,6 +240,10 @@ pub struct Metrics {
     /// an exception that a reload has since removed finds no row and
     /// cannot bring its series back.
     live: ArcSwap<ExceptionTable>,
+    /// The policy serving requests now, for `egressd_grants`. Set after the
+    /// swap, where `live` is synced before it: a grant revoked by a reload
+    /// leaves the gauge only once requests no longer match it.
+    serving: ArcSwapOption<Policy>,
     /// Series handles resolved once, so counting a request takes no label
     /// hashing and no lock: [proto][allow, deny], [proto][reason], [proto].
     hot_requests: Vec<[IntCounter; 2]>,
@@ -491,6 +493,7 @@ impl Metrics {
             package_versions_hidden,
             grant_uses,
             live: ArcSwap::from_pointee(ExceptionTable::default()),
+            serving: ArcSwapOption::empty(),
             sync: Mutex::new(()),
             ready: AtomicBool::new(false),
         })
@@ -520,6 +523,12 @@ impl Metrics {
         for e in policy.exceptions.iter().filter(|e| e.upload().is_some()) {
             self.upload_bytes.with_label_values(&[&*e.id]);
         }
+    }
+
+    /// `policy` serves requests from now on (called right after the swap,
+    /// before the old policy is reaped: this drops the reference held here).
+    pub fn serving(&self, policy: &Arc<Policy>) {
+        self.serving.store(Some(policy.clone()));
     }
 
     pub fn observe_duration(&self, proto: Proto, secs: f64) {
@@ -612,7 +621,7 @@ impl Metrics {
         let _ = TextEncoder::new().encode(&self.registry.gather(), &mut buf);
         let live = self.live.load();
         live.render(&mut buf);
-        live.render_grants(&mut buf);
+        render_grants(self.serving.load().as_deref(), &mut buf);
         buf
     }
 }

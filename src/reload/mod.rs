@@ -261,7 +261,8 @@ impl Reloader {
                 let p = Arc::new(p);
                 self.metrics.sync_policy(&p);
                 let t3 = Instant::now();
-                let old = self.handle.swap(p);
+                let old = self.handle.swap(p.clone());
+                self.metrics.serving(&p);
                 self.retired.push(old);
                 self.metrics.reloads.with_label_values(&["ok"]).inc();
                 self.last_failed = None;
