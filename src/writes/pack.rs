@@ -23,7 +23,7 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use flate2::{Decompress, FlushDecompress, Status};
-use ring::digest::{Context, SHA1_FOR_LEGACY_USE_ONLY};
+use sha1::{Digest, Sha1};
 
 /// An object id (SHA-1).
 pub type Oid = [u8; 20];
@@ -175,7 +175,7 @@ impl TreeEntry<'_> {
 struct Tally<R> {
     inner: R,
     pos: usize,
-    sum: Option<Context>,
+    sum: Option<Sha1>,
 }
 
 impl<R: BufRead> Tally<R> {
@@ -183,7 +183,7 @@ impl<R: BufRead> Tally<R> {
         Tally {
             inner,
             pos: 0,
-            sum: sum.then(|| Context::new(&SHA1_FOR_LEGACY_USE_ONLY)),
+            sum: sum.then(Sha1::new),
         }
     }
 
@@ -343,8 +343,8 @@ impl Pack {
         if !t.fill().is_empty() {
             return Err(PackError::TrailingBytes);
         }
-        let sum = t.sum.take().expect("summed").finish();
-        if t.inner.trailer() != sum.as_ref() {
+        let sum = t.sum.take().expect("summed").finalize();
+        if t.inner.trailer() != sum.as_slice() {
             return Err(PackError::Checksum);
         }
         Ok(Arrived::Read(r.into_pack(ids, 0)))
@@ -403,9 +403,9 @@ fn check_whole(buf: &[u8]) -> Result<usize, PackError> {
         return Err(PackError::Header);
     }
     let end = buf.len() - 20;
-    let mut sum = Context::new(&SHA1_FOR_LEGACY_USE_ONLY);
+    let mut sum = Sha1::new();
     sum.update(&buf[..end]);
-    if sum.finish().as_ref() != &buf[end..] {
+    if sum.finalize().as_slice() != &buf[end..] {
         return Err(PackError::Checksum);
     }
     Ok(end)
@@ -544,7 +544,7 @@ impl Reading {
                 let hash = self.mode == Mode::Whole || kind != Kind::Blob;
                 let keep = matches!(kind, Kind::Commit | Kind::Tree);
                 let mut h = hash.then(|| {
-                    let mut h = Context::new(&SHA1_FOR_LEGACY_USE_ONLY);
+                    let mut h = Sha1::new();
                     h.update(format!("{} {size}\0", kind.name()).as_bytes());
                     h
                 });
@@ -552,7 +552,7 @@ impl Reading {
                 if let Some(d) = data {
                     self.kept.insert(idx, (kind, d.into()));
                 }
-                h.map(|h| (kind, h.finish().as_ref().try_into().expect("20 bytes")))
+                h.map(|h| (kind, h.finalize().into()))
             }
             (Mode::Arriving, Header::Ref(_)) => return Ok(None),
             (Mode::Arriving, Header::Ofs(base)) => {
@@ -605,7 +605,7 @@ impl Reading {
         at: usize,
         size: u64,
         keep: bool,
-        mut hash: Option<&mut Context>,
+        mut hash: Option<&mut Sha1>,
     ) -> Result<Option<Vec<u8>>, PackError> {
         self.charge(at, size)?;
         self.z.reset(true);
@@ -846,10 +846,10 @@ impl Reading {
 
 /// The id git gives an object of `kind` holding `data`.
 pub fn object_id(kind: Kind, data: &[u8]) -> Oid {
-    let mut h = Context::new(&SHA1_FOR_LEGACY_USE_ONLY);
+    let mut h = Sha1::new();
     h.update(format!("{} {}\0", kind.name(), data.len()).as_bytes());
     h.update(data);
-    h.finish().as_ref().try_into().expect("20 bytes")
+    h.finalize().into()
 }
 
 /// A commit's `tree` and `parent` headers.
@@ -954,9 +954,9 @@ pub(crate) mod build {
         for e in entries {
             out.extend_from_slice(e);
         }
-        let mut h = Context::new(&SHA1_FOR_LEGACY_USE_ONLY);
+        let mut h = Sha1::new();
         h.update(&out);
-        out.extend_from_slice(h.finish().as_ref());
+        out.extend_from_slice(&h.finalize());
         out
     }
 
